@@ -5,17 +5,22 @@
 //!
 //! ```text
 //! offset  size  field
-//!      0     4  magic        b"OKRC"
-//!      4     4  payload_len  u32
-//!      8     1  kind         u8, never 0 (chosen by the caller; the log does not interpret it)
-//!      9     1  flags        u8, must be 0
-//!     10     2  reserved     u16, must be 0
-//!     12     4  crc          u32, CRC-32C over position (u64) ‖ bytes 0..12 ‖ payload
-//!     16     n  payload
+//!      0     4  magic         b"OKRC"
+//!      4     4  payload_len   u32
+//!      8     4  batch_offset  u32, bytes from the first record of the same write to this record
+//!     12     1  kind          u8, never 0 (chosen by the caller; the log does not interpret it)
+//!     13     1  flags         u8, must be 0
+//!     14     2  reserved      u16, must be 0
+//!     16     4  crc           u32, CRC-32C over position (u64) ‖ bytes 0..16 ‖ payload
+//!     20     n  payload
 //! ```
 //!
 //! The checksum is seeded with the record's own log position, so a record copied or read from the
 //! wrong place never verifies. The position is not stored: the reader always knows where it read.
+//!
+//! `batch_offset` lets recovery tell a torn last write from corruption: every record written by one
+//! group commit (one write call, one fsync) points back at the first record of that write, so a
+//! valid record whose write began *after* a bad record proves the bad record had been synced.
 //!
 //! This module is pure (no I/O) so that it can be property-tested and fuzzed on arbitrary bytes.
 
@@ -24,7 +29,7 @@ use std::num::NonZeroU8;
 /// First four bytes of every record.
 pub const RECORD_MAGIC: [u8; 4] = *b"OKRC";
 /// Bytes of framing before each payload.
-pub const RECORD_HEADER_LEN: usize = 16;
+pub const RECORD_HEADER_LEN: usize = 20;
 
 /// What a record holds, as the caller defines it. The log stores and returns it but never
 /// interprets it; zero is reserved so that zero-filled space never looks like a record.
@@ -52,7 +57,7 @@ pub enum Invalid {
     /// The first four bytes are not [`RECORD_MAGIC`].
     #[error("bad magic")]
     BadMagic,
-    /// Kind zero, non-zero flags or non-zero reserved bytes.
+    /// Kind zero, non-zero flags or reserved bytes, or a batch offset reaching before position 0.
     #[error("bad header field")]
     BadHeader,
     /// The length field exceeds the largest payload this log accepts.
@@ -75,6 +80,8 @@ pub enum Decoded<'a> {
     Record {
         /// The caller's record kind.
         kind: RecordKind,
+        /// Distance back to the first record of the write this record was part of.
+        batch_offset: u32,
         /// The payload bytes, borrowed from the input.
         payload: &'a [u8],
         /// Header plus payload: where the next record starts.
@@ -97,19 +104,21 @@ fn checksum(position: u64, header_prefix: &[u8], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, payload)
 }
 
-/// Appends the framed record to `out`. `position` is where its first header byte will be in the log.
+/// Appends the framed record to `out`. `position` is where its first header byte will be in the log;
+/// `batch_offset` is how far after the first record of the same write it starts.
 ///
 /// # Panics
 /// If the payload is longer than `u32::MAX`; the log checks its own, smaller limit before calling.
-pub fn encode(out: &mut Vec<u8>, position: u64, kind: RecordKind, payload: &[u8]) {
+pub fn encode(out: &mut Vec<u8>, position: u64, batch_offset: u32, kind: RecordKind, payload: &[u8]) {
     let len = u32::try_from(payload.len()).expect("payload length checked by the caller");
     let mut header = [0u8; RECORD_HEADER_LEN];
     header[0..4].copy_from_slice(&RECORD_MAGIC);
     header[4..8].copy_from_slice(&len.to_le_bytes());
-    header[8] = kind.get();
-    // header[9] (flags) and header[10..12] (reserved) stay zero.
-    let crc = checksum(position, &header[..12], payload);
-    header[12..16].copy_from_slice(&crc.to_le_bytes());
+    header[8..12].copy_from_slice(&batch_offset.to_le_bytes());
+    header[12] = kind.get();
+    // header[13] (flags) and header[14..16] (reserved) stay zero.
+    let crc = checksum(position, &header[..16], payload);
+    header[16..20].copy_from_slice(&crc.to_le_bytes());
     out.extend_from_slice(&header);
     out.extend_from_slice(payload);
 }
@@ -128,10 +137,11 @@ pub fn decode(position: u64, buf: &[u8], max_payload: u32) -> Decoded<'_> {
         return Decoded::Incomplete;
     };
     let len = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-    let Some(kind) = RecordKind::new(header[8]) else {
+    let batch_offset = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
+    let Some(kind) = RecordKind::new(header[12]) else {
         return Decoded::Invalid(Invalid::BadHeader);
     };
-    if header[9] != 0 || header[10] != 0 || header[11] != 0 {
+    if header[13] != 0 || header[14] != 0 || header[15] != 0 || u64::from(batch_offset) > position {
         return Decoded::Invalid(Invalid::BadHeader);
     }
     if len > max_payload {
@@ -141,11 +151,11 @@ pub fn decode(position: u64, buf: &[u8], max_payload: u32) -> Decoded<'_> {
     let Some(payload) = buf.get(RECORD_HEADER_LEN..total_len) else {
         return Decoded::Incomplete;
     };
-    let stored = u32::from_le_bytes([header[12], header[13], header[14], header[15]]);
-    if checksum(position, &header[..12], payload) != stored {
+    let stored = u32::from_le_bytes([header[16], header[17], header[18], header[19]]);
+    if checksum(position, &header[..16], payload) != stored {
         return Decoded::Invalid(Invalid::ChecksumMismatch);
     }
-    Decoded::Record { kind, payload, total_len }
+    Decoded::Record { kind, batch_offset, payload, total_len }
 }
 
 #[cfg(test)]
@@ -158,25 +168,25 @@ mod tests {
     #[test]
     fn round_trip() {
         let mut buf = Vec::new();
-        encode(&mut buf, 4096, KIND, b"hello");
+        encode(&mut buf, 4096, 40, KIND, b"hello");
         assert_eq!(buf.len(), framed_len(5));
         assert_eq!(
             decode(4096, &buf, 100),
-            Decoded::Record { kind: KIND, payload: b"hello", total_len: 21 }
+            Decoded::Record { kind: KIND, batch_offset: 40, payload: b"hello", total_len: 25 }
         );
     }
 
     #[test]
     fn checksum_binds_the_position() {
         let mut buf = Vec::new();
-        encode(&mut buf, 4096, KIND, b"hello");
+        encode(&mut buf, 4096, 0, KIND, b"hello");
         assert_eq!(decode(4097, &buf, 100), Decoded::Invalid(Invalid::ChecksumMismatch));
     }
 
     #[test]
     fn prefixes_are_incomplete_and_zeros_invalid() {
         let mut buf = Vec::new();
-        encode(&mut buf, 0, KIND, b"payload");
+        encode(&mut buf, 0, 0, KIND, b"payload");
         for cut in 0..buf.len() {
             assert_eq!(decode(0, &buf[..cut], 100), Decoded::Incomplete, "cut at {cut}");
         }
@@ -186,7 +196,7 @@ mod tests {
     #[test]
     fn length_limit_is_enforced_before_reading_the_payload() {
         let mut buf = Vec::new();
-        encode(&mut buf, 0, KIND, &[1u8; 50]);
+        encode(&mut buf, 0, 0, KIND, &[1u8; 50]);
         assert_eq!(decode(0, &buf, 49), Decoded::Invalid(Invalid::TooLong { len: 50, max: 49 }));
     }
 
@@ -215,7 +225,7 @@ mod tests {
             flip_mask in 1u8..=255,
         ) {
             let mut buf = Vec::new();
-            encode(&mut buf, position, KIND, &payload);
+            encode(&mut buf, position, 0, KIND, &payload);
             let i = flip_at.index(buf.len());
             buf[i] ^= flip_mask;
             let decoded = decode(position, &buf, 1024);
@@ -229,17 +239,19 @@ mod tests {
         fn encode_decode_round_trips(
             position in any::<u64>(),
             kind in 1u8..=255,
+            batch_offset in any::<u32>(),
             payload in proptest::collection::vec(any::<u8>(), 0..1024),
             trailing in proptest::collection::vec(any::<u8>(), 0..32),
         ) {
             let kind = RecordKind::new(kind).unwrap();
+            let batch_offset = (u64::from(batch_offset) % (position.saturating_add(1))) as u32;
             let mut buf = Vec::new();
-            encode(&mut buf, position, kind, &payload);
+            encode(&mut buf, position, batch_offset, kind, &payload);
             let total = buf.len();
             buf.extend_from_slice(&trailing);
             prop_assert_eq!(
                 decode(position, &buf, 1024),
-                Decoded::Record { kind, payload: &payload, total_len: total }
+                Decoded::Record { kind, batch_offset, payload: &payload, total_len: total }
             );
         }
     }

@@ -112,10 +112,7 @@ mod tests {
     fn header_round_trip_and_every_flip_detected() {
         let h = encode_header(1 << 40);
         assert_eq!(check_header(&h, 1 << 40), Ok(()));
-        assert_eq!(
-            check_header(&h, 7),
-            Err(HeaderError::BaseMismatch { expected: 7, found: 1 << 40 })
-        );
+        assert_eq!(check_header(&h, 7), Err(HeaderError::BaseMismatch { expected: 7, found: 1 << 40 }));
         assert_eq!(check_header(&h[..31], 1 << 40), Err(HeaderError::Incomplete));
         for i in 0..SEGMENT_HEADER_LEN {
             let mut bad = h;

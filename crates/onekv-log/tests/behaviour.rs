@@ -1,0 +1,205 @@
+//! The log's contract, one behaviour per test: appends, reads, iteration, segment rolls,
+//! reclamation, limits, and refusing to write after a failed write or fsync.
+
+use onekv_log::io::{Dir, FaultyDir, MemDir};
+use onekv_log::{
+    Locator, Log, LogConfig, LogError, OpenOptions, RECORD_HEADER_LEN, RecordKind, SEGMENT_HEADER_LEN,
+};
+use std::sync::Arc;
+
+const K: RecordKind = RecordKind::new(1).unwrap();
+
+fn small() -> LogConfig {
+    LogConfig { segment_size_bytes: 4096, max_record_bytes: 1000, ..LogConfig::default() }
+}
+
+fn open(dir: &MemDir, config: LogConfig) -> Log {
+    Log::open(Arc::new(dir.clone()), config, OpenOptions::default()).expect("open").0
+}
+
+#[test]
+fn append_returns_payload_locators_and_reads_return_exact_bytes() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let locs = log.append(&[(K, b"first value"), (RecordKind::new(9).unwrap(), b"second")]).unwrap();
+    assert_eq!(locs[0], Locator::new((SEGMENT_HEADER_LEN + RECORD_HEADER_LEN) as u64, 11));
+    assert_eq!(locs[1].position, locs[0].end() + RECORD_HEADER_LEN as u64);
+    assert_eq!(log.read(locs[0]).unwrap(), b"first value");
+    assert_eq!(log.read(locs[0].slice(6, 5).unwrap()).unwrap(), b"value");
+    assert_eq!(log.read_record(locs[1]).unwrap(), (RecordKind::new(9).unwrap(), b"second".to_vec()));
+    assert!(matches!(log.read_record(locs[0].slice(1, 3).unwrap()), Err(LogError::NotARecord(_))));
+    assert_eq!(log.end_position(), locs[1].end());
+}
+
+#[test]
+fn reads_outside_the_durable_log_are_refused() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let loc = log.append(&[(K, b"x")]).unwrap()[0];
+    for bad in [Locator::new(loc.position, 2), Locator::new(0, 4), Locator::new(u64::MAX, 1)] {
+        let err = log.read(bad).unwrap_err();
+        assert!(matches!(err, LogError::OutOfRange { .. }), "{bad}: {err}");
+    }
+}
+
+#[test]
+fn records_survive_reopen_and_iterate_in_order_across_segments() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let mut expected = Vec::new();
+    for i in 0..200u32 {
+        let payload = vec![i as u8; (i as usize * 7) % 300];
+        let loc = log.append(&[(K, &payload)]).unwrap()[0];
+        expected.push((loc, payload));
+    }
+    assert!(log.stats().segments_created > 5, "small segments must roll");
+    drop(log);
+    let (log, report) = Log::open(Arc::new(dir.clone()), small(), OpenOptions::default()).unwrap();
+    assert_eq!(report.torn_tail, None);
+    assert!(report.segments > 5);
+    let got: Vec<_> = log.iter_from(log.first_position()).map(|e| e.unwrap()).collect();
+    assert_eq!(got.len(), expected.len());
+    for (entry, (loc, payload)) in got.iter().zip(&expected) {
+        assert_eq!((entry.locator, &entry.payload), (*loc, payload));
+        assert_eq!(&log.read(*loc).unwrap(), payload);
+    }
+    // Resume from the middle, at a record's start.
+    let mid = &got[100];
+    let rest: Vec<_> = log.iter_from(mid.position).map(|e| e.unwrap().locator).collect();
+    assert_eq!(rest.len(), 100);
+    assert_eq!(rest[0], mid.locator);
+    assert_eq!(log.verify().unwrap(), 200);
+}
+
+#[test]
+fn reclaim_deletes_whole_segments_below_a_position_and_keeps_the_rest_addressable() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let locs: Vec<_> = (0..100u8).map(|i| log.append(&[(K, &[i; 200])]).unwrap()[0]).collect();
+    let files_before = dir.list().unwrap().len();
+    let cut = locs[50].position;
+    let reclaimed = log.reclaim_below(cut).unwrap();
+    assert!(reclaimed.segments > 0);
+    assert_eq!(dir.list().unwrap().len(), files_before - reclaimed.segments as usize);
+    assert!(log.first_position() <= cut);
+    for (i, loc) in locs.iter().enumerate() {
+        match log.read(*loc) {
+            Ok(bytes) => assert_eq!(bytes, vec![i as u8; 200]),
+            Err(LogError::OutOfRange { .. }) => assert!(loc.position < log.first_position()),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(log.read(locs[50]).is_ok());
+    // Reclaiming everything never deletes the segment being appended to.
+    log.reclaim_below(u64::MAX).unwrap();
+    assert_eq!(dir.list().unwrap().len(), 1);
+    assert_eq!(log.read(locs[99]).unwrap(), vec![99u8; 200]);
+    let next = log.append(&[(K, b"after")]).unwrap()[0];
+    assert!(next.position > locs[99].position, "positions are never reused");
+    let first = log.first_position();
+    drop(log);
+    let log = open(&dir, small());
+    assert_eq!(log.first_position(), first, "reopening keeps the reclaimed prefix gone");
+    assert!(matches!(log.read(locs[0]), Err(LogError::OutOfRange { .. })));
+    assert_eq!(log.read(next).unwrap(), b"after");
+}
+
+#[test]
+fn oversized_records_and_batches_are_rejected_with_clear_errors() {
+    let dir = MemDir::new();
+    let config = LogConfig { max_queued_bytes: 3000, ..small() };
+    let log = open(&dir, config);
+    let err = log.append(&[(K, &[0; 1001])]).unwrap_err();
+    assert!(matches!(err, LogError::RecordTooLarge { len: 1001, max: 1000 }), "{err}");
+    let err = log.append(&[(K, &[0; 1000]), (K, &[0; 1000]), (K, &[0; 1000])]).unwrap_err();
+    assert!(matches!(err, LogError::BatchTooLarge { .. }), "{err}");
+    assert_eq!(log.append(&[]).unwrap(), vec![]);
+    assert!(log.append(&[(K, &[0; 1000])]).is_ok(), "the log keeps working after a rejection");
+}
+
+#[test]
+fn bad_configuration_is_rejected_before_touching_anything() {
+    let dir = MemDir::new();
+    for config in [
+        LogConfig { segment_size_bytes: 100, ..LogConfig::default() },
+        LogConfig { segment_size_bytes: 2 << 30, ..LogConfig::default() },
+        LogConfig { segment_size_bytes: 4096, max_record_bytes: 4096, ..LogConfig::default() },
+        LogConfig { max_record_bytes: 0, ..LogConfig::default() },
+        LogConfig { max_queued_bytes: 10, ..LogConfig::default() },
+    ] {
+        let err = Log::open(Arc::new(dir.clone()), config, OpenOptions::default()).unwrap_err();
+        assert!(matches!(err, LogError::Config(_)), "{err}");
+    }
+    assert!(dir.list().unwrap().is_empty());
+}
+
+#[test]
+fn a_failed_fsync_fails_the_append_and_every_later_one() {
+    let faulty = FaultyDir::new(Arc::new(MemDir::new()));
+    let faults = faulty.faults();
+    let (log, _) = Log::open(Arc::new(faulty), small(), OpenOptions::default()).unwrap();
+    log.append(&[(K, b"ok")]).unwrap();
+    faults.fail_sync_after(0);
+    let err = log.append(&[(K, b"lost")]).unwrap_err();
+    assert!(matches!(err, LogError::Failed { .. }), "{err}");
+    // Never retried: the next append fails at once even though a retried fsync might "succeed".
+    let ops = faults.ops();
+    assert!(matches!(log.append(&[(K, b"later")]), Err(LogError::Failed { .. })));
+    assert_eq!(faults.ops(), ops, "no I/O after the failure");
+    assert!(log.close().is_err());
+}
+
+#[test]
+fn a_torn_write_fails_the_append_and_reopening_cuts_it_off() {
+    let mem = MemDir::new();
+    let faulty = FaultyDir::new(Arc::new(mem.clone()));
+    let faults = faulty.faults();
+    let (log, _) = Log::open(Arc::new(faulty), small(), OpenOptions::default()).unwrap();
+    let kept = log.append(&[(K, b"durable")]).unwrap()[0];
+    faults.tear_write_after(0);
+    assert!(log.append(&[(K, &[7; 500])]).is_err());
+    drop(log);
+    let (log, report) = Log::open(Arc::new(mem.clone()), small(), OpenOptions::default()).unwrap();
+    assert_eq!(report.torn_tail.map(|(at, _)| at), Some(kept.end()));
+    assert_eq!(log.read(kept).unwrap(), b"durable");
+    assert_eq!(log.end_position(), kept.end());
+}
+
+#[test]
+fn submit_reports_durability_through_the_callback_in_order() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let (tx, rx) = std::sync::mpsc::channel();
+    for i in 0..50u8 {
+        let tx = tx.clone();
+        log.submit(vec![(K, vec![i; 10])], move |r| tx.send((i, r)).unwrap()).unwrap();
+    }
+    drop(tx);
+    let results: Vec<_> = rx.iter().collect();
+    assert_eq!(results.len(), 50);
+    let mut last = 0;
+    for (i, r) in results {
+        let loc = r.unwrap()[0];
+        assert!(loc.position > last, "appended in submission order");
+        last = loc.position;
+        assert_eq!(log.read(loc).unwrap(), vec![i; 10]);
+    }
+}
+
+#[test]
+fn counters_add_up() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    for _ in 0..10 {
+        log.append(&[(K, &[1; 100]), (K, &[2; 50])]).unwrap();
+    }
+    let s = log.stats();
+    assert_eq!(s.records, 20);
+    assert_eq!(s.payload_bytes, 1500);
+    assert_eq!(s.writes, 10);
+    let segment_header = SEGMENT_HEADER_LEN as u64; // written when the log was created
+    assert_eq!(s.bytes_written, segment_header + 1500 + 20 * RECORD_HEADER_LEN as u64);
+    assert_eq!(s.bytes_synced, s.bytes_written);
+    assert!(s.fsyncs >= 10);
+    assert_eq!(s.fsync_buckets.iter().sum::<u64>(), s.fsyncs);
+}
