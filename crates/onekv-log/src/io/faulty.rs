@@ -4,7 +4,8 @@
 //! (half of it reaches the file) and fails", "the n-th sync from now fails", or "after n more
 //! operations every operation fails" (the process is gone; pair it with [`super::MemDir::crash`]).
 //! Once a fault fires it stays fired: the wrapped files keep failing, as a disk that has lost data
-//! would, so a log that retried anything would be caught.
+//! would, so a log that retried anything would be caught. Syncs can also be slowed down, to make
+//! group commit observable without a real disk.
 
 use super::{Dir, File};
 use std::io;
@@ -24,6 +25,8 @@ pub struct FaultHandle {
     sync_failed: AtomicBool,
     dead: AtomicBool,
     ops: AtomicU64,
+    /// Extra time every sync takes, in microseconds.
+    sync_delay_us: AtomicU64,
 }
 
 impl FaultHandle {
@@ -50,6 +53,12 @@ impl FaultHandle {
     /// After `n` more operations of any kind, every operation fails.
     pub fn kill_after(&self, n: u32) {
         self.ops_left.store(i64::from(n), Ordering::SeqCst);
+    }
+
+    /// Makes every sync take at least `delay` longer (a slow disk), so that concurrent appenders
+    /// pile up behind it.
+    pub fn slow_syncs(&self, delay: std::time::Duration) {
+        self.sync_delay_us.store(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX), Ordering::SeqCst);
     }
 
     /// Operations attempted so far through this handle.
@@ -102,6 +111,10 @@ struct FaultyFile {
 impl FaultHandle {
     fn sync(&self) -> io::Result<()> {
         self.op()?;
+        let delay = self.sync_delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay));
+        }
         if self.sync_failed.load(Ordering::SeqCst) || fires(&self.syncs_left) {
             self.sync_failed.store(true, Ordering::SeqCst);
             return Err(io::Error::other("injected fault: sync failed"));

@@ -30,18 +30,26 @@ pub enum CrashMode {
 }
 
 /// An in-memory directory; clones share the same files.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct MemDir {
     state: Arc<Mutex<DirState>>,
 }
 
-#[derive(Debug, Default)]
+impl std::fmt::Debug for MemDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = lock(&self.state);
+        let files = state.names.iter().map(|(name, file)| (name, lock(&file.contents).data.len()));
+        f.debug_map().entries(files).finish()
+    }
+}
+
+#[derive(Default)]
 struct DirState {
     names: BTreeMap<String, Arc<MemFile>>,
     durable_names: BTreeMap<String, Arc<MemFile>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct MemFile {
     contents: Mutex<Contents>,
     /// Set by a crash: the process that held this handle is gone.
@@ -188,6 +196,12 @@ impl Dir for MemDir {
         let mut state = lock(&self.state);
         state.durable_names = state.names.clone();
         Ok(())
+    }
+}
+
+impl std::fmt::Debug for MemFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MemFile({} bytes)", lock(&self.contents).data.len())
     }
 }
 
