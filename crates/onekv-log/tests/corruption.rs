@@ -134,3 +134,42 @@ fn a_segment_from_a_newer_format_is_refused_by_name() {
     let err = Log::open(Arc::new(dir.clone()), config(), OpenOptions::default()).unwrap_err();
     assert!(matches!(err, LogError::UnsupportedFormat { version: 2, .. }), "{err}");
 }
+
+mod arbitrary_bytes {
+    use super::*;
+    use onekv_log::segment::{encode_header, file_name};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// The same property as the `log_open` fuzz target, run on every `cargo test`.
+        #[test]
+        fn opening_arbitrary_segment_bytes_never_panics(
+            garbage in proptest::collection::vec(any::<u8>(), 0..2048),
+            with_header in any::<bool>(),
+            valid_prefix in 0usize..6,
+        ) {
+            let dir = MemDir::new();
+            let mut bytes = if with_header { encode_header(0).to_vec() } else { Vec::new() };
+            if with_header {
+                // Some real records first, so damage can land after valid data.
+                let mut out = Vec::new();
+                for i in 0..valid_prefix {
+                    let position = (bytes.len() + out.len()) as u64;
+                    onekv_log::record::encode(&mut out, position, 0, K, &[i as u8; 40]);
+                }
+                bytes.extend_from_slice(&out);
+            }
+            bytes.extend_from_slice(&garbage);
+            dir.write_file(&file_name(0), bytes);
+            if let Ok((log, _)) = Log::open(Arc::new(dir), config(), OpenOptions::default()) {
+                let records = log.verify().expect("an opened log verifies");
+                if with_header {
+                    prop_assert!(records >= valid_prefix as u64, "valid records before the damage are kept");
+                }
+                prop_assert!(log.append(&[(K, b"after")]).is_ok());
+            }
+        }
+    }
+}
