@@ -171,7 +171,8 @@ impl Log {
     /// were queued. `done` must not block: it holds up every later append.
     ///
     /// Blocks only while the queue is full (`LogConfig::max_queued_bytes`). An `Err` return means
-    /// nothing was queued and `done` will not run.
+    /// nothing was queued and `done` will not run. An empty `records` completes at once, on the
+    /// calling thread.
     pub fn submit<F>(&self, records: Vec<(RecordKind, Vec<u8>)>, done: F) -> Result<()>
     where
         F: FnOnce(Result<Vec<Locator>>) + Send + 'static,

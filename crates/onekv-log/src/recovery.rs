@@ -275,7 +275,8 @@ fn later_write_after(data: &[u8], base: u64, bad_offset: usize, max_record_bytes
         if let Decoded::Record { batch_offset, .. } =
             record::decode(base + offset as u64, &data[offset..], max_record_bytes)
         {
-            let write_start = offset as u64 - u64::from(batch_offset);
+            // A write cannot begin before its segment; a record claiming so is not evidence.
+            let write_start = (offset as u64).saturating_sub(u64::from(batch_offset));
             if write_start > bad_offset as u64 {
                 return Some(offset);
             }

@@ -70,7 +70,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut active: Arc<Segment>) {
         match write_round(&shared, &mut active, &batch, &mut buf) {
             Ok(locators) => {
                 for (request, locators) in batch.into_iter().zip(locators) {
-                    (request.done)(Ok(locators));
+                    complete(request.done, Ok(locators));
                 }
             }
             Err(err) => {
@@ -83,12 +83,18 @@ pub(crate) fn run(shared: Arc<Shared>, mut active: Arc<Segment>) {
                     std::mem::take(&mut queue.requests)
                 };
                 for request in batch.into_iter().chain(queued) {
-                    (request.done)(Err(LogError::Failed { cause: cause.clone() }));
+                    complete(request.done, Err(LogError::Failed { cause: cause.clone() }));
                 }
                 return;
             }
         }
     }
+}
+
+/// Runs a caller's completion. A panic in it is the caller's bug (reported by the panic hook); it
+/// must not take the writer down with it, or every later append would wait forever.
+fn complete(done: Completion, result: Result<Vec<Locator>>) {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(result)));
 }
 
 /// Writes one round's records, fsyncs them, and returns the locators per request.

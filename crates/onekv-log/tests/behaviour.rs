@@ -203,3 +203,12 @@ fn counters_add_up() {
     assert!(s.fsyncs >= 10);
     assert_eq!(s.fsync_buckets.iter().sum::<u64>(), s.fsyncs);
 }
+
+#[test]
+fn a_panicking_completion_does_not_stop_the_log() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    log.submit(vec![(K, b"one".to_vec())], |_| panic!("caller bug in a completion")).unwrap();
+    let loc = log.append(&[(K, b"two")]).expect("the writer survives a panicking completion");
+    assert_eq!(log.read(loc[0]).unwrap(), b"two");
+}

@@ -173,3 +173,21 @@ mod arbitrary_bytes {
         }
     }
 }
+
+#[test]
+fn a_record_claiming_its_write_began_before_its_segment_is_no_evidence() {
+    // Regression: the tail scan computed `offset - batch_offset` and underflowed for a checksum-valid
+    // record whose batch offset reaches before the segment (possible only for crafted bytes, and a
+    // segment with a base above 0, as after reclamation).
+    use onekv_log::segment::{encode_header, file_name};
+    let base = 8192;
+    let mut bytes = encode_header(base).to_vec();
+    bytes.extend_from_slice(&[0xAB; 30]);
+    let q = bytes.len() as u64;
+    onekv_log::record::encode(&mut bytes, base + q, 5000, K, b"crafted");
+    let dir = MemDir::new();
+    dir.write_file(&file_name(base), bytes);
+    let (log, report) = Log::open(Arc::new(dir), config(), OpenOptions::default()).unwrap();
+    assert_eq!(report.torn_tail.map(|(at, _)| at), Some(base + 32));
+    assert_eq!(log.verify().unwrap(), 0);
+}
