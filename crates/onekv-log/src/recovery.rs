@@ -86,7 +86,7 @@ fn write_header(file: &dyn File, base: u64, name: &str, counters: &Counters) -> 
 fn open_file(dir: &dyn Dir, base: u64) -> Result<(Arc<dyn File>, u64)> {
     let name = segment::file_name(base);
     let file = dir.open(&name).map_err(|e| LogError::io(format!("opening {name}"), e))?;
-    let len = file.len().map_err(|e| LogError::io(format!("reading the length of {name}"), e))?;
+    let len = file.size().map_err(|e| LogError::io(format!("reading the length of {name}"), e))?;
     Ok((file, len))
 }
 

@@ -173,9 +173,9 @@ impl File for FaultyFile {
         self.inner.sync_data()
     }
 
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         self.faults.op()?;
-        self.inner.len()
+        self.inner.size()
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {

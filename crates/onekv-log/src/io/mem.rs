@@ -248,7 +248,7 @@ impl File for MemFile {
         Ok(())
     }
 
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         Ok(self.live()?.data.len() as u64)
     }
 
@@ -277,7 +277,7 @@ mod tests {
         dir.crash(CrashMode::LoseUnsynced, 1);
         assert_eq!(dir.list().unwrap(), vec!["a".to_string()]);
         assert_eq!(dir.read_file("a").unwrap(), b"durable");
-        assert!(a.len().is_err(), "old handles are dead after a crash");
+        assert!(a.size().is_err(), "old handles are dead after a crash");
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub trait File: Send + Sync + std::fmt::Debug {
     /// Makes the file's data and length durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// The file's current length.
-    fn len(&self) -> io::Result<u64>;
+    fn size(&self) -> io::Result<u64>;
     /// Cuts or extends the file to `len` bytes. Durable only after [`File::sync_data`].
     fn set_len(&self, len: u64) -> io::Result<()>;
 }
