@@ -19,9 +19,9 @@
 //!   record of every appender and nothing is spent on threads. With closed-loop appenders no log
 //!   can put more bytes behind one fsync, so this is the ceiling for the cell's concurrency.
 //!
-//! Each baseline runs once before and once after the log run of the same cell, and the mean of the
-//! two is reported (their spread is printed too), so slow drift on a shared machine hits both sides
-//! alike. Everything runs in one temporary directory, deleted at the end.
+//! Each baseline runs once before and once after the log run of the same cell (the second time in
+//! reverse order), and the mean of the two is reported (their spread is printed too), so slow drift
+//! on a shared machine hits both sides alike. Everything runs in one temporary directory, deleted at the end.
 //!
 //! What it does **not** measure: reads, recovery, segment reclamation, batches of several records
 //! per `append`, the asynchronous [`Log::submit`] path, or anything beyond one file system and one
@@ -167,14 +167,14 @@ pub fn run(args: &Args) -> Result<()> {
             let label = format!("[{}/{total}] {} x {appenders} appender(s)", cells.len() + 1, fmt_size(size));
             progress(&format!("{label}: baselines (1/2)"));
             let [sync_each_a, bandwidth_a, grouped_a] =
-                baselines(root.path(), &payload, appenders, args, duration)?;
+                baselines(root.path(), &payload, appenders, args, duration, false)?;
             progress(&format!("{label}: log"));
             let log_dir = root.path().join(format!("log-{size}-{appenders}"));
             let log = log_run(&log_dir, &payload, appenders, duration)?;
             fs::remove_dir_all(&log_dir).with_context(|| format!("removing {}", log_dir.display()))?;
             progress(&format!("{label}: baselines (2/2)"));
             let [sync_each_b, bandwidth_b, grouped_b] =
-                baselines(root.path(), &payload, appenders, args, duration)?;
+                baselines(root.path(), &payload, appenders, args, duration, true)?;
             progress(&format!(
                 "{label}: log {:.1} MB/s, plain_sync_each {:.1} MB/s, plain_bandwidth {:.1} MB/s, \
                  plain_grouped {:.1} MB/s",
@@ -219,19 +219,32 @@ fn payload(size: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Runs the three baselines once: sync-each, bandwidth, grouped.
+/// Runs the three baselines once and returns them as [sync-each, bandwidth, grouped]. They run in
+/// that order, or `reversed`: on this project's machines a run is measurably slowed by the run
+/// just before it (the file system is still discarding the file that run deleted), so the second
+/// pass of a cell reverses the order and no baseline always follows the same one.
 fn baselines(
     dir: &Path,
     payload: &[u8],
     appenders: usize,
     args: &Args,
     duration: Duration,
+    reversed: bool,
 ) -> Result<[Rate; 3]> {
-    let sync_each = plain_sync_each(dir, payload, duration)?;
-    let bandwidth = plain_bandwidth(dir, payload, args.bandwidth_chunk, duration)?;
     let group_len = (payload.len() * appenders).min(args.bandwidth_chunk.max(payload.len()));
-    let grouped = plain_bandwidth(dir, payload, group_len, duration)?;
-    Ok([sync_each, bandwidth, grouped])
+    let mut order = [0, 1, 2];
+    if reversed {
+        order.reverse();
+    }
+    let mut rates = [Rate { bytes: 0, elapsed: Duration::ZERO }; 3];
+    for which in order {
+        rates[which] = match which {
+            0 => plain_sync_each(dir, payload, duration)?,
+            1 => plain_bandwidth(dir, payload, args.bandwidth_chunk, duration)?,
+            _ => plain_bandwidth(dir, payload, group_len, duration)?,
+        };
+    }
+    Ok(rates)
 }
 
 /// Creates `name` in `dir`, runs `body` on it, and deletes it again.
