@@ -284,7 +284,8 @@ impl Log {
 
     /// Deletes every whole segment that ends at or below `position` (never the segment being
     /// appended to). Positions are never renumbered: locators into the remaining segments stay
-    /// valid; reads below the new first position fail with [`LogError::OutOfRange`].
+    /// valid; reads below the new first position fail with [`LogError::OutOfRange`]. If the
+    /// directory sync fails, the log stops taking appends, as after a failed write.
     pub fn reclaim_below(&self, position: u64) -> Result<Reclaimed> {
         let mut reclaimed = Reclaimed::default();
         loop {
@@ -303,7 +304,14 @@ impl Log {
             let name = doomed.name();
             // Oldest first, one directory sync each, so a crash leaves a prefix removed, never a hole.
             self.shared.dir.remove(&name).map_err(|e| LogError::io(format!("removing {name}"), e))?;
-            recovery::sync_dir(&*self.shared.dir, &self.shared.counters)?;
+            if let Err(err) = recovery::sync_dir(&*self.shared.dir, &self.shared.counters) {
+                // The directory's state is unknown now and a later sync (a segment roll) must not
+                // pass for a retry: the log stops taking appends, as after a failed write.
+                self.shared.lock_queue().failed.get_or_insert_with(|| Arc::new(err.clone()));
+                self.shared.work.notify_all();
+                self.shared.space.notify_all();
+                return Err(err);
+            }
             self.shared.counters.segment_reclaimed();
             reclaimed.segments += 1;
             reclaimed.bytes += doomed.durable_len();

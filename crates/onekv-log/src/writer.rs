@@ -54,6 +54,12 @@ pub(crate) fn run(shared: Arc<Shared>, mut active: Arc<Segment>) {
             if queue.requests.is_empty() {
                 return;
             }
+            if let Some(cause) = queue.failed.clone() {
+                // Something else (a directory sync during reclamation) already failed.
+                drop(queue);
+                stop(&shared, cause, Vec::new());
+                return;
+            }
             let mut batch = Vec::new();
             let mut bytes = 0;
             while let Some(next) = queue.requests.front() {
@@ -74,20 +80,25 @@ pub(crate) fn run(shared: Arc<Shared>, mut active: Arc<Segment>) {
                 }
             }
             Err(err) => {
-                let cause = Arc::new(err);
-                let queued = {
-                    let mut queue = shared.lock_queue();
-                    queue.failed = Some(cause.clone());
-                    queue.queued_bytes = 0;
-                    shared.space.notify_all();
-                    std::mem::take(&mut queue.requests)
-                };
-                for request in batch.into_iter().chain(queued) {
-                    complete(request.done, Err(LogError::Failed { cause: cause.clone() }));
-                }
+                stop(&shared, Arc::new(err), batch);
                 return;
             }
         }
+    }
+}
+
+/// Records `cause` as the log's failure (unless one is recorded already) and fails `batch` and
+/// everything still queued with it.
+fn stop(shared: &Shared, cause: Arc<LogError>, batch: Vec<Request>) {
+    let (cause, queued) = {
+        let mut queue = shared.lock_queue();
+        let cause = queue.failed.get_or_insert(cause).clone();
+        queue.queued_bytes = 0;
+        shared.space.notify_all();
+        (cause, std::mem::take(&mut queue.requests))
+    };
+    for request in batch.into_iter().chain(queued) {
+        complete(request.done, Err(LogError::Failed { cause: cause.clone() }));
     }
 }
 
@@ -115,6 +126,11 @@ fn write_round(
             let framed = (RECORD_HEADER_LEN + payload.len()) as u64;
             let end = write_start + buf.len() as u64;
             if end + framed > segment_size && end > SEGMENT_HEADER_LEN as u64 {
+                // A roll syncs the directory; after a failed directory sync (in reclamation) that
+                // would be a retried fsync.
+                if let Some(cause) = shared.lock_queue().failed.clone() {
+                    return Err(LogError::Failed { cause });
+                }
                 flush(shared, active, write_start, buf)?;
                 let base = active.base + end;
                 let file = create_segment(&*shared.dir, base, &shared.counters)?;

@@ -212,3 +212,19 @@ fn a_panicking_completion_does_not_stop_the_log() {
     let loc = log.append(&[(K, b"two")]).expect("the writer survives a panicking completion");
     assert_eq!(log.read(loc[0]).unwrap(), b"two");
 }
+
+#[test]
+fn a_failed_directory_sync_while_reclaiming_stops_appends() {
+    let faulty = FaultyDir::new(Arc::new(MemDir::new()));
+    let faults = faulty.faults();
+    let (log, _) = Log::open(Arc::new(faulty), small(), OpenOptions::default()).unwrap();
+    let locs: Vec<_> = (0..40u8).map(|i| log.append(&[(K, &[i; 300])]).unwrap()[0]).collect();
+    faults.fail_sync_after(0);
+    let err = log.reclaim_below(locs[39].position).unwrap_err();
+    assert!(matches!(err, LogError::Io { .. }), "{err}");
+    // No later append may sync the directory (a segment roll would) and pass for a retry.
+    let ops = faults.ops();
+    assert!(matches!(log.append(&[(K, b"after")]), Err(LogError::Failed { .. })));
+    assert_eq!(faults.ops(), ops, "no I/O after the failure");
+    assert_eq!(log.read(locs[39]).unwrap(), vec![39u8; 300], "reads still work");
+}
