@@ -141,10 +141,7 @@ pub(crate) fn recover(
 
     let Some(&last_base) = bases.last() else {
         let file = create_segment(dir, 0, counters)?;
-        let len = SEGMENT_HEADER_LEN as u64;
-        report.segments = 1;
-        report.end_position = len;
-        return Ok((vec![FoundSegment { base: 0, file, len }], report));
+        return Ok(finish(vec![FoundSegment { base: 0, file, len: SEGMENT_HEADER_LEN as u64 }], report));
     };
 
     let mut segments = Vec::with_capacity(bases.len());
