@@ -130,6 +130,7 @@ impl Log {
         config: LogConfig,
         options: OpenOptions,
     ) -> Result<(Log, RecoveryReport)> {
+        // Checked here too so that a bad configuration does not even create the directory.
         config.validate()?;
         let path = path.as_ref();
         let dir = FsDir::create_all(path)
