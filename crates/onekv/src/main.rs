@@ -2,6 +2,9 @@
 //! benchmarks. This file only parses the command line and hands each subcommand to its module.
 
 mod bench_log;
+mod client_cmd;
+mod cluster_cmd;
+mod server_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -16,6 +19,14 @@ struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs one node.
+    Server(server_cmd::Args),
+    /// Runs a local cluster of nodes on 127.0.0.1 (child processes), with its data under one directory.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
+    /// Data and admin commands against a running cluster.
+    #[command(flatten)]
+    Client(client_cmd::ClientCommand),
     /// Measures group-committed log appends against plain write+fdatasync baselines on the same
     /// file system, and prints a markdown table.
     BenchLog(bench_log::Args),
@@ -23,6 +34,9 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
+        Command::Server(args) => server_cmd::run(args),
+        Command::Cluster(command) => cluster_cmd::run(command),
+        Command::Client(command) => client_cmd::run(command),
         Command::BenchLog(args) => bench_log::run(&args),
     }
 }

@@ -1,0 +1,318 @@
+//! The replica's public surface: configuration, commands, outcomes, errors and the handle.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use raft::eraftpb::Message;
+
+/// Which bytes go where on disk; the same binary runs all three so every claim is measured side by
+/// side (DESIGN.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum StorageMode {
+    /// One log per node holds Raft entries; the index points at value bytes inside them.
+    #[default]
+    OneLog,
+    /// Raft entries in one log; applying copies each value into a second log the index points at.
+    Separated,
+    /// Raft entries in a tree with its own write-ahead log; values inline in a data tree with its
+    /// own write-ahead log (TiKV-like).
+    Classic,
+}
+
+impl StorageMode {
+    /// The name used in configuration files and status output.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageMode::OneLog => "onelog",
+            StorageMode::Separated => "separated",
+            StorageMode::Classic => "classic",
+        }
+    }
+
+    /// Parses a name as [`StorageMode::name`] prints it.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "onelog" => Some(StorageMode::OneLog),
+            "separated" => Some(StorageMode::Separated),
+            "classic" => Some(StorageMode::Classic),
+            _ => None,
+        }
+    }
+}
+
+/// Bounds on what one request may carry. Anything over a bound is rejected with
+/// [`ReplicaError::InvalidArgument`] before it reaches Raft.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest key, in bytes (keys must also be non-empty).
+    pub max_key_bytes: usize,
+    /// Longest value, in bytes.
+    pub max_value_bytes: usize,
+    /// Most operations in one batch.
+    pub max_batch_ops: usize,
+    /// Most key and value bytes in one batch or write.
+    pub max_batch_bytes: usize,
+    /// Most pairs one scan returns.
+    pub max_scan_pairs: usize,
+    /// Most key and value bytes one scan returns (it stops early, with `more` set).
+    pub max_scan_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_key_bytes: 4 << 10,
+            max_value_bytes: 1 << 20,
+            max_batch_ops: 1024,
+            max_batch_bytes: 4 << 20,
+            max_scan_pairs: 10_000,
+            max_scan_bytes: 4 << 20,
+        }
+    }
+}
+
+/// How a replica runs. The server builds this from its configuration file and validates it there;
+/// [`Replica::open`] checks it again before touching any data.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This node's id (non-zero).
+    pub node_id: u64,
+    /// Ids of every voting member, this node included, when the cluster is first created. Ignored
+    /// once the data directory holds Raft state.
+    pub voters: Vec<u64>,
+    /// Where the log(s) and the index live.
+    pub data_dir: PathBuf,
+    /// See [`StorageMode`]. Fixed when the data directory is created.
+    pub storage: StorageMode,
+    /// Interval of Raft's logical clock.
+    pub tick: Duration,
+    /// Ticks without a heartbeat before a follower campaigns.
+    pub election_ticks: usize,
+    /// Ticks between leader heartbeats.
+    pub heartbeat_ticks: usize,
+    /// Request bounds.
+    pub limits: Limits,
+    /// Flush an index tree's memtable once it holds this many bytes.
+    pub memtable_bytes: u64,
+    /// Raft entries kept below the applied index for lagging followers before the Raft log is
+    /// compacted (older entries are sent as a snapshot).
+    pub raft_log_keep_entries: u64,
+    /// Size of one log segment file.
+    pub segment_bytes: u64,
+}
+
+impl ReplicaConfig {
+    /// A configuration with default tuning for `node_id` in a cluster of `voters`.
+    pub fn new(node_id: u64, voters: Vec<u64>, data_dir: impl Into<PathBuf>) -> Self {
+        ReplicaConfig {
+            node_id,
+            voters,
+            data_dir: data_dir.into(),
+            storage: StorageMode::default(),
+            tick: Duration::from_millis(100),
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            limits: Limits::default(),
+            memtable_bytes: 16 << 20,
+            raft_log_keep_entries: 10_000,
+            segment_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A client's request id: a retried write with the same id is applied at most once while it is
+/// in the replica's window of recent requests. `seq == 0` means "no id".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RequestId {
+    /// Chosen at random by each client.
+    pub client: u64,
+    /// Increases with each request of that client.
+    pub seq: u64,
+}
+
+/// One operation of a write: put `key = value`, or delete `key` when `value` is `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteOp {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The new value; `None` deletes.
+    pub value: Option<Vec<u8>>,
+}
+
+/// A command that goes through Raft.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Puts and deletes applied atomically.
+    Write(Vec<WriteOp>),
+    /// Compare-and-swap: if the key's value equals `expected` (`None`: the key must be absent),
+    /// set it to `new` (`None`: delete it).
+    Cas {
+        /// The key.
+        key: Vec<u8>,
+        /// The value the key must have.
+        expected: Option<Vec<u8>>,
+        /// The value to set.
+        new: Option<Vec<u8>>,
+    },
+}
+
+/// What a committed command did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The Raft index the command was committed at.
+    pub index: u64,
+    /// For a compare-and-swap: whether it swapped, and the key's value afterwards.
+    pub cas: Option<CasOutcome>,
+}
+
+/// The result of a compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CasOutcome {
+    /// Whether the new value was set.
+    pub swapped: bool,
+    /// The key's value after the operation.
+    pub current: Option<Vec<u8>>,
+}
+
+/// Why a request failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ReplicaError {
+    /// This node is not the leader; `leader` is the leader's id when known.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader's node id, if this node knows it.
+        leader: Option<u64>,
+    },
+    /// The request is malformed or over a limit.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The proposal was dropped (for example by a leader change) before it committed; retrying
+    /// with the same request id is safe.
+    #[error("dropped before commit: {0}")]
+    Dropped(String),
+    /// The replica is shutting down.
+    #[error("the replica is stopping")]
+    Stopping,
+    /// The disk failed; the replica serves no more writes.
+    #[error("storage failure: {0}")]
+    Storage(String),
+    /// The configuration or the data directory cannot be used.
+    #[error("cannot open: {0}")]
+    Open(String),
+}
+
+/// A snapshot of a replica's state, for `status` and tests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplicaStatus {
+    /// This node.
+    pub node_id: u64,
+    /// Voting members.
+    pub voters: Vec<u64>,
+    /// The leader this node knows of.
+    pub leader_id: Option<u64>,
+    /// Current Raft term.
+    pub term: u64,
+    /// "leader", "follower", "candidate" or "pre-candidate".
+    pub role: String,
+    /// Raft commit index.
+    pub commit_index: u64,
+    /// Highest index applied to the index trees.
+    pub applied_index: u64,
+    /// First Raft index still available in this node's Raft log.
+    pub first_index: u64,
+    /// Last Raft index in this node's Raft log.
+    pub last_index: u64,
+    /// The lowest flush flag of the index trees: how far the index is persisted.
+    pub flushed_index: u64,
+    /// The storage mode.
+    pub storage: StorageMode,
+    /// Bytes in the data directory's log files now.
+    pub log_bytes: u64,
+    /// Bytes the replica wrote to disk since it started (logs and index tables).
+    pub bytes_written: u64,
+    /// User payload bytes (keys and values) applied since the replica started.
+    pub user_bytes: u64,
+}
+
+/// Carries Raft messages to peers. Must not block: a transport that cannot keep up drops messages
+/// (Raft retransmits).
+pub trait Transport: Send + Sync + 'static {
+    /// Sends each message to the node `message.to`.
+    fn send(&self, messages: Vec<Message>);
+}
+
+/// Called once with the result of a proposal or read barrier, on the replica's loop thread: it
+/// must not block.
+pub type Done<T> = Box<dyn FnOnce(Result<T, ReplicaError>) + Send + 'static>;
+
+/// A handle to a running replica. Cheap to clone; every method may be called from any thread.
+#[derive(Clone)]
+pub struct Replica {
+    inner: Arc<()>,
+}
+
+impl Replica {
+    /// Opens (or creates) the replica in `config.data_dir`, recovers it, and starts its loop
+    /// thread.
+    pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Replica, ReplicaError> {
+        let _ = (config, transport);
+        todo!()
+    }
+
+    /// Delivers a Raft message from a peer. Never blocks; messages are dropped if the replica's
+    /// inbox is full.
+    pub fn step(&self, message: Message) {
+        let _ = message;
+        todo!()
+    }
+
+    /// Proposes `command` (leader only); `done` runs once it is applied here, or fails.
+    pub fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
+        let _ = (request_id, command, done);
+        todo!()
+    }
+
+    /// Confirms leadership with a quorum (ReadIndex) and waits until this replica has applied
+    /// everything committed before the call; after `done(Ok(()))`, [`Replica::get`] and
+    /// [`Replica::scan`] are linearizable.
+    pub fn read_barrier(&self, done: Done<()>) {
+        let _ = done;
+        todo!()
+    }
+
+    /// Reads `key` from what this replica has applied (stale unless preceded by a read barrier).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+        let _ = key;
+        todo!()
+    }
+
+    /// Reads up to `limit` pairs with `start <= key < end` (no end when `None`) from what this
+    /// replica has applied, in key order or reversed; returns the pairs and whether more remain.
+    pub fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), ReplicaError> {
+        let _ = (start, end, limit, reverse);
+        todo!()
+    }
+
+    /// The replica's current state.
+    pub fn status(&self) -> ReplicaStatus {
+        todo!()
+    }
+
+    /// The request bounds this replica enforces.
+    pub fn limits(&self) -> &Limits {
+        todo!()
+    }
+
+    /// Stops the loop thread and closes the logs. Pending requests fail with
+    /// [`ReplicaError::Stopping`].
+    pub fn shutdown(&self) {
+        todo!()
+    }
+}
