@@ -1,1 +1,27 @@
-//! placeholder
+//! The onekv client library: a `Client` handle that finds the leader, follows redirects and retries
+//! with bounded attempts and backoff, giving every write a request id that its retries reuse so
+//! the server applies it at most once.
+//!
+//! Owns: talking to a cluster over the `Kv` gRPC service (`onekv-proto`): connections, leader
+//! discovery, retries, request ids. Does not own: anything about server internals (it knows only
+//! the wire protocol), sharding or the fast path (a single Raft group for now), or the command line
+//! (that is the `onekv` binary).
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), onekv_client::ClientError> {
+//! use onekv_client::{Client, ClientOptions};
+//! let client = Client::new(vec!["127.0.0.1:7001".into()], ClientOptions::default())?;
+//! client.put(b"k", b"v").await?;
+//! assert_eq!(client.get(b"k").await?, Some(b"v".to_vec()));
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod error;
+mod retry;
+mod routing;
+
+pub use client::{CasResult, Client, ClientOptions, MAX_RESPONSE_BYTES, ScanPage};
+pub use error::{ClientError, Result};
+pub use onekv_proto::{Member, StatusResponse};

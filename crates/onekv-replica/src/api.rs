@@ -1,7 +1,6 @@
 //! The replica's public surface: configuration, commands, outcomes, errors and the handle.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub use raft::eraftpb::Message;
@@ -242,77 +241,75 @@ pub trait Transport: Send + Sync + 'static {
     fn send(&self, messages: Vec<Message>);
 }
 
+/// Pairs a scan returned, and whether more remain in its range.
+pub type ScanResult = (Vec<(Vec<u8>, Vec<u8>)>, bool);
+
 /// Called once with the result of a proposal or read barrier, on the replica's loop thread: it
 /// must not block.
 pub type Done<T> = Box<dyn FnOnce(Result<T, ReplicaError>) + Send + 'static>;
 
-/// A handle to a running replica. Cheap to clone; every method may be called from any thread.
-#[derive(Clone)]
-pub struct Replica {
-    inner: Arc<()>,
-}
-
-impl Replica {
-    /// Opens (or creates) the replica in `config.data_dir`, recovers it, and starts its loop
-    /// thread.
-    pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Replica, ReplicaError> {
-        let _ = (config, transport);
-        todo!()
-    }
-
-    /// Delivers a Raft message from a peer. Never blocks; messages are dropped if the replica's
-    /// inbox is full.
-    pub fn step(&self, message: Message) {
-        let _ = message;
-        todo!()
-    }
-
-    /// Proposes `command` (leader only); `done` runs once it is applied here, or fails.
-    pub fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
-        let _ = (request_id, command, done);
-        todo!()
-    }
-
-    /// Confirms leadership with a quorum (ReadIndex) and waits until this replica has applied
-    /// everything committed before the call; after `done(Ok(()))`, [`Replica::get`] and
-    /// [`Replica::scan`] are linearizable.
-    pub fn read_barrier(&self, done: Done<()>) {
-        let _ = done;
-        todo!()
-    }
-
-    /// Reads `key` from what this replica has applied (stale unless preceded by a read barrier).
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
-        let _ = key;
-        todo!()
-    }
-
-    /// Reads up to `limit` pairs with `start <= key < end` (no end when `None`) from what this
-    /// replica has applied, in key order or reversed; returns the pairs and whether more remain.
-    pub fn scan(
-        &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
-        reverse: bool,
-    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), ReplicaError> {
-        let _ = (start, end, limit, reverse);
-        todo!()
-    }
-
-    /// The replica's current state.
-    pub fn status(&self) -> ReplicaStatus {
-        todo!()
-    }
-
-    /// The request bounds this replica enforces.
-    pub fn limits(&self) -> &Limits {
-        todo!()
-    }
-
-    /// Stops the loop thread and closes the logs. Pending requests fail with
-    /// [`ReplicaError::Stopping`].
-    pub fn shutdown(&self) {
-        todo!()
+impl Limits {
+    /// Checks one command against the limits; the error names the limit.
+    pub fn check(&self, command: &Command) -> Result<(), ReplicaError> {
+        let bad = |m: String| Err(ReplicaError::InvalidArgument(m));
+        let check_key = |key: &[u8]| {
+            if key.is_empty() {
+                return bad("empty key".into());
+            }
+            if key.len() > self.max_key_bytes {
+                return bad(format!(
+                    "key of {} bytes exceeds max_key_bytes = {}",
+                    key.len(),
+                    self.max_key_bytes
+                ));
+            }
+            Ok(())
+        };
+        let check_value = |value: &[u8]| {
+            if value.len() > self.max_value_bytes {
+                return bad(format!(
+                    "value of {} bytes exceeds max_value_bytes = {}",
+                    value.len(),
+                    self.max_value_bytes
+                ));
+            }
+            Ok(())
+        };
+        match command {
+            Command::Write(ops) => {
+                if ops.is_empty() {
+                    return bad("empty batch".into());
+                }
+                if ops.len() > self.max_batch_ops {
+                    return bad(format!(
+                        "batch of {} ops exceeds max_batch_ops = {}",
+                        ops.len(),
+                        self.max_batch_ops
+                    ));
+                }
+                let mut bytes = 0;
+                for op in ops {
+                    check_key(&op.key)?;
+                    if let Some(value) = &op.value {
+                        check_value(value)?;
+                    }
+                    bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
+                }
+                if bytes > self.max_batch_bytes {
+                    return bad(format!(
+                        "batch of {bytes} bytes exceeds max_batch_bytes = {}",
+                        self.max_batch_bytes
+                    ));
+                }
+                Ok(())
+            }
+            Command::Cas { key, expected, new } => {
+                check_key(key)?;
+                for value in [expected, new].into_iter().flatten() {
+                    check_value(value)?;
+                }
+                Ok(())
+            }
+        }
     }
 }

@@ -2,15 +2,29 @@
 //!
 //! This crate owns everything between a client command and the bytes on disk:
 //! - the command codec ([`codec`]), which reports where each value sits inside an encoded entry;
-//! - Raft's storage ([`raft_store`]), served from the log through an index → locator map;
-//! - the node loop ([`node`]): one thread drives the Raft groups, one fsync covers all of them;
-//! - applying committed entries into the index ([`apply`]) and recovery directed by consensus
-//!   ([`recovery`]);
-//! - the storage modes (`onelog`, `separated`, `classic`, see [`StorageMode`]).
+//! - the replica's log records (`records`) and Raft's storage served from the log (`raft_store`);
+//! - the node loop (`node`): one thread drives Raft, one append and fsync per turn covers every
+//!   entry and hard state of that turn;
+//! - applying committed entries into the index (`apply`) and recovery directed by consensus
+//!   (`recovery`);
+//! - the storage modes (`onelog`, `separated`, `classic`, see [`StorageMode`]) and crash points for
+//!   tests ([`failpoints`]).
 //!
 //! It does not own the network (the caller passes a [`Transport`] and feeds peer messages to
 //! [`Replica::step`]), the wire format, configuration files or processes: those are the server's.
 
 mod api;
+mod apply;
+pub mod codec;
+pub mod failpoints;
+mod identity;
+mod node;
+mod raft_store;
+mod records;
+mod recovery;
+mod replica;
+mod slog_bridge;
+mod state;
 
 pub use api::*;
+pub use replica::Replica;

@@ -1,0 +1,366 @@
+//! The `Client` handle: one method per operation of the `Kv` service, each run through the bounded
+//! retry loop.
+//!
+//! Owns: request ids, the retry loop (which node to ask next, when to wait, when to give up) and
+//! the translation between the wire types and plain Rust values. Does not own: the routing state
+//! (`routing`) or the meaning of each status (`retry`).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use onekv_proto::kv_client::KvClient;
+use onekv_proto::{
+    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
+    ScanRequest, StatusRequest, StatusResponse,
+};
+use tonic::Status;
+use tonic::transport::Channel;
+
+use crate::error::{ClientError, Result};
+use crate::retry::{Failure, backoff_delay, classify, timed_out};
+use crate::routing::{ChannelSettings, Routing, normalize};
+
+/// Largest response the client decodes. Scans return many pairs at once; tonic's default of 4 MiB
+/// would turn a large page into an error.
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+
+/// How a `Client` times out and retries.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// How long one attempt may take before the client gives up on it and retries elsewhere.
+    pub request_timeout: Duration,
+    /// Attempts per call, counting the first and every redirect (at least 1 is always made).
+    pub max_attempts: u32,
+    /// The first backoff; it doubles after each one, up to `max_backoff`.
+    pub backoff: Duration,
+    /// The longest single backoff.
+    pub max_backoff: Duration,
+    /// How long establishing a connection to one node may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            request_timeout: Duration::from_secs(5),
+            max_attempts: 8,
+            backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The outcome of a compare-and-swap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CasResult {
+    /// Whether the key held the expected value, so the new value was written.
+    pub swapped: bool,
+    /// The key's value after the operation (`None`: absent): the new value if it swapped, the
+    /// unchanged current value if not.
+    pub current: Option<Vec<u8>>,
+    /// The Raft log index the operation was applied at.
+    pub index: u64,
+}
+
+/// One page of a scan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanPage {
+    /// Key-value pairs in scan order.
+    pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// True when the range holds more pairs than were returned. To continue a forward scan, start
+    /// at the last key followed by a zero byte; a reverse scan, end at the last key.
+    pub more: bool,
+}
+
+/// A handle on a onekv cluster. Cheap to clone; clones share connections, the cached leader and
+/// the request-id sequence, and may be used from many tasks at once.
+///
+/// Connections are made lazily, on the first request that needs them, so the first call must run
+/// inside a tokio runtime, and the client should be used within that one runtime.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    options: ClientOptions,
+    routing: Routing,
+    /// Random per client, so two clients' request ids never collide on the server.
+    client_id: u64,
+    /// The last `seq` handed out; 0 means "no id" on the wire, so ids start at 1.
+    last_seq: AtomicU64,
+}
+
+/// Which nodes may serve a call.
+#[derive(Debug, Clone, Copy)]
+enum Route<'a> {
+    /// The leader: start at the cached leader, follow redirects, cache whoever answers.
+    Leader,
+    /// Any node, round-robin.
+    AnyNode,
+    /// This node only, one attempt.
+    Exactly(&'a str),
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("endpoints", &self.inner.endpoints)
+            .field("leader", &self.inner.routing.leader())
+            .field("client_id", &self.inner.client_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client for the cluster reachable at `endpoints` (`host:port`, or `http://host:port`).
+    /// Connects nothing yet; fails only if the list is empty or an address is malformed.
+    pub fn new(endpoints: Vec<String>, options: ClientOptions) -> Result<Client> {
+        let mut normalized: Vec<String> = Vec::with_capacity(endpoints.len());
+        for endpoint in &endpoints {
+            let endpoint = normalize(endpoint)?;
+            if !normalized.contains(&endpoint) {
+                normalized.push(endpoint);
+            }
+        }
+        if normalized.is_empty() {
+            return Err(ClientError::NoEndpoints);
+        }
+        let settings = ChannelSettings { connect_timeout: options.connect_timeout };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                routing: Routing::new(normalized.clone(), settings),
+                endpoints: normalized,
+                options,
+                client_id: rand::random::<u64>().max(1),
+                last_seq: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The endpoints the client was created with (normalized to `host:port`, without duplicates).
+    /// Leader addresses learnt from redirects are used too but not listed here.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// The endpoint that last answered as leader, if any.
+    pub fn cached_leader(&self) -> Option<String> {
+        self.inner.routing.leader()
+    }
+
+    /// The value of `key`, read linearizably from the leader (`None`: absent).
+    pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let request = GetRequest { key: key.to_vec(), consistency: Consistency::Linearizable.into() };
+        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.get(r).await }).await?;
+        Ok(response.found.then_some(response.value))
+    }
+
+    /// The value of `key` as some node has applied it, possibly stale: from `endpoint` alone (one
+    /// attempt, no retry) if given, else from any node, round-robin with retries.
+    pub async fn get_stale(&self, key: &[u8], endpoint: Option<&str>) -> Result<Option<Vec<u8>>> {
+        let request = GetRequest { key: key.to_vec(), consistency: Consistency::Stale.into() };
+        let route = endpoint.map_or(Route::AnyNode, Route::Exactly);
+        let response = self.call(route, request, |mut kv, r| async move { kv.get(r).await }).await?;
+        Ok(response.found.then_some(response.value))
+    }
+
+    /// Sets `key` to `value`; returns the Raft log index it was applied at.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        let request =
+            PutRequest { key: key.to_vec(), value: value.to_vec(), request_id: Some(self.next_id()) };
+        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.put(r).await }).await?;
+        Ok(response.index)
+    }
+
+    /// Deletes `key` (deleting an absent key succeeds); returns the Raft log index.
+    pub async fn delete(&self, key: &[u8]) -> Result<u64> {
+        let request = DeleteRequest { key: key.to_vec(), request_id: Some(self.next_id()) };
+        let response =
+            self.call(Route::Leader, request, |mut kv, r| async move { kv.delete(r).await }).await?;
+        Ok(response.index)
+    }
+
+    /// Applies all `ops` atomically, in order: `(key, Some(value))` puts, `(key, None)` deletes.
+    /// Returns the Raft log index.
+    pub async fn batch(&self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<u64> {
+        let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value }).collect();
+        let request = BatchRequest { ops, request_id: Some(self.next_id()) };
+        let response =
+            self.call(Route::Leader, request, |mut kv, r| async move { kv.batch(r).await }).await?;
+        Ok(response.index)
+    }
+
+    /// If `key` currently holds `expected` (`None`: the key must be absent), sets it to `new`
+    /// (`None`: deletes it).
+    pub async fn cas(&self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<CasResult> {
+        let request = CasRequest {
+            key: key.to_vec(),
+            expected: expected.map(<[u8]>::to_vec),
+            new_value: new.map(<[u8]>::to_vec),
+            request_id: Some(self.next_id()),
+        };
+        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.cas(r).await }).await?;
+        Ok(CasResult {
+            swapped: response.swapped,
+            current: response.found.then_some(response.current),
+            index: response.index,
+        })
+    }
+
+    /// Up to `limit` pairs (0: the node's maximum) with `start <= key < end` (`end` `None`: no end),
+    /// ascending, or descending from the last key below `end` if `reverse`. Linearizable.
+    pub async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: u32,
+        reverse: bool,
+    ) -> Result<ScanPage> {
+        let request = ScanRequest {
+            start: start.to_vec(),
+            end: end.map(<[u8]>::to_vec).unwrap_or_default(),
+            limit,
+            reverse,
+            consistency: Consistency::Linearizable.into(),
+        };
+        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await?;
+        Ok(ScanPage {
+            pairs: response.pairs.into_iter().map(|pair| (pair.key, pair.value)).collect(),
+            more: response.more,
+        })
+    }
+
+    /// The status of the node at `endpoint`: one attempt, no retry, no redirect.
+    pub async fn status(&self, endpoint: &str) -> Result<StatusResponse> {
+        self.call(Route::Exactly(endpoint), StatusRequest {}, |mut kv, r| async move { kv.status(r).await })
+            .await
+    }
+
+    /// The status of every endpoint the client knows (the configured ones, then any leader learnt
+    /// from a redirect), asked concurrently, in that order.
+    pub async fn status_all(&self) -> Vec<(String, Result<StatusResponse>)> {
+        let endpoints = self.inner.routing.known();
+        let mut tasks = tokio::task::JoinSet::new();
+        for (position, endpoint) in endpoints.iter().enumerate() {
+            let client = self.clone();
+            let endpoint = endpoint.clone();
+            tasks.spawn(async move { (position, client.status(&endpoint).await) });
+        }
+        let mut results: Vec<Option<Result<StatusResponse>>> = endpoints.iter().map(|_| None).collect();
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok((position, result)) => results[position] = Some(result),
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => {} // Cancelled: cannot happen, the set is never aborted; reported below.
+            }
+        }
+        endpoints
+            .into_iter()
+            .zip(results)
+            .map(|(endpoint, result)| {
+                let result =
+                    result.unwrap_or_else(|| Err(ClientError::Transport("status task cancelled".into())));
+                (endpoint, result)
+            })
+            .collect()
+    }
+
+    /// A fresh request id. Every retry of one call reuses it: that is what lets the server apply a
+    /// retried write at most once.
+    fn next_id(&self) -> RequestId {
+        RequestId {
+            client: self.inner.client_id,
+            seq: self.inner.last_seq.fetch_add(1, Ordering::Relaxed) + 1,
+        }
+    }
+
+    /// Runs `rpc` with `request` along `route` until it succeeds, fails in a way retrying cannot
+    /// fix, or `max_attempts` attempts were made.
+    async fn call<Req, Resp, Rpc, Fut>(&self, route: Route<'_>, request: Req, rpc: Rpc) -> Result<Resp>
+    where
+        Req: Clone,
+        Rpc: Fn(KvClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let routing = &self.inner.routing;
+        let options = &self.inner.options;
+        if let Route::Exactly(endpoint) = route {
+            let endpoint = normalize(endpoint)?;
+            return self.attempt(&endpoint, &request, &rpc).await.map_err(Failure::into_single_node_error);
+        }
+        let max_attempts = options.max_attempts.max(1);
+        let mut redirect_to: Option<String> = None;
+        let mut last_failed: Option<String> = None;
+        let mut backoffs = 0;
+        let mut last_cause = String::new();
+        let mut previous_was_redirect = false;
+        for attempt in 1..=max_attempts {
+            let endpoint = match (redirect_to.take(), route) {
+                (Some(leader), _) => leader,
+                (None, Route::Leader) => routing.leader_or_next(last_failed.as_deref()),
+                (None, _) => routing.next(last_failed.as_deref()),
+            };
+            let failure = match self.attempt(&endpoint, &request, &rpc).await {
+                Ok(response) => {
+                    if let Route::Leader = route {
+                        routing.set_leader(&endpoint);
+                    }
+                    return Ok(response);
+                }
+                Err(Failure::Fatal(error)) => return Err(error),
+                Err(failure) => failure,
+            };
+            routing.forget_leader(&endpoint);
+            let wait = match failure {
+                Failure::Redirect { leader, cause } => {
+                    last_cause = cause;
+                    routing.learn(&leader);
+                    redirect_to = Some(leader);
+                    // Follow a redirect at once, but two in a row mean the nodes' views of the
+                    // leader disagree (an election is settling): wait before asking again.
+                    std::mem::replace(&mut previous_was_redirect, true)
+                }
+                Failure::Retry { cause, .. } => {
+                    last_cause = cause;
+                    previous_was_redirect = false;
+                    true
+                }
+                Failure::Fatal(_) => unreachable!("returned above"),
+            };
+            last_failed = Some(endpoint);
+            if wait && attempt < max_attempts {
+                tokio::time::sleep(backoff_delay(options.backoff, options.max_backoff, backoffs)).await;
+                backoffs += 1;
+            }
+        }
+        Err(ClientError::Unavailable { attempts: max_attempts, last: last_cause })
+    }
+
+    /// One attempt at `endpoint`, bounded by the per-attempt timeout.
+    async fn attempt<Req, Resp, Rpc, Fut>(
+        &self,
+        endpoint: &str,
+        request: &Req,
+        rpc: &Rpc,
+    ) -> std::result::Result<Resp, Failure>
+    where
+        Req: Clone,
+        Rpc: Fn(KvClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let channel = self.inner.routing.channel(endpoint).map_err(Failure::Fatal)?;
+        let kv = KvClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let timeout = self.inner.options.request_timeout;
+        match tokio::time::timeout(timeout, rpc(kv, tonic::Request::new(request.clone()))).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) => Err(classify(endpoint, &status)),
+            Err(_elapsed) => Err(timed_out(endpoint, timeout)),
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Which node to ask: the known endpoints, the cached leader, round-robin order, and one lazily
+//! created gRPC channel per endpoint.
+//!
+//! Owns: the mutable routing state shared by every clone of a `Client`. Does not own: the retry
+//! policy (that is `retry`), or anything about what the requests mean.
+//!
+//! All methods are synchronous and hold the lock only briefly, so no lock is ever held across an
+//! `.await` and the client's futures stay `Send`.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{ClientError, Result};
+
+/// Turns a user- or server-supplied address into the form the client stores: `host:port`, without
+/// a scheme, so that an address from a redirect and the same address from the command line compare
+/// equal.
+pub(crate) fn normalize(endpoint: &str) -> Result<String> {
+    let invalid = |reason: &str| ClientError::InvalidEndpoint {
+        endpoint: endpoint.to_string(),
+        reason: reason.to_string(),
+    };
+    let trimmed = endpoint.trim();
+    let address = trimmed.strip_prefix("http://").unwrap_or(trimmed).trim_end_matches('/');
+    if address.is_empty() {
+        return Err(invalid("empty address"));
+    }
+    if address.contains("://") {
+        return Err(invalid("only plain http://host:port is supported (no TLS)"));
+    }
+    if address.contains('/') {
+        return Err(invalid("expected host:port without a path"));
+    }
+    Endpoint::from_shared(uri(address)).map_err(|error| invalid(&error.to_string()))?;
+    Ok(address.to_string())
+}
+
+fn uri(address: &str) -> String {
+    format!("http://{address}")
+}
+
+/// How channels are configured.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChannelSettings {
+    pub(crate) connect_timeout: Duration,
+}
+
+/// The routing state shared by all clones of one client.
+#[derive(Debug)]
+pub(crate) struct Routing {
+    settings: ChannelSettings,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The configured endpoints followed by leader addresses learnt from redirects, no duplicates.
+    known: Vec<String>,
+    /// The endpoint that last served a leader-only request.
+    leader: Option<String>,
+    /// Round-robin cursor into `known`.
+    next: usize,
+    channels: HashMap<String, Channel>,
+}
+
+impl Routing {
+    /// `endpoints` must already be normalized and free of duplicates.
+    pub(crate) fn new(endpoints: Vec<String>, settings: ChannelSettings) -> Routing {
+        Routing {
+            settings,
+            state: Mutex::new(State { known: endpoints, leader: None, next: 0, channels: HashMap::new() }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent even if a holder panicked: every update is a single assignment.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Every endpoint the client knows now: the configured ones, then learnt leaders.
+    pub(crate) fn known(&self) -> Vec<String> {
+        self.lock().known.clone()
+    }
+
+    /// The cached leader, if any.
+    pub(crate) fn leader(&self) -> Option<String> {
+        self.lock().leader.clone()
+    }
+
+    /// Remembers `endpoint` as the leader.
+    pub(crate) fn set_leader(&self, endpoint: &str) {
+        let mut state = self.lock();
+        if state.leader.as_deref() != Some(endpoint) {
+            state.leader = Some(endpoint.to_string());
+        }
+    }
+
+    /// Forgets the cached leader if it is `endpoint` (another task may already have found a newer one,
+    /// which must not be thrown away).
+    pub(crate) fn forget_leader(&self, endpoint: &str) {
+        let mut state = self.lock();
+        if state.leader.as_deref() == Some(endpoint) {
+            state.leader = None;
+        }
+    }
+
+    /// Adds `endpoint` (normalized) to the known endpoints if it is new.
+    pub(crate) fn learn(&self, endpoint: &str) {
+        let mut state = self.lock();
+        if !state.known.iter().any(|known| known == endpoint) {
+            state.known.push(endpoint.to_string());
+        }
+    }
+
+    /// The cached leader unless it is `avoid`, else the next endpoint in round-robin order.
+    pub(crate) fn leader_or_next(&self, avoid: Option<&str>) -> String {
+        {
+            let state = self.lock();
+            if let Some(leader) = &state.leader
+                && Some(leader.as_str()) != avoid
+            {
+                return leader.clone();
+            }
+        }
+        self.next(avoid)
+    }
+
+    /// The next endpoint in round-robin order, skipping `avoid` when there is any other choice.
+    pub(crate) fn next(&self, avoid: Option<&str>) -> String {
+        let mut state = self.lock();
+        let count = state.known.len();
+        for _ in 0..count {
+            let candidate = state.next % count;
+            state.next = state.next.wrapping_add(1);
+            if Some(state.known[candidate].as_str()) != avoid || count == 1 {
+                return state.known[candidate].clone();
+            }
+        }
+        // Unreachable with at least one endpoint (`Client::new` guarantees that), but the only
+        // endpoint is a correct answer anyway.
+        state.known[0].clone()
+    }
+
+    /// The channel to `endpoint` (normalized), created on first use. Creating it does not connect:
+    /// tonic connects on the first request and reconnects after a failure.
+    ///
+    /// Must be called inside a tokio runtime (the channel spawns its worker task there).
+    pub(crate) fn channel(&self, endpoint: &str) -> Result<Channel> {
+        let mut state = self.lock();
+        if let Some(channel) = state.channels.get(endpoint) {
+            return Ok(channel.clone());
+        }
+        let channel = Endpoint::from_shared(uri(endpoint))
+            .map_err(|error| ClientError::InvalidEndpoint {
+                endpoint: endpoint.to_string(),
+                reason: error.to_string(),
+            })?
+            .connect_timeout(self.settings.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        state.channels.insert(endpoint.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routing(endpoints: &[&str]) -> Routing {
+        Routing::new(
+            endpoints.iter().map(|e| e.to_string()).collect(),
+            ChannelSettings { connect_timeout: Duration::from_secs(1) },
+        )
+    }
+
+    #[test]
+    fn normalize_accepts_host_port_and_http_and_rejects_others() {
+        assert_eq!(normalize(" 127.0.0.1:7001 ").unwrap(), "127.0.0.1:7001");
+        assert_eq!(normalize("http://localhost:7001/").unwrap(), "localhost:7001");
+        assert!(matches!(normalize(""), Err(ClientError::InvalidEndpoint { .. })));
+        assert!(matches!(normalize("https://a:1"), Err(ClientError::InvalidEndpoint { .. })));
+        assert!(matches!(normalize("a:1/path"), Err(ClientError::InvalidEndpoint { .. })));
+        assert!(matches!(normalize("a b:1"), Err(ClientError::InvalidEndpoint { .. })));
+    }
+
+    #[test]
+    fn round_robin_skips_the_endpoint_to_avoid() {
+        let routing = routing(&["a:1", "b:1", "c:1"]);
+        assert_eq!(routing.next(None), "a:1");
+        assert_eq!(routing.next(Some("b:1")), "c:1");
+        assert_eq!(routing.next(None), "a:1");
+        let single = self::routing(&["a:1"]);
+        assert_eq!(single.next(Some("a:1")), "a:1");
+    }
+
+    #[test]
+    fn leader_is_preferred_unless_avoided_and_forgotten_only_if_it_matches() {
+        let routing = routing(&["a:1", "b:1"]);
+        routing.set_leader("b:1");
+        assert_eq!(routing.leader_or_next(None), "b:1");
+        assert_eq!(routing.leader_or_next(Some("b:1")), "a:1");
+        routing.forget_leader("a:1");
+        assert_eq!(routing.leader().as_deref(), Some("b:1"));
+        routing.forget_leader("b:1");
+        assert_eq!(routing.leader(), None);
+    }
+
+    #[test]
+    fn learnt_endpoints_are_added_once() {
+        let routing = routing(&["a:1"]);
+        routing.learn("b:1");
+        routing.learn("b:1");
+        routing.learn("a:1");
+        assert_eq!(routing.known(), vec!["a:1".to_string(), "b:1".to_string()]);
+    }
+}

@@ -1,0 +1,469 @@
+//! The client's retry, redirect and request-id behaviour against tiny fake `Kv` servers on
+//! 127.0.0.1 (no real onekv node): each fake answers from a script of statuses, then succeeds, and
+//! records every request id and consistency level it saw.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use onekv_client::{Client, ClientError, ClientOptions};
+use onekv_proto::kv_server::{Kv, KvServer};
+use onekv_proto::{
+    BatchRequest, CasRequest, CasResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, PutRequest,
+    RequestId, ScanRequest, ScanResponse, StatusRequest, StatusResponse, WriteResponse,
+};
+use tonic::metadata::MetadataValue;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+/// Every test finishes well within this; a hang fails instead of blocking CI.
+const TEST_BOUND: Duration = Duration::from_secs(30);
+
+/// One scripted answer.
+#[derive(Clone)]
+enum Step {
+    Fail(fn() -> Status),
+    NotLeader(Option<String>),
+    /// Sleeps this long before answering OK (to trip the client's per-attempt timeout).
+    Stall(Duration),
+}
+
+#[derive(Default)]
+struct Fake {
+    node_id: u64,
+    /// Answers to give before answering OK; an empty script means always OK.
+    script: Mutex<VecDeque<Step>>,
+    /// When set, every call answers this after the script runs out.
+    always: Mutex<Option<Step>>,
+    seen_ids: Mutex<Vec<Option<RequestId>>>,
+    seen_consistency: Mutex<Vec<i32>>,
+    calls: Mutex<u32>,
+    /// The value scans return, one pair of it.
+    scan_value: Mutex<Vec<u8>>,
+}
+
+impl Fake {
+    fn new(node_id: u64, script: Vec<Step>) -> Arc<Fake> {
+        Arc::new(Fake { node_id, script: Mutex::new(script.into()), ..Fake::default() })
+    }
+
+    fn calls(&self) -> u32 {
+        *self.calls.lock().unwrap()
+    }
+
+    fn ids(&self) -> Vec<Option<RequestId>> {
+        self.seen_ids.lock().unwrap().clone()
+    }
+
+    /// Records the call and plays the next scripted step.
+    async fn answer(&self, id: Option<RequestId>) -> Result<(), Status> {
+        *self.calls.lock().unwrap() += 1;
+        self.seen_ids.lock().unwrap().push(id);
+        let step = self.script.lock().unwrap().pop_front().or_else(|| self.always.lock().unwrap().clone());
+        match step {
+            None => Ok(()),
+            Some(Step::Fail(status)) => Err(status()),
+            Some(Step::NotLeader(address)) => {
+                let mut status = Status::failed_precondition("not the leader");
+                if let Some(address) = address {
+                    status.metadata_mut().insert(
+                        onekv_proto::LEADER_ADDR_METADATA,
+                        MetadataValue::try_from(address.as_str()).unwrap(),
+                    );
+                }
+                Err(status)
+            }
+            Some(Step::Stall(duration)) => {
+                tokio::time::sleep(duration).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Kv for Fake {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let request = request.into_inner();
+        self.seen_consistency.lock().unwrap().push(request.consistency);
+        self.answer(None).await?;
+        let found = request.key != b"missing";
+        Ok(Response::new(GetResponse { found, value: format!("value@{}", self.node_id).into_bytes() }))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<WriteResponse>, Status> {
+        self.answer(request.into_inner().request_id).await?;
+        Ok(Response::new(WriteResponse { index: 42 }))
+    }
+
+    async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
+        self.answer(request.into_inner().request_id).await?;
+        Ok(Response::new(WriteResponse { index: 43 }))
+    }
+
+    async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<WriteResponse>, Status> {
+        self.answer(request.into_inner().request_id).await?;
+        Ok(Response::new(WriteResponse { index: 44 }))
+    }
+
+    async fn cas(&self, request: Request<CasRequest>) -> Result<Response<CasResponse>, Status> {
+        let request = request.into_inner();
+        self.answer(request.request_id).await?;
+        // Swaps only when the key is expected absent; otherwise reports a current value.
+        let swapped = request.expected.is_none();
+        let (found, current) = if swapped {
+            (request.new_value.is_some(), request.new_value.unwrap_or_default())
+        } else {
+            (true, b"other".to_vec())
+        };
+        Ok(Response::new(CasResponse { swapped, found, current, index: 45 }))
+    }
+
+    async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        self.answer(None).await?;
+        let request = request.into_inner();
+        let pairs = vec![KeyValue { key: request.start, value: self.scan_value.lock().unwrap().clone() }];
+        Ok(Response::new(ScanResponse { pairs, more: true }))
+    }
+
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        self.answer(None).await?;
+        Ok(Response::new(StatusResponse {
+            node_id: self.node_id,
+            role: "leader".into(),
+            ..Default::default()
+        }))
+    }
+}
+
+/// Serves `fake` on a fresh port of 127.0.0.1; returns `host:port`.
+async fn serve(fake: &Arc<Fake>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let service = KvServer::from_arc(Arc::clone(fake)).max_encoding_message_size(usize::MAX);
+    tokio::spawn(Server::builder().add_service(service).serve_with_incoming(TcpIncoming::from(listener)));
+    address.to_string()
+}
+
+/// An address nothing listens on: bound, then released.
+async fn dead_address() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address: SocketAddr = listener.local_addr().unwrap();
+    drop(listener);
+    address.to_string()
+}
+
+fn fast_options() -> ClientOptions {
+    ClientOptions {
+        request_timeout: Duration::from_secs(2),
+        max_attempts: 8,
+        backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(20),
+        connect_timeout: Duration::from_secs(1),
+    }
+}
+
+fn client(endpoints: &[&String], options: ClientOptions) -> Client {
+    Client::new(endpoints.iter().map(|e| e.to_string()).collect(), options).unwrap()
+}
+
+async fn bounded<F: Future>(test: F) -> F::Output {
+    tokio::time::timeout(TEST_BOUND, test).await.expect("test exceeded its time bound")
+}
+
+#[tokio::test]
+async fn not_leader_redirects_to_the_named_leader_with_the_same_request_id() {
+    bounded(async {
+        let leader = Fake::new(2, vec![]);
+        let leader_address = serve(&leader).await;
+        let follower = Fake::new(1, vec![]);
+        *follower.always.lock().unwrap() = Some(Step::NotLeader(Some(leader_address.clone())));
+        let follower_address = serve(&follower).await;
+
+        // Only the follower is configured: the leader is learnt from the redirect.
+        let client =
+            client(&[&follower_address], ClientOptions { backoff: Duration::from_secs(5), ..fast_options() });
+        let started = Instant::now();
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        assert!(started.elapsed() < Duration::from_secs(2), "a redirect is followed without backing off");
+        assert_eq!((follower.calls(), leader.calls()), (1, 1));
+        assert_eq!(follower.ids(), leader.ids(), "the retry reuses the request id");
+        assert_eq!(client.cached_leader().as_deref(), Some(leader_address.as_str()));
+
+        // The leader is cached: the next calls go straight to it, with a new request id.
+        assert_eq!(client.delete(b"k").await.unwrap(), 43);
+        assert_eq!(client.get(b"k").await.unwrap(), Some(b"value@2".to_vec()));
+        assert_eq!((follower.calls(), leader.calls()), (1, 3));
+        let ids = leader.ids();
+        assert_ne!(ids[0], ids[1]);
+        assert_eq!(ids[0].unwrap().client, ids[1].unwrap().client);
+        assert_eq!(ids[1].unwrap().seq, ids[0].unwrap().seq + 1);
+
+        // The learnt leader is a known endpoint now, so status_all asks it too.
+        let statuses = client.status_all().await;
+        let asked: Vec<&str> = statuses.iter().map(|(endpoint, _)| endpoint.as_str()).collect();
+        assert_eq!(asked, [follower_address.as_str(), leader_address.as_str()]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn unavailable_is_retried_with_backoff_and_the_same_request_id() {
+    bounded(async {
+        let unavailable = Step::Fail(|| Status::unavailable("no leader yet"));
+        let node = Fake::new(1, vec![unavailable.clone(), unavailable]);
+        let address = serve(&node).await;
+        let client = client(&[&address], fast_options());
+
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        assert_eq!(node.calls(), 3);
+        let ids = node.ids();
+        assert!(ids[0].is_some_and(|id| id.seq != 0 && id.client != 0), "writes carry an id: {ids:?}");
+        assert!(ids.iter().all(|id| *id == ids[0]), "every retry reuses the id: {ids:?}");
+
+        assert_eq!(
+            client.batch(vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)]).await.unwrap(),
+            44
+        );
+        assert_ne!(node.ids()[3], ids[0], "a new call gets a new id");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deadline_exceeded_and_a_stalled_attempt_retry_a_write_with_the_same_id() {
+    bounded(async {
+        let node = Fake::new(
+            1,
+            vec![
+                Step::Fail(|| Status::deadline_exceeded("not committed in time")),
+                Step::Stall(Duration::from_secs(5)),
+            ],
+        );
+        let address = serve(&node).await;
+        let options = ClientOptions { request_timeout: Duration::from_millis(300), ..fast_options() };
+        let client = client(&[&address], options);
+
+        let result = client.cas(b"k", None, Some(b"new")).await.unwrap();
+        assert!(result.swapped);
+        assert_eq!(result.current, Some(b"new".to_vec()));
+        assert_eq!(result.index, 45);
+        assert_eq!(node.calls(), 3);
+        let ids = node.ids();
+        assert!(ids.iter().all(|id| *id == ids[0] && id.is_some()), "{ids:?}");
+
+        let refused = client.cas(b"k", Some(b"old"), None).await.unwrap();
+        assert!(!refused.swapped);
+        assert_eq!(refused.current, Some(b"other".to_vec()));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn invalid_argument_is_returned_at_once_without_retry() {
+    bounded(async {
+        let node = Fake::new(1, vec![Step::Fail(|| Status::invalid_argument("empty key"))]);
+        let address = serve(&node).await;
+        let client = client(&[&address], fast_options());
+
+        match client.put(b"", b"v").await {
+            Err(ClientError::InvalidArgument(message)) => assert_eq!(message, "empty key"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        assert_eq!(node.calls(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn internal_is_returned_at_once_as_a_server_error() {
+    bounded(async {
+        let node = Fake::new(1, vec![Step::Fail(|| Status::internal("storage failed"))]);
+        let address = serve(&node).await;
+        let client = client(&[&address], fast_options());
+
+        match client.get(b"k").await {
+            Err(ClientError::Server(message)) => assert!(message.contains("storage failed"), "{message}"),
+            other => panic!("expected Server, got {other:?}"),
+        }
+        assert_eq!(node.calls(), 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_is_skipped() {
+    bounded(async {
+        let dead = dead_address().await;
+        let node = Fake::new(7, vec![]);
+        let address = serve(&node).await;
+        let client = client(&[&dead, &address], fast_options());
+
+        // Round-robin starts at the dead endpoint, whose connection is refused; the next one answers.
+        assert_eq!(client.get(b"k").await.unwrap(), Some(b"value@7".to_vec()));
+        assert_eq!(client.get(b"missing").await.unwrap(), None);
+        assert_eq!(node.calls(), 2);
+        assert_eq!(client.cached_leader().as_deref(), Some(address.as_str()));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn not_leader_without_an_address_moves_on_round_robin() {
+    bounded(async {
+        let follower = Fake::new(1, vec![]);
+        *follower.always.lock().unwrap() = Some(Step::NotLeader(None));
+        let follower_address = serve(&follower).await;
+        let leader = Fake::new(2, vec![]);
+        let leader_address = serve(&leader).await;
+        let client = client(&[&follower_address, &leader_address], fast_options());
+
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        assert_eq!((follower.calls(), leader.calls()), (1, 1));
+        assert_eq!(follower.ids(), leader.ids());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn giving_up_reports_the_attempts_and_the_last_cause() {
+    bounded(async {
+        let node = Fake::new(1, vec![]);
+        *node.always.lock().unwrap() = Some(Step::Fail(|| Status::unavailable("stopping")));
+        let address = serve(&node).await;
+        let client = client(&[&address], ClientOptions { max_attempts: 3, ..fast_options() });
+
+        match client.put(b"k", b"v").await {
+            Err(ClientError::Unavailable { attempts, last }) => {
+                assert_eq!(attempts, 3);
+                assert!(last.contains("stopping") && last.contains(&address), "{last}");
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert_eq!(node.calls(), 3);
+
+        // Only dead endpoints: the cause names the connection failure.
+        let dead = dead_address().await;
+        let client = self::client(&[&dead], ClientOptions { max_attempts: 2, ..fast_options() });
+        match client.get(b"k").await {
+            Err(ClientError::Unavailable { attempts: 2, last }) => assert!(last.contains(&dead), "{last}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redirect_loops_are_bounded_by_max_attempts() {
+    bounded(async {
+        let a = Fake::new(1, vec![]);
+        let b = Fake::new(2, vec![]);
+        let a_address = serve(&a).await;
+        let b_address = serve(&b).await;
+        *a.always.lock().unwrap() = Some(Step::NotLeader(Some(b_address.clone())));
+        *b.always.lock().unwrap() = Some(Step::NotLeader(Some(a_address.clone())));
+        let client = client(&[&a_address], ClientOptions { max_attempts: 5, ..fast_options() });
+
+        assert!(matches!(client.put(b"k", b"v").await, Err(ClientError::Unavailable { attempts: 5, .. })));
+        assert_eq!(a.calls() + b.calls(), 5);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn stale_reads_go_to_the_named_node_or_any_node() {
+    bounded(async {
+        let one = Fake::new(1, vec![]);
+        let two = Fake::new(2, vec![]);
+        let one_address = serve(&one).await;
+        let two_address = serve(&two).await;
+        let client = client(&[&one_address], fast_options());
+
+        assert_eq!(client.get_stale(b"k", Some(&two_address)).await.unwrap(), Some(b"value@2".to_vec()));
+        assert_eq!(client.get_stale(b"k", None).await.unwrap(), Some(b"value@1".to_vec()));
+        assert_eq!(client.get(b"k").await.unwrap(), Some(b"value@1".to_vec()));
+        let stale = onekv_proto::Consistency::Stale as i32;
+        let linearizable = onekv_proto::Consistency::Linearizable as i32;
+        assert_eq!(*two.seen_consistency.lock().unwrap(), [stale]);
+        assert_eq!(*one.seen_consistency.lock().unwrap(), [stale, linearizable]);
+
+        // An explicit endpoint gets exactly one attempt.
+        let dead = dead_address().await;
+        assert!(matches!(client.get_stale(b"k", Some(&dead)).await, Err(ClientError::Transport(_))));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn status_asks_one_node_and_status_all_reports_every_endpoint() {
+    bounded(async {
+        let node = Fake::new(9, vec![]);
+        let address = serve(&node).await;
+        let dead = dead_address().await;
+        let client = client(&[&address, &dead], fast_options());
+
+        assert_eq!(client.status(&address).await.unwrap().node_id, 9);
+        assert!(matches!(client.status(&dead).await, Err(ClientError::Transport(_))));
+
+        let all = client.status_all().await;
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].0, address);
+        assert_eq!(all[0].1.as_ref().unwrap().node_id, 9);
+        assert_eq!(all[1].0, dead);
+        assert!(all[1].1.is_err());
+        assert_eq!(node.calls(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn scans_decode_responses_larger_than_the_grpc_default() {
+    bounded(async {
+        let node = Fake::new(1, vec![]);
+        *node.scan_value.lock().unwrap() = vec![7; 6 * 1024 * 1024];
+        let address = serve(&node).await;
+        let client = client(&[&address], fast_options());
+
+        let page = client.scan(b"a", None, 10, false).await.unwrap();
+        assert!(page.more);
+        assert_eq!(page.pairs.len(), 1);
+        assert_eq!(page.pairs[0].0, b"a");
+        assert_eq!(page.pairs[0].1.len(), 6 * 1024 * 1024);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_serves_many_tasks_with_distinct_request_ids() {
+    bounded(async {
+        let node = Fake::new(1, vec![]);
+        let address = serve(&node).await;
+        let client = client(&[&address], fast_options());
+
+        let mut tasks = tokio::task::JoinSet::new();
+        for task in 0..16u8 {
+            let client = client.clone();
+            tasks.spawn(async move { client.put(&[task], b"v").await });
+        }
+        while let Some(result) = tasks.join_next().await {
+            assert_eq!(result.unwrap().unwrap(), 42);
+        }
+        let mut seqs: Vec<u64> = node.ids().iter().map(|id| id.unwrap().seq).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=16).collect::<Vec<u64>>());
+    })
+    .await;
+}
+
+#[test]
+fn new_rejects_empty_and_malformed_endpoint_lists() {
+    assert!(matches!(Client::new(vec![], ClientOptions::default()), Err(ClientError::NoEndpoints)));
+    assert!(matches!(
+        Client::new(vec!["https://a:1".into()], ClientOptions::default()),
+        Err(ClientError::InvalidEndpoint { .. })
+    ));
+    let client = Client::new(vec!["http://a:1".into(), "a:1".into(), "b:2".into()], ClientOptions::default());
+    assert_eq!(client.unwrap().endpoints(), ["a:1", "b:2"]);
+}

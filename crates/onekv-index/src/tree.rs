@@ -1,0 +1,485 @@
+//! One tree: writes from the apply thread, reads at the published seqno from any thread, flushes
+//! that record a flush flag, and leveled compaction.
+//!
+//! Owns the rules that keep lsm-tree 3.1.10 safe under concurrent reads (see the crate docs):
+//! version seqnos pinned to 0, the garbage-collection watermark, and the contract checks on the
+//! caller's seqnos. Flush, compaction and clear are serialized by one mutex per tree; writes and
+//! reads never take it.
+
+use crate::fsutil::{self, WrittenFiles};
+use crate::index::IndexShared;
+use crate::keys::{self, FLAG_KEY, USER_END};
+use crate::reads::ReadTracker;
+use crate::{IndexError, MAX_KEY_LEN, MAX_SEQNO, MAX_VALUE_LEN, MIN_SEQNO};
+use lsm_tree::{AbstractTree, Guard as _, SequenceNumberCounter};
+use std::fmt;
+use std::ops::Bound;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// The watermark that makes lsm-tree's MVCC garbage collection keep every version: it drops only
+/// versions below the watermark, and no entry has a seqno below [`MIN_SEQNO`].
+const NO_GC_WATERMARK: u64 = MIN_SEQNO;
+
+/// How many keys [`Tree::clear`] reads before writing their tombstones.
+const CLEAR_CHUNK_KEYS: usize = 1024;
+
+/// A handle to one tree of an [`crate::Index`]. Cheap to clone; `Send + Sync`.
+///
+/// Threads: writes (`insert`, `remove`, `publish`, `flush`, `clear`) come from one apply thread;
+/// `maybe_compact` may run on another thread; reads (`get`, `range`) run on any thread.
+#[derive(Clone)]
+pub struct Tree {
+    inner: Arc<TreeInner>,
+}
+
+struct TreeInner {
+    name: String,
+    dir: PathBuf,
+    lsm: lsm_tree::Tree,
+    /// lsm-tree's counter, which it draws from only to tag new versions (see `pin_version_seqno`).
+    version_seqno: SequenceNumberCounter,
+    reads: ReadTracker,
+    /// Highest seqno written so far (data, tombstones and flags).
+    last_seqno: AtomicU64,
+    /// Highest seqno of a user write (flags excluded): bounds what a flush or compaction can see.
+    max_data_seqno: AtomicU64,
+    /// The flag of the last flush that completed.
+    flush_flag: Mutex<Option<u64>>,
+    /// Serializes flush, compaction and clear; holds what they need.
+    maintenance: Mutex<Maintenance>,
+    strategy: lsm_tree::compaction::Leveled,
+    bytes_written: AtomicU64,
+    index: Arc<IndexShared>,
+}
+
+struct Maintenance {
+    written: WrittenFiles,
+    /// The first flush or compaction failure; after it the tree refuses both.
+    failure: Option<Arc<IndexError>>,
+}
+
+impl Tree {
+    /// Wraps an opened lsm tree: restores the flag, the published seqno and the seqno bounds.
+    pub(crate) fn open(
+        name: &str,
+        dir: PathBuf,
+        lsm: lsm_tree::Tree,
+        version_seqno: SequenceNumberCounter,
+        index: Arc<IndexShared>,
+    ) -> Result<Tree, IndexError> {
+        // Everything on disk was flushed, so it is all visible; nothing else exists after open.
+        let persisted = lsm.get_highest_persisted_seqno();
+        let highest = persisted.unwrap_or(0);
+        let read_seqno = persisted.map_or(0, |seqno| seqno + 1);
+        let stored_flag = match persisted {
+            None => None,
+            Some(_) => lsm
+                .get(FLAG_KEY, read_seqno)
+                .map_err(|e| IndexError::storage(name, "reading the flush flag", e))?,
+        };
+        let flush_flag =
+            match stored_flag {
+                None => None,
+                Some(bytes) => Some(u64::from_le_bytes(bytes.as_ref().try_into().map_err(|_| {
+                    IndexError::CorruptFlushFlag { tree: name.to_owned(), len: bytes.len() }
+                })?)),
+            };
+        let config = &index.config;
+        let strategy = lsm_tree::compaction::Leveled::default()
+            .with_l0_threshold(config.l0_threshold)
+            .with_table_target_size(config.table_target_bytes)
+            .with_level_ratio_policy(vec![config.level_ratio]);
+        let written = WrittenFiles::scan(&dir);
+        Ok(Tree {
+            inner: Arc::new(TreeInner {
+                name: name.to_owned(),
+                dir,
+                lsm,
+                version_seqno,
+                reads: ReadTracker::new(read_seqno),
+                last_seqno: AtomicU64::new(highest),
+                max_data_seqno: AtomicU64::new(highest),
+                flush_flag: Mutex::new(flush_flag),
+                maintenance: Mutex::new(Maintenance { written, failure: None }),
+                strategy,
+                bytes_written: AtomicU64::new(0),
+                index,
+            }),
+        })
+    }
+
+    /// The tree's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Writes `key -> value` at `seqno`, invisible until [`Tree::publish`] covers `seqno`.
+    ///
+    /// # Panics
+    ///
+    /// On a broken caller contract, which is a bug: `key` longer than [`MAX_KEY_LEN`], `value`
+    /// longer than [`MAX_VALUE_LEN`], `seqno` outside [`MIN_SEQNO`]`..=`[`MAX_SEQNO`], below a
+    /// seqno already written, or already published.
+    pub fn insert(&self, key: &[u8], value: &[u8], seqno: u64) {
+        assert!(value.len() as u64 <= MAX_VALUE_LEN, "value of {} bytes is too long", value.len());
+        self.check_write(key, seqno);
+        let _sizes = self.inner.lsm.insert(keys::stored(key), value, seqno);
+        self.note_data_write(seqno);
+    }
+
+    /// Removes `key` at `seqno` (a tombstone), invisible until published.
+    ///
+    /// # Panics
+    ///
+    /// As [`Tree::insert`].
+    pub fn remove(&self, key: &[u8], seqno: u64) {
+        self.check_write(key, seqno);
+        let _sizes = self.inner.lsm.remove(keys::stored(key), seqno);
+        self.note_data_write(seqno);
+    }
+
+    /// Makes every write with seqno `<= seqno` visible to reads at once. Never goes back: a seqno
+    /// below the visible one is ignored.
+    ///
+    /// # Panics
+    ///
+    /// If `seqno` is above [`MAX_SEQNO`].
+    pub fn publish(&self, seqno: u64) {
+        assert!(seqno <= MAX_SEQNO, "publish: seqno {seqno} is above MAX_SEQNO");
+        self.inner.reads.publish(seqno + 1);
+    }
+
+    /// The highest published seqno, 0 if nothing was published. After opening, everything durable
+    /// is published (the highest seqno on disk).
+    pub fn visible_seqno(&self) -> u64 {
+        self.inner.reads.published().saturating_sub(1)
+    }
+
+    /// The value of `key` at the published seqno.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        check_read_key(key)?;
+        let read = self.inner.reads.begin();
+        if read.seqno() == 0 {
+            return Ok(None);
+        }
+        self.inner
+            .lsm
+            .get(keys::stored(key), read.seqno())
+            .map(|value| value.map(|v| v.to_vec()))
+            .map_err(|e| IndexError::storage(&self.inner.name, "reading a key", e))
+    }
+
+    /// Up to `limit` pairs with `start <= key < end` (`end` `None`: no upper bound) at the published
+    /// seqno, ascending, or descending when `reverse` (then the pairs nearest `end` come first).
+    /// The flag says whether more pairs remain in the range beyond those returned.
+    #[expect(clippy::type_complexity, reason = "the signature the replica codes against")]
+    pub fn range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), IndexError> {
+        check_read_key(start)?;
+        if let Some(end) = end {
+            check_read_key(end)?;
+        }
+        let lo = keys::stored(start);
+        let hi = end.map_or_else(|| USER_END.to_vec(), keys::stored);
+        if lo >= hi {
+            return Ok((Vec::new(), false));
+        }
+        let read = self.inner.reads.begin();
+        if read.seqno() == 0 {
+            return Ok((Vec::new(), false));
+        }
+        let iter = self.inner.lsm.range(lo..hi, read.seqno(), None);
+        let iter: Box<dyn Iterator<Item = _>> = if reverse { Box::new(iter.rev()) } else { iter };
+        let mut pairs = Vec::with_capacity(limit.min(1024));
+        for item in iter {
+            if pairs.len() == limit {
+                return Ok((pairs, true));
+            }
+            let (key, value) =
+                item.into_inner().map_err(|e| IndexError::storage(&self.inner.name, "reading a range", e))?;
+            pairs.push((keys::user(&key).to_vec(), value.to_vec()));
+        }
+        Ok((pairs, false))
+    }
+
+    /// The flag of the last flush that completed (`None` for a tree never flushed). After a crash
+    /// this is the flag of the last flush whose table reached the disk.
+    pub fn flush_flag(&self) -> Option<u64> {
+        *lock(&self.inner.flush_flag)
+    }
+
+    /// Writes the flag `applied_index` at `flag_seqno`, then rotates the memtable and flushes it to a
+    /// table, durably (lsm-tree fsyncs the table, the manifest and their directories). On return
+    /// [`Tree::flush_flag`] is `Some(applied_index)`. An empty memtable still gets its flag flushed.
+    ///
+    /// `flag_seqno` must be at least every seqno written so far (later writes may not go below it).
+    /// Call it between batches: all writes so far should belong to entries up to `applied_index`.
+    ///
+    /// After an I/O error the tree refuses further flushes and compactions ([`IndexError::Failed`]);
+    /// what was durable before stays durable, and reopening recovers it.
+    pub fn flush(&self, applied_index: u64, flag_seqno: u64) -> Result<(), IndexError> {
+        let inner = &*self.inner;
+        let mut maintenance = self.maintenance()?;
+        // The flag is no user write, so it may sit at a published seqno.
+        self.check_seqno(flag_seqno, false)?;
+        if let Some(current) = self.flush_flag()
+            && applied_index < current
+        {
+            return Err(IndexError::FlushFlagRegressed {
+                tree: inner.name.clone(),
+                current,
+                requested: applied_index,
+            });
+        }
+        let _sizes = inner.lsm.insert(FLAG_KEY, applied_index.to_le_bytes(), flag_seqno);
+        inner.last_seqno.fetch_max(flag_seqno, Ordering::AcqRel);
+
+        let flush_lock = inner.lsm.get_flush_lock();
+        let _sealed = inner.lsm.rotate_memtable();
+        let watermark = self.gc_watermark();
+        self.pin_version_seqno();
+        let result = inner.lsm.flush(&flush_lock, watermark);
+        drop(flush_lock);
+        let outcome = match result {
+            Err(e) => Err(IndexError::storage(&inner.name, "flushing the memtable", e)),
+            // We just sealed a non-empty memtable and hold the flush lock, so lsm-tree must have
+            // registered a table for it; anything else would leave the flag unflushed.
+            Ok(_) if inner.lsm.sealed_memtable_count() != 0 => {
+                Err(IndexError::storage(&inner.name, "flushing the memtable", lsm_tree::Error::Unrecoverable))
+            }
+            Ok(_) => Ok(()),
+        };
+        self.account_written(&mut maintenance);
+        if let Err(e) = outcome {
+            return Err(fail(&mut maintenance, e));
+        }
+        *lock(&inner.flush_flag) = Some(applied_index);
+        Ok(())
+    }
+
+    /// Bytes in the active memtable, to decide when to flush.
+    pub fn memtable_bytes(&self) -> u64 {
+        self.inner.lsm.active_memtable().size()
+    }
+
+    /// Runs one leveled compaction step if the tree needs one (nothing otherwise).
+    pub fn maybe_compact(&self) -> Result<(), IndexError> {
+        let inner = &*self.inner;
+        let mut maintenance = self.maintenance()?;
+        let watermark = self.gc_watermark();
+        self.pin_version_seqno();
+        let result = inner.lsm.compact(Arc::new(inner.strategy.clone()), watermark);
+        self.account_written(&mut maintenance);
+        result.map_err(|e| fail(&mut maintenance, IndexError::storage(&inner.name, "compacting", e)))
+    }
+
+    /// Removes every user key with tombstones at `seqno`, for installing a snapshot: writes at
+    /// `seqno` or below are all removed. Like other writes, invisible until published; durable
+    /// after the next flush. The flush flag is unchanged.
+    ///
+    /// Costs one tombstone in the memtable per key in the tree.
+    pub fn clear(&self, seqno: u64) -> Result<(), IndexError> {
+        let inner = &*self.inner;
+        let _maintenance = self.maintenance()?;
+        self.check_seqno(seqno, true)?;
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let chunk = {
+                // Register the read so that a concurrent compaction keeps what it sees.
+                let read = inner.reads.begin_at(seqno + 1);
+                let lo = after.take().map_or_else(|| Bound::Included(keys::stored(b"")), Bound::Excluded);
+                let mut chunk = Vec::with_capacity(CLEAR_CHUNK_KEYS);
+                for item in inner.lsm.range((lo, Bound::Excluded(USER_END.to_vec())), read.seqno(), None) {
+                    let key = item.key().map_err(|e| IndexError::storage(&inner.name, "clearing", e))?;
+                    chunk.push(key);
+                    if chunk.len() == CLEAR_CHUNK_KEYS {
+                        break;
+                    }
+                }
+                chunk
+            };
+            for key in &chunk {
+                let _sizes = inner.lsm.remove(key.clone(), seqno);
+            }
+            self.note_data_write(seqno);
+            match chunk.last() {
+                Some(last) if chunk.len() == CLEAR_CHUNK_KEYS => after = Some(last.to_vec()),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Bytes of this tree's files now.
+    pub fn disk_bytes(&self) -> u64 {
+        fsutil::dir_bytes(&self.inner.dir)
+    }
+
+    /// Bytes of tables and manifests this tree wrote since it was opened.
+    pub fn bytes_written(&self) -> u64 {
+        self.inner.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// The garbage-collection watermark for a flush or compaction starting now.
+    ///
+    /// lsm-tree 3.1.10 drops every version below the watermark that has *any* newer version, even
+    /// one that some read cannot see yet (fjall-rs/lsm-tree#321). So a watermark `w` is safe only
+    /// if every read that may use the result reads above every version it could keep, which holds
+    /// when all user writes are below the oldest read seqno in use: then every reader sees the
+    /// newest version of every key and nothing older is needed. Otherwise nothing is collected
+    /// this time. A flush or compaction sees only writes made before this call (the flush rotated
+    /// its memtable already; tables come from earlier flushes, which are serialized with it).
+    fn gc_watermark(&self) -> u64 {
+        let oldest_read = self.inner.reads.oldest();
+        let newest_write = self.inner.max_data_seqno.load(Ordering::Acquire);
+        if oldest_read > newest_write { oldest_read } else { NO_GC_WATERMARK }
+    }
+
+    /// Tags the version the next flush or compaction creates with seqno 0 (see the crate docs).
+    ///
+    /// lsm-tree serves a read at `r` from the newest version tagged below `r`; with every tag 0 and
+    /// every read at `r >= 1`, that is always the newest version, which holds every write. Called
+    /// under the maintenance lock, and each flush or compaction creates exactly one version, so no
+    /// tag ever exceeds 0.
+    fn pin_version_seqno(&self) {
+        self.inner.version_seqno.set(0);
+    }
+
+    fn maintenance(&self) -> Result<MutexGuard<'_, Maintenance>, IndexError> {
+        let maintenance = lock(&self.inner.maintenance);
+        match &maintenance.failure {
+            Some(cause) => Err(IndexError::Failed { tree: self.inner.name.clone(), cause: cause.clone() }),
+            None => Ok(maintenance),
+        }
+    }
+
+    fn account_written(&self, maintenance: &mut Maintenance) {
+        let bytes = maintenance.written.count_new(&self.inner.dir);
+        self.inner.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+        self.inner.index.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The seqno rules of [`Tree::insert`]; the last one (not yet visible) only for user writes.
+    fn check_seqno(&self, seqno: u64, user_write: bool) -> Result<(), IndexError> {
+        let last = self.inner.last_seqno.load(Ordering::Acquire);
+        let reason = if !(MIN_SEQNO..=MAX_SEQNO).contains(&seqno) {
+            format!("outside {MIN_SEQNO}..={MAX_SEQNO}")
+        } else if seqno < last {
+            format!("below seqno {last} already written")
+        } else if user_write && seqno < self.inner.reads.published() {
+            format!("not above the visible seqno {}", self.visible_seqno())
+        } else {
+            return Ok(());
+        };
+        Err(IndexError::InvalidSeqno { tree: self.inner.name.clone(), seqno, reason })
+    }
+
+    fn check_write(&self, key: &[u8], seqno: u64) {
+        assert!(key.len() <= MAX_KEY_LEN, "key of {} bytes is longer than MAX_KEY_LEN", key.len());
+        if let Err(e) = self.check_seqno(seqno, true) {
+            panic!("write contract broken: {e}");
+        }
+    }
+
+    fn note_data_write(&self, seqno: u64) {
+        self.inner.last_seqno.fetch_max(seqno, Ordering::AcqRel);
+        self.inner.max_data_seqno.fetch_max(seqno, Ordering::AcqRel);
+    }
+
+    /// A read at an explicit lsm read seqno, registered like any read (tests of the watermark).
+    #[cfg(test)]
+    fn get_at(&self, key: &[u8], read: &crate::reads::ReadGuard<'_>) -> Option<Vec<u8>> {
+        self.inner.lsm.get(keys::stored(key), read.seqno()).unwrap().map(|v| v.to_vec())
+    }
+}
+
+impl fmt::Debug for Tree {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tree")
+            .field("name", &self.inner.name)
+            .field("visible_seqno", &self.visible_seqno())
+            .field("flush_flag", &self.flush_flag())
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_read_key(key: &[u8]) -> Result<(), IndexError> {
+    if key.len() > MAX_KEY_LEN {
+        return Err(IndexError::KeyTooLong { len: key.len(), max: MAX_KEY_LEN });
+    }
+    Ok(())
+}
+
+/// Records the first failure and returns it.
+fn fail(maintenance: &mut Maintenance, error: IndexError) -> IndexError {
+    maintenance.failure.get_or_insert_with(|| Arc::new(error.clone()));
+    error
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every value behind these mutexes is replaced in single statements, never left half-changed.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Index, IndexConfig};
+
+    fn small() -> IndexConfig {
+        IndexConfig { l0_threshold: 2, ..IndexConfig::default() }
+    }
+
+    /// The case of fjall-rs/lsm-tree#321: a read registered before a newer version was published
+    /// must still find the older version after flushes and compactions collected garbage.
+    #[test]
+    fn a_read_in_flight_keeps_the_version_it_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(dir.path(), small()).unwrap();
+        let tree = index.tree("t").unwrap();
+        tree.insert(b"k", b"old", 1);
+        tree.insert(b"other", b"x", 2);
+        tree.publish(2);
+        tree.flush(1, 2).unwrap();
+
+        let stale = tree.inner.reads.begin();
+        assert_eq!(stale.seqno(), 3);
+        tree.insert(b"k", b"new", 5);
+        tree.publish(5);
+        assert_eq!(tree.gc_watermark(), super::NO_GC_WATERMARK, "a read at 3 is older than write 5");
+        for i in 0..4 {
+            tree.flush(2 + i, 5).unwrap();
+            tree.maybe_compact().unwrap();
+        }
+        assert_eq!(tree.get_at(b"k", &stale).as_deref(), Some(&b"old"[..]));
+        assert_eq!(tree.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
+        drop(stale);
+        assert_eq!(tree.gc_watermark(), 6, "all writes visible to every read: collect");
+    }
+
+    #[test]
+    fn unpublished_writes_hold_back_garbage_collection() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(dir.path(), small()).unwrap();
+        let tree = index.tree("t").unwrap();
+        assert_eq!(tree.gc_watermark(), super::NO_GC_WATERMARK, "nothing published");
+        tree.insert(b"k", b"v1", 1);
+        tree.publish(1);
+        assert_eq!(tree.gc_watermark(), 2);
+        tree.insert(b"k", b"v2", 2);
+        assert_eq!(tree.gc_watermark(), super::NO_GC_WATERMARK);
+        tree.flush(2, 2).unwrap();
+        for i in 0..3 {
+            tree.flush(3 + i, 2).unwrap();
+            tree.maybe_compact().unwrap();
+        }
+        assert_eq!(tree.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
+        tree.publish(2);
+        assert_eq!(tree.get(b"k").unwrap().as_deref(), Some(&b"v2"[..]));
+    }
+}

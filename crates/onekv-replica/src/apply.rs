@@ -1,0 +1,328 @@
+//! Applying committed entries and installed snapshots to the index.
+//!
+//! In onelog mode applying writes nothing but index entries: each put's locator points at the value
+//! bytes inside the entry's own log record (XLL's single write). Separated mode first copies the
+//! values of a batch into its value log (one append, one fsync); classic mode writes the effects of
+//! a batch to its data write-ahead log and stores values inline in the tree.
+//!
+//! Sequence numbers come from the entry's index ([`crate::state::seqno`]), so a replay after a crash
+//! writes exactly what the first application wrote. A batch's writes become visible to readers at
+//! once, entry by entry (`Tree::publish`).
+//!
+//! This module also owns the window of recent request ids that makes retried writes idempotent: it
+//! is part of the state machine (every replica applies the same decisions) and is rebuilt by the
+//! replay after a restart.
+
+use crate::codec::{self, DecodedCommand, ValueSpan};
+use crate::records;
+use crate::state::{self, State, storage};
+use crate::{CasOutcome, Outcome, ReplicaError, RequestId, StorageMode};
+use onekv_index::IndexValue;
+use onekv_log::Locator;
+use raft::eraftpb::{Entry, EntryType};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Request ids remembered for deduplication.
+const DEDUP_WINDOW: usize = 100_000;
+
+/// Largest SNAP_CHUNK record written when installing a snapshot.
+const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
+
+/// The result of applying one entry.
+pub(crate) struct Applied {
+    pub index: u64,
+    pub term: u64,
+    /// `None` for entries that carry no command (leader no-ops, membership changes).
+    pub outcome: Option<Result<Outcome, ReplicaError>>,
+}
+
+/// Applies entries of one shard into its state.
+pub(crate) struct Applier {
+    pub state: Arc<State>,
+    shard: u64,
+    recent: HashMap<RequestId, Outcome>,
+    recent_order: VecDeque<RequestId>,
+}
+
+/// Where one put's value will live, decided before the tree is written.
+enum Placement {
+    Locator(Locator),
+    Inline,
+}
+
+impl Applier {
+    pub fn new(state: Arc<State>, shard: u64) -> Self {
+        Applier { state, shard, recent: HashMap::new(), recent_order: VecDeque::new() }
+    }
+
+    /// Applies `entries` (committed, durable, in index order; `locators[i]` is the payload locator
+    /// of `entries[i]`'s ENTRY record).
+    pub fn apply(&mut self, entries: &[Entry], locators: &[Locator]) -> Result<Vec<Applied>, ReplicaError> {
+        let state = self.state.clone();
+        let decoded: Vec<_> = entries
+            .iter()
+            .map(|entry| {
+                if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+                    return Ok(None);
+                }
+                codec::decode(&entry.data)
+                    .map(Some)
+                    .map_err(|e| storage(format!("committed entry {} does not decode: {e}", entry.index)))
+            })
+            .collect::<Result<_, _>>()?;
+
+        // Separated mode: copy every value of the batch into the value log first, in one append.
+        let mut copied = Vec::new().into_iter();
+        if state.mode == StorageMode::Separated {
+            let mut values = Vec::new();
+            for ((entry, command), _) in entries.iter().zip(&decoded).zip(locators) {
+                if let Some((_, command)) = command {
+                    for span in value_spans(command) {
+                        values.push((
+                            records::VALUE,
+                            records::encode_value(self.shard, span.value(&entry.data)),
+                        ));
+                    }
+                }
+            }
+            let value_log = state.second_log.as_ref().expect("separated mode has a value log");
+            let locators = value_log.append(
+                &values.iter().map(|(kind, payload)| (*kind, payload.as_slice())).collect::<Vec<_>>(),
+            );
+            let locators = locators.map_err(|e| storage(format!("writing the value log: {e}")))?;
+            copied = locators
+                .into_iter()
+                .map(|l| {
+                    l.slice(records::VALUE_HEADER as u64, l.len - records::VALUE_HEADER as u64).expect("fits")
+                })
+                .collect::<Vec<_>>()
+                .into_iter();
+        }
+
+        let mut wal = Vec::new();
+        let mut results = Vec::with_capacity(entries.len());
+        for ((entry, command), locator) in entries.iter().zip(decoded).zip(locators) {
+            let Some((request_id, command)) = command else {
+                results.push(Applied { index: entry.index, term: entry.term, outcome: None });
+                continue;
+            };
+            let data_offset = records::entry_data_offset(entry.context.len()) as u64;
+            let mut place = |span: ValueSpan| match state.mode {
+                StorageMode::OneLog => Placement::Locator(
+                    locator
+                        .slice(data_offset + span.offset as u64, span.len as u64)
+                        .expect("span inside entry"),
+                ),
+                StorageMode::Separated => Placement::Locator(copied.next().expect("one copy per value")),
+                StorageMode::Classic => Placement::Inline,
+            };
+            // Placements are taken for every value in order (separated mode consumed them that way)
+            // before deduplication decides whether the command takes effect.
+            let placements: Vec<Placement> = value_spans(&command).into_iter().map(&mut place).collect();
+            let outcome = if let Some(previous) = self.recent_lookup(request_id) {
+                previous
+            } else {
+                let outcome = self.apply_command(
+                    entry,
+                    &command,
+                    placements,
+                    if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
+                )?;
+                self.remember(request_id, outcome.clone());
+                outcome
+            };
+            state.tree.publish(state::last_seqno(entry.index));
+            results.push(Applied { index: entry.index, term: entry.term, outcome: Some(Ok(outcome)) });
+        }
+        if !wal.is_empty() {
+            let data_wal = state.second_log.as_ref().expect("classic mode has a data WAL");
+            data_wal
+                .append(&wal.iter().map(|payload| (records::APPLIED, payload.as_slice())).collect::<Vec<_>>())
+                .map_err(|e| storage(format!("writing the data WAL: {e}")))?;
+        }
+        Ok(results)
+    }
+
+    fn apply_command(
+        &mut self,
+        entry: &Entry,
+        command: &DecodedCommand<'_>,
+        placements: Vec<Placement>,
+        wal: Option<&mut Vec<Vec<u8>>>,
+    ) -> Result<Outcome, ReplicaError> {
+        let state = self.state.clone();
+        let data = &entry.data[..];
+        let mut placements = placements.into_iter();
+        let mut effects: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
+        let mut user_bytes = 0u64;
+        let mut write = |op: usize, key: &[u8], value: Option<(ValueSpan, Placement)>| {
+            let seqno = state::seqno(entry.index, op);
+            match value {
+                Some((span, placement)) => {
+                    let stored = match placement {
+                        Placement::Locator(locator) => IndexValue::Locator(locator),
+                        Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
+                    };
+                    state.tree.insert(key, &stored.encode(), seqno);
+                    user_bytes += (key.len() + span.len - codec::STORED_VALUE_PREFIX) as u64;
+                }
+                None => {
+                    state.tree.remove(key, seqno);
+                    user_bytes += key.len() as u64;
+                }
+            }
+        };
+        let outcome = match command {
+            DecodedCommand::Write(ops) => {
+                for (op, decoded) in ops.iter().enumerate() {
+                    let value = decoded.value.map(|span| (span, placements.next().expect("placement")));
+                    write(op, decoded.key, value);
+                    effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
+                }
+                Outcome { index: entry.index, cas: None }
+            }
+            DecodedCommand::Cas { key, expected, new } => {
+                let current = state.get(key)?;
+                let new_placement = new.map(|span| (span, placements.next().expect("placement")));
+                if current.as_deref() == *expected {
+                    write(0, key, new_placement);
+                    effects.push((key, new.map(|span| span.value(data))));
+                    let current = new.map(|span| span.value(data).to_vec());
+                    Outcome { index: entry.index, cas: Some(CasOutcome { swapped: true, current }) }
+                } else {
+                    Outcome { index: entry.index, cas: Some(CasOutcome { swapped: false, current }) }
+                }
+            }
+        };
+        state.add_user_bytes(user_bytes);
+        if let Some(wal) = wal
+            && !effects.is_empty()
+        {
+            wal.push(records::encode_applied(self.shard, entry.index, &effects));
+        }
+        Ok(outcome)
+    }
+
+    fn recent_lookup(&self, request_id: RequestId) -> Option<Outcome> {
+        if request_id.seq == 0 {
+            return None;
+        }
+        self.recent.get(&request_id).cloned()
+    }
+
+    fn remember(&mut self, request_id: RequestId, outcome: Outcome) {
+        if request_id.seq == 0 {
+            return;
+        }
+        if self.recent.insert(request_id, outcome).is_none() {
+            self.recent_order.push_back(request_id);
+        }
+        while self.recent_order.len() > DEDUP_WINDOW {
+            let old = self.recent_order.pop_front().expect("not empty");
+            self.recent.remove(&old);
+        }
+    }
+
+    /// Writes a received snapshot's pairs to the log as chunk records followed by its metadata, and
+    /// fsyncs them; returns the payload locators of the chunks.
+    pub fn persist_snapshot(
+        &self,
+        meta: &records::SnapshotMeta,
+        data: &[u8],
+    ) -> Result<Vec<Locator>, ReplicaError> {
+        let mut chunks: Vec<Vec<u8>> = Vec::new();
+        let mut current = Vec::new();
+        for pair in records::SnapshotPairs::new(data) {
+            let (key, span) = pair.map_err(|e| storage(format!("snapshot data: {e}")))?;
+            if !current.is_empty() && current.len() + key.len() + span.len + 8 > SNAPSHOT_CHUNK_BYTES {
+                chunks.push(std::mem::take(&mut current));
+            }
+            let value = codec::verify_stored_value(&data[span.offset..span.offset + span.len])
+                .map_err(|e| storage(format!("snapshot data: {e}")))?;
+            records::push_snapshot_pair(&mut current, key, value);
+        }
+        if !current.is_empty() {
+            chunks.push(current);
+        }
+        let mut payloads: Vec<Vec<u8>> = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, pairs)| records::encode_snapshot_chunk(self.shard, meta.index, i as u32, pairs))
+            .collect();
+        let meta = records::SnapshotMeta { chunks: payloads.len() as u32, ..meta.clone() };
+        payloads.push(records::encode_snapshot_meta(&meta));
+        let mut kinds = vec![records::SNAP_CHUNK; payloads.len() - 1];
+        kinds.push(records::SNAP_META);
+        // One append: a chunk set and its metadata become durable together, in order.
+        let locators = self
+            .state
+            .raft_log
+            .append(&kinds.iter().zip(&payloads).map(|(k, p)| (*k, p.as_slice())).collect::<Vec<_>>())
+            .map_err(|e| storage(format!("writing a snapshot: {e}")))?;
+        Ok(locators[..locators.len() - 1].to_vec())
+    }
+
+    /// Replaces the tree's contents with a snapshot's pairs (read from its durable chunk records)
+    /// and flushes the tree with the snapshot's index as its flag.
+    pub fn install_snapshot(&mut self, index: u64, chunk_locators: &[Locator]) -> Result<(), ReplicaError> {
+        let state = self.state.clone();
+        state.tree.clear(state::seqno(index, 0)).map_err(|e| storage(format!("clearing the index: {e}")))?;
+        for chunk in chunk_locators {
+            let (_, payload) = state
+                .raft_log
+                .read_record(*chunk)
+                .map_err(|e| storage(format!("reading a snapshot chunk: {e}")))?;
+            let pairs = &payload[records::SNAP_CHUNK_HEADER..];
+            let mut values = Vec::new();
+            let mut keys = Vec::new();
+            for pair in records::SnapshotPairs::new(pairs) {
+                let (key, span) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
+                keys.push((key, span));
+                if state.mode == StorageMode::Separated {
+                    values.push(records::encode_value(self.shard, span.value(pairs)));
+                }
+            }
+            let copied = if values.is_empty() {
+                Vec::new()
+            } else {
+                let value_log = state.second_log.as_ref().expect("separated mode has a value log");
+                value_log
+                    .append(&values.iter().map(|v| (records::VALUE, v.as_slice())).collect::<Vec<_>>())
+                    .map_err(|e| storage(format!("writing the value log: {e}")))?
+            };
+            for (i, (key, span)) in keys.into_iter().enumerate() {
+                let stored = match state.mode {
+                    StorageMode::OneLog => IndexValue::Locator(
+                        chunk
+                            .slice((records::SNAP_CHUNK_HEADER + span.offset) as u64, span.len as u64)
+                            .expect("span inside chunk"),
+                    ),
+                    StorageMode::Separated => {
+                        let l = copied[i];
+                        IndexValue::Locator(
+                            l.slice(records::VALUE_HEADER as u64, l.len - records::VALUE_HEADER as u64)
+                                .expect("fits"),
+                        )
+                    }
+                    StorageMode::Classic => IndexValue::Inline(span.value(pairs).to_vec()),
+                };
+                state.tree.insert(key, &stored.encode(), state::seqno(index, 1));
+            }
+        }
+        state.tree.publish(state::last_seqno(index));
+        state
+            .tree
+            .flush(index, state::last_seqno(index))
+            .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
+        Ok(())
+    }
+}
+
+/// The spans of every value a command may store, in order.
+fn value_spans(command: &DecodedCommand<'_>) -> Vec<ValueSpan> {
+    match command {
+        DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect(),
+        DecodedCommand::Cas { new, .. } => new.iter().copied().collect(),
+    }
+}

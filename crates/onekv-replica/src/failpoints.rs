@@ -1,0 +1,61 @@
+//! Crash points for tests (XLL Table 4): named places where a test can make the process exit at
+//! once, as if killed, to check what recovery makes of the disk at that moment.
+//!
+//! Compiled in only with the `failpoints` feature (the `fail` crate); without it every check is a
+//! constant `false`. A test arms points through the environment variable `ONEKV_FAILPOINTS`, e.g.
+//! `after-raft-append=20*off->return` (crash at the 21st time the point is reached); the action
+//! `return` means "crash here". Points: `before-raft-append`, `during-raft-append` (half of a
+//! multi-entry append is made durable, then crash), `after-raft-append`, `before-apply`,
+//! `after-apply`, `after-reply`.
+
+/// Exit code of a process stopped at a crash point.
+pub const CRASH_EXIT_CODE: i32 = 86;
+
+/// Reads `ONEKV_FAILPOINTS` (`name=actions;name=actions`) and arms those points. Returns an error
+/// naming a malformed entry.
+#[cfg(feature = "failpoints")]
+pub fn arm_from_env() -> Result<(), String> {
+    let Ok(spec) = std::env::var("ONEKV_FAILPOINTS") else { return Ok(()) };
+    for item in spec.split(';').filter(|s| !s.trim().is_empty()) {
+        let (name, actions) =
+            item.split_once('=').ok_or_else(|| format!("failpoint {item:?}: expected name=actions"))?;
+        fail::cfg(name.trim(), actions.trim())?;
+    }
+    Ok(())
+}
+
+/// Without the feature there is nothing to arm.
+#[cfg(not(feature = "failpoints"))]
+pub fn arm_from_env() -> Result<(), String> {
+    Ok(())
+}
+
+/// Whether the point `name` fires now.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) -> bool {
+    fail::eval(name, |_| ()).is_some()
+}
+
+/// Without the feature no point fires.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) -> bool {
+    false
+}
+
+/// Ends the process at once, as a crash would: no destructors, no flushing of anything.
+pub fn crash(name: &str) -> ! {
+    eprintln!("onekv: crash point {name} reached, exiting");
+    std::process::exit(CRASH_EXIT_CODE)
+}
+
+/// Crashes here if the named point is armed.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! failpoint {
+    ($name:literal) => {
+        if $crate::failpoints::hit($name) {
+            $crate::failpoints::crash($name)
+        }
+    };
+}

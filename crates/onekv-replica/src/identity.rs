@@ -1,0 +1,129 @@
+//! The data directory's identity file: which node and storage mode the directory belongs to.
+//!
+//! Written once when the directory is created (to a temporary name, fsynced, renamed, directory
+//! fsynced) and checked on every open, so a node never runs on another node's data or in another
+//! mode than the one that wrote it. Layout (text, one `key=value` per line, then a CRC-32C of the
+//! lines above it):
+//!
+//! ```text
+//! onekv-data-dir=1
+//! node_id=3
+//! storage=onelog
+//! crc32c=1a2b3c4d
+//! ```
+
+use crate::{ReplicaError, StorageMode};
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+const FILE: &str = "IDENTITY";
+
+/// Checks the identity of `dir` against `node_id` and `storage`, writing it if the directory is new.
+pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) -> Result<(), ReplicaError> {
+    let path = dir.join(FILE);
+    let open_err =
+        |what: &str, e: std::io::Error| ReplicaError::Open(format!("{what} {}: {e}", path.display()));
+    match fs::read_to_string(&path) {
+        Ok(text) => {
+            let (found_node, found_storage) = parse(&text).map_err(|reason| {
+                ReplicaError::Open(format!(
+                    "{} is damaged or not an onekv identity file: {reason}",
+                    path.display()
+                ))
+            })?;
+            if found_node != node_id {
+                return Err(ReplicaError::Open(format!(
+                    "{} belongs to node {found_node}, not node {node_id}",
+                    dir.display()
+                )));
+            }
+            if found_storage != storage {
+                return Err(ReplicaError::Open(format!(
+                    "{} was created with storage = {}; it cannot be opened with storage = {}",
+                    dir.display(),
+                    found_storage.name(),
+                    storage.name()
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if fs::read_dir(dir).map_err(|e| open_err("listing", e))?.next().is_some() {
+                return Err(ReplicaError::Open(format!(
+                    "{} is not empty but has no {FILE} file: refusing to use a directory onekv did not create",
+                    dir.display()
+                )));
+            }
+            let text = render(node_id, storage);
+            let tmp = dir.join(format!("{FILE}.tmp"));
+            let mut file = fs::File::create(&tmp).map_err(|e| open_err("creating", e))?;
+            file.write_all(text.as_bytes()).map_err(|e| open_err("writing", e))?;
+            file.sync_all().map_err(|e| open_err("syncing", e))?;
+            fs::rename(&tmp, &path).map_err(|e| open_err("renaming to", e))?;
+            fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| open_err("syncing the directory of", e))?;
+            Ok(())
+        }
+        Err(e) => Err(open_err("reading", e)),
+    }
+}
+
+fn render(node_id: u64, storage: StorageMode) -> String {
+    let body = format!("onekv-data-dir=1\nnode_id={node_id}\nstorage={}\n", storage.name());
+    format!("{body}crc32c={:08x}\n", crc32c::crc32c(body.as_bytes()))
+}
+
+fn parse(text: &str) -> Result<(u64, StorageMode), String> {
+    let split = text.rfind("crc32c=").ok_or("no checksum line")?;
+    let (body, crc_line) = text.split_at(split);
+    let crc =
+        u32::from_str_radix(crc_line.trim_start_matches("crc32c=").trim(), 16).map_err(|e| e.to_string())?;
+    if crc != crc32c::crc32c(body.as_bytes()) {
+        return Err("checksum mismatch".into());
+    }
+    let mut node_id = None;
+    let mut storage = None;
+    for line in body.lines() {
+        match line.split_once('=') {
+            Some(("onekv-data-dir", "1")) => {}
+            Some(("onekv-data-dir", v)) => return Err(format!("unsupported layout version {v}")),
+            Some(("node_id", v)) => node_id = Some(v.parse::<u64>().map_err(|e| e.to_string())?),
+            Some(("storage", v)) => {
+                storage = Some(StorageMode::parse(v).ok_or(format!("unknown storage {v}"))?)
+            }
+            _ => return Err(format!("unexpected line {line:?}")),
+        }
+    }
+    Ok((node_id.ok_or("no node_id")?, storage.ok_or("no storage")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_identity_is_written_once_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        check_or_create(dir.path(), 2, StorageMode::OneLog).unwrap();
+        check_or_create(dir.path(), 2, StorageMode::OneLog).unwrap();
+        let other_node = check_or_create(dir.path(), 3, StorageMode::OneLog).unwrap_err();
+        assert!(other_node.to_string().contains("belongs to node 2"), "{other_node}");
+        let other_mode = check_or_create(dir.path(), 2, StorageMode::Classic).unwrap_err();
+        assert!(other_mode.to_string().contains("storage = onelog"), "{other_mode}");
+        let path = dir.path().join(FILE);
+        let text = fs::read_to_string(&path).unwrap().replace("node_id=2", "node_id=3");
+        fs::write(&path, text).unwrap();
+        assert!(
+            check_or_create(dir.path(), 3, StorageMode::OneLog).unwrap_err().to_string().contains("damaged")
+        );
+    }
+
+    #[test]
+    fn a_foreign_non_empty_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("something"), b"x").unwrap();
+        assert!(check_or_create(dir.path(), 1, StorageMode::OneLog).is_err());
+    }
+}

@@ -1,0 +1,488 @@
+//! The node loop: one thread that drives Raft, persists, applies and answers.
+//!
+//! Each turn drains the inbox (peer messages, proposals, read barriers), ticks Raft's clock, and
+//! handles one `Ready`: messages that may leave before persistence are sent, new entries and the
+//! hard state are appended to the log in **one** append (one group commit, one fsync), then
+//! committed entries are applied and messages that must wait for persistence are sent. With many
+//! groups the same turn would gather every group's Ready into that one append (DESIGN.md §1).
+//!
+//! The loop never acknowledges a write before the entry is durable on this node and committed,
+//! and never flushes an index tree past the commit index it has made durable: a tree's flush flag
+//! can never run ahead of what recovery may replay.
+//!
+//! This module does not own the wire (the [`Transport`] carries messages) or the bytes of records
+//! and commands (`records`, `codec`).
+
+use crate::apply::Applier;
+use crate::raft_store::RaftStore;
+use crate::records::{self, HardStateRecord, SnapshotMeta};
+use crate::state::{self, State, storage};
+use crate::{
+    Command, Done, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId, StorageMode, Transport,
+};
+use onekv_log::Log;
+use raft::eraftpb::{Entry, Message};
+use raft::{RawNode, StateRole};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The only shard of this release; every record carries it so one log can serve many groups.
+pub(crate) const SHARD: u64 = 1;
+
+/// Inputs handled at most per turn before a Ready is processed, so a flood of messages cannot
+/// starve persistence.
+const MAX_INPUTS_PER_TURN: usize = 4096;
+
+/// What the loop is asked to do.
+pub(crate) enum Input {
+    Step(Message),
+    Propose { request_id: RequestId, command: Command, done: Done<Outcome> },
+    ReadBarrier(Done<()>),
+    Shutdown,
+}
+
+/// State shared between the loop and the handles.
+pub(crate) struct Shared {
+    pub status: Mutex<ReplicaStatus>,
+    pub stopped: AtomicBool,
+    /// Commit index covered by a durable HARD_STATE record.
+    pub durable_commit: AtomicU64,
+}
+
+/// The loop's own state.
+pub(crate) struct NodeLoop {
+    pub config: ReplicaConfig,
+    pub raw: RawNode<RaftStore>,
+    pub applier: Applier,
+    pub state: Arc<State>,
+    pub raft_log: Arc<Log>,
+    pub transport: Arc<dyn Transport>,
+    pub inbox: Receiver<Input>,
+    pub shared: Arc<Shared>,
+    /// Proposals waiting to be applied: index → (term, reply).
+    pub proposals: BTreeMap<u64, (u64, Done<Outcome>)>,
+    /// Read barriers not yet sent to Raft.
+    pub reads_unsent: Vec<Done<()>>,
+    /// Read barriers sent, by context.
+    pub reads_in_flight: HashMap<u64, Vec<Done<()>>>,
+    /// Read barriers confirmed, waiting for the applied index to reach theirs.
+    pub reads_waiting: VecDeque<(u64, Vec<Done<()>>)>,
+    pub next_read_ctx: u64,
+    /// The hard state last appended to the log.
+    pub persisted_hs: HardStateRecord,
+    /// Classic mode: sequence numbers of the entry tree (entries can be overwritten at an index).
+    pub entry_tree_seqno: u64,
+    /// Set once the disk failed: the loop keeps answering errors but writes nothing more.
+    pub failed: Option<String>,
+}
+
+impl NodeLoop {
+    pub fn run(mut self) {
+        let tick = self.config.tick;
+        let mut next_tick = Instant::now() + tick;
+        let mut shutdown = false;
+        while !shutdown {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let first = match self.inbox.recv_timeout(wait) {
+                Ok(input) => Some(input),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut handled = 0;
+            let mut next = first;
+            while let Some(input) = next {
+                if matches!(input, Input::Shutdown) {
+                    shutdown = true;
+                    break;
+                }
+                self.handle(input);
+                handled += 1;
+                if handled >= MAX_INPUTS_PER_TURN {
+                    break;
+                }
+                next = self.inbox.try_recv().ok();
+            }
+            if Instant::now() >= next_tick {
+                self.raw.tick();
+                next_tick += tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + tick;
+                }
+            }
+            self.send_read_index();
+            if self.failed.is_none()
+                && let Err(err) = self.on_ready()
+            {
+                tracing::error!(%err, "storage failure: the replica stops serving writes");
+                self.failed = Some(err.to_string());
+            }
+            self.publish_status();
+        }
+        self.fail_everything(|| ReplicaError::Stopping);
+        self.shared.stopped.store(true, Ordering::SeqCst);
+        self.publish_status();
+    }
+
+    fn role(&self) -> StateRole {
+        self.raw.raft.state
+    }
+
+    fn not_leader(&self) -> ReplicaError {
+        let leader = self.raw.raft.leader_id;
+        ReplicaError::NotLeader { leader: (leader != 0 && leader != self.config.node_id).then_some(leader) }
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Step(message) => {
+                if let Err(err) = self.raw.step(message) {
+                    tracing::debug!(%err, "dropped a peer message");
+                }
+            }
+            Input::Propose { request_id, command, done } => {
+                if let Some(failed) = &self.failed {
+                    return done(Err(ReplicaError::Storage(failed.clone())));
+                }
+                if self.role() != StateRole::Leader {
+                    return done(Err(self.not_leader()));
+                }
+                let data = crate::codec::encode(request_id, &command);
+                let before = self.raw.raft.raft_log.last_index();
+                match self.raw.propose(Vec::new(), data) {
+                    Ok(()) if self.raw.raft.raft_log.last_index() > before => {
+                        let index = self.raw.raft.raft_log.last_index();
+                        self.proposals.insert(index, (self.raw.raft.term, done));
+                    }
+                    Ok(()) => done(Err(ReplicaError::Dropped("the proposal was not appended".into()))),
+                    Err(err) => done(Err(ReplicaError::Dropped(err.to_string()))),
+                }
+            }
+            Input::ReadBarrier(done) => {
+                if self.role() != StateRole::Leader {
+                    return done(Err(self.not_leader()));
+                }
+                self.reads_unsent.push(done);
+            }
+            Input::Shutdown => unreachable!("handled by the loop"),
+        }
+    }
+
+    /// Sends one ReadIndex request for every barrier that arrived this turn.
+    fn send_read_index(&mut self) {
+        if self.reads_unsent.is_empty() {
+            return;
+        }
+        let ctx = self.next_read_ctx;
+        self.next_read_ctx += 1;
+        self.reads_in_flight.insert(ctx, std::mem::take(&mut self.reads_unsent));
+        self.raw.read_index(ctx.to_le_bytes().to_vec());
+    }
+
+    fn on_ready(&mut self) -> Result<(), ReplicaError> {
+        if !self.raw.has_ready() {
+            return self.maybe_persist_commit();
+        }
+        let mut ready = self.raw.ready();
+        if let Some(ss) = ready.ss()
+            && ss.raft_state != StateRole::Leader
+        {
+            self.lost_leadership();
+        }
+        self.transport.send(ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(ready.snapshot().clone())?;
+        }
+        let entries = ready.take_entries();
+        let hs = ready.hs().cloned();
+        self.persist(&entries, hs)?;
+        let committed = ready.take_committed_entries();
+        self.apply(committed)?;
+        self.transport.send(ready.take_persisted_messages());
+        for read in ready.take_read_states() {
+            let ctx = u64::from_le_bytes(read.request_ctx.as_slice().try_into().unwrap_or_default());
+            if let Some(dones) = self.reads_in_flight.remove(&ctx) {
+                self.reads_waiting.push_back((read.index, dones));
+            }
+        }
+        let mut light = self.raw.advance(ready);
+        self.transport.send(light.take_messages());
+        self.apply(light.take_committed_entries())?;
+        self.raw.advance_apply();
+        self.resolve_reads();
+        self.maybe_persist_commit()?;
+        self.maybe_flush()
+    }
+
+    /// Appends `entries` and the hard state (if it changed) in one append, and waits for the fsync.
+    fn persist(
+        &mut self,
+        entries: &[Entry],
+        hs: Option<raft::eraftpb::HardState>,
+    ) -> Result<(), ReplicaError> {
+        let mut payloads: Vec<(onekv_log::RecordKind, Vec<u8>)> =
+            entries.iter().map(|e| (records::ENTRY, records::encode_entry(SHARD, e))).collect();
+        let mut new_hs = None;
+        if let Some(hs) = hs {
+            let record = HardStateRecord { shard: SHARD, term: hs.term, vote: hs.vote, commit: hs.commit };
+            if record != self.persisted_hs {
+                payloads.push((records::HARD_STATE, records::encode_hard_state(record)));
+                new_hs = Some((record, hs));
+            }
+        }
+        if payloads.is_empty() {
+            return Ok(());
+        }
+        crate::failpoint!("before-raft-append");
+        let records: Vec<_> = payloads.iter().map(|(k, p)| (*k, p.as_slice())).collect();
+        if entries.len() > 1 && crate::failpoints::hit("during-raft-append") {
+            // Half of the entries become durable, the rest never reach the disk.
+            let _ = self.raft_log.append(&records[..records.len() / 2]);
+            crate::failpoints::crash("during-raft-append");
+        }
+        let locators =
+            self.raft_log.append(&records).map_err(|e| storage(format!("appending Raft entries: {e}")))?;
+        crate::failpoint!("after-raft-append");
+        let store = self.raw.mut_store();
+        for (entry, locator) in entries.iter().zip(&locators) {
+            store.append(entry.index, entry.term, *locator);
+        }
+        if let Some((record, hs)) = new_hs {
+            store.hard_state = hs;
+            self.persisted_hs = record;
+            self.shared.durable_commit.fetch_max(record.commit, Ordering::SeqCst);
+        }
+        if self.state.mode == StorageMode::Classic && !entries.is_empty() {
+            // A layered store keeps Raft entries as full values in a tree of their own.
+            let tree = self.state.entry_tree.as_ref().expect("classic mode has an entry tree");
+            for (entry, (_, payload)) in entries.iter().zip(&payloads) {
+                self.entry_tree_seqno += 1;
+                tree.insert(&entry.index.to_be_bytes(), payload, self.entry_tree_seqno);
+            }
+            tree.publish(self.entry_tree_seqno);
+        }
+        Ok(())
+    }
+
+    /// Appends (without waiting) a hard state whose commit covers everything applied, so a later
+    /// flush may record that far. raft-rs reports some commit advances only after the Ready that
+    /// carried the hard state.
+    fn maybe_persist_commit(&mut self) -> Result<(), ReplicaError> {
+        let commit = self.raw.raft.raft_log.committed;
+        if commit <= self.persisted_hs.commit || self.failed.is_some() {
+            return Ok(());
+        }
+        let record = HardStateRecord { commit, ..self.persisted_hs };
+        let record = HardStateRecord { term: self.raw.raft.term, vote: self.raw.raft.vote, ..record };
+        let shared = self.shared.clone();
+        self.raft_log
+            .submit(vec![(records::HARD_STATE, records::encode_hard_state(record))], move |result| {
+                if result.is_ok() {
+                    shared.durable_commit.fetch_max(commit, Ordering::SeqCst);
+                }
+            })
+            .map_err(|e| storage(format!("appending the hard state: {e}")))?;
+        self.persisted_hs = record;
+        let store = self.raw.mut_store();
+        store.hard_state.commit = commit;
+        store.hard_state.term = record.term;
+        store.hard_state.vote = record.vote;
+        Ok(())
+    }
+
+    fn apply(&mut self, committed: Vec<Entry>) -> Result<(), ReplicaError> {
+        if committed.is_empty() {
+            return Ok(());
+        }
+        crate::failpoint!("before-apply");
+        let locators = committed
+            .iter()
+            .map(|e| {
+                self.raw
+                    .store()
+                    .meta(e.index)
+                    .map(|m| m.locator)
+                    .ok_or_else(|| storage(format!("committed entry {} is not in the log", e.index)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let applied = self.applier.apply(&committed, &locators)?;
+        crate::failpoint!("after-apply");
+        let store = self.raw.mut_store();
+        if let Some(last) = applied.last() {
+            store.applied_index = last.index;
+            store.applied_term = last.term;
+        }
+        for result in applied {
+            // Entries up to this one are applied; older proposals that never showed up at their
+            // index were overwritten by another leader.
+            while let Some(entry) = self.proposals.first_entry() {
+                if *entry.key() > result.index {
+                    break;
+                }
+                let (index, (term, done)) = entry.remove_entry();
+                if index == result.index && term == result.term {
+                    match result.outcome.clone() {
+                        Some(outcome) => done(outcome),
+                        None => done(Err(ReplicaError::Dropped("the entry carried no command".into()))),
+                    }
+                } else {
+                    done(Err(ReplicaError::Dropped(format!(
+                        "entry {index} of term {term} was replaced by another leader's"
+                    ))));
+                }
+            }
+        }
+        crate::failpoint!("after-reply");
+        Ok(())
+    }
+
+    fn resolve_reads(&mut self) {
+        let applied = self.raw.store().applied_index;
+        while let Some((index, _)) = self.reads_waiting.front() {
+            if *index > applied {
+                break;
+            }
+            let (_, dones) = self.reads_waiting.pop_front().expect("not empty");
+            for done in dones {
+                done(Ok(()));
+            }
+        }
+    }
+
+    fn lost_leadership(&mut self) {
+        let leader = self.not_leader();
+        for done in self.reads_unsent.drain(..) {
+            done(Err(leader.clone()));
+        }
+        for (_, dones) in self.reads_in_flight.drain() {
+            for done in dones {
+                done(Err(leader.clone()));
+            }
+        }
+        for (_, dones) in self.reads_waiting.drain(..) {
+            for done in dones {
+                done(Err(leader.clone()));
+            }
+        }
+    }
+
+    /// Flushes the index once its memtable is large, but only up to a durably committed index;
+    /// then lets Raft forget entries far enough below it.
+    fn maybe_flush(&mut self) -> Result<(), ReplicaError> {
+        let applied = self.raw.store().applied_index;
+        if self.state.tree.memtable_bytes() < self.config.memtable_bytes {
+            return Ok(());
+        }
+        if self.shared.durable_commit.load(Ordering::SeqCst) < applied {
+            return Ok(());
+        }
+        self.flush_index(applied)
+    }
+
+    pub(crate) fn flush_index(&mut self, applied: u64) -> Result<(), ReplicaError> {
+        self.state
+            .tree
+            .flush(applied, state::last_seqno(applied))
+            .map_err(|e| storage(format!("flushing the index: {e}")))?;
+        self.state.tree.maybe_compact().map_err(|e| storage(format!("compacting the index: {e}")))?;
+        if let Some(tree) = &self.state.entry_tree {
+            tree.flush(applied, self.entry_tree_seqno)
+                .map_err(|e| storage(format!("flushing entries: {e}")))?;
+            tree.maybe_compact().map_err(|e| storage(format!("compacting entries: {e}")))?;
+        }
+        let keep = self.config.raft_log_keep_entries;
+        if applied > keep {
+            self.raw.mut_store().compact(applied - keep);
+        }
+        Ok(())
+    }
+
+    fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
+        let meta = snapshot.get_metadata();
+        let meta = SnapshotMeta {
+            shard: SHARD,
+            index: meta.index,
+            term: meta.term,
+            chunks: 0,
+            voters: meta.get_conf_state().voters.clone(),
+        };
+        tracing::info!(
+            index = meta.index,
+            term = meta.term,
+            bytes = snapshot.data.len(),
+            "installing a snapshot"
+        );
+        let chunks = self.applier.persist_snapshot(&meta, &snapshot.data)?;
+        self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.voters.clone());
+        self.applier.install_snapshot(meta.index, &chunks)?;
+        self.shared.durable_commit.fetch_max(meta.index, Ordering::SeqCst);
+        // Proposals at or below the snapshot can no longer be matched to their entries.
+        while let Some(entry) = self.proposals.first_entry() {
+            if *entry.key() > meta.index {
+                break;
+            }
+            let (_, (_, done)) = entry.remove_entry();
+            done(Err(ReplicaError::Dropped("superseded by a snapshot".into())));
+        }
+        Ok(())
+    }
+
+    fn fail_everything(&mut self, error: impl Fn() -> ReplicaError) {
+        for (_, (_, done)) in std::mem::take(&mut self.proposals) {
+            done(Err(error()));
+        }
+        for done in self.reads_unsent.drain(..) {
+            done(Err(error()));
+        }
+        for (_, dones) in self.reads_in_flight.drain() {
+            for done in dones {
+                done(Err(error()));
+            }
+        }
+        for (_, dones) in self.reads_waiting.drain(..) {
+            for done in dones {
+                done(Err(error()));
+            }
+        }
+        while let Ok(input) = self.inbox.try_recv() {
+            match input {
+                Input::Propose { done, .. } => done(Err(error())),
+                Input::ReadBarrier(done) => done(Err(error())),
+                Input::Step(_) | Input::Shutdown => {}
+            }
+        }
+    }
+
+    fn publish_status(&self) {
+        let raft = &self.raw.raft;
+        let store = self.raw.store();
+        let role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        };
+        let status = ReplicaStatus {
+            node_id: self.config.node_id,
+            voters: store.conf_state.voters.clone(),
+            leader_id: (raft.leader_id != 0).then_some(raft.leader_id),
+            term: raft.term,
+            role: role.to_string(),
+            commit_index: raft.raft_log.committed,
+            applied_index: store.applied_index,
+            first_index: store.first(),
+            last_index: raft.raft_log.last_index(),
+            flushed_index: self.state.tree.flush_flag().unwrap_or(0),
+            storage: self.state.mode,
+            log_bytes: self.state.log_bytes(),
+            bytes_written: self.state.bytes_written(),
+            user_bytes: self.state.user_bytes.load(Ordering::Relaxed),
+        };
+        *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+    }
+}
+
+/// How long [`crate::Replica::shutdown`] waits for the loop to finish.
+pub(crate) const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);

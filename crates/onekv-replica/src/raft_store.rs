@@ -1,0 +1,220 @@
+//! Raft's storage, served from the log.
+//!
+//! raft-rs reads its persisted log through the read-only [`raft::Storage`] trait. This module keeps
+//! the metadata in memory (hard state, membership, and for every retained index its term and the
+//! locator of its ENTRY record) and reads entry bodies back from the log by locator on demand. The
+//! metadata is rebuilt by the recovery scan after a restart; the node loop updates it after each
+//! fsync. In classic mode entry bodies are read from the Raft entry tree instead, as a layered store
+//! would.
+//!
+//! It does not write anything: the node loop appends records and then tells the store what is
+//! durable.
+
+use crate::records;
+use crate::state::State;
+use onekv_log::{Locator, Log};
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft::{GetEntriesContext, RaftState, StorageError};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Where one retained entry lives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct EntryMeta {
+    pub term: u64,
+    /// The payload locator of the entry's ENTRY record.
+    pub locator: Locator,
+}
+
+/// The raft-rs storage of one group.
+pub(crate) struct RaftStore {
+    pub shard: u64,
+    /// The log holding ENTRY records.
+    log: Arc<Log>,
+    /// The replicated state, for building snapshots and (classic) reading entries.
+    state: Arc<State>,
+    pub hard_state: HardState,
+    pub conf_state: ConfState,
+    /// Index and term just below `entries[0]` (of the last snapshot or compaction).
+    pub snapshot_index: u64,
+    pub snapshot_term: u64,
+    /// Entries `snapshot_index + 1 ..`.
+    entries: VecDeque<EntryMeta>,
+    /// Highest applied index and its term: snapshots are taken there.
+    pub applied_index: u64,
+    pub applied_term: u64,
+    /// Largest snapshot this node will build, in bytes of key-value data.
+    pub max_snapshot_bytes: usize,
+}
+
+impl RaftStore {
+    pub fn new(shard: u64, log: Arc<Log>, state: Arc<State>, voters: &[u64]) -> Self {
+        let conf_state = ConfState { voters: voters.to_vec(), ..Default::default() };
+        RaftStore {
+            shard,
+            log,
+            state,
+            hard_state: HardState::default(),
+            conf_state,
+            snapshot_index: 0,
+            snapshot_term: 0,
+            entries: VecDeque::new(),
+            applied_index: 0,
+            applied_term: 0,
+            max_snapshot_bytes: 200 << 20,
+        }
+    }
+
+    pub fn first(&self) -> u64 {
+        self.snapshot_index + 1
+    }
+
+    pub fn last(&self) -> u64 {
+        self.snapshot_index + self.entries.len() as u64
+    }
+
+    /// Records that the entry `index` is durable at `locator`, replacing any entries at or after
+    /// `index` (a new leader overwrote them).
+    pub fn append(&mut self, index: u64, term: u64, locator: Locator) {
+        if index <= self.snapshot_index {
+            // Already covered by a snapshot; the recovery scan can meet such records.
+            return;
+        }
+        let keep = (index - self.snapshot_index - 1) as usize;
+        if keep > self.entries.len() {
+            // A gap: this cannot come from raft-rs (it appends contiguously). Refuse loudly rather
+            // than serve a log with a hole.
+            panic!("entry {index} appended after last index {}", self.last());
+        }
+        self.entries.truncate(keep);
+        self.entries.push_back(EntryMeta { term, locator });
+    }
+
+    pub fn meta(&self, index: u64) -> Option<EntryMeta> {
+        if index <= self.snapshot_index {
+            return None;
+        }
+        self.entries.get((index - self.snapshot_index - 1) as usize).copied()
+    }
+
+    /// Forgets entries below `to` (they stay in the log file; only Raft stops serving them, so a
+    /// follower that needs them gets a snapshot).
+    pub fn compact(&mut self, to: u64) {
+        while self.snapshot_index + 1 < to && !self.entries.is_empty() {
+            let meta = self.entries.pop_front().expect("not empty");
+            self.snapshot_index += 1;
+            self.snapshot_term = meta.term;
+        }
+    }
+
+    /// Resets to a snapshot at `index`/`term`: every entry is dropped.
+    pub fn apply_snapshot(&mut self, index: u64, term: u64, voters: Vec<u64>) {
+        self.entries.clear();
+        self.snapshot_index = index;
+        self.snapshot_term = term;
+        self.conf_state.voters = voters;
+        if self.hard_state.commit < index {
+            self.hard_state.commit = index;
+        }
+        if self.hard_state.term < term {
+            self.hard_state.term = term;
+        }
+        self.applied_index = index;
+        self.applied_term = term;
+    }
+
+    /// Reads the entry `index` back from disk.
+    pub fn read_entry(&self, index: u64) -> raft::Result<Entry> {
+        let meta = self.meta(index).ok_or(raft::Error::Store(StorageError::Unavailable))?;
+        let payload = match self.state.read_entry_body(index) {
+            Some(result) => result.map_err(|e| other(format!("reading entry {index}: {e}")))?,
+            None => {
+                let (_, payload) = self
+                    .log
+                    .read_record(meta.locator)
+                    .map_err(|e| other(format!("reading entry {index} at {}: {e}", meta.locator)))?;
+                payload
+            }
+        };
+        let record = records::decode_entry(&payload).map_err(|e| other(format!("entry {index}: {e}")))?;
+        if record.index != index || record.term != meta.term || record.shard != self.shard {
+            return Err(other(format!("entry {index}: the record holds another entry")));
+        }
+        Ok(record.to_entry())
+    }
+}
+
+fn other(message: String) -> raft::Error {
+    raft::Error::Store(StorageError::Other(message.into()))
+}
+
+impl raft::Storage for RaftStore {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        Ok(RaftState::new(self.hard_state.clone(), self.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low <= self.snapshot_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > self.last() + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let max_size = max_size.into();
+        let mut out = Vec::with_capacity((high - low) as usize);
+        let mut size = 0u64;
+        for index in low..high {
+            let entry = self.read_entry(index)?;
+            size += protobuf::Message::compute_size(&entry) as u64;
+            // raft-rs wants at least one entry even when it is over the limit.
+            if !out.is_empty() && max_size.is_some_and(|max| size > max) {
+                break;
+            }
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
+    fn term(&self, index: u64) -> raft::Result<u64> {
+        if index == self.snapshot_index {
+            return Ok(self.snapshot_term);
+        }
+        if index < self.snapshot_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        self.meta(index).map(|m| m.term).ok_or(raft::Error::Store(StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.first())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.last())
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        // A full copy of the applied state: every key and its value. Bounded, because raft-rs
+        // carries a snapshot in one message.
+        let data = self
+            .state
+            .snapshot_pairs(self.max_snapshot_bytes)
+            .map_err(|e| other(format!("building a snapshot: {e}")))?;
+        let Some(data) = data else {
+            tracing::warn!(limit = self.max_snapshot_bytes, "state too large for a snapshot");
+            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
+        };
+        let mut snapshot = Snapshot { data: data.into(), ..Default::default() };
+        let meta = snapshot.mut_metadata();
+        meta.index = self.applied_index;
+        meta.term = self.applied_term;
+        meta.set_conf_state(self.conf_state.clone());
+        Ok(snapshot)
+    }
+}

@@ -1,0 +1,354 @@
+//! The replica's record kinds in the node's log, and their payload layouts.
+//!
+//! The log frames and checksums every record; this module owns what is inside. Every record that
+//! belongs to a Raft group starts with the group's shard id, so one log serves many groups. All
+//! integers are little-endian with explicit widths:
+//!
+//! ```text
+//! ENTRY       shard:u64 term:u64 index:u64 type:u8 context_len:u32 context data
+//! HARD_STATE  shard:u64 term:u64 vote:u64 commit:u64
+//! SNAP_CHUNK  shard:u64 index:u64 chunk:u32 pairs            (pairs: see `SnapshotPairs`)
+//! SNAP_META   shard:u64 index:u64 term:u64 chunks:u32 voters:u32 voter:u64*voters
+//! VALUE       shard:u64 stored_value                          (separated mode's value log)
+//! APPLIED     shard:u64 index:u64 count:u32 (kind:u8 key [value])*count   (classic mode's data WAL)
+//! ```
+//!
+//! A snapshot is written as chunk records followed by one meta record; it counts only if the meta
+//! record is there and names as many chunks as precede it.
+
+use crate::codec::{CodecError, Reader, ValueSpan};
+use onekv_log::RecordKind;
+
+/// A Raft entry.
+pub const ENTRY: RecordKind = kind(1);
+/// A Raft hard state (term, vote, commit).
+pub const HARD_STATE: RecordKind = kind(2);
+/// Part of an installed snapshot's key-value pairs.
+pub const SNAP_CHUNK: RecordKind = kind(3);
+/// The metadata that completes an installed snapshot.
+pub const SNAP_META: RecordKind = kind(4);
+/// A value copied into the separated mode's value log.
+pub const VALUE: RecordKind = kind(5);
+/// Operations applied to the classic mode's data tree (its write-ahead log).
+pub const APPLIED: RecordKind = kind(6);
+
+const fn kind(n: u8) -> RecordKind {
+    match RecordKind::new(n) {
+        Some(kind) => kind,
+        None => panic!("record kinds are non-zero"),
+    }
+}
+
+/// Bytes of an ENTRY payload before its context.
+const ENTRY_HEADER: usize = 8 + 8 + 8 + 1 + 4;
+
+/// Offset of an entry's data inside its ENTRY payload, for an entry with `context_len` bytes of
+/// context.
+pub fn entry_data_offset(context_len: usize) -> usize {
+    ENTRY_HEADER + context_len
+}
+
+/// A decoded ENTRY payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryRecord<'a> {
+    /// The Raft group.
+    pub shard: u64,
+    /// Entry term.
+    pub term: u64,
+    /// Entry index.
+    pub index: u64,
+    /// `raft::eraftpb::EntryType` as a number.
+    pub entry_type: u8,
+    /// Entry context.
+    pub context: &'a [u8],
+    /// Entry data (an encoded command, or a conf change).
+    pub data: &'a [u8],
+    /// Offset of `data` from the start of the payload: add a [`ValueSpan`]'s offset to it to locate
+    /// a value inside the record.
+    pub data_offset: usize,
+}
+
+/// Encodes an ENTRY payload.
+pub fn encode_entry(shard: u64, entry: &raft::eraftpb::Entry) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ENTRY_HEADER + entry.context.len() + entry.data.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(&entry.term.to_le_bytes());
+    out.extend_from_slice(&entry.index.to_le_bytes());
+    out.push(entry.get_entry_type() as u8);
+    out.extend_from_slice(&(entry.context.len() as u32).to_le_bytes());
+    out.extend_from_slice(&entry.context);
+    out.extend_from_slice(&entry.data);
+    out
+}
+
+/// Decodes an ENTRY payload.
+pub fn decode_entry(payload: &[u8]) -> Result<EntryRecord<'_>, CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    let shard = r.u64()?;
+    let term = r.u64()?;
+    let index = r.u64()?;
+    let entry_type = r.u8()?;
+    if entry_type > 2 {
+        return Err(CodecError("unknown entry type"));
+    }
+    let context = r.bytes()?;
+    let data_offset = r.at;
+    Ok(EntryRecord { shard, term, index, entry_type, context, data: &payload[data_offset..], data_offset })
+}
+
+impl EntryRecord<'_> {
+    /// The raft-rs entry this record holds.
+    pub fn to_entry(&self) -> raft::eraftpb::Entry {
+        let mut entry = raft::eraftpb::Entry {
+            term: self.term,
+            index: self.index,
+            context: self.context.to_vec().into(),
+            data: self.data.to_vec().into(),
+            ..Default::default()
+        };
+        entry.set_entry_type(match self.entry_type {
+            0 => raft::eraftpb::EntryType::EntryNormal,
+            1 => raft::eraftpb::EntryType::EntryConfChange,
+            _ => raft::eraftpb::EntryType::EntryConfChangeV2,
+        });
+        entry
+    }
+}
+
+/// A decoded HARD_STATE payload.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HardStateRecord {
+    /// The Raft group.
+    pub shard: u64,
+    /// Current term.
+    pub term: u64,
+    /// Vote in that term (0: none).
+    pub vote: u64,
+    /// Commit index.
+    pub commit: u64,
+}
+
+/// Encodes a HARD_STATE payload.
+pub fn encode_hard_state(record: HardStateRecord) -> Vec<u8> {
+    [record.shard, record.term, record.vote, record.commit].iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Decodes a HARD_STATE payload.
+pub fn decode_hard_state(payload: &[u8]) -> Result<HardStateRecord, CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    let record = HardStateRecord { shard: r.u64()?, term: r.u64()?, vote: r.u64()?, commit: r.u64()? };
+    if r.remaining() != 0 {
+        return Err(CodecError("trailing bytes after a hard state"));
+    }
+    Ok(record)
+}
+
+/// Snapshot pairs: the format of a Raft snapshot's data on the wire and of a SNAP_CHUNK's tail:
+/// `(key_len:u32 key value_len:u32 crc32c:u32 value)*`, which is the command codec's stored value
+/// layout, so the index can point into a chunk record exactly as into an entry.
+pub struct SnapshotPairs<'a> {
+    reader: Reader<'a>,
+}
+
+impl<'a> SnapshotPairs<'a> {
+    /// Iterates over the pairs in `data`.
+    pub fn new(data: &'a [u8]) -> Self {
+        SnapshotPairs { reader: Reader { data, at: 0 } }
+    }
+}
+
+impl<'a> Iterator for SnapshotPairs<'a> {
+    /// A key and its value's span in the data (covering the CRC), or a decoding error.
+    type Item = Result<(&'a [u8], ValueSpan), CodecError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.reader.remaining() == 0 {
+            return None;
+        }
+        let pair = self.reader.bytes().and_then(|key| Ok((key, self.reader.value()?)));
+        if pair.is_err() {
+            self.reader.at = self.reader.data.len();
+        }
+        Some(pair)
+    }
+}
+
+/// Appends one pair to snapshot data.
+pub fn push_snapshot_pair(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(value).to_le_bytes());
+    out.extend_from_slice(value);
+}
+
+/// Bytes of a SNAP_CHUNK payload before its pairs.
+pub const SNAP_CHUNK_HEADER: usize = 8 + 8 + 4;
+
+/// Encodes a SNAP_CHUNK payload holding `pairs` (whole pairs in the snapshot-pairs format).
+pub fn encode_snapshot_chunk(shard: u64, index: u64, chunk: u32, pairs: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SNAP_CHUNK_HEADER + pairs.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(&chunk.to_le_bytes());
+    out.extend_from_slice(pairs);
+    out
+}
+
+/// Decodes a SNAP_CHUNK payload: shard, snapshot index, chunk number (the pairs start at
+/// [`SNAP_CHUNK_HEADER`]).
+pub fn decode_snapshot_chunk(payload: &[u8]) -> Result<(u64, u64, u32), CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    Ok((r.u64()?, r.u64()?, r.u32()?))
+}
+
+/// A decoded SNAP_META payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotMeta {
+    /// The Raft group.
+    pub shard: u64,
+    /// Last index the snapshot covers.
+    pub index: u64,
+    /// Term of that index.
+    pub term: u64,
+    /// Number of SNAP_CHUNK records written before this one.
+    pub chunks: u32,
+    /// Voting members at that index.
+    pub voters: Vec<u64>,
+}
+
+/// Encodes a SNAP_META payload.
+pub fn encode_snapshot_meta(meta: &SnapshotMeta) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + 8 * meta.voters.len());
+    out.extend_from_slice(&meta.shard.to_le_bytes());
+    out.extend_from_slice(&meta.index.to_le_bytes());
+    out.extend_from_slice(&meta.term.to_le_bytes());
+    out.extend_from_slice(&meta.chunks.to_le_bytes());
+    out.extend_from_slice(&(meta.voters.len() as u32).to_le_bytes());
+    for voter in &meta.voters {
+        out.extend_from_slice(&voter.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a SNAP_META payload.
+pub fn decode_snapshot_meta(payload: &[u8]) -> Result<SnapshotMeta, CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    let (shard, index, term, chunks) = (r.u64()?, r.u64()?, r.u64()?, r.u32()?);
+    let count = r.u32()? as usize;
+    if count > r.remaining() / 8 {
+        return Err(CodecError("voter count exceeds the record"));
+    }
+    let voters = (0..count).map(|_| r.u64()).collect::<Result<_, _>>()?;
+    if r.remaining() != 0 {
+        return Err(CodecError("trailing bytes after snapshot metadata"));
+    }
+    Ok(SnapshotMeta { shard, index, term, chunks, voters })
+}
+
+/// Bytes of a VALUE payload before the stored value.
+pub const VALUE_HEADER: usize = 8;
+
+/// Encodes a VALUE payload: the shard, then `crc || value`.
+pub fn encode_value(shard: u64, value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(VALUE_HEADER + 4 + value.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(&crate::codec::stored_value(value));
+    out
+}
+
+/// Encodes an APPLIED payload: the classic mode's data-tree WAL record for one entry.
+pub fn encode_applied(shard: u64, index: u64, ops: &[(&[u8], Option<&[u8]>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for (key, value) in ops {
+        out.push(u8::from(value.is_some()));
+        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        out.extend_from_slice(key);
+        if let Some(value) = value {
+            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            out.extend_from_slice(value);
+        }
+    }
+    out
+}
+
+/// A decoded APPLIED payload (recovery replays Raft entries, not this WAL; tests read it back): shard, index and the operations (value `None` deletes).
+#[cfg(test)]
+pub type AppliedRecord<'a> = (u64, u64, Vec<(&'a [u8], Option<&'a [u8]>)>);
+
+/// Decodes an APPLIED payload.
+#[cfg(test)]
+pub fn decode_applied(payload: &[u8]) -> Result<AppliedRecord<'_>, CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    let (shard, index) = (r.u64()?, r.u64()?);
+    let count = r.u32()? as usize;
+    if count > r.remaining() / 5 {
+        return Err(CodecError("op count exceeds the record"));
+    }
+    let mut ops = Vec::with_capacity(count);
+    for _ in 0..count {
+        let is_put = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(CodecError("bad op flag")),
+        };
+        let key = r.bytes()?;
+        let value = if is_put { Some(r.bytes()?) } else { None };
+        ops.push((key, value));
+    }
+    if r.remaining() != 0 {
+        return Err(CodecError("trailing bytes after applied ops"));
+    }
+    Ok((shard, index, ops))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_record_round_trips_and_locates_its_data() {
+        let entry = raft::eraftpb::Entry {
+            term: 3,
+            index: 42,
+            context: b"ctx".to_vec().into(),
+            data: b"data!".to_vec().into(),
+            ..Default::default()
+        };
+        let payload = encode_entry(1, &entry);
+        let record = decode_entry(&payload).unwrap();
+        assert_eq!((record.shard, record.term, record.index), (1, 3, 42));
+        assert_eq!(&payload[record.data_offset..], b"data!");
+        assert_eq!(record.to_entry(), entry);
+        for len in 0..ENTRY_HEADER + 3 {
+            assert!(decode_entry(&payload[..len]).is_err());
+        }
+    }
+
+    #[test]
+    fn snapshot_pairs_and_metadata_round_trip() {
+        let mut data = Vec::new();
+        push_snapshot_pair(&mut data, b"a", b"1");
+        push_snapshot_pair(&mut data, b"bb", b"");
+        let pairs: Vec<_> = SnapshotPairs::new(&data).collect::<Result<_, _>>().unwrap();
+        assert_eq!(pairs.len(), 2);
+        assert_eq!(pairs[0].0, b"a");
+        assert_eq!(pairs[0].1.value(&data), b"1");
+        assert!(SnapshotPairs::new(&data[..data.len() - 1]).any(|p| p.is_err()));
+        let meta = SnapshotMeta { shard: 1, index: 9, term: 2, chunks: 3, voters: vec![1, 2, 3] };
+        assert_eq!(decode_snapshot_meta(&encode_snapshot_meta(&meta)).unwrap(), meta);
+    }
+
+    #[test]
+    fn hard_state_and_applied_round_trip() {
+        let hs = HardStateRecord { shard: 1, term: 2, vote: 3, commit: 4 };
+        assert_eq!(decode_hard_state(&encode_hard_state(hs)).unwrap(), hs);
+        let payload = encode_applied(1, 5, &[(b"k", Some(b"v")), (b"d", None)]);
+        let (shard, index, ops) = decode_applied(&payload).unwrap();
+        assert_eq!((shard, index), (1, 5));
+        assert_eq!(ops, vec![(&b"k"[..], Some(&b"v"[..])), (&b"d"[..], None)]);
+    }
+}

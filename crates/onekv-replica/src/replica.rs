@@ -1,0 +1,325 @@
+//! Opening a replica (validate, open the logs and the index, recover, start the loop) and the
+//! handle callers use.
+
+use crate::apply::Applier;
+use crate::node::{Input, NodeLoop, SHARD, SHUTDOWN_WAIT, Shared};
+use crate::raft_store::RaftStore;
+use crate::state::{self, State};
+use crate::{
+    Command, Done, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId, StorageMode,
+    Transport,
+};
+use onekv_index::{Index, IndexConfig};
+use onekv_log::{Log, LogConfig, OpenOptions};
+use raft::eraftpb::Message;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Inputs queued for the loop before new ones are refused.
+const INBOX_CAPACITY: usize = 65_536;
+
+/// A handle to a running replica. Cheap to clone; every method may be called from any thread.
+#[derive(Clone)]
+pub struct Replica {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    inbox: SyncSender<Input>,
+    shared: Arc<Shared>,
+    /// Taken away at shutdown, so a stopped replica holds no files open even while handles remain.
+    state: std::sync::RwLock<Option<Arc<State>>>,
+    limits: Limits,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ReplicaConfig {
+    /// Checks the configuration; the error names the field.
+    pub fn validate(&self) -> Result<(), ReplicaError> {
+        let bad = |m: &str| Err(ReplicaError::Open(format!("invalid configuration: {m}")));
+        if self.node_id == 0 {
+            return bad("node_id must be non-zero");
+        }
+        if !self.voters.contains(&self.node_id) {
+            return bad("voters must include node_id");
+        }
+        if self.voters.contains(&0) {
+            return bad("voter ids must be non-zero");
+        }
+        if self.tick.is_zero() {
+            return bad("tick must be positive");
+        }
+        if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
+            return bad("election_ticks must be greater than heartbeat_ticks, which must be at least 1");
+        }
+        if self.memtable_bytes == 0 {
+            return bad("memtable_bytes must be positive");
+        }
+        self.log_config()
+            .validate()
+            .map_err(|e| ReplicaError::Open(format!("invalid configuration: {e}")))?;
+        let l = &self.limits;
+        if l.max_key_bytes == 0 || l.max_batch_ops == 0 || l.max_scan_pairs == 0 {
+            return bad("limits must be positive");
+        }
+        // A whole batch must fit in one log record with room for framing.
+        let record = self.log_config().max_record_bytes as usize;
+        if l.max_batch_bytes + l.max_batch_ops * 16 + 1024 > record || l.max_value_bytes > l.max_batch_bytes {
+            return bad(
+                "max_batch_bytes (with per-op overhead) must fit a log record and be >= max_value_bytes",
+            );
+        }
+        Ok(())
+    }
+
+    fn log_config(&self) -> LogConfig {
+        LogConfig { segment_size_bytes: self.segment_bytes, ..LogConfig::default() }
+    }
+}
+
+impl Replica {
+    /// Opens (or creates) the replica in `config.data_dir`, recovers it, and starts its loop
+    /// thread.
+    pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Replica, ReplicaError> {
+        config.validate()?;
+        crate::failpoints::arm_from_env()
+            .map_err(|e| ReplicaError::Open(format!("ONEKV_FAILPOINTS: {e}")))?;
+        let dir = &config.data_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
+        crate::identity::check_or_create(dir, config.node_id, config.storage)?;
+        let started = Instant::now();
+
+        let open_log = |name: &str| -> Result<Arc<Log>, ReplicaError> {
+            let (log, report) = Log::open_path(dir.join(name), config.log_config(), OpenOptions::default())
+                .map_err(|e| ReplicaError::Open(format!("opening the log {name}: {e}")))?;
+            tracing::info!(log = name, ?report, "log opened");
+            Ok(Arc::new(log))
+        };
+        let (raft_log, second_log) = match config.storage {
+            StorageMode::OneLog => (open_log("log")?, None),
+            StorageMode::Separated => (open_log("log")?, Some(open_log("values")?)),
+            StorageMode::Classic => (open_log("raft-wal")?, Some(open_log("data-wal")?)),
+        };
+        let index = Index::open(&dir.join("index"), IndexConfig::default())
+            .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?;
+        let tree = index
+            .tree(&state::shard_tree_name(SHARD))
+            .map_err(|e| ReplicaError::Open(format!("opening the index tree: {e}")))?;
+        let entry_tree = match config.storage {
+            StorageMode::Classic => Some(
+                index
+                    .tree(&state::entry_tree_name(SHARD))
+                    .map_err(|e| ReplicaError::Open(format!("opening the entry tree: {e}")))?,
+            ),
+            _ => None,
+        };
+        let state = Arc::new(State {
+            mode: config.storage,
+            index,
+            tree,
+            raft_log: raft_log.clone(),
+            second_log,
+            entry_tree,
+            user_bytes: AtomicU64::new(0),
+        });
+        let mut store = RaftStore::new(SHARD, raft_log.clone(), state.clone(), &config.voters);
+        let mut applier = Applier::new(state.clone(), SHARD);
+        let mut entry_tree_seqno = 0;
+        let recovered = crate::recovery::recover(&raft_log, &mut store, &mut applier, &mut entry_tree_seqno)?;
+        // Counting starts after recovery: replayed entries are not new user bytes.
+        state.user_bytes.store(0, Ordering::Relaxed);
+        tracing::info!(
+            node = config.node_id,
+            records = recovered.records,
+            flush_flag = recovered.flush_flag,
+            replayed = recovered.replayed,
+            commit = recovered.hard_state.commit,
+            first = store.first(),
+            last = store.last(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "recovered"
+        );
+
+        let raft_config = raft::Config {
+            id: config.node_id,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
+            applied: store.applied_index,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            read_only_option: raft::ReadOnlyOption::Safe,
+            ..Default::default()
+        };
+        raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
+        let durable_commit = recovered.hard_state.commit;
+        let raw = raft::RawNode::new(&raft_config, store, &crate::slog_bridge::logger(config.node_id))
+            .map_err(|e| ReplicaError::Open(format!("starting raft: {e}")))?;
+
+        let (inbox_tx, inbox) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
+        let shared = Arc::new(Shared {
+            status: Mutex::new(ReplicaStatus::default()),
+            stopped: Default::default(),
+            durable_commit: AtomicU64::new(durable_commit),
+        });
+        let limits = config.limits.clone();
+        let node_loop = NodeLoop {
+            config,
+            raw,
+            applier,
+            state: state.clone(),
+            raft_log,
+            transport,
+            inbox,
+            shared: shared.clone(),
+            proposals: Default::default(),
+            reads_unsent: Vec::new(),
+            reads_in_flight: Default::default(),
+            reads_waiting: Default::default(),
+            next_read_ctx: 1,
+            persisted_hs: recovered.hard_state,
+            entry_tree_seqno,
+            failed: None,
+        };
+        let thread = std::thread::Builder::new()
+            .name("onekv-node".into())
+            .spawn(move || node_loop.run())
+            .map_err(|e| ReplicaError::Open(format!("starting the node thread: {e}")))?;
+        Ok(Replica {
+            inner: Arc::new(Inner {
+                inbox: inbox_tx,
+                shared,
+                state: std::sync::RwLock::new(Some(state)),
+                limits,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// Queues `input` for the loop; if it cannot be queued, fails its reply (if it has one).
+    fn send(&self, input: Input) {
+        let (input, error) = match self.inner.inbox.try_send(input) {
+            Ok(()) => return,
+            Err(TrySendError::Full(input)) => {
+                (input, ReplicaError::Dropped("the replica is overloaded".into()))
+            }
+            Err(TrySendError::Disconnected(input)) => (input, ReplicaError::Stopping),
+        };
+        match input {
+            Input::Propose { done, .. } => done(Err(error)),
+            Input::ReadBarrier(done) => done(Err(error)),
+            Input::Step(_) | Input::Shutdown => {}
+        }
+    }
+
+    /// Delivers a Raft message from a peer. Never blocks; messages are dropped if the replica's
+    /// inbox is full.
+    pub fn step(&self, message: Message) {
+        self.send(Input::Step(message));
+    }
+
+    /// Proposes `command` (leader only); `done` runs once it is applied here, or fails.
+    pub fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
+        if let Err(err) = self.inner.limits.check(&command) {
+            return done(Err(err));
+        }
+        self.send(Input::Propose { request_id, command, done });
+    }
+
+    /// Confirms leadership with a quorum (ReadIndex) and waits until this replica has applied
+    /// everything committed before the call; after `done(Ok(()))`, [`Replica::get`] and
+    /// [`Replica::scan`] are linearizable.
+    pub fn read_barrier(&self, done: Done<()>) {
+        self.send(Input::ReadBarrier(done));
+    }
+
+    /// Reads `key` from what this replica has applied (stale unless preceded by a read barrier).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+        self.check_key(key)?;
+        self.state()?.get(key)
+    }
+
+    /// Reads up to `limit` pairs with `start <= key < end` (no end when `None`) from what this
+    /// replica has applied, in key order or reversed; returns the pairs and whether more remain.
+    /// `limit` 0 or above the configured maximum means the maximum.
+    pub fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<crate::ScanResult, ReplicaError> {
+        let limits = &self.inner.limits;
+        for bound in [Some(start), end].into_iter().flatten() {
+            if bound.len() > limits.max_key_bytes {
+                return Err(ReplicaError::InvalidArgument(format!(
+                    "scan bound of {} bytes exceeds max_key_bytes = {}",
+                    bound.len(),
+                    limits.max_key_bytes
+                )));
+            }
+        }
+        let limit = if limit == 0 { limits.max_scan_pairs } else { limit.min(limits.max_scan_pairs) };
+        self.state()?.scan(start, end, limit, reverse, limits.max_scan_bytes)
+    }
+
+    fn state(&self) -> Result<Arc<State>, ReplicaError> {
+        self.inner.state.read().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReplicaError::Stopping)
+    }
+
+    fn check_key(&self, key: &[u8]) -> Result<(), ReplicaError> {
+        let max = self.inner.limits.max_key_bytes;
+        if key.is_empty() {
+            return Err(ReplicaError::InvalidArgument("empty key".into()));
+        }
+        if key.len() > max {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "key of {} bytes exceeds max_key_bytes = {max}",
+                key.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The replica's current state (as of the loop's last turn).
+    pub fn status(&self) -> ReplicaStatus {
+        self.inner.shared.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The request bounds this replica enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Stops the loop thread. Pending requests fail with [`ReplicaError::Stopping`]. Nothing is
+    /// flushed: the index has no WAL and the next open replays what it needs from the log.
+    pub fn shutdown(&self) {
+        let Some(thread) = self.inner.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let deadline = Instant::now() + SHUTDOWN_WAIT;
+        let mut input = Input::Shutdown;
+        loop {
+            match self.inner.inbox.try_send(input) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    input = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TrySendError::Full(_)) => {
+                    tracing::error!("the replica's inbox stayed full; not waiting for the loop");
+                    return;
+                }
+            }
+        }
+        if thread.join().is_err() {
+            tracing::error!("the replica's loop thread panicked");
+        }
+        self.inner.state.write().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}

@@ -1,0 +1,310 @@
+//! Replicas of one shard in one process, wired by an in-memory transport: replication, leader
+//! failover, restart from disk, catch-up through a snapshot, and every storage mode.
+
+use onekv_replica::{
+    Command, Message, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode, Transport,
+    WriteOp,
+};
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Delivers messages between replicas of this process; a node in `down` neither sends nor
+/// receives.
+#[derive(Default)]
+struct Router {
+    replicas: RwLock<HashMap<u64, Replica>>,
+    down: RwLock<HashSet<u64>>,
+}
+
+impl Transport for Router {
+    fn send(&self, messages: Vec<Message>) {
+        let replicas = self.replicas.read().unwrap();
+        let down = self.down.read().unwrap();
+        for message in messages {
+            if down.contains(&message.from) || down.contains(&message.to) {
+                continue;
+            }
+            if let Some(replica) = replicas.get(&message.to) {
+                replica.step(message);
+            }
+        }
+    }
+}
+
+struct Cluster {
+    router: Arc<Router>,
+    root: PathBuf,
+    ids: Vec<u64>,
+    mode: StorageMode,
+    tweak: fn(&mut ReplicaConfig),
+    next_seq: u64,
+}
+
+impl Cluster {
+    fn start(root: &Path, nodes: u64, mode: StorageMode, tweak: fn(&mut ReplicaConfig)) -> Cluster {
+        let mut cluster = Cluster {
+            router: Arc::new(Router::default()),
+            root: root.to_path_buf(),
+            ids: (1..=nodes).collect(),
+            mode,
+            tweak,
+            next_seq: 1,
+        };
+        for id in cluster.ids.clone() {
+            cluster.open(id);
+        }
+        cluster
+    }
+
+    fn config(&self, id: u64) -> ReplicaConfig {
+        let mut config = ReplicaConfig::new(id, self.ids.clone(), self.root.join(format!("node{id}")));
+        config.storage = self.mode;
+        config.tick = Duration::from_millis(20);
+        (self.tweak)(&mut config);
+        config
+    }
+
+    fn open(&mut self, id: u64) {
+        let replica = Replica::open(self.config(id), self.router.clone()).expect("open");
+        self.router.replicas.write().unwrap().insert(id, replica);
+        self.router.down.write().unwrap().remove(&id);
+    }
+
+    fn stop(&mut self, id: u64) {
+        self.router.down.write().unwrap().insert(id);
+        let replica = self.router.replicas.write().unwrap().remove(&id).expect("running");
+        replica.shutdown();
+    }
+
+    fn replica(&self, id: u64) -> Replica {
+        self.router.replicas.read().unwrap()[&id].clone()
+    }
+
+    fn leader(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            for (id, replica) in self.router.replicas.read().unwrap().iter() {
+                if replica.status().role == "leader" {
+                    return *id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader elected");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn propose(&mut self, command: Command) -> Result<Outcome, ReplicaError> {
+        let request_id = RequestId { client: 1, seq: self.next_seq };
+        self.next_seq += 1;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let replica = self.replica(self.leader());
+            let (tx, rx) = mpsc::channel();
+            replica.propose(request_id, command.clone(), Box::new(move |r| tx.send(r).unwrap()));
+            match rx.recv_timeout(Duration::from_secs(10)).expect("a reply") {
+                Err(ReplicaError::NotLeader { .. }) | Err(ReplicaError::Dropped(_))
+                    if Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn put(&mut self, key: &str, value: &[u8]) {
+        self.propose(Command::Write(vec![WriteOp { key: key.into(), value: Some(value.to_vec()) }])).unwrap();
+    }
+
+    fn linearizable_get(&self, key: &str) -> Option<Vec<u8>> {
+        let replica = self.replica(self.leader());
+        let (tx, rx) = mpsc::channel();
+        replica.read_barrier(Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+        replica.get(key.as_bytes()).unwrap()
+    }
+
+    /// Waits until `id` has applied at least `index`.
+    fn wait_applied(&self, id: u64, index: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.replica(id).status().applied_index < index {
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not apply {index}: {:?}",
+                self.replica(id).status()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn shutdown(mut self) {
+        for id in self.ids.clone() {
+            if self.router.replicas.read().unwrap().contains_key(&id) {
+                self.stop(id);
+            }
+        }
+    }
+}
+
+fn value(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j) as u8).collect()
+}
+
+fn no_tweak(_: &mut ReplicaConfig) {}
+
+#[test]
+fn writes_replicate_and_survive_a_leader_failover_and_a_full_restart() {
+    for mode in [StorageMode::OneLog, StorageMode::Separated, StorageMode::Classic] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster::start(dir.path(), 3, mode, no_tweak);
+        for i in 0..50 {
+            cluster.put(&format!("key{i:03}"), &value(i, 100 + i));
+        }
+        let first_leader = cluster.leader();
+        cluster.stop(first_leader);
+        for i in 50..100 {
+            cluster.put(&format!("key{i:03}"), &value(i, 100 + i));
+        }
+        assert_ne!(cluster.leader(), first_leader);
+        cluster.open(first_leader);
+        let last =
+            cluster.propose(Command::Write(vec![WriteOp { key: b"last".to_vec(), value: None }])).unwrap();
+        for id in 1..=3 {
+            cluster.wait_applied(id, last.index);
+            let replica = cluster.replica(id);
+            for i in 0..100 {
+                assert_eq!(
+                    replica.get(format!("key{i:03}").as_bytes()).unwrap(),
+                    Some(value(i, 100 + i)),
+                    "{mode:?}"
+                );
+            }
+        }
+        // Every node down, then up again on the same data.
+        for id in 1..=3 {
+            cluster.stop(id);
+        }
+        for id in 1..=3 {
+            cluster.open(id);
+        }
+        for i in (0..100).step_by(7) {
+            assert_eq!(cluster.linearizable_get(&format!("key{i:03}")), Some(value(i, 100 + i)), "{mode:?}");
+        }
+        let (pairs, more) =
+            cluster.replica(cluster.leader()).scan(b"key010", Some(b"key020"), 5, true).unwrap();
+        assert!(more);
+        assert_eq!(
+            pairs.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>(),
+            vec![
+                b"key019".to_vec(),
+                b"key018".to_vec(),
+                b"key017".to_vec(),
+                b"key016".to_vec(),
+                b"key015".to_vec()
+            ]
+        );
+        cluster.shutdown();
+    }
+}
+
+#[test]
+fn compare_and_swap_and_retried_request_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, no_tweak);
+    let cas = |expected: Option<&[u8]>, new: Option<&[u8]>| Command::Cas {
+        key: b"k".to_vec(),
+        expected: expected.map(<[u8]>::to_vec),
+        new: new.map(<[u8]>::to_vec),
+    };
+    let swapped = cluster.propose(cas(None, Some(b"a"))).unwrap().cas.unwrap();
+    assert!(swapped.swapped);
+    assert_eq!(swapped.current.as_deref(), Some(&b"a"[..]));
+    let refused = cluster.propose(cas(None, Some(b"b"))).unwrap().cas.unwrap();
+    assert!(!refused.swapped);
+    assert_eq!(refused.current.as_deref(), Some(&b"a"[..]));
+    let deleted = cluster.propose(cas(Some(b"a"), None)).unwrap().cas.unwrap();
+    assert!(deleted.swapped && deleted.current.is_none());
+    assert_eq!(cluster.linearizable_get("k"), None);
+
+    // The same request id twice: applied once, the second gets the first's outcome.
+    let replica = cluster.replica(cluster.leader());
+    let id = RequestId { client: 99, seq: 1 };
+    let mut outcomes = Vec::new();
+    for _ in 0..2 {
+        let (tx, rx) = mpsc::channel();
+        replica.propose(id, cas(None, Some(b"once")), Box::new(move |r| tx.send(r).unwrap()));
+        outcomes.push(rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap());
+    }
+    assert_eq!(outcomes[0], outcomes[1], "a retried request id must get the first outcome");
+    assert!(outcomes[0].cas.as_ref().unwrap().swapped);
+    cluster.shutdown();
+}
+
+#[test]
+fn oversized_and_empty_input_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, no_tweak);
+    let limits = cluster.replica(1).limits().clone();
+    let put = |key: Vec<u8>, value: Vec<u8>| Command::Write(vec![WriteOp { key, value: Some(value) }]);
+    for (command, expect) in [
+        (put(vec![b'k'; limits.max_key_bytes + 1], vec![]), "max_key_bytes"),
+        (put(b"k".to_vec(), vec![0; limits.max_value_bytes + 1]), "max_value_bytes"),
+        (put(Vec::new(), b"v".to_vec()), "empty key"),
+        (Command::Write(Vec::new()), "empty batch"),
+        (
+            Command::Write(vec![WriteOp { key: b"k".to_vec(), value: None }; limits.max_batch_ops + 1]),
+            "max_batch_ops",
+        ),
+    ] {
+        match cluster.propose(command) {
+            Err(ReplicaError::InvalidArgument(message)) => assert!(message.contains(expect), "{message}"),
+            other => panic!("expected an invalid-argument error about {expect}, got {other:?}"),
+        }
+    }
+    cluster.put("still", b"serving");
+    assert_eq!(cluster.linearizable_get("still").as_deref(), Some(&b"serving"[..]));
+    cluster.shutdown();
+}
+
+fn small_log(config: &mut ReplicaConfig) {
+    config.memtable_bytes = 4 << 10;
+    config.raft_log_keep_entries = 5;
+}
+
+#[test]
+fn a_follower_that_was_down_catches_up_through_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, small_log);
+    cluster.put("before", b"down");
+    let leader = cluster.leader();
+    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(lagging);
+    for i in 0..300 {
+        cluster.put(&format!("k{i:04}"), &value(i, 64));
+    }
+    let leader_status = cluster.replica(cluster.leader()).status();
+    assert!(leader_status.first_index > 100, "the Raft log was not compacted: {leader_status:?}");
+    cluster.open(lagging);
+    let last =
+        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+    cluster.wait_applied(lagging, last.index);
+    let replica = cluster.replica(lagging);
+    assert!(
+        replica.status().first_index > 100,
+        "the follower did not install a snapshot: {:?}",
+        replica.status()
+    );
+    for i in 0..300 {
+        assert_eq!(replica.get(format!("k{i:04}").as_bytes()).unwrap(), Some(value(i, 64)));
+    }
+    assert_eq!(replica.get(b"before").unwrap().as_deref(), Some(&b"down"[..]));
+    // The installed snapshot survives a restart of that follower.
+    cluster.stop(lagging);
+    cluster.open(lagging);
+    cluster.wait_applied(lagging, last.index);
+    assert_eq!(cluster.replica(lagging).get(b"k0123").unwrap(), Some(value(123, 64)));
+    cluster.shutdown();
+}
