@@ -18,6 +18,7 @@ mod apply;
 pub mod codec;
 pub mod failpoints;
 mod identity;
+pub mod local;
 mod node;
 mod raft_store;
 mod records;

@@ -1,38 +1,14 @@
 //! Replicas of one shard in one process, wired by an in-memory transport: replication, leader
 //! failover, restart from disk, catch-up through a snapshot, and every storage mode.
 
+use onekv_replica::local::Router;
 use onekv_replica::{
-    Command, Message, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode, Transport,
-    WriteOp,
+    Command, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode, WriteOp,
 };
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-
-/// Delivers messages between replicas of this process; a node in `down` neither sends nor
-/// receives.
-#[derive(Default)]
-struct Router {
-    replicas: RwLock<HashMap<u64, Replica>>,
-    down: RwLock<HashSet<u64>>,
-}
-
-impl Transport for Router {
-    fn send(&self, messages: Vec<Message>) {
-        let replicas = self.replicas.read().unwrap();
-        let down = self.down.read().unwrap();
-        for message in messages {
-            if down.contains(&message.from) || down.contains(&message.to) {
-                continue;
-            }
-            if let Some(replica) = replicas.get(&message.to) {
-                replica.step(message);
-            }
-        }
-    }
-}
 
 struct Cluster {
     router: Arc<Router>,
@@ -69,27 +45,22 @@ impl Cluster {
 
     fn open(&mut self, id: u64) {
         let replica = Replica::open(self.config(id), self.router.clone()).expect("open");
-        self.router.replicas.write().unwrap().insert(id, replica);
-        self.router.down.write().unwrap().remove(&id);
+        self.router.add(id, replica);
     }
 
     fn stop(&mut self, id: u64) {
-        self.router.down.write().unwrap().insert(id);
-        let replica = self.router.replicas.write().unwrap().remove(&id).expect("running");
-        replica.shutdown();
+        self.router.remove(id).expect("running").shutdown();
     }
 
     fn replica(&self, id: u64) -> Replica {
-        self.router.replicas.read().unwrap()[&id].clone()
+        self.router.get(id).expect("running")
     }
 
     fn leader(&self) -> u64 {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            for (id, replica) in self.router.replicas.read().unwrap().iter() {
-                if replica.status().role == "leader" {
-                    return *id;
-                }
+            if let Some(id) = self.router.leader() {
+                return id;
             }
             assert!(Instant::now() < deadline, "no leader elected");
             std::thread::sleep(Duration::from_millis(10));
@@ -142,7 +113,7 @@ impl Cluster {
 
     fn shutdown(mut self) {
         for id in self.ids.clone() {
-            if self.router.replicas.read().unwrap().contains_key(&id) {
+            if self.router.get(id).is_some() {
                 self.stop(id);
             }
         }

@@ -1,10 +1,404 @@
 //! Data and admin subcommands (`put`, `get`, `delete`, `scan`, `cas`, `status`) over the client library.
+//!
+//! Owns: parsing these subcommands, turning their UTF-8 arguments into bytes, printing results and
+//! choosing exit codes. Does not own: talking to the cluster (leader discovery, retries and request ids
+//! are `onekv_client`'s).
+
+use std::io::{self, Write};
+
+use anyhow::Context as _;
+use onekv_client::{Client, ClientOptions, StatusResponse};
+
+/// What `--endpoints` is when neither the flag nor the environment variable gives it: the addresses
+/// `onekv cluster start` uses.
+const DEFAULT_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
+/// The environment variable read when `--endpoints` is absent.
+const ENDPOINTS_ENV: &str = "ONEKV_ENDPOINTS";
 
 /// The client subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum ClientCommand {}
+pub enum ClientCommand {
+    /// Sets KEY to VALUE.
+    Put(PutArgs),
+    /// Prints the value of KEY; prints "(not found)" to stderr and exits 1 if it is absent.
+    Get(GetArgs),
+    /// Deletes KEY (deleting an absent key succeeds).
+    Delete(DeleteArgs),
+    /// Prints `key<TAB>value` lines of a key range, then "(more)" if the range holds more.
+    Scan(ScanArgs),
+    /// Compare-and-swap: changes KEY only if it holds the expected value; exits 1 if it did not.
+    Cas(CasArgs),
+    /// Prints one table row per node: its role, leader, Raft indexes and storage counters.
+    Status(StatusArgs),
+}
+
+/// Where the cluster is.
+#[derive(Debug, clap::Args)]
+pub struct Connection {
+    /// Comma-separated `host:port` addresses of the cluster's nodes [env: ONEKV_ENDPOINTS]
+    /// [default: 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003]
+    #[arg(long, value_name = "HOST:PORT,...")]
+    endpoints: Option<String>,
+}
+
+/// How to print keys and values.
+#[derive(Debug, clap::Args)]
+pub struct Output {
+    /// Print keys and values as lowercase hex instead of (lossy) UTF-8.
+    #[arg(long)]
+    hex: bool,
+}
+
+/// Arguments of `put`.
+#[derive(Debug, clap::Args)]
+pub struct PutArgs {
+    /// The key (UTF-8).
+    key: String,
+    /// The value (UTF-8).
+    value: String,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Arguments of `get`.
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    /// The key (UTF-8).
+    key: String,
+    /// Read from any node what it has applied (may be stale) instead of from the leader.
+    #[arg(long)]
+    stale: bool,
+    /// Ask only this node (`host:port`); implies --stale.
+    #[arg(long, value_name = "HOST:PORT")]
+    endpoint: Option<String>,
+    #[command(flatten)]
+    output: Output,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Arguments of `delete`.
+#[derive(Debug, clap::Args)]
+pub struct DeleteArgs {
+    /// The key (UTF-8).
+    key: String,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Arguments of `scan`.
+#[derive(Debug, clap::Args)]
+pub struct ScanArgs {
+    /// First key of the range, inclusive [default: the first key].
+    #[arg(long)]
+    start: Option<String>,
+    /// End of the range, exclusive [default: no end].
+    #[arg(long)]
+    end: Option<String>,
+    /// At most this many pairs; 0 means the node's maximum.
+    #[arg(long, default_value_t = 0)]
+    limit: u32,
+    /// Newest key first: from the last key below --end down to --start.
+    #[arg(long)]
+    reverse: bool,
+    #[command(flatten)]
+    output: Output,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Arguments of `cas`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("expectation").required(true).args(["expected", "expect_absent"])))]
+#[command(group(clap::ArgGroup::new("replacement").required(true).args(["new", "delete"])))]
+pub struct CasArgs {
+    /// The key (UTF-8).
+    key: String,
+    /// Swap only if the key holds this value.
+    #[arg(long, value_name = "V")]
+    expected: Option<String>,
+    /// Swap only if the key is absent.
+    #[arg(long)]
+    expect_absent: bool,
+    /// The value to set.
+    #[arg(long, value_name = "V")]
+    new: Option<String>,
+    /// Delete the key instead of setting a value.
+    #[arg(long)]
+    delete: bool,
+    #[command(flatten)]
+    output: Output,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Arguments of `status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    connection: Connection,
+}
 
 /// Runs one client subcommand.
 pub fn run(command: ClientCommand) -> anyhow::Result<()> {
-    match command {}
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(execute(command))?;
+    if outcome == Outcome::NegativeAnswer {
+        // A negative answer ("not found", "not swapped") rather than a failure: main's error path
+        // would print a misleading "Error:" line, so exit directly once everything is flushed.
+        io::stdout().flush().ok();
+        drop(runtime);
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// How a subcommand that did not fail ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Done,
+    /// "Not found" or "not swapped": exit code 1 without an error message.
+    NegativeAnswer,
+}
+
+async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
+    let mut out = io::stdout().lock();
+    match command {
+        ClientCommand::Put(args) => {
+            let index = connect(&args.connection)?.put(args.key.as_bytes(), args.value.as_bytes()).await?;
+            writeln!(out, "OK (index {index})")?;
+        }
+        ClientCommand::Get(args) => {
+            let client = connect(&args.connection)?;
+            let key = args.key.as_bytes();
+            let value = match (&args.endpoint, args.stale) {
+                (Some(endpoint), _) => client.get_stale(key, Some(endpoint)).await?,
+                (None, true) => client.get_stale(key, None).await?,
+                (None, false) => client.get(key).await?,
+            };
+            match value {
+                Some(value) => writeln!(out, "{}", show(&value, args.output.hex))?,
+                None => {
+                    eprintln!("(not found)");
+                    return Ok(Outcome::NegativeAnswer);
+                }
+            }
+        }
+        ClientCommand::Delete(args) => {
+            let index = connect(&args.connection)?.delete(args.key.as_bytes()).await?;
+            writeln!(out, "OK (index {index})")?;
+        }
+        ClientCommand::Scan(args) => {
+            let start = args.start.as_deref().unwrap_or("").as_bytes();
+            let end = args.end.as_deref().map(str::as_bytes);
+            let page = connect(&args.connection)?.scan(start, end, args.limit, args.reverse).await?;
+            let printed = (|| -> io::Result<()> {
+                for (key, value) in &page.pairs {
+                    writeln!(out, "{}\t{}", show(key, args.output.hex), show(value, args.output.hex))?;
+                }
+                if page.more {
+                    writeln!(out, "(more)")?;
+                }
+                out.flush()
+            })();
+            // `onekv scan | head` closes the pipe early; that is not an error worth reporting.
+            if let Err(error) = printed
+                && error.kind() != io::ErrorKind::BrokenPipe
+            {
+                return Err(error.into());
+            }
+        }
+        ClientCommand::Cas(args) => {
+            let expected = args.expected.as_deref().map(str::as_bytes);
+            let new = args.new.as_deref().map(str::as_bytes);
+            let result = connect(&args.connection)?.cas(args.key.as_bytes(), expected, new).await?;
+            if result.swapped {
+                writeln!(out, "swapped (index {})", result.index)?;
+            } else {
+                match &result.current {
+                    Some(current) => {
+                        writeln!(out, "not swapped: current value {}", show(current, args.output.hex))?
+                    }
+                    None => writeln!(out, "not swapped: the key is absent")?,
+                }
+                return Ok(Outcome::NegativeAnswer);
+            }
+        }
+        ClientCommand::Status(args) => {
+            let statuses = connect(&args.connection)?.status_all().await;
+            out.write_all(status_table(&statuses).as_bytes())?;
+            if statuses.iter().all(|(_, result)| result.is_err()) {
+                anyhow::bail!("no node answered");
+            }
+        }
+    }
+    out.flush()?;
+    Ok(Outcome::Done)
+}
+
+/// A client for the endpoints named by `--endpoints`, else `ONEKV_ENDPOINTS`, else the defaults.
+fn connect(connection: &Connection) -> anyhow::Result<Client> {
+    let from_env = std::env::var(ENDPOINTS_ENV).ok().filter(|value| !value.trim().is_empty());
+    let list = connection.endpoints.clone().or(from_env).unwrap_or_else(|| DEFAULT_ENDPOINTS.to_string());
+    let endpoints: Vec<String> =
+        list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect();
+    Client::new(endpoints, ClientOptions::default()).with_context(|| format!("bad endpoint list {list:?}"))
+}
+
+/// Bytes as lossy UTF-8, or lowercase hex.
+fn show(bytes: &[u8], hex: bool) -> String {
+    if hex {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    } else {
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+}
+
+/// The `status` table: a header, then one row per endpoint; an unreachable node shows its error
+/// after its address.
+fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
+    const HEADER: [&str; 10] =
+        ["ID", "ADDRESS", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "LOG", "WRITTEN", "WRITE-AMP"];
+    let rows: Vec<Result<[String; 10], [String; 3]>> = statuses
+        .iter()
+        .map(|(endpoint, result)| match result {
+            Ok(status) => Ok([
+                status.node_id.to_string(),
+                endpoint.clone(),
+                status.role.clone(),
+                if status.leader_id == 0 { "-".to_string() } else { status.leader_id.to_string() },
+                status.term.to_string(),
+                status.commit_index.to_string(),
+                status.applied_index.to_string(),
+                human_bytes(status.log_bytes),
+                human_bytes(status.bytes_written),
+                if status.user_bytes == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.2}", status.write_amplification)
+                },
+            ]),
+            Err(error) => Err(["-".to_string(), endpoint.clone(), format!("error: {error}")]),
+        })
+        .collect();
+    let mut widths = HEADER.map(str::len);
+    for row in &rows {
+        let cells: &[String] = match row {
+            Ok(cells) => cells,
+            // Only the id and address of an error row are aligned; the message runs to the end.
+            Err(cells) => &cells[..2],
+        };
+        for (width, cell) in widths.iter_mut().zip(cells) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut table = String::new();
+    let mut push_row = |cells: &[&str]| {
+        let line: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(column, cell)| {
+                let last = column + 1 == cells.len();
+                if last { cell.to_string() } else { format!("{cell:<width$}", width = widths[column]) }
+            })
+            .collect();
+        table.push_str(line.join("  ").trim_end());
+        table.push('\n');
+    };
+    push_row(&HEADER);
+    for row in &rows {
+        match row {
+            Ok(cells) => push_row(&cells.each_ref().map(String::as_str)),
+            Err(cells) => push_row(&cells.each_ref().map(String::as_str)),
+        }
+    }
+    table
+}
+
+/// `bytes` in binary units with one decimal, e.g. `12.5 MiB`.
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onekv_client::ClientError;
+
+    #[test]
+    fn values_print_as_lossy_utf8_or_hex() {
+        assert_eq!(show(b"caf\xc3\xa9", false), "café");
+        assert_eq!(show(b"a\xff", false), "a\u{fffd}");
+        assert_eq!(show(b"\x00\xab", true), "00ab");
+    }
+
+    #[test]
+    fn byte_counts_use_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(5 * 1024 * 1024 * 1024), "5.0 GiB");
+    }
+
+    #[test]
+    fn status_table_aligns_rows_and_shows_errors() {
+        let up = StatusResponse {
+            node_id: 1,
+            role: "leader".into(),
+            leader_id: 1,
+            term: 3,
+            commit_index: 10,
+            applied_index: 9,
+            log_bytes: 2048,
+            bytes_written: 4096,
+            user_bytes: 1000,
+            write_amplification: 4.096,
+            ..Default::default()
+        };
+        let table = status_table(&[
+            ("127.0.0.1:7001".into(), Ok(up)),
+            ("127.0.0.1:7002".into(), Err(ClientError::Transport("refused".into()))),
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("ID  ADDRESS         ROLE    LEADER"), "{table}");
+        assert_eq!(
+            lines[1].split_whitespace().collect::<Vec<_>>(),
+            ["1", "127.0.0.1:7001", "leader", "1", "3", "10", "9", "2.0", "KiB", "4.0", "KiB", "4.10"]
+        );
+        assert_eq!(lines[2], "-   127.0.0.1:7002  error: transport error: refused");
+        // Columns line up: the role starts at the same offset in the header and the row.
+        assert_eq!(lines[0].find("ROLE"), lines[1].find("leader"));
+    }
+
+    #[test]
+    fn cas_needs_exactly_one_expectation_and_one_replacement() {
+        use clap::Parser;
+        #[derive(Debug, clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            command: ClientCommand,
+        }
+        assert!(Cli::try_parse_from(["onekv", "cas", "k", "--expected", "a", "--new", "b"]).is_ok());
+        assert!(Cli::try_parse_from(["onekv", "cas", "k", "--expect-absent", "--delete"]).is_ok());
+        assert!(Cli::try_parse_from(["onekv", "cas", "k", "--new", "b"]).is_err());
+        assert!(Cli::try_parse_from(["onekv", "cas", "k", "--expected", "a"]).is_err());
+        assert!(
+            Cli::try_parse_from(["onekv", "cas", "k", "--expected", "a", "--expect-absent", "--new", "b"])
+                .is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["onekv", "cas", "k", "--expected", "a", "--new", "b", "--delete"]).is_err()
+        );
+    }
 }

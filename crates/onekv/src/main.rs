@@ -2,6 +2,7 @@
 //! benchmarks. This file only parses the command line and hands each subcommand to its module.
 
 mod bench_log;
+mod bench_wa;
 mod client_cmd;
 mod cluster_cmd;
 mod server_cmd;
@@ -30,6 +31,9 @@ enum Command {
     /// Measures group-committed log appends against plain write+fdatasync baselines on the same
     /// file system, and prints a markdown table.
     BenchLog(bench_log::Args),
+    /// Measures write amplification (bytes written to disk per user byte, per replica) of the
+    /// storage modes side by side, with in-process replicas, and prints a markdown table.
+    BenchWa(bench_wa::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +42,6 @@ fn main() -> anyhow::Result<()> {
         Command::Cluster(command) => cluster_cmd::run(command),
         Command::Client(command) => client_cmd::run(command),
         Command::BenchLog(args) => bench_log::run(&args),
+        Command::BenchWa(args) => bench_wa::run(&args),
     }
 }

@@ -1,0 +1,53 @@
+//! Replicas of one cluster inside one process, wired by an in-memory [`Transport`].
+//!
+//! For tests, the write-amplification benchmark and (later) the deterministic simulation: it
+//! exercises everything but the network. Delivery calls [`Replica::step`] on the receiver, which
+//! never blocks, so the sending loop is never held up by the receiving one.
+
+use crate::{Message, Replica, Transport};
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+/// Delivers Raft messages between the replicas added to it; messages to or from a node that is
+/// not (or no longer) added are dropped, as a network drops them to a dead node.
+#[derive(Default)]
+pub struct Router {
+    replicas: RwLock<HashMap<u64, Replica>>,
+}
+
+impl Router {
+    /// Starts delivering to and from `id`.
+    pub fn add(&self, id: u64, replica: Replica) {
+        self.replicas.write().unwrap_or_else(|e| e.into_inner()).insert(id, replica);
+    }
+
+    /// Stops delivering to and from `id`, and returns its replica (for shutting it down).
+    pub fn remove(&self, id: u64) -> Option<Replica> {
+        self.replicas.write().unwrap_or_else(|e| e.into_inner()).remove(&id)
+    }
+
+    /// The replica `id`, if added.
+    pub fn get(&self, id: u64) -> Option<Replica> {
+        self.replicas.read().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+    }
+
+    /// A node that currently believes it is the leader, if any.
+    pub fn leader(&self) -> Option<u64> {
+        let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
+        replicas.iter().find(|(_, r)| r.status().role == "leader").map(|(id, _)| *id)
+    }
+}
+
+impl Transport for Router {
+    fn send(&self, messages: Vec<Message>) {
+        let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
+        if !replicas.contains_key(&messages.first().map_or(0, |m| m.from)) {
+            return;
+        }
+        for message in messages {
+            if let Some(replica) = replicas.get(&message.to) {
+                replica.step(message);
+            }
+        }
+    }
+}
