@@ -376,7 +376,17 @@ impl NodeLoop {
             return Ok(());
         }
         if self.shared.durable_commit.load(Ordering::SeqCst) < applied {
-            return Ok(());
+            // The hard state covering `applied` was submitted without waiting. Appending it again
+            // and waiting makes it (and everything queued before it) durable: the flag may not run
+            // ahead of the commit index recovery will see.
+            let record = self.persisted_hs;
+            self.raft_log
+                .append(&[(records::HARD_STATE, &records::encode_hard_state(record))])
+                .map_err(|e| storage(format!("appending the hard state: {e}")))?;
+            self.shared.durable_commit.fetch_max(record.commit, Ordering::SeqCst);
+            if record.commit < applied {
+                return Ok(());
+            }
         }
         self.flush_index(applied)
     }
