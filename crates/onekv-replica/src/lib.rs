@@ -21,7 +21,7 @@ mod identity;
 pub mod local;
 mod node;
 mod raft_store;
-mod records;
+pub mod records;
 mod recovery;
 mod replica;
 mod slog_bridge;

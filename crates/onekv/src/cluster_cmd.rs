@@ -1,10 +1,467 @@
 //! `onekv cluster ...`: a local cluster of `onekv server` child processes.
+//!
+//! Owns the cluster's directory layout (`DIR/nodeI/` holds node I's `onekv.toml`, its `server.log`
+//! and its data in `data/`), writing those configurations on first start and checking them on restart, and
+//! the lifetime of the children: they are stopped (SIGTERM, then SIGKILL after 10 s) on every exit
+//! path of this process, including errors and panics (a drop guard), and each child also asks the
+//! kernel for SIGTERM should this process die without running its guard (`--parent-pid`).
+//! Does not own the node itself (`onekv server`) nor talking to it (the client commands).
+
+use std::fs::{self, OpenOptions};
+use std::io::Write as _;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use onekv_server::ServerConfig;
+use onekv_server::config::{MemberConfig, StorageMode};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// The name of each node's configuration file inside its directory.
+const CONFIG_FILE: &str = "onekv.toml";
+/// The name of each node's log (its stdout and stderr) inside its directory.
+const LOG_FILE: &str = "server.log";
+/// How long a node gets to stop after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long `start` waits for every node to accept connections before saying so.
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often children are checked for having exited.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The cluster subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub enum ClusterCommand {}
+pub enum ClusterCommand {
+    /// Starts a local cluster (or restarts it on its existing data) and runs it until Ctrl-C.
+    Start(StartArgs),
+}
+
+/// Flags of `onekv cluster start`.
+#[derive(Debug, clap::Args)]
+pub struct StartArgs {
+    /// Number of nodes (each a voting member).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=99))]
+    nodes: u64,
+    /// Directory holding one subdirectory per node (`node1`, `node2`, ...).
+    #[arg(long, default_value = "./onekv-data")]
+    dir: PathBuf,
+    /// Node I listens on 127.0.0.1:(BASE_PORT + I).
+    #[arg(long, default_value_t = 7000)]
+    base_port: u16,
+    /// Storage mode of every node (fixed when the cluster is created).
+    #[arg(long, default_value = "onelog", value_parser = ["onelog", "separated", "classic"])]
+    storage: String,
+}
 
 /// Runs one cluster subcommand.
 pub fn run(command: ClusterCommand) -> anyhow::Result<()> {
-    match command {}
+    match command {
+        ClusterCommand::Start(args) => start(&args),
+    }
+}
+
+/// One node of the plan: its id, directory and configuration.
+struct PlannedNode {
+    id: u64,
+    dir: PathBuf,
+    config_path: PathBuf,
+    config: ServerConfig,
+}
+
+fn start(args: &StartArgs) -> anyhow::Result<()> {
+    let storage = StorageMode::parse(&args.storage).context("unknown storage mode")?;
+    fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
+    let nodes = plan(&args.dir, args.nodes, args.base_port, storage)?;
+    for node in &nodes {
+        check_port_free(node, &args.dir)?;
+    }
+
+    // Signals are taken over before any child exists, so Ctrl-C always goes through the guard.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start a runtime")?;
+    let (mut interrupt, mut terminate) = runtime.block_on(async {
+        anyhow::Ok((
+            signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+        ))
+    })?;
+
+    let exe = std::env::current_exe().context("cannot find the onekv executable")?;
+    let mut children = Children::default();
+    for node in &nodes {
+        // Spawned from this (the main) thread: the children's parent-death signal fires when the
+        // thread that forked them exits, and the main thread lives as long as the process.
+        children.spawn(&exe, node)?;
+    }
+
+    let endpoints: Vec<&str> = nodes.iter().map(|node| node.config.listen.as_str()).collect();
+    let endpoints = endpoints.join(",");
+    println!("onekv cluster of {} nodes (storage {}) in {}", nodes.len(), storage.name(), args.dir.display());
+    for node in &nodes {
+        println!("  node {}: {}   log: {}", node.id, node.config.listen, node.dir.join(LOG_FILE).display());
+    }
+
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            () = wait_until_ready(&nodes, &mut children) => {}
+            _ = interrupt.recv() => return Ok("SIGINT"),
+            _ = terminate.recv() => return Ok("SIGTERM"),
+        }
+        println!("Use it with:");
+        println!("  onekv status --endpoints {endpoints}");
+        println!("  (or: export ONEKV_ENDPOINTS={endpoints})");
+        println!("Press Ctrl-C to stop the cluster.");
+        loop {
+            tokio::select! {
+                _ = interrupt.recv() => return Ok("SIGINT"),
+                _ = terminate.recv() => return Ok("SIGTERM"),
+                () = tokio::time::sleep(POLL_INTERVAL) => {}
+            }
+            children.report_exits();
+            if children.all_exited() {
+                bail!("every node has exited; see their logs above");
+            }
+        }
+    });
+    if let Ok(signal) = &outcome {
+        println!("{signal}: stopping the nodes");
+    }
+    children.stop_all();
+    outcome.map(|_| ())
+}
+
+/// The configuration of each node: reused from `DIR/nodeI/onekv.toml` if the cluster was started
+/// before (and checked against the flags), written otherwise.
+fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow::Result<Vec<PlannedNode>> {
+    if u64::from(base_port) + count > u64::from(u16::MAX) {
+        bail!("--base-port {base_port} + --nodes {count} is past the last port 65535");
+    }
+    let node_dir = |id: u64| dir.join(format!("node{id}"));
+    let existing: Vec<u64> = (1..=count).filter(|&id| node_dir(id).join(CONFIG_FILE).exists()).collect();
+    if existing.is_empty() {
+        let members: Vec<MemberConfig> = (1..=count)
+            .map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", u64::from(base_port) + id) })
+            .collect();
+        let mut nodes = Vec::new();
+        for member in &members {
+            let config = ServerConfig {
+                node_id: member.id,
+                listen: member.address.clone(),
+                // Relative to the file, so the cluster directory can be moved or renamed. A
+                // subdirectory, because the replica refuses a non-empty directory it did not create
+                // (this one holds the configuration and the log).
+                data_dir: PathBuf::from("data"),
+                storage,
+                members: members.clone(),
+                ..ServerConfig::default()
+            };
+            let dir = node_dir(member.id);
+            fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            let config_path = dir.join(CONFIG_FILE);
+            write_config(&config_path, &config)?;
+            let config = ServerConfig::load(&config_path)?;
+            nodes.push(PlannedNode { id: member.id, dir, config_path, config });
+        }
+        return Ok(nodes);
+    }
+    if existing.len() as u64 != count {
+        let missing: Vec<String> =
+            (1..=count).filter(|id| !existing.contains(id)).map(|id| format!("node{id}")).collect();
+        bail!(
+            "{} holds configurations for some nodes but not for {}; a cluster cannot be partly \
+             recreated. Use the --nodes it was created with, or a fresh --dir",
+            dir.display(),
+            missing.join(", ")
+        );
+    }
+    let mut nodes = Vec::new();
+    for id in 1..=count {
+        let dir = node_dir(id);
+        let config_path = dir.join(CONFIG_FILE);
+        let config = ServerConfig::load(&config_path)?;
+        config.validate().with_context(|| format!("in {}", config_path.display()))?;
+        check_existing(&config_path, &config, id, count, storage)?;
+        if let Some(first) = nodes.first().map(|node: &PlannedNode| &node.config)
+            && first.members != config.members
+        {
+            bail!(
+                "{} and {} list different members; fix them or use a fresh --dir",
+                node_dir(1).join(CONFIG_FILE).display(),
+                config_path.display()
+            );
+        }
+        nodes.push(PlannedNode { id, dir, config_path, config });
+    }
+    let expected_port = u64::from(base_port) + 1;
+    if !nodes[0].config.listen.ends_with(&format!(":{expected_port}")) {
+        println!(
+            "note: reusing the existing configurations in {}; their addresses win over --base-port",
+            dir.display()
+        );
+    }
+    Ok(nodes)
+}
+
+/// Refuses an existing configuration that disagrees with the flags.
+fn check_existing(
+    path: &Path,
+    config: &ServerConfig,
+    id: u64,
+    count: u64,
+    storage: StorageMode,
+) -> anyhow::Result<()> {
+    let path = path.display();
+    if config.members.len() as u64 != count {
+        bail!(
+            "{path} describes a cluster of {} nodes but --nodes is {count}; restart with --nodes {} \
+             or use a fresh --dir",
+            config.members.len(),
+            config.members.len()
+        );
+    }
+    if config.storage != storage {
+        bail!(
+            "{path} uses storage {} but --storage is {}; restart with --storage {} or use a fresh --dir \
+             (a data directory's storage mode is fixed)",
+            config.storage.name(),
+            storage.name(),
+            config.storage.name()
+        );
+    }
+    if config.node_id != id {
+        bail!("{path} is for node {} but lives in the directory of node {id}", config.node_id);
+    }
+    Ok(())
+}
+
+/// Writes a configuration through a temporary file and a rename, so a crash never leaves half a
+/// file that would block the next start.
+fn write_config(path: &Path, config: &ServerConfig) -> anyhow::Result<()> {
+    let text = format!(
+        "# Written by `onekv cluster start`; edit it to tune this node (see docs/config-example.toml).\n\
+         # A relative data_dir is resolved against this file's directory.\n\n{}",
+        config.to_toml()
+    );
+    let temporary = path.with_extension("toml.tmp");
+    fs::write(&temporary, text).with_context(|| format!("cannot write {}", temporary.display()))?;
+    fs::rename(&temporary, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Fails clearly when a node's port is taken (usually: the cluster is already running).
+fn check_port_free(node: &PlannedNode, dir: &Path) -> anyhow::Result<()> {
+    match TcpListener::bind(&node.config.listen) {
+        Ok(_) => Ok(()),
+        Err(error) => bail!(
+            "node {}'s address {} is not available ({error}); is a cluster already running in {}? \
+             Stop it, or choose another --base-port with a fresh --dir",
+            node.id,
+            node.config.listen,
+            dir.display()
+        ),
+    }
+}
+
+/// Waits until every node accepts connections, reporting nodes that exit meanwhile.
+async fn wait_until_ready(nodes: &[PlannedNode], children: &mut Children) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut waiting: Vec<&PlannedNode> = nodes.iter().collect();
+    while !waiting.is_empty() && Instant::now() < deadline {
+        children.report_exits();
+        waiting.retain(|node| {
+            children.is_running(node.id)
+                && !node.config.listen.parse().is_ok_and(|address| {
+                    TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok()
+                })
+        });
+        if !waiting.is_empty() {
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+    for node in waiting {
+        println!(
+            "note: node {} is not accepting connections after {} s; see {}",
+            node.id,
+            READY_TIMEOUT.as_secs(),
+            node.dir.join(LOG_FILE).display()
+        );
+    }
+}
+
+/// A running (or exited) node process.
+struct NodeProcess {
+    id: u64,
+    child: Child,
+    log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+/// The children; dropping this stops every one still running, so none outlives this process on
+/// any exit path that unwinds.
+#[derive(Default)]
+struct Children {
+    nodes: Vec<NodeProcess>,
+}
+
+impl Children {
+    /// Starts node `node` with its stdout and stderr appended to its log.
+    fn spawn(&mut self, exe: &Path, node: &PlannedNode) -> anyhow::Result<()> {
+        let log_path = node.dir.join(LOG_FILE);
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot open {}", log_path.display()))?;
+        writeln!(log, "--- onekv cluster start: starting node {} ---", node.id)?;
+        let stderr = log.try_clone().context("cannot duplicate the log file handle")?;
+        let child = Command::new(exe)
+            .arg("server")
+            .arg("--config")
+            .arg(&node.config_path)
+            .arg("--parent-pid")
+            .arg(std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr))
+            // Its own process group: a Ctrl-C in the terminal reaches only this process, which
+            // then stops the nodes in order, rather than every node at once and twice.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("cannot start node {} ({} server)", node.id, exe.display()))?;
+        self.nodes.push(NodeProcess { id: node.id, child, log: log_path, exited: None });
+        Ok(())
+    }
+
+    fn is_running(&self, id: u64) -> bool {
+        self.nodes.iter().any(|node| node.id == id && node.exited.is_none())
+    }
+
+    fn all_exited(&self) -> bool {
+        self.nodes.iter().all(|node| node.exited.is_some())
+    }
+
+    /// Notices children that exited on their own and says which, with the end of their log.
+    fn report_exits(&mut self) {
+        for node in &mut self.nodes {
+            if node.exited.is_some() {
+                continue;
+            }
+            if let Ok(Some(status)) = node.child.try_wait() {
+                node.exited = Some(status);
+                eprintln!("node {} exited ({status}); its log is {}", node.id, node.log.display());
+                for line in tail(&node.log, 5) {
+                    eprintln!("  | {line}");
+                }
+                eprintln!("the other nodes keep running");
+            }
+        }
+    }
+
+    /// SIGTERMs every running child, waits up to [`STOP_TIMEOUT`] for them, SIGKILLs the rest.
+    fn stop_all(&mut self) {
+        use rustix::process::{Pid, Signal, kill_process};
+        for node in &mut self.nodes {
+            if node.exited.is_none() {
+                if let Ok(Some(status)) = node.child.try_wait() {
+                    node.exited = Some(status);
+                } else {
+                    // Failure means it is already gone; the wait below collects it.
+                    let _ = kill_process(Pid::from_child(&node.child), Signal::TERM);
+                }
+            }
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            let mut running = 0;
+            for node in &mut self.nodes {
+                if node.exited.is_none() {
+                    match node.child.try_wait() {
+                        Ok(Some(status)) => node.exited = Some(status),
+                        _ => running += 1,
+                    }
+                }
+            }
+            if running == 0 || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for node in &mut self.nodes {
+            if node.exited.is_none() {
+                eprintln!("node {} did not stop within {} s; killing it", node.id, STOP_TIMEOUT.as_secs());
+                let _ = node.child.kill();
+                node.exited = node.child.wait().ok();
+            }
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// The last `count` lines of a file (empty if it cannot be read).
+fn tail(path: &Path, count: usize) -> Vec<String> {
+    let Ok(text) = fs::read(path) else { return Vec::new() };
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].iter().map(|line| line.to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_start_writes_configs_that_restart_reuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        assert_eq!(nodes.len(), 3);
+        for (i, node) in nodes.iter().enumerate() {
+            let id = i as u64 + 1;
+            assert_eq!(node.config.node_id, id);
+            assert_eq!(node.config.listen, format!("127.0.0.1:{}", 17000 + id));
+            assert_eq!(node.config.data_dir, dir.path().join(format!("node{id}/data")));
+            assert_eq!(node.config.members.len(), 3);
+            node.config.validate().unwrap();
+        }
+        // A restart with other ports reuses the files (their addresses win).
+        let again = plan(dir.path(), 3, 18000, StorageMode::OneLog).unwrap();
+        assert_eq!(again[2].config.listen, "127.0.0.1:17003");
+    }
+
+    #[test]
+    fn restart_refuses_other_node_count_or_storage() {
+        let dir = tempfile::tempdir().unwrap();
+        plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        let error = plan(dir.path(), 5, 17000, StorageMode::OneLog).err().unwrap().to_string();
+        assert!(error.contains("node4, node5"), "{error}");
+        let error = plan(dir.path(), 2, 17000, StorageMode::OneLog).err().unwrap().to_string();
+        assert!(error.contains("cluster of 3 nodes but --nodes is 2"), "{error}");
+        let error = plan(dir.path(), 3, 17000, StorageMode::Classic).err().unwrap().to_string();
+        assert!(error.contains("uses storage onelog but --storage is classic"), "{error}");
+    }
+
+    #[test]
+    fn ports_past_the_end_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(plan(dir.path(), 3, 65534, StorageMode::OneLog).is_err());
+        assert!(!dir.path().join("node1").exists());
+    }
+
+    #[test]
+    fn tail_returns_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        fs::write(&path, "a\nb\nc\n").unwrap();
+        assert_eq!(tail(&path, 2), vec!["b", "c"]);
+        assert_eq!(tail(&path, 9), vec!["a", "b", "c"]);
+        assert!(tail(&dir.path().join("missing"), 2).is_empty());
+    }
 }

@@ -1,0 +1,604 @@
+//! The node's configuration: the TOML file, its defaults, and the checks run before any data is
+//! touched.
+//!
+//! Owns the file format (`ServerConfig` and its sections), parsing of the `--members` flag syntax,
+//! validation with messages that name the offending field, and the translation into the replica's
+//! [`ReplicaConfig`]. Does not own the meaning of the tuning values (the replica does) nor how
+//! command-line flags override the file (the `onekv` binary does).
+//!
+//! Every field has a default except `node_id`, `listen`, `data_dir` and `members`, so a file (or a
+//! command line) needs only those four. The defaults of the tuning fields come from the replica's own
+//! defaults ([`ReplicaConfig::new`], [`Limits::default`]) so the two cannot drift apart.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use onekv_replica::{Limits, ReplicaConfig};
+use serde::{Deserialize, Serialize};
+
+pub use onekv_replica::StorageMode;
+
+/// Limits on sizes, chosen so a misconfiguration is caught by `validate` rather than surfacing as a
+/// failure deep in the index, the log or gRPC.
+mod bounds {
+    /// The index stores keys with a 16-bit length; half of it leaves room for the replica's own
+    /// prefixes.
+    pub const MAX_KEY_BYTES: usize = 32 << 10;
+    /// A value must fit in one gRPC message and one log record with room to spare.
+    pub const MAX_VALUE_BYTES: usize = 64 << 20;
+    /// A batch or a scan response is one gRPC message and (for a batch) one Raft entry.
+    pub const MAX_BATCH_OR_SCAN_BYTES: usize = 128 << 20;
+    /// More operations than this in one entry would make applying it a long pause of the loop.
+    pub const MAX_BATCH_OPS: usize = 100_000;
+    /// Pairs in one scan response.
+    pub const MAX_SCAN_PAIRS: usize = 1_000_000;
+    /// Memtable budget of one index tree.
+    pub const MEMTABLE_BYTES: (u64, u64) = (64 << 10, 16 << 30);
+    /// Size of one log segment file.
+    pub const SEGMENT_BYTES: (u64, u64) = (1 << 20, 16 << 30);
+    /// Raft's logical clock.
+    pub const TICK_MS: (u64, u64) = (1, 10_000);
+    /// A client request's budget.
+    pub const REQUEST_TIMEOUT_MS: (u64, u64) = (1, 600_000);
+    /// Raft entries kept for lagging followers.
+    pub const RAFT_LOG_KEEP_ENTRIES: (u64, u64) = (1, 1_000_000_000);
+}
+
+/// The whole configuration of one node, as read from its TOML file (see `docs/config-example.toml`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// This node's id: non-zero and one of `members`. Required (the default, 0, is rejected).
+    pub node_id: u64,
+    /// Address to listen on, `host:port`. One port serves both clients (the `Kv` service) and peers
+    /// (the `Peer` service). Required.
+    pub listen: String,
+    /// Directory of the node's logs and index. In a file, a relative path is resolved against the
+    /// file's own directory. Required.
+    pub data_dir: PathBuf,
+    /// `"onelog"` (default), `"separated"` or `"classic"` (see DESIGN.md §4). Fixed when the data
+    /// directory is created.
+    #[serde(with = "storage_mode")]
+    pub storage: StorageMode,
+    /// How long a client request may wait for its write to commit or its read barrier to complete,
+    /// in milliseconds, before it fails with DEADLINE_EXCEEDED. Default 5000.
+    pub request_timeout_ms: u64,
+    /// Every voting member, this node included, as `[[members]]` tables. Required. Used to create
+    /// the cluster, to address peers, and to name the leader in not-leader errors.
+    pub members: Vec<MemberConfig>,
+    /// Raft timing and log retention.
+    pub raft: RaftConfig,
+    /// Bounds on what one request may carry.
+    pub limits: LimitsConfig,
+    /// The key index.
+    pub index: IndexConfig,
+    /// The node's log.
+    pub log: LogConfig,
+}
+
+/// One voting member of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberConfig {
+    /// The member's node id (non-zero, unique).
+    pub id: u64,
+    /// Where clients and peers reach it, `host:port` (unique).
+    pub address: String,
+}
+
+/// `[raft]`: Raft timing and log retention.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftConfig {
+    /// Interval of Raft's logical clock, in milliseconds. Default 100.
+    pub tick_ms: u64,
+    /// Ticks without hearing from a leader before a follower campaigns; must exceed
+    /// `heartbeat_ticks`. Default 10.
+    pub election_ticks: usize,
+    /// Ticks between leader heartbeats; at least 1. Default 2.
+    pub heartbeat_ticks: usize,
+    /// Raft entries kept below the applied index for lagging followers before the Raft log is
+    /// compacted (older entries are sent as a snapshot). Default 10000.
+    pub raft_log_keep_entries: u64,
+}
+
+/// `[limits]`: bounds on what one request may carry; requests over a bound are rejected with
+/// INVALID_ARGUMENT naming it. Defaults are the replica's ([`Limits::default`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Longest key, in bytes (keys must also be non-empty). Default 4096, at most 32768.
+    pub max_key_bytes: usize,
+    /// Longest value, in bytes. Default 1048576 (1 MiB), at most 64 MiB.
+    pub max_value_bytes: usize,
+    /// Most operations in one batch. Default 1024.
+    pub max_batch_ops: usize,
+    /// Most key and value bytes in one batch or write; at least `max_key_bytes + max_value_bytes`.
+    /// Default 4194304 (4 MiB).
+    pub max_batch_bytes: usize,
+    /// Most pairs one scan returns. Default 10000.
+    pub max_scan_pairs: usize,
+    /// Most key and value bytes one scan returns; at least `max_key_bytes + max_value_bytes` so the
+    /// largest pair always fits. Default 4194304 (4 MiB).
+    pub max_scan_bytes: usize,
+}
+
+/// `[index]`: the key index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexConfig {
+    /// Flush an index tree's memtable once it holds this many bytes. Default 16777216 (16 MiB).
+    pub memtable_bytes: u64,
+}
+
+/// `[log]`: the node's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Size of one log segment file, in bytes; at least twice `limits.max_batch_bytes` so the largest
+    /// write's Raft entry fits in one segment. Default 67108864 (64 MiB).
+    pub segment_bytes: u64,
+}
+
+/// The replica's defaults, the single source of every tuning default here.
+fn replica_defaults() -> ReplicaConfig {
+    ReplicaConfig::new(0, Vec::new(), PathBuf::new())
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            node_id: 0,
+            listen: String::new(),
+            data_dir: PathBuf::new(),
+            storage: StorageMode::default(),
+            request_timeout_ms: 5000,
+            members: Vec::new(),
+            raft: RaftConfig::default(),
+            limits: LimitsConfig::default(),
+            index: IndexConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        let defaults = replica_defaults();
+        RaftConfig {
+            tick_ms: u64::try_from(defaults.tick.as_millis()).unwrap_or(u64::MAX),
+            election_ticks: defaults.election_ticks,
+            heartbeat_ticks: defaults.heartbeat_ticks,
+            raft_log_keep_entries: defaults.raft_log_keep_entries,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig::from(&Limits::default())
+    }
+}
+
+impl From<&Limits> for LimitsConfig {
+    fn from(limits: &Limits) -> Self {
+        LimitsConfig {
+            max_key_bytes: limits.max_key_bytes,
+            max_value_bytes: limits.max_value_bytes,
+            max_batch_ops: limits.max_batch_ops,
+            max_batch_bytes: limits.max_batch_bytes,
+            max_scan_pairs: limits.max_scan_pairs,
+            max_scan_bytes: limits.max_scan_bytes,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The replica's form of these limits.
+    pub fn to_limits(&self) -> Limits {
+        Limits {
+            max_key_bytes: self.max_key_bytes,
+            max_value_bytes: self.max_value_bytes,
+            max_batch_ops: self.max_batch_ops,
+            max_batch_bytes: self.max_batch_bytes,
+            max_scan_pairs: self.max_scan_pairs,
+            max_scan_bytes: self.max_scan_bytes,
+        }
+    }
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig { memtable_bytes: replica_defaults().memtable_bytes }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { segment_bytes: replica_defaults().segment_bytes }
+    }
+}
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read configuration file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not match the format (unknown field, wrong type, ...).
+    #[error("cannot parse configuration file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, which names the line and the field.
+        message: String,
+    },
+    /// The configuration parsed but breaks one or more rules.
+    #[error("invalid configuration:{}", DisplayProblems(.0))]
+    Invalid(Vec<Problem>),
+    /// A `--members` list could not be parsed.
+    #[error("invalid members list {list:?}: {reason} (expected ID=HOST:PORT,ID=HOST:PORT,...)")]
+    Members {
+        /// The list as given.
+        list: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// One broken rule: the field (as written in the file, e.g. `raft.election_ticks`) and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The field, with its section: `node_id`, `members[2].address`, `limits.max_key_bytes`, ...
+    pub field: String,
+    /// What is wrong and what is expected.
+    pub reason: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+struct DisplayProblems<'a>(&'a [Problem]);
+
+impl fmt::Display for DisplayProblems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for problem in self.0 {
+            write!(f, "\n  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    /// The broken rules, when the error is [`ConfigError::Invalid`].
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ConfigError::Invalid(problems) => problems,
+            _ => &[],
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Reads and parses a TOML file. A relative `data_dir` is resolved against the file's directory,
+    /// so a node directory can be moved with its configuration. Does not validate: flags may still
+    /// override fields; call [`ServerConfig::validate`] once they have.
+    pub fn load(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let mut config = ServerConfig::parse(&text)
+            .map_err(|message| ConfigError::Parse { path: path.to_path_buf(), message })?;
+        if config.data_dir.is_relative() && !config.data_dir.as_os_str().is_empty() {
+            let base = path.parent().unwrap_or(Path::new(""));
+            config.data_dir = if config.data_dir == Path::new(".") {
+                base.to_path_buf()
+            } else {
+                base.join(&config.data_dir)
+            };
+            if config.data_dir.as_os_str().is_empty() {
+                // The file was in the working directory and data_dir was ".".
+                config.data_dir = PathBuf::from(".");
+            }
+        }
+        Ok(config)
+    }
+
+    /// Parses TOML text (paths are taken as written). The error is the parser's message.
+    pub fn parse(text: &str) -> Result<ServerConfig, String> {
+        toml::from_str(text).map_err(|error| error.to_string())
+    }
+
+    /// The configuration as TOML text that [`ServerConfig::parse`] reads back.
+    pub fn to_toml(&self) -> String {
+        // Every field is a plain value, string or table of them: serialization cannot fail.
+        toml::to_string(self).expect("a ServerConfig always serializes to TOML")
+    }
+
+    /// Checks every rule and reports every broken one, each naming its field. Run it before
+    /// touching any data.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let mut problem = |field: &str, reason: String| {
+            problems.push(Problem { field: field.to_string(), reason });
+        };
+
+        if self.node_id == 0 {
+            problem("node_id", "is missing or 0; node ids are non-zero".into());
+        } else if !self.members.is_empty() && !self.members.iter().any(|member| member.id == self.node_id) {
+            let ids: Vec<String> = self.members.iter().map(|member| member.id.to_string()).collect();
+            problem("node_id", format!("{} is not among the members ({})", self.node_id, ids.join(", ")));
+        }
+        if self.listen.is_empty() {
+            problem("listen", "is missing; expected host:port".into());
+        } else if let Err(reason) = check_address(&self.listen) {
+            problem("listen", format!("{:?} {reason}", self.listen));
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            problem("data_dir", "is missing".into());
+        }
+        check_range(&mut problem, "request_timeout_ms", self.request_timeout_ms, bounds::REQUEST_TIMEOUT_MS);
+
+        if self.members.is_empty() {
+            problem("members", "is empty; list every voting member, this node included".into());
+        }
+        let mut ids = HashMap::new();
+        let mut addresses = HashMap::new();
+        for (i, member) in self.members.iter().enumerate() {
+            if member.id == 0 {
+                problem(&format!("members[{i}].id"), "is 0; node ids are non-zero".into());
+            } else if let Some(first) = ids.insert(member.id, i) {
+                problem(
+                    &format!("members[{i}].id"),
+                    format!("{} is also the id of members[{first}]", member.id),
+                );
+            }
+            match check_address(&member.address) {
+                Err(reason) => {
+                    problem(&format!("members[{i}].address"), format!("{:?} {reason}", member.address))
+                }
+                Ok(()) => {
+                    if let Some(first) = addresses.insert(member.address.to_ascii_lowercase(), i) {
+                        problem(
+                            &format!("members[{i}].address"),
+                            format!("{:?} is also the address of members[{first}]", member.address),
+                        );
+                    }
+                }
+            }
+        }
+
+        let raft = &self.raft;
+        check_range(&mut problem, "raft.tick_ms", raft.tick_ms, bounds::TICK_MS);
+        if raft.heartbeat_ticks == 0 {
+            problem("raft.heartbeat_ticks", "is 0; must be at least 1".into());
+        }
+        if raft.election_ticks <= raft.heartbeat_ticks {
+            problem(
+                "raft.election_ticks",
+                format!(
+                    "= {} must be greater than raft.heartbeat_ticks = {}",
+                    raft.election_ticks, raft.heartbeat_ticks
+                ),
+            );
+        }
+        check_range(
+            &mut problem,
+            "raft.raft_log_keep_entries",
+            raft.raft_log_keep_entries,
+            bounds::RAFT_LOG_KEEP_ENTRIES,
+        );
+
+        let limits = &self.limits;
+        let as_u64 = |n: usize| n as u64;
+        check_range(
+            &mut problem,
+            "limits.max_key_bytes",
+            as_u64(limits.max_key_bytes),
+            (1, as_u64(bounds::MAX_KEY_BYTES)),
+        );
+        check_range(
+            &mut problem,
+            "limits.max_value_bytes",
+            as_u64(limits.max_value_bytes),
+            (1, as_u64(bounds::MAX_VALUE_BYTES)),
+        );
+        check_range(
+            &mut problem,
+            "limits.max_batch_ops",
+            as_u64(limits.max_batch_ops),
+            (1, as_u64(bounds::MAX_BATCH_OPS)),
+        );
+        check_range(
+            &mut problem,
+            "limits.max_scan_pairs",
+            as_u64(limits.max_scan_pairs),
+            (1, as_u64(bounds::MAX_SCAN_PAIRS)),
+        );
+        let largest_pair = limits.max_key_bytes.saturating_add(limits.max_value_bytes);
+        for (field, value) in [
+            ("limits.max_batch_bytes", limits.max_batch_bytes),
+            ("limits.max_scan_bytes", limits.max_scan_bytes),
+        ] {
+            if value < largest_pair {
+                problem(
+                    field,
+                    format!(
+                        "= {value} is below limits.max_key_bytes + limits.max_value_bytes = {largest_pair}; \
+                         the largest pair must fit"
+                    ),
+                );
+            } else if value > bounds::MAX_BATCH_OR_SCAN_BYTES {
+                problem(field, format!("= {value} is above the maximum {}", bounds::MAX_BATCH_OR_SCAN_BYTES));
+            }
+        }
+
+        check_range(&mut problem, "index.memtable_bytes", self.index.memtable_bytes, bounds::MEMTABLE_BYTES);
+        check_range(&mut problem, "log.segment_bytes", self.log.segment_bytes, bounds::SEGMENT_BYTES);
+        let needed = as_u64(limits.max_batch_bytes).saturating_mul(2);
+        if self.log.segment_bytes < needed {
+            problem(
+                "log.segment_bytes",
+                format!(
+                    "= {} is below twice limits.max_batch_bytes = {needed}; the largest write must fit in \
+                     one segment",
+                    self.log.segment_bytes
+                ),
+            );
+        }
+
+        // The replica checks its configuration again when it opens (including constraints of its own,
+        // such as a batch fitting one log record); asking it now reports them before any data is
+        // touched. Its messages name its fields, which are ours without the section.
+        if problems.is_empty()
+            && let Err(error) = self.to_replica_config().validate()
+        {
+            problems.push(Problem { field: "(replica)".into(), reason: error.to_string() });
+        }
+
+        if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    /// The request budget as a duration.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The address of member `id`, if it is one.
+    pub fn member_address(&self, id: u64) -> Option<&str> {
+        self.members.iter().find(|member| member.id == id).map(|member| member.address.as_str())
+    }
+
+    /// The replica's configuration. Call after [`ServerConfig::validate`] succeeded.
+    pub fn to_replica_config(&self) -> ReplicaConfig {
+        let mut config = ReplicaConfig::new(
+            self.node_id,
+            self.members.iter().map(|member| member.id).collect(),
+            self.data_dir.clone(),
+        );
+        config.storage = self.storage;
+        config.tick = Duration::from_millis(self.raft.tick_ms);
+        config.election_ticks = self.raft.election_ticks;
+        config.heartbeat_ticks = self.raft.heartbeat_ticks;
+        config.raft_log_keep_entries = self.raft.raft_log_keep_entries;
+        config.limits = self.limits.to_limits();
+        config.memtable_bytes = self.index.memtable_bytes;
+        config.segment_bytes = self.log.segment_bytes;
+        config
+    }
+}
+
+fn check_range(problem: &mut impl FnMut(&str, String), field: &str, value: u64, (min, max): (u64, u64)) {
+    if value < min || value > max {
+        problem(field, format!("= {value} is outside the allowed range {min}..={max}"));
+    }
+}
+
+/// Checks `host:port` syntax without resolving the host (validation must not depend on DNS).
+/// Returns the reason when it is not.
+pub fn check_address(address: &str) -> Result<(), String> {
+    if address.contains("://") {
+        return Err("must be host:port, without a scheme".into());
+    }
+    if address.chars().any(|c| c.is_whitespace() || c == '/') {
+        return Err("must be host:port (no spaces or slashes)".into());
+    }
+    if address.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return Err("must be host:port (no port)".into());
+    };
+    if host.is_empty() {
+        return Err("must be host:port (no host)".into());
+    }
+    if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
+        return Err("must be host:port (write IPv6 addresses as [addr]:port)".into());
+    }
+    match port.parse::<u16>() {
+        Ok(0) => Err("has port 0; peers and clients need a fixed port".into()),
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!("has an invalid port {port:?} (expected 1..=65535)")),
+    }
+}
+
+/// Parses the `--members` flag syntax, `ID=HOST:PORT,ID=HOST:PORT,...`. Checks syntax only;
+/// [`ServerConfig::validate`] checks the rest.
+pub fn parse_members(list: &str) -> Result<Vec<MemberConfig>, ConfigError> {
+    let error = |reason: String| ConfigError::Members { list: list.to_string(), reason };
+    let mut members = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        if item.is_empty() {
+            return Err(error("an entry is empty".into()));
+        }
+        let Some((id, address)) = item.split_once('=') else {
+            return Err(error(format!("{item:?} has no '='")));
+        };
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| error(format!("{item:?} has an id that is not a non-negative integer")))?;
+        members.push(MemberConfig { id, address: address.trim().to_string() });
+    }
+    Ok(members)
+}
+
+/// (De)serializes [`StorageMode`] by its configuration name.
+mod storage_mode {
+    use onekv_replica::StorageMode;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(mode: &StorageMode, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(mode.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<StorageMode, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        StorageMode::parse(&name).ok_or_else(|| {
+            D::Error::custom(format!(
+                "unknown storage mode {name:?} (expected \"onelog\", \"separated\" or \"classic\")"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        for good in ["127.0.0.1:7001", "localhost:1", "[::1]:7001", "node-3.example.com:65535"] {
+            assert_eq!(check_address(good), Ok(()), "{good}");
+        }
+        for bad in
+            ["", "127.0.0.1", ":7001", "host:0", "host:65536", "host:x", "http://h:1", "a b:1", "::1:7"]
+        {
+            assert!(check_address(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn members_flag() {
+        let members = parse_members("1=127.0.0.1:7001, 2=h:7002").unwrap();
+        assert_eq!(
+            members,
+            vec![
+                MemberConfig { id: 1, address: "127.0.0.1:7001".into() },
+                MemberConfig { id: 2, address: "h:7002".into() }
+            ]
+        );
+        for bad in ["", "1=a:1,", "a:1", "x=a:1", "-1=a:1"] {
+            assert!(matches!(parse_members(bad), Err(ConfigError::Members { .. })), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The `Kv` gRPC service: the client API over a replica.
+//!
+//! Owns the translation between the wire and the replica: checking every request against the
+//! configured limits (so nothing oversized reaches Raft, and the error names the limit), turning
+//! writes into proposals and linearizable reads into a read barrier followed by a local read,
+//! bounding each by the request timeout, and mapping [`ReplicaError`]s to the gRPC statuses that
+//! `onekv.proto` promises. Does not own consensus, storage or retries (clients retry with their
+//! request ids).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use onekv_proto::{
+    BatchRequest, CasRequest, CasResponse, Consistency, DeleteRequest, GetRequest, GetResponse, KeyValue,
+    Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, WriteResponse,
+    kv_server::{Kv, KvServer},
+};
+use onekv_replica::{Command, Limits, Outcome, ReplicaError, RequestId, WriteOp};
+use tokio::sync::oneshot;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+
+use crate::backend::Backend;
+use crate::config::{MemberConfig, ServerConfig};
+
+/// Per-item framing a protobuf message adds around keys and values (tags and varint lengths), with
+/// room to spare; used to size gRPC message limits from the configured payload limits.
+const FRAMING_PER_ITEM: usize = 32;
+/// Fixed slack on gRPC message limits for request ids, flags and headers.
+const FRAMING_FIXED: usize = 64 << 10;
+
+/// The client API over a [`Backend`] (in production, a `Replica`).
+pub struct KvService<B> {
+    backend: Arc<B>,
+    node_id: u64,
+    members: Arc<[MemberConfig]>,
+    limits: Limits,
+    request_timeout: Duration,
+}
+
+impl<B: Backend> KvService<B> {
+    /// A service for the node `config` describes, over `backend`.
+    pub fn new(backend: Arc<B>, config: &ServerConfig) -> Self {
+        KvService {
+            backend,
+            node_id: config.node_id,
+            members: config.members.clone().into(),
+            limits: config.limits.to_limits(),
+            request_timeout: config.request_timeout(),
+        }
+    }
+
+    /// The tonic server for this service, with message size limits that admit every request and
+    /// response the configured limits allow (tonic's 4 MiB default would not), and no more.
+    pub fn into_server(self) -> KvServer<Self> {
+        let decoding = max_request_bytes(&self.limits);
+        let encoding = max_response_bytes(&self.limits);
+        KvServer::new(self).max_decoding_message_size(decoding).max_encoding_message_size(encoding)
+    }
+
+    /// Proposes `command` and waits for it to be applied, within the request timeout.
+    async fn commit(&self, request_id: RequestId, command: Command) -> Result<Outcome, Status> {
+        let (sender, receiver) = oneshot::channel();
+        self.backend.propose(
+            request_id,
+            command,
+            Box::new(move |result| {
+                // The client may have gone away; then nobody needs the answer.
+                let _ = sender.send(result);
+            }),
+        );
+        self.await_done(receiver, "committed").await
+    }
+
+    /// Confirms leadership and waits until this replica has applied everything committed before.
+    async fn read_barrier(&self) -> Result<(), Status> {
+        let (sender, receiver) = oneshot::channel();
+        self.backend.read_barrier(Box::new(move |result| {
+            let _ = sender.send(result);
+        }));
+        self.await_done(receiver, "confirmed by a quorum").await
+    }
+
+    async fn await_done<T>(
+        &self,
+        receiver: oneshot::Receiver<Result<T, ReplicaError>>,
+        what: &str,
+    ) -> Result<T, Status> {
+        match tokio::time::timeout(self.request_timeout, receiver).await {
+            Err(_elapsed) => Err(Status::deadline_exceeded(format!(
+                "not {what} within {} ms; a write may still commit: retry it with the same request id",
+                self.request_timeout.as_millis()
+            ))),
+            Ok(Err(_dropped)) => {
+                Err(Status::unavailable("the replica dropped the request without an answer; retry"))
+            }
+            Ok(Ok(result)) => result.map_err(|error| self.status_of(error)),
+        }
+    }
+
+    /// The gRPC status for a replica error, as `onekv.proto`'s header comment specifies.
+    fn status_of(&self, error: ReplicaError) -> Status {
+        replica_error_status(error, &self.members)
+    }
+
+    fn read_key(&self, key: &[u8], consistency: i32) -> Result<Consistency, Status> {
+        let consistency = Consistency::try_from(consistency)
+            .map_err(|_| Status::invalid_argument(format!("unknown consistency {consistency}")))?;
+        check_key(&self.limits, "key", key)?;
+        Ok(consistency)
+    }
+}
+
+/// Maps a [`ReplicaError`] to its gRPC status. A not-leader error names the leader in metadata
+/// (`onekv-leader-id`, `onekv-leader-addr`) when it is known, and is UNAVAILABLE when it is not.
+pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> Status {
+    match error {
+        ReplicaError::NotLeader { leader: Some(leader) } => {
+            let address = members.iter().find(|member| member.id == leader).map(|member| &member.address);
+            let message = match address {
+                Some(address) => format!("not the leader; the leader is node {leader} at {address}"),
+                None => format!("not the leader; the leader is node {leader} (address unknown)"),
+            };
+            let mut status = Status::failed_precondition(message);
+            let metadata = status.metadata_mut();
+            metadata.insert(onekv_proto::LEADER_ID_METADATA, MetadataValue::from(leader));
+            // A member address is validated host:port text, so it is always a valid header value;
+            // if it somehow were not, the id alone still lets the client find the leader.
+            if let Some(value) = address.and_then(|address| MetadataValue::try_from(address.as_str()).ok()) {
+                metadata.insert(onekv_proto::LEADER_ADDR_METADATA, value);
+            }
+            status
+        }
+        ReplicaError::NotLeader { leader: None } => Status::unavailable(
+            "not the leader, and no leader is known yet (an election may be under way); retry",
+        ),
+        ReplicaError::InvalidArgument(message) => Status::invalid_argument(message),
+        ReplicaError::Dropped(message) => Status::unavailable(format!(
+            "dropped before commit ({message}); retrying with the same request id is safe"
+        )),
+        ReplicaError::Stopping => Status::unavailable("the node is shutting down"),
+        error @ (ReplicaError::Storage(_) | ReplicaError::Open(_)) => Status::internal(error.to_string()),
+    }
+}
+
+/// The largest request the limits admit, as a gRPC message (a batch, or a compare-and-swap carrying
+/// a key and two values).
+pub fn max_request_bytes(limits: &Limits) -> usize {
+    let batch = limits.max_batch_bytes + limits.max_batch_ops * FRAMING_PER_ITEM;
+    let cas = limits.max_key_bytes + 2 * limits.max_value_bytes + 3 * FRAMING_PER_ITEM;
+    batch.max(cas) + FRAMING_FIXED
+}
+
+/// The largest response the limits allow, as a gRPC message (a full scan, or one value).
+pub fn max_response_bytes(limits: &Limits) -> usize {
+    let scan = limits.max_scan_bytes + limits.max_scan_pairs * FRAMING_PER_ITEM;
+    let value = limits.max_key_bytes + limits.max_value_bytes + FRAMING_PER_ITEM;
+    scan.max(value) + FRAMING_FIXED
+}
+
+fn check_key(limits: &Limits, field: &str, key: &[u8]) -> Result<(), Status> {
+    if key.is_empty() {
+        return Err(Status::invalid_argument(format!("{field} is empty; keys must be non-empty")));
+    }
+    check_len(field, key.len(), "limits.max_key_bytes", limits.max_key_bytes)
+}
+
+fn check_value(limits: &Limits, field: &str, value: &[u8]) -> Result<(), Status> {
+    check_len(field, value.len(), "limits.max_value_bytes", limits.max_value_bytes)
+}
+
+fn check_len(field: &str, len: usize, limit_name: &str, limit: usize) -> Result<(), Status> {
+    if len > limit {
+        return Err(Status::invalid_argument(format!("{field} is {len} bytes, over {limit_name} = {limit}")));
+    }
+    Ok(())
+}
+
+fn check_write_bytes(limits: &Limits, what: &str, bytes: usize) -> Result<(), Status> {
+    check_len(&format!("{what} (keys and values)"), bytes, "limits.max_batch_bytes", limits.max_batch_bytes)
+}
+
+fn request_id(id: Option<onekv_proto::RequestId>) -> RequestId {
+    id.map(|id| RequestId { client: id.client, seq: id.seq }).unwrap_or_default()
+}
+
+#[tonic::async_trait]
+impl<B: Backend> Kv for KvService<B> {
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let request = request.into_inner();
+        let consistency = self.read_key(&request.key, request.consistency)?;
+        if consistency == Consistency::Linearizable {
+            self.read_barrier().await?;
+        }
+        // One index lookup and one pread of the value: short enough to run here.
+        let value = self.backend.get(&request.key).map_err(|error| self.status_of(error))?;
+        Ok(Response::new(match value {
+            Some(value) => GetResponse { found: true, value },
+            None => GetResponse { found: false, value: Vec::new() },
+        }))
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<WriteResponse>, Status> {
+        let request = request.into_inner();
+        check_key(&self.limits, "key", &request.key)?;
+        check_value(&self.limits, "value", &request.value)?;
+        check_write_bytes(&self.limits, "put", request.key.len() + request.value.len())?;
+        let op = WriteOp { key: request.key, value: Some(request.value) };
+        let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
+        Ok(Response::new(WriteResponse { index: outcome.index }))
+    }
+
+    async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
+        let request = request.into_inner();
+        check_key(&self.limits, "key", &request.key)?;
+        let op = WriteOp { key: request.key, value: None };
+        let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
+        Ok(Response::new(WriteResponse { index: outcome.index }))
+    }
+
+    async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<WriteResponse>, Status> {
+        let request = request.into_inner();
+        let limits = &self.limits;
+        if request.ops.is_empty() {
+            return Err(Status::invalid_argument("batch has no operations"));
+        }
+        if request.ops.len() > limits.max_batch_ops {
+            return Err(Status::invalid_argument(format!(
+                "batch has {} operations, over limits.max_batch_ops = {}",
+                request.ops.len(),
+                limits.max_batch_ops
+            )));
+        }
+        let mut bytes = 0;
+        for (i, op) in request.ops.iter().enumerate() {
+            check_key(limits, &format!("ops[{i}].key"), &op.key)?;
+            if let Some(value) = &op.value {
+                check_value(limits, &format!("ops[{i}].value"), value)?;
+            }
+            bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
+        }
+        check_write_bytes(limits, "batch", bytes)?;
+        let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
+        let outcome = self.commit(request_id(request.request_id), Command::Write(ops)).await?;
+        Ok(Response::new(WriteResponse { index: outcome.index }))
+    }
+
+    async fn cas(&self, request: Request<CasRequest>) -> Result<Response<CasResponse>, Status> {
+        let request = request.into_inner();
+        let limits = &self.limits;
+        check_key(limits, "key", &request.key)?;
+        let mut bytes = request.key.len();
+        for (field, value) in [("expected", &request.expected), ("new_value", &request.new_value)] {
+            if let Some(value) = value {
+                check_value(limits, field, value)?;
+                bytes += value.len();
+            }
+        }
+        check_write_bytes(limits, "cas", bytes)?;
+        let command = Command::Cas { key: request.key, expected: request.expected, new: request.new_value };
+        let outcome = self.commit(request_id(request.request_id), command).await?;
+        let Some(cas) = outcome.cas else {
+            return Err(Status::internal(
+                "the replica applied a compare-and-swap without reporting its outcome",
+            ));
+        };
+        Ok(Response::new(CasResponse {
+            swapped: cas.swapped,
+            found: cas.current.is_some(),
+            current: cas.current.unwrap_or_default(),
+            index: outcome.index,
+        }))
+    }
+
+    async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        let request = request.into_inner();
+        let limits = &self.limits;
+        let consistency = Consistency::try_from(request.consistency)
+            .map_err(|_| Status::invalid_argument(format!("unknown consistency {}", request.consistency)))?;
+        check_len("start", request.start.len(), "limits.max_key_bytes", limits.max_key_bytes)?;
+        check_len("end", request.end.len(), "limits.max_key_bytes", limits.max_key_bytes)?;
+        if !request.end.is_empty() && request.start > request.end {
+            return Err(Status::invalid_argument("start is after end; for newest-first order set reverse"));
+        }
+        let limit = match request.limit as usize {
+            0 => limits.max_scan_pairs,
+            limit if limit > limits.max_scan_pairs => {
+                return Err(Status::invalid_argument(format!(
+                    "limit is {limit}, over limits.max_scan_pairs = {}",
+                    limits.max_scan_pairs
+                )));
+            }
+            limit => limit,
+        };
+        if consistency == Consistency::Linearizable {
+            self.read_barrier().await?;
+        }
+        // A scan may read megabytes through many preads: keep it off the async workers.
+        let backend = Arc::clone(&self.backend);
+        let (pairs, more) = tokio::task::spawn_blocking(move || {
+            let end = (!request.end.is_empty()).then_some(request.end.as_slice());
+            backend.scan(&request.start, end, limit, request.reverse)
+        })
+        .await
+        .map_err(|error| Status::internal(format!("scan failed: {error}")))?
+        .map_err(|error| self.status_of(error))?;
+        let pairs = pairs.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
+        Ok(Response::new(ScanResponse { pairs, more }))
+    }
+
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let status = self.backend.status();
+        let write_amplification =
+            if status.user_bytes == 0 { 0.0 } else { status.bytes_written as f64 / status.user_bytes as f64 };
+        Ok(Response::new(StatusResponse {
+            node_id: self.node_id,
+            members: self
+                .members
+                .iter()
+                .map(|member| Member { id: member.id, address: member.address.clone() })
+                .collect(),
+            leader_id: status.leader_id.unwrap_or(0),
+            term: status.term,
+            role: status.role,
+            commit_index: status.commit_index,
+            applied_index: status.applied_index,
+            first_index: status.first_index,
+            last_index: status.last_index,
+            storage_mode: status.storage.name().to_string(),
+            log_bytes: status.log_bytes,
+            bytes_written: status.bytes_written,
+            user_bytes: status.user_bytes,
+            write_amplification,
+            flushed_index: status.flushed_index,
+        }))
+    }
+}

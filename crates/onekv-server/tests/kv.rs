@@ -1,0 +1,373 @@
+//! The `Kv` service over a scripted backend: limits, proposals, read barriers, timeouts, the
+//! error-to-status mapping, status; and the whole server over TCP with graceful shutdown.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Answer, FakeBackend};
+use onekv_proto::{
+    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, ScanRequest,
+    StatusRequest, kv_client::KvClient, kv_server::Kv,
+};
+use onekv_replica::{
+    CasOutcome, Command, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode, WriteOp,
+};
+use onekv_server::{KvService, ServerConfig};
+use tonic::{Code, Request, Status};
+
+fn config() -> ServerConfig {
+    let mut config = common::three_node_config(Path::new("/unused"));
+    config.limits.max_key_bytes = 10;
+    config.limits.max_value_bytes = 20;
+    config.limits.max_batch_ops = 3;
+    config.limits.max_batch_bytes = 40;
+    config.limits.max_scan_pairs = 5;
+    config.limits.max_scan_bytes = 100;
+    config.request_timeout_ms = 200;
+    config
+}
+
+fn service() -> (Arc<FakeBackend>, KvService<FakeBackend>) {
+    let backend = Arc::new(FakeBackend::default());
+    (Arc::clone(&backend), KvService::new(Arc::clone(&backend), &config()))
+}
+
+fn id(client: u64, seq: u64) -> Option<onekv_proto::RequestId> {
+    Some(onekv_proto::RequestId { client, seq })
+}
+
+fn put(key: &[u8], value: &[u8]) -> Request<PutRequest> {
+    Request::new(PutRequest { key: key.to_vec(), value: value.to_vec(), request_id: id(5, 6) })
+}
+
+#[track_caller]
+fn assert_invalid(result: Result<impl std::fmt::Debug, Status>, needle: &str) {
+    let status = result.expect_err("should be rejected");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains(needle), "{:?} should mention {needle:?}", status.message());
+}
+
+#[tokio::test]
+async fn writes_become_proposals_with_their_request_ids() {
+    let (backend, service) = service();
+    let response = service.put(put(b"k", b"v")).await.unwrap().into_inner();
+    assert_eq!(response.index, 7);
+    service.delete(Request::new(DeleteRequest { key: b"d".to_vec(), request_id: None })).await.unwrap();
+    let ops = vec![
+        BatchOp { key: b"a".to_vec(), value: Some(b"1".to_vec()) },
+        BatchOp { key: b"b".to_vec(), value: None },
+    ];
+    service.batch(Request::new(BatchRequest { ops, request_id: id(5, 7) })).await.unwrap();
+    let proposed = backend.proposed.lock().unwrap().clone();
+    assert_eq!(
+        proposed,
+        vec![
+            (
+                RequestId { client: 5, seq: 6 },
+                Command::Write(vec![WriteOp { key: b"k".to_vec(), value: Some(b"v".to_vec()) }])
+            ),
+            (RequestId::default(), Command::Write(vec![WriteOp { key: b"d".to_vec(), value: None }])),
+            (
+                RequestId { client: 5, seq: 7 },
+                Command::Write(vec![
+                    WriteOp { key: b"a".to_vec(), value: Some(b"1".to_vec()) },
+                    WriteOp { key: b"b".to_vec(), value: None }
+                ])
+            ),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn cas_reports_the_outcome() {
+    let (backend, service) = service();
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome {
+        index: 11,
+        cas: Some(CasOutcome { swapped: false, current: Some(b"x".to_vec()) }),
+    }));
+    let request = CasRequest {
+        key: b"k".to_vec(),
+        expected: None,
+        new_value: Some(b"n".to_vec()),
+        request_id: id(1, 2),
+    };
+    let response = service.cas(Request::new(request)).await.unwrap().into_inner();
+    assert_eq!(
+        (response.swapped, response.found, response.current, response.index),
+        (false, true, b"x".to_vec(), 11)
+    );
+    assert_eq!(
+        backend.proposed.lock().unwrap()[0].1,
+        Command::Cas { key: b"k".to_vec(), expected: None, new: Some(b"n".to_vec()) }
+    );
+
+    *backend.propose_answer.lock().unwrap() =
+        Answer::Now(Ok(Outcome { index: 12, cas: Some(CasOutcome { swapped: true, current: None }) }));
+    let request =
+        CasRequest { key: b"k".to_vec(), expected: Some(b"x".to_vec()), new_value: None, request_id: None };
+    let response = service.cas(Request::new(request)).await.unwrap().into_inner();
+    assert_eq!((response.swapped, response.found, response.current.len()), (true, false, 0));
+}
+
+#[tokio::test]
+async fn requests_over_a_limit_are_rejected_naming_it_before_reaching_the_replica() {
+    let (backend, service) = service();
+    assert_invalid(service.put(put(b"", b"v")).await, "key is empty");
+    assert_invalid(service.put(put(&[b'k'; 11], b"v")).await, "limits.max_key_bytes = 10");
+    assert_invalid(service.put(put(b"k", &[0; 21])).await, "limits.max_value_bytes = 20");
+    assert_invalid(
+        service.delete(Request::new(DeleteRequest { key: vec![], request_id: None })).await,
+        "key is empty",
+    );
+    let op =
+        |key: &[u8], value: Option<&[u8]>| BatchOp { key: key.to_vec(), value: value.map(<[u8]>::to_vec) };
+    let batch = |ops| Request::new(BatchRequest { ops, request_id: None });
+    assert_invalid(service.batch(batch(vec![])).await, "no operations");
+    assert_invalid(service.batch(batch(vec![op(b"a", None); 4])).await, "limits.max_batch_ops = 3");
+    assert_invalid(service.batch(batch(vec![op(b"a", None), op(b"", None)])).await, "ops[1].key is empty");
+    assert_invalid(service.batch(batch(vec![op(b"a", Some(&[0; 21]))])).await, "ops[0].value is 21 bytes");
+    assert_invalid(
+        service.batch(batch(vec![op(b"a", Some(&[0; 20])), op(b"b", Some(&[0; 20]))])).await,
+        "limits.max_batch_bytes = 40",
+    );
+    let cas = |expected: Option<Vec<u8>>, new_value: Option<Vec<u8>>| {
+        Request::new(CasRequest { key: b"k".to_vec(), expected, new_value, request_id: None })
+    };
+    assert_invalid(service.cas(cas(Some(vec![0; 21]), None)).await, "expected is 21 bytes");
+    assert_invalid(service.cas(cas(None, Some(vec![0; 21]))).await, "new_value is 21 bytes");
+    assert_invalid(service.cas(cas(Some(vec![0; 20]), Some(vec![0; 20]))).await, "limits.max_batch_bytes");
+    let get = |key: &[u8], consistency| Request::new(GetRequest { key: key.to_vec(), consistency });
+    assert_invalid(service.get(get(b"", 0)).await, "key is empty");
+    assert_invalid(service.get(get(&[1; 11], 0)).await, "limits.max_key_bytes");
+    assert_invalid(service.get(get(b"k", 7)).await, "unknown consistency 7");
+    let scan = |start: &[u8], end: &[u8], limit| {
+        Request::new(ScanRequest {
+            start: start.to_vec(),
+            end: end.to_vec(),
+            limit,
+            reverse: false,
+            consistency: 0,
+        })
+    };
+    assert_invalid(service.scan(scan(b"", b"", 6)).await, "limits.max_scan_pairs = 5");
+    assert_invalid(service.scan(scan(&[1; 11], b"", 1)).await, "start is 11 bytes");
+    assert_invalid(service.scan(scan(b"", &[1; 11], 1)).await, "end is 11 bytes");
+    assert_invalid(service.scan(scan(b"b", b"a", 1)).await, "start is after end");
+    assert!(backend.calls().is_empty(), "nothing reached the replica: {:?}", backend.calls());
+}
+
+#[tokio::test]
+async fn linearizable_reads_wait_for_the_barrier_and_stale_reads_do_not() {
+    let (backend, service) = service();
+    backend.data.lock().unwrap().insert(b"k".to_vec(), b"v".to_vec());
+    let get = |consistency: Consistency| {
+        Request::new(GetRequest { key: b"k".to_vec(), consistency: consistency as i32 })
+    };
+    let response = service.get(get(Consistency::Linearizable)).await.unwrap().into_inner();
+    assert_eq!((response.found, response.value), (true, b"v".to_vec()));
+    assert_eq!(backend.calls(), vec!["barrier", "get"]);
+    let response = service.get(get(Consistency::Stale)).await.unwrap().into_inner();
+    assert!(response.found);
+    assert_eq!(backend.calls(), vec!["barrier", "get", "get"]);
+    let missing =
+        service.get(Request::new(GetRequest { key: b"zz".to_vec(), consistency: 1 })).await.unwrap();
+    assert!(!missing.into_inner().found);
+
+    // A failed barrier fails the read without reading.
+    *backend.barrier_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::NotLeader { leader: Some(2) }));
+    let status = service.get(get(Consistency::Linearizable)).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(backend.calls().last(), Some(&"barrier"));
+}
+
+#[tokio::test]
+async fn scans_pass_their_range_and_limit() {
+    let (backend, service) = service();
+    for key in [b"a", b"b", b"c", b"d"] {
+        backend.data.lock().unwrap().insert(key.to_vec(), b"v".to_vec());
+    }
+    let request = ScanRequest { start: b"b".to_vec(), end: vec![], limit: 0, reverse: true, consistency: 1 };
+    let response = service.scan(Request::new(request)).await.unwrap().into_inner();
+    let keys: Vec<Vec<u8>> = response.pairs.into_iter().map(|pair| pair.key).collect();
+    assert_eq!(keys, vec![b"d".to_vec(), b"c".to_vec(), b"b".to_vec()]);
+    assert!(!response.more);
+    // limit 0 means the maximum; an empty end means no end.
+    assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 5, true));
+
+    let request = ScanRequest { start: vec![], end: b"d".to_vec(), limit: 2, reverse: false, consistency: 0 };
+    let response = service.scan(Request::new(request)).await.unwrap().into_inner();
+    assert_eq!(response.pairs.len(), 2);
+    assert!(response.more);
+    assert_eq!(backend.scans.lock().unwrap()[1], (vec![], Some(b"d".to_vec()), 2, false));
+    assert_eq!(backend.calls(), vec!["scan", "barrier", "scan"]);
+}
+
+#[tokio::test]
+async fn not_leader_names_the_leader_in_metadata() {
+    let (backend, service) = service();
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::NotLeader { leader: Some(3) }));
+    let status = service.put(put(b"k", b"v")).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    let metadata = status.metadata();
+    assert_eq!(metadata.get(onekv_proto::LEADER_ID_METADATA).unwrap().to_str().unwrap(), "3");
+    assert_eq!(metadata.get(onekv_proto::LEADER_ADDR_METADATA).unwrap().to_str().unwrap(), "127.0.0.1:7003");
+    assert!(status.message().contains("node 3 at 127.0.0.1:7003"), "{}", status.message());
+
+    // No known leader: UNAVAILABLE, as the protocol says, without leader metadata.
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::NotLeader { leader: None }));
+    let status = service.put(put(b"k", b"v")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert!(status.metadata().get(onekv_proto::LEADER_ID_METADATA).is_none());
+}
+
+#[tokio::test]
+async fn replica_errors_map_to_the_documented_codes() {
+    let cases = [
+        (ReplicaError::InvalidArgument("bad".into()), Code::InvalidArgument),
+        (ReplicaError::Dropped("leader changed".into()), Code::Unavailable),
+        (ReplicaError::Stopping, Code::Unavailable),
+        (ReplicaError::Storage("disk".into()), Code::Internal),
+        (ReplicaError::Open("no".into()), Code::Internal),
+    ];
+    let (backend, service) = service();
+    for (error, code) in cases {
+        *backend.propose_answer.lock().unwrap() = Answer::Now(Err(error.clone()));
+        let status = service.put(put(b"k", b"v")).await.unwrap_err();
+        assert_eq!(status.code(), code, "{error:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_write_that_does_not_commit_in_time_is_deadline_exceeded() {
+    let (backend, service) = service();
+    *backend.propose_answer.lock().unwrap() = Answer::Hold;
+    let started = Instant::now();
+    let status = service.put(put(b"k", b"v")).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert!(status.message().contains("same request id"), "{}", status.message());
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(3), "{waited:?}");
+
+    *backend.barrier_answer.lock().unwrap() = Answer::Hold;
+    let status =
+        service.get(Request::new(GetRequest { key: b"k".to_vec(), consistency: 0 })).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+
+    *backend.propose_answer.lock().unwrap() = Answer::Drop;
+    let status = service.put(put(b"k", b"v")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+}
+
+#[tokio::test]
+async fn status_reports_the_replica_and_the_members() {
+    let (backend, service) = service();
+    *backend.status.lock().unwrap() = ReplicaStatus {
+        node_id: 1,
+        leader_id: Some(2),
+        term: 4,
+        role: "follower".into(),
+        commit_index: 10,
+        applied_index: 9,
+        first_index: 1,
+        last_index: 10,
+        flushed_index: 5,
+        storage: StorageMode::Separated,
+        log_bytes: 1000,
+        bytes_written: 300,
+        user_bytes: 100,
+        ..ReplicaStatus::default()
+    };
+    let status = service.status(Request::new(StatusRequest {})).await.unwrap().into_inner();
+    assert_eq!(status.node_id, 1);
+    assert_eq!(status.members.len(), 3);
+    assert_eq!(status.members[2].address, "127.0.0.1:7003");
+    assert_eq!((status.leader_id, status.term, status.role.as_str()), (2, 4, "follower"));
+    assert_eq!(
+        (status.commit_index, status.applied_index, status.first_index, status.last_index),
+        (10, 9, 1, 10)
+    );
+    assert_eq!(
+        (status.flushed_index, status.log_bytes, status.storage_mode.as_str()),
+        (5, 1000, "separated")
+    );
+    assert_eq!(status.write_amplification, 3.0);
+
+    *backend.status.lock().unwrap() = ReplicaStatus::default();
+    let status = service.status(Request::new(StatusRequest {})).await.unwrap().into_inner();
+    assert_eq!((status.leader_id, status.write_amplification), (0, 0.0));
+}
+
+#[test]
+fn grpc_message_limits_admit_what_the_limits_allow() {
+    let limits = onekv_replica::Limits::default();
+    assert!(onekv_server::service::max_request_bytes(&limits) > limits.max_batch_bytes);
+    assert!(onekv_server::service::max_request_bytes(&limits) < 2 * limits.max_batch_bytes);
+    assert!(onekv_server::service::max_response_bytes(&limits) > limits.max_scan_bytes);
+}
+
+/// The real server over TCP: requests larger than tonic's 4 MiB default get through, and shutdown
+/// waits for an in-flight request and then stops accepting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_backend_over_tcp_and_stop_gracefully() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let backend = Arc::new(FakeBackend::default());
+        let mut config = common::three_node_config(Path::new("/unused"));
+        config.request_timeout_ms = 2000;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn({
+            let backend = Arc::clone(&backend);
+            async move {
+                onekv_server::serve_backend(listener, &config, backend, async {
+                    let _ = stopped.await;
+                })
+                .await
+            }
+        });
+
+        let mut client = KvClient::connect(format!("http://{address}")).await.unwrap();
+        let value = vec![7u8; 1 << 20];
+        let ops: Vec<BatchOp> = (0..4u8)
+            .map(|i| BatchOp { key: vec![b'k', i], value: Some(value[..(1 << 20) - 10].to_vec()) })
+            .collect();
+        client.batch(BatchRequest { ops, request_id: None }).await.expect("a ~4 MiB batch is accepted");
+
+        // A write held by the replica is in flight when shutdown begins: it completes (with its
+        // timeout) before the server stops.
+        *backend.propose_answer.lock().unwrap() = Answer::Hold;
+        let in_flight = tokio::spawn({
+            let mut client = client.clone();
+            async move {
+                client.put(PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), request_id: None }).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stop.send(()).unwrap();
+        let result = in_flight.await.unwrap();
+        assert_eq!(
+            result.unwrap_err().code(),
+            Code::DeadlineExceeded,
+            "the in-flight request got its answer"
+        );
+        server.await.unwrap().expect("the server stops cleanly");
+        assert!(tokio::net::TcpStream::connect(address).await.is_err(), "no longer accepting");
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn serve_refuses_an_invalid_config_before_touching_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let mut config = common::three_node_config(&data_dir);
+    config.raft.election_ticks = 1;
+    let error = onekv_server::serve(config, std::future::pending()).await.unwrap_err();
+    let message = format!("{error:#}");
+    assert!(message.contains("raft.election_ticks"), "{message}");
+    assert!(!data_dir.exists(), "the data directory was not created");
+}

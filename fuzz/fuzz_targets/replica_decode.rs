@@ -1,0 +1,34 @@
+//! The replica's decoders on arbitrary bytes: commands (from Raft entries, which peers send) and
+//! every record kind the replica writes to the log. None may panic or read out of bounds.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use onekv_replica::{codec, records};
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok((_, command)) = codec::decode(data) {
+        // Every span a successful decode reports lies inside the input.
+        let spans = match command {
+            codec::DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect::<Vec<_>>(),
+            codec::DecodedCommand::Cas { new, .. } => new.into_iter().collect(),
+        };
+        for span in spans {
+            assert!(span.offset + span.len <= data.len());
+            let _ = codec::verify_stored_value(&data[span.offset..span.offset + span.len]);
+        }
+    }
+    let _ = codec::verify_stored_value(data);
+    if let Ok(entry) = records::decode_entry(data) {
+        assert_eq!(entry.data_offset + entry.data.len(), data.len());
+        if let Ok((_, codec::DecodedCommand::Write(_))) = codec::decode(entry.data) {}
+    }
+    let _ = records::decode_hard_state(data);
+    let _ = records::decode_snapshot_chunk(data);
+    let _ = records::decode_snapshot_meta(data);
+    for pair in records::SnapshotPairs::new(data) {
+        if pair.is_err() {
+            break;
+        }
+    }
+});
