@@ -99,6 +99,9 @@ pub struct ReplicaConfig {
     pub raft_log_keep_entries: u64,
     /// Size of one log segment file.
     pub segment_bytes: u64,
+    /// Whether index trees are compacted after flushes (off only to measure write amplification
+    /// "before any compaction", as the papers do).
+    pub index_compaction: bool,
 }
 
 impl ReplicaConfig {
@@ -116,6 +119,7 @@ impl ReplicaConfig {
             memtable_bytes: 16 << 20,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
+            index_compaction: true,
         }
     }
 }

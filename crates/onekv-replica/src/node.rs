@@ -396,11 +396,16 @@ impl NodeLoop {
             .tree
             .flush(applied, state::last_seqno(applied))
             .map_err(|e| storage(format!("flushing the index: {e}")))?;
-        self.state.tree.maybe_compact().map_err(|e| storage(format!("compacting the index: {e}")))?;
+        let compact = self.config.index_compaction;
+        if compact {
+            self.state.tree.maybe_compact().map_err(|e| storage(format!("compacting the index: {e}")))?;
+        }
         if let Some(tree) = &self.state.entry_tree {
             tree.flush(applied, self.entry_tree_seqno)
                 .map_err(|e| storage(format!("flushing entries: {e}")))?;
-            tree.maybe_compact().map_err(|e| storage(format!("compacting entries: {e}")))?;
+            if compact {
+                tree.maybe_compact().map_err(|e| storage(format!("compacting entries: {e}")))?;
+            }
         }
         let keep = self.config.raft_log_keep_entries;
         if applied > keep {
