@@ -1,0 +1,498 @@
+//! Clusters of real `onekv server` processes: replication, kill -9 of the leader under writes, a
+//! restart of every node, a follower catching up through a snapshot, bad input on both services,
+//! and `onekv cluster start` driven through the CLI.
+//!
+//! In-process replication, failover and crash points are tested in `onekv-replica`; these tests
+//! add what only real processes show: the binary, its configuration files, gRPC between nodes,
+//! SIGKILL at an arbitrary moment, and recovery from the files a killed process left.
+//!
+//! The tests run one at a time (they share two cores with each other's clusters otherwise, and a
+//! starved node misses elections), each bounded by [`run_bounded`].
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::{TestCluster, free_port, mismatches, port_is_free, run_bounded, tail};
+use onekv_client::ClientError;
+use onekv_proto::PeerMessages;
+use onekv_proto::peer_client::PeerClient;
+
+/// Keeps the tests of this file from running at the same time.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the next one is still worth running.
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `(key, value)` pairs as bytes.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+#[test]
+fn writes_replicate_to_every_node() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(60), async {
+        let mut cluster = TestCluster::start(3, |_| {}).await;
+        let client = cluster.client();
+        let mut pairs = Pairs::new();
+        let mut last_index = 0;
+        for i in 0..100 {
+            let (key, value) = (format!("replicated-{i:03}").into_bytes(), format!("value-{i}").into_bytes());
+            last_index = client.put(&key, &value).await.expect("put");
+            pairs.push((key, value));
+        }
+        for id in cluster.ids() {
+            cluster.wait_applied(id, last_index).await;
+            let (client, endpoint) = (client.clone(), cluster.endpoint(id).to_string());
+            let (count, wrong) = mismatches(&pairs, move |key| {
+                let (client, endpoint) = (client.clone(), endpoint.clone());
+                async move { client.get_stale(&key, Some(&endpoint)).await }
+            })
+            .await;
+            assert_eq!(count, 0, "node {id}'s stale reads: {wrong:#?}");
+        }
+    });
+}
+
+/// One acknowledged put of the writers in `leader_killed_under_writes_loses_no_acked_write`.
+struct Ack {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    started: Instant,
+}
+
+#[test]
+fn leader_killed_under_writes_loses_no_acked_write() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(90), async {
+        let mut cluster = TestCluster::start(3, |_| {}).await;
+        let client = cluster.client();
+        let acks = Arc::new(Mutex::new(Vec::<Ack>::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut writers = tokio::task::JoinSet::new();
+        for writer in 0..4 {
+            let (client, acks, stop) = (client.clone(), Arc::clone(&acks), Arc::clone(&stop));
+            writers.spawn(async move {
+                let mut failures = 0u64;
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("writer{writer}-{n:06}").into_bytes();
+                    let value = format!("value-{writer}-{n}-{}", rand::random::<u32>()).into_bytes();
+                    let started = Instant::now();
+                    match client.put(&key, &value).await {
+                        Ok(_) => acks.lock().unwrap().push(Ack { key, value, started }),
+                        // Not acknowledged: it may or may not have been applied; nothing to check.
+                        Err(_) => failures += 1,
+                    }
+                    n += 1;
+                }
+                failures
+            });
+        }
+
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let old_leader = cluster.leader().await;
+        let acked_before = acks.lock().unwrap().len();
+        assert!(acked_before > 0, "no write was acknowledged in the first second");
+        let killed_at = Instant::now();
+        cluster.kill9(old_leader);
+
+        // Writes resume under a new leader: puts *started* after the kill are acknowledged.
+        let deadline = killed_at + Duration::from_secs(10);
+        loop {
+            let resumed = acks.lock().unwrap().iter().filter(|ack| ack.started > killed_at).count();
+            if resumed >= 20 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {resumed} puts started after the kill of leader {old_leader} were acknowledged \
+                 within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let new_leader = cluster.leader().await;
+        assert_ne!(new_leader, old_leader, "the killed node cannot be the leader");
+
+        cluster.restart(old_leader).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        while let Some(joined) = writers.join_next().await {
+            joined.expect("a writer task");
+        }
+        let acked: Pairs =
+            std::mem::take(&mut *acks.lock().unwrap()).into_iter().map(|ack| (ack.key, ack.value)).collect();
+        assert!(acked.len() > acked_before, "no write after the kill");
+        eprintln!(
+            "{} writes acknowledged ({acked_before} before leader {old_leader} was killed), then \
+             leader {new_leader}",
+            acked.len()
+        );
+
+        let reader = client.clone();
+        let (count, wrong) = mismatches(&acked, move |key| {
+            let reader = reader.clone();
+            async move { reader.get(&key).await }
+        })
+        .await;
+        assert_eq!(count, 0, "{count} of {} acknowledged writes read back wrong: {wrong:#?}", acked.len());
+
+        let leader = cluster.leader().await;
+        let commit = cluster.status(leader).await.expect("the leader's status").commit_index;
+        for id in cluster.ids() {
+            cluster.wait_applied(id, commit).await;
+            let (client, endpoint) = (client.clone(), cluster.endpoint(id).to_string());
+            let (count, wrong) = mismatches(&acked, move |key| {
+                let (client, endpoint) = (client.clone(), endpoint.clone());
+                async move { client.get_stale(&key, Some(&endpoint)).await }
+            })
+            .await;
+            assert_eq!(count, 0, "node {id}'s stale reads of {} acked keys: {wrong:#?}", acked.len());
+        }
+    });
+}
+
+/// Puts `count` keys named `prefix-N` through 8 concurrent tasks; returns them with their values.
+async fn load(client: &onekv_client::Client, prefix: &str, count: usize, key_padding: usize) -> Pairs {
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..8 {
+        let (client, prefix) = (client.clone(), prefix.to_string());
+        tasks.spawn(async move {
+            let mut pairs = Pairs::new();
+            for i in (task..count).step_by(8) {
+                let mut key = format!("{prefix}-{i:05}-").into_bytes();
+                key.resize(key.len() + key_padding, b'k');
+                let value = format!("value of {prefix} {i}").into_bytes();
+                client.put(&key, &value).await.unwrap_or_else(|error| panic!("put {prefix}-{i}: {error}"));
+                pairs.push((key, value));
+            }
+            pairs
+        });
+    }
+    let mut pairs = Pairs::new();
+    while let Some(part) = tasks.join_next().await {
+        pairs.extend(part.expect("a loader task"));
+    }
+    pairs
+}
+
+#[test]
+fn every_node_killed_and_restarted_keeps_every_acked_write() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(90), async {
+        let mut cluster = TestCluster::start(3, |_| {}).await;
+        let client = cluster.client();
+        let pairs = load(&client, "survivor", 200, 0).await;
+
+        for id in cluster.ids() {
+            cluster.kill9(id);
+        }
+        for id in cluster.ids() {
+            cluster.restart(id).await;
+        }
+        cluster.leader().await;
+
+        let reader = client.clone();
+        let (count, wrong) = mismatches(&pairs, move |key| {
+            let reader = reader.clone();
+            async move { reader.get(&key).await }
+        })
+        .await;
+        assert_eq!(count, 0, "after restarting every node: {wrong:#?}");
+        client.put(b"after-restart", b"new").await.expect("a put after the restart");
+        assert_eq!(client.get(b"after-restart").await.expect("get"), Some(b"new".to_vec()));
+    });
+}
+
+#[test]
+fn follower_down_for_long_catches_up_through_a_snapshot() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(90), async {
+        let mut cluster = TestCluster::start(3, |config| {
+            // Few entries kept, and a memtable small enough (its minimum) that the leader flushes,
+            // and so compacts its Raft log, every few dozen of the long keys below.
+            config.raft.raft_log_keep_entries = 20;
+            config.index.memtable_bytes = 64 << 10;
+        })
+        .await;
+        let client = cluster.client();
+        let leader = cluster.leader().await;
+        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+        let index = client.put(b"before-the-outage", b"1").await.expect("put");
+        let down_at = cluster.wait_applied(follower, index).await.applied_index;
+        cluster.kill9(follower);
+
+        // Keys of about 1 KiB fill the index's memtable (which holds keys and locators) quickly.
+        let mut written = Pairs::new();
+        let mut round = 0;
+        let leader_first = loop {
+            written.extend(load(&client, &format!("outage{round}"), 100, 1000).await);
+            round += 1;
+            let status = cluster.status(leader).await.expect("the leader's status");
+            if written.len() >= 300 && status.first_index > down_at + 100 {
+                break status.first_index;
+            }
+            assert!(round < 20, "the leader never compacted its Raft log past index {down_at}: {status:?}");
+        };
+
+        cluster.restart(follower).await;
+        let leader = cluster.leader().await;
+        let commit = cluster.status(leader).await.expect("the leader's status").commit_index;
+        let caught_up = cluster.wait_applied(follower, commit).await;
+        assert!(
+            caught_up.first_index > down_at + 1,
+            "node {follower} went down at index {down_at} and the leader's log starts at {leader_first}, \
+             but its own log starts at {}",
+            caught_up.first_index
+        );
+        eprintln!(
+            "node {follower} went down at index {down_at}; {} keys written meanwhile; the leader's log \
+             then started at {leader_first}; node {follower} caught up to {} with its log starting at {}",
+            written.len(),
+            caught_up.applied_index,
+            caught_up.first_index
+        );
+        let log = cluster.log_text(follower);
+        assert!(log.contains("installing a snapshot"), "node {follower} never installed a snapshot");
+
+        let (reader, endpoint) = (client.clone(), cluster.endpoint(follower).to_string());
+        let (count, wrong) = mismatches(&written, move |key| {
+            let (reader, endpoint) = (reader.clone(), endpoint.clone());
+            async move { reader.get_stale(&key, Some(&endpoint)).await }
+        })
+        .await;
+        assert_eq!(count, 0, "node {follower}'s stale reads after the snapshot: {wrong:#?}");
+    });
+}
+
+/// The message of an `InvalidArgument`, or a panic naming what came instead.
+fn invalid_argument<T: std::fmt::Debug>(what: &str, result: onekv_client::Result<T>) -> String {
+    match result {
+        Err(ClientError::InvalidArgument(message)) => message,
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_input_is_rejected_and_the_node_keeps_serving() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(60), async {
+        let mut cluster = TestCluster::start(3, |config| {
+            config.limits.max_key_bytes = 64;
+            config.limits.max_value_bytes = 1024;
+            config.limits.max_batch_ops = 4;
+        })
+        .await;
+        let client = cluster.client();
+
+        let message = invalid_argument("a long key", client.put(&[b'k'; 65], b"v").await);
+        assert!(message.contains("limits.max_key_bytes"), "{message}");
+        let message = invalid_argument("a long key in a get", client.get(&[b'k'; 65]).await);
+        assert!(message.contains("limits.max_key_bytes"), "{message}");
+        let message = invalid_argument("a long value", client.put(b"k", &[b'v'; 1025]).await);
+        assert!(message.contains("limits.max_value_bytes"), "{message}");
+        let message = invalid_argument("an empty key", client.put(b"", b"v").await);
+        assert!(message.contains("empty"), "{message}");
+        let ops = (0..5).map(|i| (format!("batch-{i}").into_bytes(), Some(b"v".to_vec()))).collect();
+        let message = invalid_argument("a batch of 5", client.batch(ops).await);
+        assert!(message.contains("limits.max_batch_ops"), "{message}");
+        // Exactly at the limits is fine.
+        client.put(&[b'k'; 64], &[b'v'; 1024]).await.expect("a put at the limits");
+        let ops = (0..4).map(|i| (format!("batch-{i}").into_bytes(), Some(b"v".to_vec()))).collect();
+        client.batch(ops).await.expect("a batch at the limit");
+
+        // Raw bytes that are not a Raft message, on the Peer service of the leader.
+        let leader = cluster.leader().await;
+        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+        let mut peer =
+            PeerClient::connect(format!("http://{}", cluster.endpoint(leader))).await.expect("connecting");
+        let garbage = PeerMessages { from: follower, messages: vec![vec![0xff; 16]] };
+        let status = peer.send(garbage).await.expect_err("garbage must be rejected");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("does not decode"), "{status:?}");
+        let stranger = PeerMessages { from: 99, messages: vec![Vec::new()] };
+        let status = peer.send(stranger).await.expect_err("a non-member must be rejected");
+        assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+
+        // The node still serves, and is still the leader (the garbage changed nothing).
+        client.put(b"still", b"serving").await.expect("a put after bad input");
+        assert_eq!(client.get(b"still").await.expect("get"), Some(b"serving".to_vec()));
+        assert_eq!(cluster.leader().await, leader);
+    });
+}
+
+/// An `onekv cluster start` process: its stdout lines arrive on a channel; dropping it stops the
+/// cluster (SIGINT, then SIGKILL after 15 s; the nodes follow their parent either way).
+struct ClusterProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Every stdout line so far, for failure messages.
+    seen: Vec<String>,
+}
+
+impl ClusterProcess {
+    fn start(dir: &Path, base_port: u16) -> ClusterProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_onekv"))
+            .args(["cluster", "start", "--nodes", "3", "--base-port", &base_port.to_string(), "--dir"])
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawning onekv cluster start");
+        let stdout = child.stdout.take().expect("a piped stdout");
+        let (sender, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        ClusterProcess { child, lines, seen: Vec::new() }
+    }
+
+    /// Waits for the line that lists the endpoints (`onekv status --endpoints E`); returns E.
+    fn endpoints(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let endpoints = line.trim().strip_prefix("onekv status --endpoints ").map(str::to_string);
+                    self.seen.push(line);
+                    if let Some(endpoints) = endpoints {
+                        return endpoints;
+                    }
+                }
+                Err(error) => {
+                    panic!("no endpoints line ({error:?}); output so far:\n{}", self.seen.join("\n"))
+                }
+            }
+        }
+    }
+
+    /// The ids of the processes whose parent is this one.
+    fn children(&self) -> Vec<u32> {
+        let parent = self.child.id();
+        let mut children = Vec::new();
+        for entry in std::fs::read_dir("/proc").expect("listing /proc").flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`; comm may hold spaces, so split after its last ')'.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            if ppid.and_then(|ppid| ppid.parse::<u32>().ok()) == Some(parent) {
+                children.push(pid);
+            }
+        }
+        children
+    }
+
+    /// Sends SIGINT and waits up to `limit` for the exit; `None` if it did not exit in time.
+    fn interrupt(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        use rustix::process::{Pid, Signal, kill_process};
+        kill_process(Pid::from_child(&self.child), Signal::INT).expect("sending SIGINT");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the cluster") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ClusterProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait()
+            && self.interrupt(Duration::from_secs(15)).is_none()
+        {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs `onekv ARGS... --endpoints ENDPOINTS`.
+fn cli(args: &[&str], endpoints: &str) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_onekv"))
+        .args(args)
+        .args(["--endpoints", endpoints])
+        .env_remove("ONEKV_ENDPOINTS")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running onekv")
+}
+
+/// A base port P such that P+1..=P+3 are free now.
+fn free_base_port() -> u16 {
+    for _ in 0..100 {
+        let first = free_port();
+        if first > 1 && first < u16::MAX - 3 && (first..first + 3).all(port_is_free) {
+            return first - 1;
+        }
+    }
+    panic!("found no three consecutive free ports");
+}
+
+/// Whether process `pid` is still an `onekv server` (a reused pid running something else is not).
+fn is_onekv_server(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).split('\0').any(|arg| arg == "server"))
+}
+
+#[test]
+fn cluster_start_serves_the_cli_stops_on_sigint_and_restarts_on_its_data() {
+    let _serial = one_at_a_time();
+    let dir = tempfile::tempdir().expect("a temporary dir");
+    let cluster_dir = dir.path().join("cluster");
+    let node_logs = || {
+        (1..=3)
+            .map(|id| {
+                format!("--- node {id} ---\n{}", tail(&cluster_dir.join(format!("node{id}/server.log")), 30))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    let mut cluster = ClusterProcess::start(&cluster_dir, free_base_port());
+    let endpoints = cluster.endpoints();
+    assert_eq!(endpoints.split(',').count(), 3, "{endpoints}");
+    let put = cli(&["put", "greeting", "hello world"], &endpoints);
+    assert!(put.status.success(), "onekv put failed: {put:?}\n{}", node_logs());
+    assert!(String::from_utf8_lossy(&put.stdout).starts_with("OK (index "), "{put:?}");
+    let get = cli(&["get", "greeting"], &endpoints);
+    assert!(get.status.success(), "onekv get failed: {get:?}");
+    assert_eq!(String::from_utf8_lossy(&get.stdout), "hello world\n");
+    let missing = cli(&["get", "no-such-key"], &endpoints);
+    assert_eq!(missing.status.code(), Some(1), "{missing:?}");
+
+    let nodes = cluster.children();
+    assert_eq!(nodes.len(), 3, "expected 3 node processes, found {nodes:?}");
+    let status = cluster.interrupt(Duration::from_secs(15)).expect("the cluster did not stop within 15 s");
+    assert!(status.success(), "onekv cluster start exited with {status}\n{}", node_logs());
+    let left: Vec<u32> = nodes.into_iter().filter(|&pid| is_onekv_server(pid)).collect();
+    assert!(left.is_empty(), "node processes outlived the cluster: {left:?}");
+
+    // Started again on the same directory (its configurations name the ports), it has the value.
+    let mut cluster = ClusterProcess::start(&cluster_dir, free_base_port());
+    let again = cluster.endpoints();
+    assert_eq!(again, endpoints, "a restart reuses the addresses in the configurations");
+    let get = cli(&["get", "greeting"], &endpoints);
+    assert!(get.status.success(), "onekv get after the restart failed: {get:?}\n{}", node_logs());
+    assert_eq!(String::from_utf8_lossy(&get.stdout), "hello world\n");
+    let status = cluster.interrupt(Duration::from_secs(15)).expect("the restarted cluster did not stop");
+    assert!(status.success(), "the restarted cluster exited with {status}");
+}

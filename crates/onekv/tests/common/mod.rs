@@ -1,0 +1,356 @@
+//! Test support for clusters of real `onekv server` processes on 127.0.0.1.
+//!
+//! Owns: choosing free ports, writing one configuration per node into a temporary directory,
+//! spawning, SIGKILLing and restarting the node processes (stdout and stderr to a log file per
+//! node), waiting for nodes and a leader, and making sure no process outlives its test: dropping a
+//! [`TestCluster`] kills and reaps every child, and on a panic first prints the end of every node's
+//! log. Also the small waiting and checking helpers the tests share. Does not own what the tests
+//! assert.
+
+use std::collections::HashSet;
+use std::fs::{self, OpenOptions};
+use std::future::Future;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use onekv_client::{Client, ClientOptions, StatusResponse};
+use onekv_server::ServerConfig;
+use onekv_server::config::MemberConfig;
+
+/// How long a node may take to answer Status after it was spawned (recovery included).
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long an election may take before a test gives up on finding a leader.
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a node may take to apply up to an index the leader has committed.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Lines of each node's log printed when a test fails.
+const LOG_TAIL_LINES: usize = 40;
+/// Between two polls of a node's status.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Runs one test body on its own multi-threaded runtime, failing it if it takes longer than
+/// `limit`, so a hang shows up as a failure (and the cluster's drop guard still runs).
+pub fn run_bounded(limit: Duration, body: impl Future<Output = ()>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        if tokio::time::timeout(limit, body).await.is_err() {
+            panic!("the test did not finish within {limit:?}");
+        }
+    });
+}
+
+/// A port on 127.0.0.1 that was free a moment ago: bind port 0, read the port, drop the listener.
+/// Another process may take it meanwhile; that is rare enough for tests.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    listener.local_addr().expect("the ephemeral port").port()
+}
+
+/// Whether 127.0.0.1:`port` can be bound right now.
+pub fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// The last `count` lines of a file (empty if it cannot be read).
+pub fn tail(path: &Path, count: usize) -> String {
+    let Ok(bytes) = fs::read(path) else { return String::new() };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
+}
+
+/// Client options for tests: attempts short enough that a dead node is skipped quickly, and
+/// enough of them to ride out an election.
+pub fn test_client_options() -> ClientOptions {
+    ClientOptions {
+        request_timeout: Duration::from_secs(3),
+        max_attempts: 12,
+        backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(500),
+        connect_timeout: Duration::from_secs(1),
+    }
+}
+
+/// One node of a [`TestCluster`].
+struct Node {
+    id: u64,
+    address: String,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    /// `None` while the node is down (killed and not restarted).
+    child: Option<Child>,
+}
+
+/// A cluster of `onekv server` processes with their data, configurations and logs in one temporary
+/// directory. Dropping it kills every node and removes the directory.
+pub struct TestCluster {
+    nodes: Vec<Node>,
+    /// Used for Status calls only (one attempt to one named node).
+    status_client: Client,
+    // Declared last so it is removed after the processes are gone (fields drop in order, after
+    // `Drop::drop` has killed the children).
+    dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// Starts `count` nodes with Raft ticking every 30 ms (elections in about a second), then
+    /// applies `tweak` to every node's configuration; waits until every node answers Status and
+    /// a leader is known to a majority.
+    pub async fn start(count: u64, tweak: impl Fn(&mut ServerConfig)) -> TestCluster {
+        let dir = tempfile::Builder::new().prefix("onekv-cluster-test").tempdir().expect("a temporary dir");
+        let mut ports = HashSet::new();
+        while (ports.len() as u64) < count {
+            ports.insert(free_port());
+        }
+        let members: Vec<MemberConfig> = ports
+            .into_iter()
+            .zip(1..=count)
+            .map(|(port, id)| MemberConfig { id, address: format!("127.0.0.1:{port}") })
+            .collect();
+        let mut nodes = Vec::new();
+        for member in &members {
+            let node_dir = dir.path().join(format!("node{}", member.id));
+            fs::create_dir_all(&node_dir).expect("creating a node directory");
+            let mut config = ServerConfig {
+                node_id: member.id,
+                listen: member.address.clone(),
+                data_dir: node_dir.join("data"),
+                members: members.clone(),
+                ..ServerConfig::default()
+            };
+            config.raft.tick_ms = 30;
+            tweak(&mut config);
+            config.validate().expect("the test's configuration is valid");
+            let config_path = node_dir.join("onekv.toml");
+            fs::write(&config_path, config.to_toml()).expect("writing a configuration");
+            nodes.push(Node {
+                id: member.id,
+                address: member.address.clone(),
+                config_path,
+                log_path: node_dir.join("server.log"),
+                child: None,
+            });
+        }
+        let endpoints = members.iter().map(|member| member.address.clone()).collect();
+        let status_client = Client::new(endpoints, test_client_options()).expect("a status client");
+        let mut cluster = TestCluster { nodes, status_client, dir };
+        for id in 1..=count {
+            cluster.spawn(id);
+        }
+        for id in 1..=count {
+            cluster.wait_ready(id).await;
+        }
+        cluster.leader().await;
+        cluster
+    }
+
+    /// Every node id, down or not.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|node| node.id).collect()
+    }
+
+    /// The `host:port` of node `id`.
+    pub fn endpoint(&self, id: u64) -> &str {
+        &self.node(id).address
+    }
+
+    /// A data client over every node's endpoint.
+    pub fn client(&self) -> Client {
+        let endpoints = self.nodes.iter().map(|node| node.address.clone()).collect();
+        Client::new(endpoints, test_client_options()).expect("a client")
+    }
+
+    /// The text of node `id`'s log so far (every run of it: restarts append).
+    pub fn log_text(&self, id: u64) -> String {
+        String::from_utf8_lossy(&fs::read(&self.node(id).log_path).unwrap_or_default()).into_owned()
+    }
+
+    /// The Status of node `id` (one attempt).
+    pub async fn status(&self, id: u64) -> onekv_client::Result<StatusResponse> {
+        self.status_client.status(self.endpoint(id)).await
+    }
+
+    /// SIGKILLs node `id` and reaps it.
+    pub fn kill9(&mut self, id: u64) {
+        let node = self.node_mut(id);
+        let mut child = node.child.take().unwrap_or_else(|| panic!("node {id} is not running"));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaping a killed node");
+    }
+
+    /// Starts node `id` again on its data and waits until it answers Status.
+    pub async fn restart(&mut self, id: u64) {
+        assert!(self.node(id).child.is_none(), "node {id} is still running");
+        self.spawn(id);
+        self.wait_ready(id).await;
+    }
+
+    /// The id of the leader: a node that says it leads and that a majority of the members name as
+    /// their leader in its term. Waits for an election if needed.
+    pub async fn leader(&mut self) -> u64 {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        let majority = self.nodes.len() / 2 + 1;
+        loop {
+            self.check_running();
+            let mut statuses = Vec::new();
+            for id in self.running_ids() {
+                if let Ok(status) = self.status(id).await {
+                    statuses.push(status);
+                }
+            }
+            let leader = statuses.iter().filter(|status| status.role == "leader").max_by_key(|s| s.term);
+            if let Some(leader) = leader {
+                let followers = statuses
+                    .iter()
+                    .filter(|status| status.leader_id == leader.node_id && status.term == leader.term)
+                    .count();
+                if followers >= majority {
+                    return leader.node_id;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within {LEADER_TIMEOUT:?}; statuses: {statuses:?}");
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Waits until node `id` has applied at least `index`; returns its status then.
+    pub async fn wait_applied(&mut self, id: u64, index: u64) -> StatusResponse {
+        let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+        loop {
+            self.check_running();
+            let status = self.status(id).await;
+            if let Ok(status) = &status
+                && status.applied_index >= index
+            {
+                return status.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not apply index {index} within {CATCH_UP_TIMEOUT:?}; last status: {status:?}"
+            );
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    fn node(&self, id: u64) -> &Node {
+        self.nodes.iter().find(|node| node.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut Node {
+        self.nodes.iter_mut().find(|node| node.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn running_ids(&self) -> Vec<u64> {
+        self.nodes.iter().filter(|node| node.child.is_some()).map(|node| node.id).collect()
+    }
+
+    fn spawn(&mut self, id: u64) {
+        let node = self.node_mut(id);
+        let mut log = OpenOptions::new().create(true).append(true).open(&node.log_path).expect("a log file");
+        use std::io::Write as _;
+        writeln!(log, "--- test: starting node {id} ---").expect("writing the log");
+        let stderr = log.try_clone().expect("duplicating the log handle");
+        let child = Command::new(env!("CARGO_BIN_EXE_onekv"))
+            .arg("server")
+            .arg("--config")
+            .arg(&node.config_path)
+            .args(["--log-level", "info"])
+            // Should this test process be killed outright (no drop guard runs), the kernel sends
+            // each node SIGTERM. Spawned from the thread running the test body, which outlives the
+            // node (the guard kills it first).
+            .arg("--parent-pid")
+            .arg(std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .expect("spawning onekv server");
+        node.child = Some(child);
+    }
+
+    /// Waits until node `id` answers Status, failing at once if it exits.
+    async fn wait_ready(&mut self, id: u64) {
+        let deadline = Instant::now() + NODE_READY_TIMEOUT;
+        loop {
+            self.check_running();
+            if self.status(id).await.is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} did not answer Status within {NODE_READY_TIMEOUT:?}"
+            );
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Fails the test if a node that should be running has exited.
+    fn check_running(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(child) = &mut node.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                node.child = None;
+                panic!("node {} exited unexpectedly ({status})", node.id);
+            }
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- the test failed; cluster directory {} ---", self.dir.path().display());
+            for node in &self.nodes {
+                eprintln!("--- last {LOG_TAIL_LINES} lines of node {}'s log ---", node.id);
+                eprintln!("{}", tail(&node.log_path, LOG_TAIL_LINES));
+            }
+        }
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// Reads every `(key, value)` through `read` from 8 concurrent tasks; returns a description of
+/// each key that did not read back its value (at most the first 10) and the number of them.
+pub async fn mismatches<F, Fut>(pairs: &[(Vec<u8>, Vec<u8>)], read: F) -> (usize, Vec<String>)
+where
+    F: Fn(Vec<u8>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = onekv_client::Result<Option<Vec<u8>>>> + Send,
+{
+    const TASKS: usize = 8;
+    let mut tasks = tokio::task::JoinSet::new();
+    let chunk = pairs.len().div_ceil(TASKS).max(1);
+    for part in pairs.chunks(chunk) {
+        let part = part.to_vec();
+        let read = read.clone();
+        tasks.spawn(async move {
+            let mut wrong = Vec::new();
+            for (key, value) in part {
+                let got = read(key.clone()).await;
+                if !matches!(&got, Ok(Some(got)) if *got == value) {
+                    let got = got.map(|got| got.map(|got| String::from_utf8_lossy(&got).into_owned()));
+                    wrong.push(format!("{}: got {got:?}", String::from_utf8_lossy(&key)));
+                }
+            }
+            wrong
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(wrong) = tasks.join_next().await {
+        all.extend(wrong.expect("a reader task"));
+    }
+    let count = all.len();
+    all.truncate(10);
+    (count, all)
+}
