@@ -46,7 +46,8 @@ struct TreeInner {
     /// Highest seqno of a user write (flags excluded): bounds what a flush or compaction can see.
     max_data_seqno: AtomicU64,
     /// The flag of the last flush that completed.
-    flush_flag: Mutex<Option<u64>>,
+    /// The last flush's flag and the note stored with it.
+    flush_flag: Mutex<Option<(u64, Vec<u8>)>>,
     /// Serializes flush, compaction and clear; holds what they need.
     maintenance: Mutex<Maintenance>,
     strategy: lsm_tree::compaction::Leveled,
@@ -79,13 +80,17 @@ impl Tree {
                 .get(FLAG_KEY, read_seqno)
                 .map_err(|e| IndexError::storage(name, "reading the flush flag", e))?,
         };
-        let flush_flag =
-            match stored_flag {
-                None => None,
-                Some(bytes) => Some(u64::from_le_bytes(bytes.as_ref().try_into().map_err(|_| {
-                    IndexError::CorruptFlushFlag { tree: name.to_owned(), len: bytes.len() }
-                })?)),
-            };
+        // The flag's value: the applied index (u64 LE), then the caller's note (any bytes).
+        let flush_flag = match stored_flag {
+            None => None,
+            Some(bytes) if bytes.len() < 8 => {
+                return Err(IndexError::CorruptFlushFlag { tree: name.to_owned(), len: bytes.len() });
+            }
+            Some(bytes) => {
+                let (index, note) = bytes.split_at(8);
+                Some((u64::from_le_bytes(index.try_into().expect("8 bytes")), note.to_vec()))
+            }
+        };
         let config = &index.config;
         let strategy = lsm_tree::compaction::Leveled::default()
             .with_l0_threshold(config.l0_threshold)
@@ -212,7 +217,13 @@ impl Tree {
     /// The flag of the last flush that completed (`None` for a tree never flushed). After a crash
     /// this is the flag of the last flush whose table reached the disk.
     pub fn flush_flag(&self) -> Option<u64> {
-        *lock(&self.inner.flush_flag)
+        lock(&self.inner.flush_flag).as_ref().map(|(index, _)| *index)
+    }
+
+    /// The note stored with the last completed flush's flag ([`Tree::flush_with_note`]); empty when
+    /// the flush had none, `None` for a tree never flushed.
+    pub fn flush_note(&self) -> Option<Vec<u8>> {
+        lock(&self.inner.flush_flag).as_ref().map(|(_, note)| note.clone())
     }
 
     /// Writes the flag `applied_index` at `flag_seqno`, then rotates the memtable and flushes it to a
@@ -225,6 +236,18 @@ impl Tree {
     /// After an I/O error the tree refuses further flushes and compactions ([`IndexError::Failed`]);
     /// what was durable before stays durable, and reopening recovers it.
     pub fn flush(&self, applied_index: u64, flag_seqno: u64) -> Result<(), IndexError> {
+        self.flush_with_note(applied_index, flag_seqno, &[])
+    }
+
+    /// [`Tree::flush`], storing `note` with the flag in the same table: whatever the caller needs
+    /// to know about the state the flag describes (the replica keeps where its recovery scan may
+    /// start). [`Tree::flush_note`] returns it after a reopen.
+    pub fn flush_with_note(
+        &self,
+        applied_index: u64,
+        flag_seqno: u64,
+        note: &[u8],
+    ) -> Result<(), IndexError> {
         let inner = &*self.inner;
         let mut maintenance = self.maintenance()?;
         // The flag is no user write, so it may sit at a published seqno.
@@ -238,7 +261,10 @@ impl Tree {
                 requested: applied_index,
             });
         }
-        let _sizes = inner.lsm.insert(FLAG_KEY, applied_index.to_le_bytes(), flag_seqno);
+        let mut flag = Vec::with_capacity(8 + note.len());
+        flag.extend_from_slice(&applied_index.to_le_bytes());
+        flag.extend_from_slice(note);
+        let _sizes = inner.lsm.insert(FLAG_KEY, flag, flag_seqno);
         inner.last_seqno.fetch_max(flag_seqno, Ordering::AcqRel);
 
         let flush_lock = inner.lsm.get_flush_lock();
@@ -260,7 +286,7 @@ impl Tree {
         if let Err(e) = outcome {
             return Err(fail(&mut maintenance, e));
         }
-        *lock(&inner.flush_flag) = Some(applied_index);
+        *lock(&inner.flush_flag) = Some((applied_index, note.to_vec()));
         Ok(())
     }
 

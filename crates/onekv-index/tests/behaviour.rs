@@ -168,6 +168,30 @@ fn flush_flag_survives_reopen_and_unflushed_writes_do_not() {
 }
 
 #[test]
+fn a_note_flushed_with_the_flag_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let index = open(dir.path());
+        let tree = index.tree("shard-1").unwrap();
+        assert_eq!(tree.flush_note(), None);
+        tree.insert(b"k", b"v", 10);
+        tree.publish(10);
+        tree.flush_with_note(4, 10, b"scan from here").unwrap();
+        assert_eq!(tree.flush_note().as_deref(), Some(&b"scan from here"[..]));
+    }
+    {
+        let index = open(dir.path());
+        let tree = index.tree("shard-1").unwrap();
+        assert_eq!(tree.flush_flag(), Some(4));
+        assert_eq!(tree.flush_note().as_deref(), Some(&b"scan from here"[..]));
+        tree.flush(5, 10).unwrap();
+    }
+    let index = open(dir.path());
+    let tree = index.tree("shard-1").unwrap();
+    assert_eq!((tree.flush_flag(), tree.flush_note()), (Some(5), Some(Vec::new())));
+}
+
+#[test]
 fn flushing_an_empty_memtable_records_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     {

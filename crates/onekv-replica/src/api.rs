@@ -236,6 +236,9 @@ pub struct ReplicaStatus {
     pub bytes_written: u64,
     /// User payload bytes (keys and values) applied since the replica started.
     pub user_bytes: u64,
+    /// Log records the recovery at open read: bounded by the recovery point of the last index
+    /// flush, not by the size of the log.
+    pub recovery_records: u64,
 }
 
 /// Carries Raft messages to peers. Must not block: a transport that cannot keep up drops messages

@@ -50,6 +50,8 @@ pub(crate) struct Shared {
     pub stopped: AtomicBool,
     /// Commit index covered by a durable HARD_STATE record.
     pub durable_commit: AtomicU64,
+    /// Log records the recovery at open scanned.
+    pub recovery_records: u64,
 }
 
 /// The loop's own state.
@@ -391,10 +393,30 @@ impl NodeLoop {
         self.flush_index(applied)
     }
 
+    /// Flushes the index with `applied` as its flag, after letting Raft forget entries more than
+    /// `raft_log_keep_entries` below it; the flag carries where the next recovery's scan may start
+    /// (the record of the first entry Raft still serves), so a restart reads only that far back.
+    /// The caller has made the hard state covering `applied` durable.
     pub(crate) fn flush_index(&mut self, applied: u64) -> Result<(), ReplicaError> {
+        let keep = self.config.raft_log_keep_entries;
+        if applied > keep {
+            self.raw.mut_store().compact(applied - keep);
+        }
+        let store = self.raw.store();
+        let note = match store.meta(store.first()) {
+            Some(first) => records::encode_recovery_point(&records::RecoveryPoint {
+                scan_from: first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
+                snapshot_index: store.snapshot_index,
+                snapshot_term: store.snapshot_term,
+                hard_state: self.persisted_hs,
+                voters: store.conf_state.voters.clone(),
+            }),
+            // No entry retained (just after a snapshot): the next recovery scans the whole log.
+            None => Vec::new(),
+        };
         self.state
             .tree
-            .flush(applied, state::last_seqno(applied))
+            .flush_with_note(applied, state::last_seqno(applied), &note)
             .map_err(|e| storage(format!("flushing the index: {e}")))?;
         let compact = self.config.index_compaction;
         if compact {
@@ -406,10 +428,6 @@ impl NodeLoop {
             if compact {
                 tree.maybe_compact().map_err(|e| storage(format!("compacting entries: {e}")))?;
             }
-        }
-        let keep = self.config.raft_log_keep_entries;
-        if applied > keep {
-            self.raw.mut_store().compact(applied - keep);
         }
         Ok(())
     }
@@ -494,6 +512,7 @@ impl NodeLoop {
             log_bytes: self.state.log_bytes(),
             bytes_written: self.state.bytes_written(),
             user_bytes: self.state.user_bytes.load(Ordering::Relaxed),
+            recovery_records: self.shared.recovery_records,
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -246,6 +246,57 @@ pub fn decode_snapshot_meta(payload: &[u8]) -> Result<SnapshotMeta, CodecError> 
     Ok(SnapshotMeta { shard, index, term, chunks, voters })
 }
 
+/// Where recovery may start, stored with an index tree's flush flag (not a log record: it rides in
+/// the tree's flag, so it is exactly as durable as the flush it describes):
+/// `version:u8=1 scan_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64 vote:u64 commit:u64
+/// voters:u32 voter:u64*voters`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveryPoint {
+    /// Log position of the ENTRY record of the first Raft entry still served after the flush.
+    pub scan_from: u64,
+    /// The Raft log's compaction point (index and term just below that entry).
+    pub snapshot_index: u64,
+    /// Term at `snapshot_index`.
+    pub snapshot_term: u64,
+    /// The durable hard state at the flush.
+    pub hard_state: HardStateRecord,
+    /// Voting members.
+    pub voters: Vec<u64>,
+}
+
+/// Encodes a recovery point.
+pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
+    let mut out = vec![1u8];
+    let hs = &point.hard_state;
+    for v in [point.scan_from, point.snapshot_index, point.snapshot_term, hs.term, hs.vote, hs.commit] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(point.voters.len() as u32).to_le_bytes());
+    for voter in &point.voters {
+        out.extend_from_slice(&voter.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a recovery point.
+pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, CodecError> {
+    let mut r = Reader { data: bytes, at: 0 };
+    if r.u8()? != 1 {
+        return Err(CodecError("unknown recovery point version"));
+    }
+    let (scan_from, snapshot_index, snapshot_term) = (r.u64()?, r.u64()?, r.u64()?);
+    let hard_state = HardStateRecord { shard, term: r.u64()?, vote: r.u64()?, commit: r.u64()? };
+    let count = r.u32()? as usize;
+    if count > r.remaining() / 8 {
+        return Err(CodecError("voter count exceeds the recovery point"));
+    }
+    let voters = (0..count).map(|_| r.u64()).collect::<Result<_, _>>()?;
+    if r.remaining() != 0 {
+        return Err(CodecError("trailing bytes after a recovery point"));
+    }
+    Ok(RecoveryPoint { scan_from, snapshot_index, snapshot_term, hard_state, voters })
+}
+
 /// Bytes of a VALUE payload before the stored value.
 pub const VALUE_HEADER: usize = 8;
 
@@ -340,6 +391,22 @@ mod tests {
         assert!(SnapshotPairs::new(&data[..data.len() - 1]).any(|p| p.is_err()));
         let meta = SnapshotMeta { shard: 1, index: 9, term: 2, chunks: 3, voters: vec![1, 2, 3] };
         assert_eq!(decode_snapshot_meta(&encode_snapshot_meta(&meta)).unwrap(), meta);
+    }
+
+    #[test]
+    fn a_recovery_point_round_trips_and_rejects_truncation() {
+        let point = RecoveryPoint {
+            scan_from: 4096,
+            snapshot_index: 10,
+            snapshot_term: 2,
+            hard_state: HardStateRecord { shard: 1, term: 3, vote: 1, commit: 40 },
+            voters: vec![1, 2, 3],
+        };
+        let bytes = encode_recovery_point(&point);
+        assert_eq!(decode_recovery_point(&bytes, 1).unwrap(), point);
+        for len in 0..bytes.len() {
+            assert!(decode_recovery_point(&bytes[..len], 1).is_err());
+        }
     }
 
     #[test]

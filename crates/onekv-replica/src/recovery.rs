@@ -1,7 +1,9 @@
 //! Recovery directed by consensus (XLL §3.4.3): rebuild Raft's state from the log and replay into
 //! the index only what its flush flag says is missing.
 //!
-//! 1. Scan the Raft log front to back: ENTRY records rebuild the index → locator map (a later
+//! 1. Scan the Raft log from the recovery point stored with the tree's flush flag (the record of the
+//!    first entry Raft still served at that flush; the whole log if there is none): ENTRY records
+//!    rebuild the index → locator map (a later
 //!    record at an index replaces that index and everything after it, as a new leader's append
 //!    did), HARD_STATE records give the latest term, vote and commit, and a complete snapshot
 //!    (chunks then metadata) resets the Raft log to its index.
@@ -34,6 +36,8 @@ pub(crate) struct Recovered {
     pub flush_flag: u64,
     /// Entries replayed into the index.
     pub replayed: u64,
+    /// Log position the scan started at.
+    pub scan_from: u64,
     /// Highest index whose ENTRY record was seen (classic mode re-inserts entries above the entry
     /// tree's flag).
     pub entries_seen: u64,
@@ -48,7 +52,25 @@ pub(crate) fn recover(
     let mut recovered = Recovered::default();
     let mut chunks: Vec<(u64, Locator)> = Vec::new();
     let mut snapshot: Option<(u64, Vec<Locator>)> = None;
-    for record in log.iter_from(log.first_position()) {
+    let mut scan_from = log.first_position();
+    let note = applier.state.tree.flush_note().unwrap_or_default();
+    if !note.is_empty() {
+        let point = records::decode_recovery_point(&note, SHARD)
+            .map_err(|e| storage(format!("the index's recovery point: {e}")))?;
+        store.snapshot_index = point.snapshot_index;
+        store.snapshot_term = point.snapshot_term;
+        store.conf_state.voters = point.voters;
+        recovered.hard_state = point.hard_state;
+        scan_from = point.scan_from;
+        if scan_from < log.first_position() {
+            return Err(storage(format!(
+                "the index's recovery point is at log position {scan_from}, before the log's first position {}",
+                log.first_position()
+            )));
+        }
+    }
+    recovered.scan_from = scan_from;
+    for record in log.iter_from(scan_from) {
         let record = record.map_err(|e| storage(format!("scanning the log: {e}")))?;
         recovered.records += 1;
         let bad = |e: crate::codec::CodecError| {
@@ -60,12 +82,23 @@ pub(crate) fn recover(
                 if entry.shard != SHARD {
                     continue;
                 }
+                if entry.index > store.last() + 1 {
+                    return Err(storage(format!(
+                        "entry {} at log position {} follows entry {}: the log has a hole",
+                        entry.index,
+                        record.position,
+                        store.last()
+                    )));
+                }
                 store.append(entry.index, entry.term, record.locator);
                 recovered.entries_seen = recovered.entries_seen.max(entry.index);
             }
             records::HARD_STATE => {
                 let hs = records::decode_hard_state(&record.payload).map_err(bad)?;
-                if hs.shard == SHARD {
+                // Terms and commit indexes only grow; the recovery point's hard state may be newer
+                // than a record that follows it in the log.
+                let current = &recovered.hard_state;
+                if hs.shard == SHARD && (hs.term, hs.commit) >= (current.term, current.commit) {
                     recovered.hard_state = hs;
                 }
             }

@@ -134,6 +134,7 @@ impl Replica {
         state.user_bytes.store(0, Ordering::Relaxed);
         tracing::info!(
             node = config.node_id,
+            scan_from = recovered.scan_from,
             records = recovered.records,
             flush_flag = recovered.flush_flag,
             replayed = recovered.replayed,
@@ -164,6 +165,7 @@ impl Replica {
         let (inbox_tx, inbox) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
         let shared = Arc::new(Shared {
             status: Mutex::new(ReplicaStatus::default()),
+            recovery_records: recovered.records,
             stopped: Default::default(),
             durable_commit: AtomicU64::new(durable_commit),
         });

@@ -120,10 +120,11 @@ fn crash_run(dir: &Path, point: &str, skip: usize) -> Vec<Option<usize>> {
     // The reader thread ends when the pipe closes; give it a moment to drain.
     let mut acked = vec![None; WRITERS];
     while let Ok(line) = rx.recv_timeout(Duration::from_secs(2)) {
-        let mut parts = line.split_whitespace();
-        if parts.next() == Some("ack") {
-            let writer: usize = parts.next().unwrap().parse().unwrap();
-            let n: usize = parts.next().unwrap().parse().unwrap();
+        // The crash can cut the last line short: an ack that did not get out whole was not seen.
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if let ["ack", writer, n] = parts[..]
+            && let (Ok(writer), Ok(n)) = (writer.parse::<usize>(), n.parse::<usize>())
+        {
             acked[writer] = acked[writer].max(Some(n));
         }
     }
