@@ -104,7 +104,11 @@ fn run(ops: Vec<Op>, limit: usize) -> Result<(), TestCaseError> {
                 model.visible = model.written.clone();
             }
             Op::Flush => {
-                tree.flush(next_flag, model.seqno.max(1)).unwrap();
+                // Seqno 0 is never valid: a flush before any write puts its flag at 1, and later
+                // writes must go above it (after a reopen it is the visible seqno).
+                let flag_seqno = model.seqno.max(1);
+                tree.flush(next_flag, flag_seqno).unwrap();
+                model.seqno = flag_seqno;
                 model.flag = Some(next_flag);
                 next_flag += 1;
                 model.durable = model.written.clone();
