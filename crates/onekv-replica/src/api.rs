@@ -99,6 +99,9 @@ pub struct ReplicaConfig {
     pub raft_log_keep_entries: u64,
     /// Size of one log segment file.
     pub segment_bytes: u64,
+    /// How long a follower may stay waiting for a snapshot before the leader gives up on that send
+    /// and tries again (a snapshot lost by the transport would otherwise stall that follower).
+    pub snapshot_timeout: Duration,
     /// Whether index trees are compacted after flushes (off only to measure write amplification
     /// "before any compaction", as the papers do).
     pub index_compaction: bool,
@@ -120,6 +123,7 @@ impl ReplicaConfig {
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
             index_compaction: true,
+            snapshot_timeout: Duration::from_secs(30),
         }
     }
 }

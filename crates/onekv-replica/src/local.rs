@@ -13,7 +13,11 @@ use std::sync::RwLock;
 #[derive(Default)]
 pub struct Router {
     replicas: RwLock<HashMap<u64, Replica>>,
+    drop_if: RwLock<Option<MessageFilter>>,
 }
+
+/// Decides whether the router loses a message (`true`: dropped).
+pub type MessageFilter = Box<dyn Fn(&Message) -> bool + Send + Sync>;
 
 impl Router {
     /// Starts delivering to and from `id`.
@@ -31,6 +35,12 @@ impl Router {
         self.replicas.read().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
     }
 
+    /// Loses every message `filter` returns true for (until replaced; `None` delivers everything),
+    /// as an unreliable network would.
+    pub fn set_drop_filter(&self, filter: Option<MessageFilter>) {
+        *self.drop_if.write().unwrap_or_else(|e| e.into_inner()) = filter;
+    }
+
     /// A node that currently believes it is the leader, if any.
     pub fn leader(&self) -> Option<u64> {
         let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
@@ -44,7 +54,11 @@ impl Transport for Router {
         if !replicas.contains_key(&messages.first().map_or(0, |m| m.from)) {
             return;
         }
+        let drop_if = self.drop_if.read().unwrap_or_else(|e| e.into_inner());
         for message in messages {
+            if drop_if.as_ref().is_some_and(|drop| drop(&message)) {
+                continue;
+            }
             if let Some(replica) = replicas.get(&message.to) {
                 replica.step(message);
             }

@@ -79,6 +79,8 @@ pub(crate) struct NodeLoop {
     pub entry_tree_seqno: u64,
     /// Set once the disk failed: the loop keeps answering errors but writes nothing more.
     pub failed: Option<String>,
+    /// Followers the leader is sending a snapshot to, and since when.
+    pub snapshot_sends: HashMap<u64, Instant>,
 }
 
 impl NodeLoop {
@@ -109,6 +111,7 @@ impl NodeLoop {
             }
             if Instant::now() >= next_tick {
                 self.raw.tick();
+                self.retry_lost_snapshots();
                 next_tick += tick;
                 if next_tick < Instant::now() {
                     next_tick = Instant::now() + tick;
@@ -126,6 +129,34 @@ impl NodeLoop {
         self.fail_everything(|| ReplicaError::Stopping);
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.publish_status();
+    }
+
+    /// raft-rs waits for the application to report a snapshot's fate; our transport does not know
+    /// it. A follower still waiting after `snapshot_timeout` is reported failed, so the leader
+    /// probes it again and sends a new snapshot if it still needs one.
+    fn retry_lost_snapshots(&mut self) {
+        if self.role() != StateRole::Leader {
+            self.snapshot_sends.clear();
+            return;
+        }
+        let now = Instant::now();
+        let waiting: Vec<u64> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(_, progress)| progress.state == raft::ProgressState::Snapshot)
+            .map(|(id, _)| *id)
+            .collect();
+        self.snapshot_sends.retain(|id, _| waiting.contains(id));
+        for id in waiting {
+            let since = *self.snapshot_sends.entry(id).or_insert(now);
+            if now.duration_since(since) >= self.config.snapshot_timeout {
+                tracing::warn!(follower = id, "no answer to a snapshot; sending it again");
+                self.raw.report_snapshot(id, raft::SnapshotStatus::Failure);
+                self.snapshot_sends.remove(&id);
+            }
+        }
     }
 
     fn role(&self) -> StateRole {

@@ -12,6 +12,7 @@ use crate::{
 use onekv_index::{Index, IndexConfig};
 use onekv_log::{Log, LogConfig, OpenOptions};
 use raft::eraftpb::Message;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -187,6 +188,7 @@ impl Replica {
             persisted_hs: recovered.hard_state,
             entry_tree_seqno,
             failed: None,
+            snapshot_sends: HashMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("onekv-node".into())

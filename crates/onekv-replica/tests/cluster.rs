@@ -243,6 +243,7 @@ fn oversized_and_empty_input_is_refused_with_a_clear_error() {
 fn small_log(config: &mut ReplicaConfig) {
     config.memtable_bytes = 4 << 10;
     config.raft_log_keep_entries = 5;
+    config.snapshot_timeout = Duration::from_secs(1);
 }
 
 #[test]
@@ -306,5 +307,34 @@ fn recovery_reads_the_log_only_from_the_last_recovery_point() {
     }
     cluster.put("after", b"restart");
     assert_eq!(cluster.linearizable_get("after").as_deref(), Some(&b"restart"[..]));
+    cluster.shutdown();
+}
+
+#[test]
+fn a_lost_snapshot_is_sent_again() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, small_log);
+    cluster.put("first", b"1");
+    let leader = cluster.leader();
+    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(lagging);
+    for i in 0..200 {
+        cluster.put(&format!("k{i:04}"), &value(i, 64));
+    }
+    // The network loses the first snapshot sent to the lagging node.
+    let lost = Arc::new(AtomicUsize::new(0));
+    let counter = lost.clone();
+    cluster.router.set_drop_filter(Some(Box::new(move |m| {
+        m.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot
+            && m.to == lagging
+            && counter.fetch_add(1, Ordering::SeqCst) == 0
+    })));
+    cluster.open(lagging);
+    let last =
+        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+    cluster.wait_applied(lagging, last.index);
+    assert!(lost.load(Ordering::SeqCst) >= 2, "the snapshot was not sent again after the loss");
+    assert_eq!(cluster.replica(lagging).get(b"k0150").unwrap(), Some(value(150, 64)));
     cluster.shutdown();
 }
