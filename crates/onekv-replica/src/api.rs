@@ -243,6 +243,9 @@ pub struct ReplicaStatus {
     /// Log records the recovery at open read: bounded by the recovery point of the last index
     /// flush, not by the size of the log.
     pub recovery_records: u64,
+    /// The storage failure that stopped this replica's writes, if one did: it then takes no part in
+    /// replication until restarted (the log refuses every write after a failed fsync).
+    pub failure: Option<String>,
 }
 
 /// Carries Raft messages to peers. Must not block: a transport that cannot keep up drops messages

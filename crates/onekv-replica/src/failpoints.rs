@@ -6,7 +6,8 @@
 //! `after-raft-append=20*off->return` (crash at the 21st time the point is reached); the action
 //! `return` means "crash here". Points: `before-raft-append`, `during-raft-append` (half of a
 //! multi-entry append is made durable, then crash), `after-raft-append`, `before-apply`,
-//! `after-apply`, `after-reply`.
+//! `after-apply`, `after-reply`. One point injects an error instead of a crash: `fail-raft-append`
+//! makes the Raft append fail as a failed write or fsync would.
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;
@@ -28,6 +29,13 @@ pub fn arm_from_env() -> Result<(), String> {
 #[cfg(not(feature = "failpoints"))]
 pub fn arm_from_env() -> Result<(), String> {
     Ok(())
+}
+
+/// Arms the point `name` with `fail` crate actions (e.g. `return`, `3*off->return`) in this
+/// process, for tests that run the replica in-process.
+#[cfg(feature = "failpoints")]
+pub fn arm(name: &str, actions: &str) -> Result<(), String> {
+    fail::cfg(name, actions)
 }
 
 /// Whether the point `name` fires now.

@@ -123,6 +123,8 @@ impl NodeLoop {
             {
                 tracing::error!(%err, "storage failure: the replica stops serving writes");
                 self.failed = Some(err.to_string());
+                let failure = err.to_string();
+                self.fail_pending(|| ReplicaError::Storage(failure.clone()));
             }
             self.publish_status();
         }
@@ -194,6 +196,9 @@ impl NodeLoop {
                 }
             }
             Input::ReadBarrier(done) => {
+                if let Some(failed) = &self.failed {
+                    return done(Err(ReplicaError::Storage(failed.clone())));
+                }
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader()));
                 }
@@ -269,6 +274,9 @@ impl NodeLoop {
             return Ok(());
         }
         crate::failpoint!("before-raft-append");
+        if crate::failpoints::hit("fail-raft-append") {
+            return Err(storage("appending Raft entries: injected failure (fail-raft-append)".into()));
+        }
         let records: Vec<_> = payloads.iter().map(|(k, p)| (*k, p.as_slice())).collect();
         if entries.len() > 1 && crate::failpoints::hit("during-raft-append") {
             // Half of the entries become durable, the rest never reach the disk.
@@ -493,7 +501,20 @@ impl NodeLoop {
         Ok(())
     }
 
+    /// Fails every queued input and every pending request (the loop is ending).
     fn fail_everything(&mut self, error: impl Fn() -> ReplicaError) {
+        self.fail_pending(&error);
+        while let Ok(input) = self.inbox.try_recv() {
+            match input {
+                Input::Propose { done, .. } => done(Err(error())),
+                Input::ReadBarrier(done) => done(Err(error())),
+                Input::Step(_) | Input::Shutdown => {}
+            }
+        }
+    }
+
+    /// Fails every proposal and read barrier the loop holds.
+    fn fail_pending(&mut self, error: impl Fn() -> ReplicaError) {
         for (_, (_, done)) in std::mem::take(&mut self.proposals) {
             done(Err(error()));
         }
@@ -508,13 +529,6 @@ impl NodeLoop {
         for (_, dones) in self.reads_waiting.drain(..) {
             for done in dones {
                 done(Err(error()));
-            }
-        }
-        while let Ok(input) = self.inbox.try_recv() {
-            match input {
-                Input::Propose { done, .. } => done(Err(error())),
-                Input::ReadBarrier(done) => done(Err(error())),
-                Input::Step(_) | Input::Shutdown => {}
             }
         }
     }
@@ -544,6 +558,7 @@ impl NodeLoop {
             bytes_written: self.state.bytes_written(),
             user_bytes: self.state.user_bytes.load(Ordering::Relaxed),
             recovery_records: self.shared.recovery_records,
+            failure: self.failed.clone(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -332,6 +332,7 @@ impl<B: Backend> Kv for KvService<B> {
             user_bytes: status.user_bytes,
             write_amplification,
             flushed_index: status.flushed_index,
+            failure: status.failure.unwrap_or_default(),
         }))
     }
 }

@@ -230,6 +230,15 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
         ClientCommand::Status(args) => {
             let statuses = connect(&args.connection)?.status_all().await;
             out.write_all(status_table(&statuses).as_bytes())?;
+            for status in statuses.iter().filter_map(|(_, result)| result.as_ref().ok()) {
+                if !status.failure.is_empty() {
+                    writeln!(
+                        out,
+                        "node {} stopped on a storage failure: {}",
+                        status.node_id, status.failure
+                    )?;
+                }
+            }
             if statuses.iter().all(|(_, result)| result.is_err()) {
                 anyhow::bail!("no node answered");
             }
@@ -268,7 +277,11 @@ fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> 
             Ok(status) => Ok([
                 status.node_id.to_string(),
                 endpoint.clone(),
-                status.role.clone(),
+                if status.failure.is_empty() {
+                    status.role.clone()
+                } else {
+                    format!("{} (FAILED)", status.role)
+                },
                 if status.leader_id == 0 { "-".to_string() } else { status.leader_id.to_string() },
                 status.term.to_string(),
                 status.commit_index.to_string(),
