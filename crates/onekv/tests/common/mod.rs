@@ -7,6 +7,9 @@
 //! log. Also the small waiting and checking helpers the tests share. Does not own what the tests
 //! assert.
 
+// Shared by several test binaries, each of which uses only part of it.
+#![allow(dead_code)]
+
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::future::Future;
@@ -85,6 +88,8 @@ struct Node {
     log_path: PathBuf,
     /// `None` while the node is down (killed and not restarted).
     child: Option<Child>,
+    /// Extra environment for its next start (e.g. `ONEKV_FAILPOINTS`).
+    env: Vec<(String, String)>,
 }
 
 /// A cluster of `onekv server` processes with their data, configurations and logs in one temporary
@@ -103,6 +108,15 @@ impl TestCluster {
     /// applies `tweak` to every node's configuration; waits until every node answers Status and
     /// a leader is known to a majority.
     pub async fn start(count: u64, tweak: impl Fn(&mut ServerConfig)) -> TestCluster {
+        Self::start_with_env(count, tweak, |_| Vec::new()).await
+    }
+
+    /// [`TestCluster::start`], giving node `id` the extra environment `env(id)` (e.g. crash points).
+    pub async fn start_with_env(
+        count: u64,
+        tweak: impl Fn(&mut ServerConfig),
+        env: impl Fn(u64) -> Vec<(String, String)>,
+    ) -> TestCluster {
         let dir = tempfile::Builder::new().prefix("onekv-cluster-test").tempdir().expect("a temporary dir");
         let mut ports = HashSet::new();
         while (ports.len() as u64) < count {
@@ -135,6 +149,7 @@ impl TestCluster {
                 config_path,
                 log_path: node_dir.join("server.log"),
                 child: None,
+                env: env(member.id),
             });
         }
         let endpoints = members.iter().map(|member| member.address.clone()).collect();
@@ -148,6 +163,20 @@ impl TestCluster {
         }
         cluster.leader().await;
         cluster
+    }
+
+    /// Sets the extra environment node `id` gets from its next (re)start on.
+    pub fn set_env(&mut self, id: u64, env: Vec<(String, String)>) {
+        self.node_mut(id).env = env;
+    }
+
+    /// Whether node `id` exited on its own since the last look: `Some(exit code)` once, reaping
+    /// it; `None` while it runs (or is down already).
+    pub fn poll_exit(&mut self, id: u64) -> Option<Option<i32>> {
+        let node = self.node_mut(id);
+        let status = node.child.as_mut()?.try_wait().expect("polling a node")?;
+        node.child = None;
+        Some(status.code())
     }
 
     /// Every node id, down or not.
@@ -266,6 +295,7 @@ impl TestCluster {
             // node (the guard kills it first).
             .arg("--parent-pid")
             .arg(std::process::id().to_string())
+            .envs(node.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr))

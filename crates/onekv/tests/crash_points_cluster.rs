@@ -1,0 +1,140 @@
+//! XLL's crash points on a replicated cluster of real `onekv server` processes: each of the three
+//! nodes is armed to crash at a different hit of the same point, so the cluster loses a follower
+//! or its leader at that exact step while four writers keep going; every node that crashes is
+//! restarted at once, unarmed. Afterwards every acknowledged write reads back its value, both
+//! linearizably and from every node's own copy.
+//!
+//! Needs the binary built with crash points (`--features onekv/failpoints`, as `scripts/test`
+//! does).
+
+mod common;
+
+use common::{TestCluster, mismatches, run_bounded};
+use onekv_replica::failpoints::CRASH_EXIT_CODE;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The tests share two cores; one cluster at a time keeps elections prompt.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn crash_point(point: &'static str, skips: [u32; 3]) {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(120), async move {
+        // Every node armed, each at a different hit of the point.
+        let armed = |id: u64| {
+            vec![("ONEKV_FAILPOINTS".into(), format!("{point}={}*off->return", skips[id as usize - 1]))]
+        };
+        let mut cluster = TestCluster::start_with_env(3, |_| {}, armed).await;
+        let client = cluster.client();
+        let acks = Arc::new(Mutex::new(Pairs::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut writers = tokio::task::JoinSet::new();
+        for writer in 0..4 {
+            let (client, acks, stop) = (client.clone(), acks.clone(), stop.clone());
+            writers.spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("w{writer}-{n:06}").into_bytes();
+                    let value = format!("{point}-{writer}-{n}").repeat(1 + (n % 7) as usize).into_bytes();
+                    // An error is no acknowledgement: the write may or may not have happened.
+                    if client.put(&key, &value).await.is_ok() {
+                        acks.lock().unwrap().push((key, value));
+                    }
+                    n += 1;
+                }
+            });
+        }
+
+        // Restart each node that stops at its crash point, unarmed, until all three have crashed.
+        let mut crashed = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while crashed.len() < 3 && Instant::now() < deadline {
+            for id in 1..=3 {
+                if let Some(code) = cluster.poll_exit(id) {
+                    assert_eq!(code, Some(CRASH_EXIT_CODE), "{point}: node {id} exited without reaching it");
+                    crashed.push(id);
+                    cluster.set_env(id, Vec::new());
+                    cluster.restart(id).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!crashed.is_empty(), "{point}: no node reached the crash point within 60 s");
+        let before_stop = acks.lock().unwrap().len();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::Relaxed);
+        while let Some(joined) = writers.join_next().await {
+            joined.expect("a writer task");
+        }
+        let acked = std::mem::take(&mut *acks.lock().unwrap());
+        assert!(acked.len() > before_stop.min(10), "{point}: writes did not continue");
+
+        // Disarm any node that never reached its point, so checking cannot crash it.
+        for id in (1..=3).filter(|id| !crashed.contains(id)) {
+            cluster.kill9(id);
+            cluster.set_env(id, Vec::new());
+            cluster.restart(id).await;
+        }
+        let (bad, examples) = mismatches(&acked, {
+            let client = client.clone();
+            move |key| {
+                let client = client.clone();
+                async move { client.get(&key).await }
+            }
+        })
+        .await;
+        assert_eq!(bad, 0, "{point}: acknowledged writes lost or wrong: {examples:?}");
+        let leader = cluster.leader().await;
+        let commit = cluster.status(leader).await.expect("leader status").commit_index;
+        for id in 1..=3 {
+            cluster.wait_applied(id, commit).await;
+            let endpoint = cluster.endpoint(id).to_string();
+            let (bad, examples) = mismatches(&acked, {
+                let client = client.clone();
+                move |key| {
+                    let (client, endpoint) = (client.clone(), endpoint.clone());
+                    async move { client.get_stale(&key, Some(&endpoint)).await }
+                }
+            })
+            .await;
+            assert_eq!(bad, 0, "{point}: node {id} lacks acknowledged writes: {examples:?}");
+        }
+        eprintln!("{point}: {} acked writes, nodes {crashed:?} crashed and recovered", acked.len());
+    });
+}
+
+#[test]
+fn crash_before_the_raft_append() {
+    crash_point("before-raft-append", [20, 60, 110]);
+}
+
+#[test]
+fn crash_during_the_raft_append() {
+    crash_point("during-raft-append", [3, 10, 20]);
+}
+
+#[test]
+fn crash_after_the_raft_append() {
+    crash_point("after-raft-append", [25, 70, 120]);
+}
+
+#[test]
+fn crash_before_apply() {
+    crash_point("before-apply", [20, 60, 110]);
+}
+
+#[test]
+fn crash_after_apply_before_the_reply() {
+    crash_point("after-apply", [25, 70, 120]);
+}
+
+#[test]
+fn crash_after_the_reply() {
+    crash_point("after-reply", [20, 60, 110]);
+}
