@@ -9,22 +9,17 @@
 //! writes exactly what the first application wrote. A batch's writes become visible to readers at
 //! once, entry by entry (`Tree::publish`).
 //!
-//! This module also owns the window of recent request ids that makes retried writes idempotent: it
-//! is part of the state machine (every replica applies the same decisions) and is rebuilt by the
-//! replay after a restart.
+//! A command whose request id is in the window of recent ids (`requests`) is not applied again: it
+//! gets the outcome of its first application.
 
 use crate::codec::{self, DecodedCommand, ValueSpan};
 use crate::records;
 use crate::state::{self, State, storage};
-use crate::{CasOutcome, Outcome, ReplicaError, RequestId, StorageMode};
+use crate::{CasOutcome, Outcome, ReplicaError, StorageMode};
 use onekv_index::IndexValue;
 use onekv_log::Locator;
 use raft::eraftpb::{Entry, EntryType};
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-
-/// Request ids remembered for deduplication.
-const DEDUP_WINDOW: usize = 100_000;
 
 /// Largest SNAP_CHUNK record written when installing a snapshot.
 const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
@@ -41,8 +36,6 @@ pub(crate) struct Applied {
 pub(crate) struct Applier {
     pub state: Arc<State>,
     shard: u64,
-    recent: HashMap<RequestId, Outcome>,
-    recent_order: VecDeque<RequestId>,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -53,7 +46,7 @@ enum Placement {
 
 impl Applier {
     pub fn new(state: Arc<State>, shard: u64) -> Self {
-        Applier { state, shard, recent: HashMap::new(), recent_order: VecDeque::new() }
+        Applier { state, shard }
     }
 
     /// Applies `entries` (committed, durable, in index order; `locators[i]` is the payload locator
@@ -120,7 +113,8 @@ impl Applier {
             // Placements are taken for every value in order (separated mode consumed them that way)
             // before deduplication decides whether the command takes effect.
             let placements: Vec<Placement> = value_spans(&command).into_iter().map(&mut place).collect();
-            let outcome = if let Some(previous) = self.recent_lookup(request_id) {
+            let previous = state.requests().lookup(request_id);
+            let outcome = if let Some(previous) = previous {
                 previous
             } else {
                 let outcome = self.apply_command(
@@ -129,7 +123,7 @@ impl Applier {
                     placements,
                     if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
                 )?;
-                self.remember(request_id, outcome.clone());
+                state.requests().remember(request_id, outcome.clone());
                 outcome
             };
             state.tree.publish(state::last_seqno(entry.index));
@@ -204,26 +198,6 @@ impl Applier {
         Ok(outcome)
     }
 
-    fn recent_lookup(&self, request_id: RequestId) -> Option<Outcome> {
-        if request_id.seq == 0 {
-            return None;
-        }
-        self.recent.get(&request_id).cloned()
-    }
-
-    fn remember(&mut self, request_id: RequestId, outcome: Outcome) {
-        if request_id.seq == 0 {
-            return;
-        }
-        if self.recent.insert(request_id, outcome).is_none() {
-            self.recent_order.push_back(request_id);
-        }
-        while self.recent_order.len() > DEDUP_WINDOW {
-            let old = self.recent_order.pop_front().expect("not empty");
-            self.recent.remove(&old);
-        }
-    }
-
     /// Writes a received snapshot's pairs to the log as chunk records followed by its metadata, and
     /// fsyncs them; returns the payload locators of the chunks.
     pub fn persist_snapshot(
@@ -278,6 +252,11 @@ impl Applier {
             let mut keys = Vec::new();
             for pair in records::SnapshotPairs::new(pairs) {
                 let (key, span) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
+                if key.is_empty() {
+                    // Not a user key (those are never empty): the request-id window.
+                    state.requests().install(span.value(pairs), index)?;
+                    continue;
+                }
                 keys.push((key, span));
                 if state.mode == StorageMode::Separated {
                     values.push(records::encode_value(self.shard, span.value(pairs)));

@@ -24,6 +24,7 @@ mod raft_store;
 pub mod records;
 mod recovery;
 mod replica;
+mod requests;
 mod slog_bridge;
 mod state;
 

@@ -453,6 +453,9 @@ impl NodeLoop {
             // No entry retained (just after a snapshot): the next recovery scans the whole log.
             None => Vec::new(),
         };
+        // The request window first: its flag must never be behind the data's (a replay evaluates
+        // commands against the data, and must not re-insert ids the window already holds).
+        self.state.requests().flush(applied)?;
         self.state
             .tree
             .flush_with_note(applied, state::last_seqno(applied), &note)

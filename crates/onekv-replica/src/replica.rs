@@ -118,6 +118,10 @@ impl Replica {
             ),
             _ => None,
         };
+        let requests_tree = index
+            .tree(&crate::requests::tree_name(SHARD))
+            .map_err(|e| ReplicaError::Open(format!("opening the request-id tree: {e}")))?;
+        let requests = crate::requests::RequestWindow::load(requests_tree)?;
         let state = Arc::new(State {
             mode: config.storage,
             index,
@@ -126,6 +130,7 @@ impl Replica {
             second_log,
             entry_tree,
             user_bytes: AtomicU64::new(0),
+            requests: Mutex::new(requests),
         });
         let mut store = RaftStore::new(SHARD, raft_log.clone(), state.clone(), &config.voters);
         let mut applier = Applier::new(state.clone(), SHARD);

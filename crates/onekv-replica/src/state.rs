@@ -6,11 +6,12 @@
 //! (applying committed entries) is `apply`'s job; this module only offers the primitives.
 
 use crate::codec;
+use crate::requests::RequestWindow;
 use crate::{ReplicaError, StorageMode};
 use onekv_index::{Index, IndexValue, Tree};
 use onekv_log::{Locator, Log};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Name of the index tree of a shard.
 pub(crate) fn shard_tree_name(shard: u64) -> String {
@@ -50,9 +51,16 @@ pub(crate) struct State {
     pub entry_tree: Option<Tree>,
     /// Key and value bytes applied since this process started.
     pub user_bytes: AtomicU64,
+    /// The window of recent request ids (used by the loop thread only; the lock is uncontended).
+    pub requests: Mutex<RequestWindow>,
 }
 
 impl State {
+    /// The request-id window.
+    pub fn requests(&self) -> MutexGuard<'_, RequestWindow> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The log a locator stored in the index refers to.
     pub fn value_log(&self) -> &Log {
         match self.mode {
@@ -139,7 +147,11 @@ impl State {
                     start = key;
                     first = false;
                 }
-                _ => return Ok(Some(out)),
+                _ => {
+                    // The request-id window travels as the pair with the empty key.
+                    crate::records::push_snapshot_pair(&mut out, b"", &self.requests().encode());
+                    return Ok((out.len() <= max_bytes).then_some(out));
+                }
             }
         }
     }

@@ -254,16 +254,34 @@ fn a_follower_that_was_down_catches_up_through_a_snapshot() {
     let leader = cluster.leader();
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
     cluster.stop(lagging);
+    // A request applied while the follower is down reaches it only inside the snapshot.
+    let retried = RequestId { client: 88, seq: 1 };
+    let dup = |v: &[u8]| Command::Write(vec![WriteOp { key: b"dup".to_vec(), value: Some(v.to_vec()) }]);
+    let propose_with = |cluster: &Cluster, id: RequestId, command: Command| {
+        let (tx, rx) = mpsc::channel();
+        cluster.replica(cluster.leader()).propose(id, command, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap()
+    };
+    propose_with(&cluster, retried, dup(b"one"));
     for i in 0..300 {
         cluster.put(&format!("k{i:04}"), &value(i, 64));
     }
+    cluster.put("dup", b"two");
     let leader_status = cluster.replica(cluster.leader()).status();
     assert!(leader_status.first_index > 100, "the Raft log was not compacted: {leader_status:?}");
     cluster.open(lagging);
     let last =
         cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
     cluster.wait_applied(lagging, last.index);
+    // The retry commits again after the snapshot; the follower must skip it like everyone else.
+    let again = propose_with(&cluster, retried, dup(b"one"));
+    cluster.wait_applied(lagging, again.index.max(last.index) + 1);
     let replica = cluster.replica(lagging);
+    assert_eq!(
+        replica.get(b"dup").unwrap().as_deref(),
+        Some(&b"two"[..]),
+        "the window came with the snapshot"
+    );
     assert!(
         replica.status().first_index > 100,
         "the follower did not install a snapshot: {:?}",
@@ -336,5 +354,40 @@ fn a_lost_snapshot_is_sent_again() {
     cluster.wait_applied(lagging, last.index);
     assert!(lost.load(Ordering::SeqCst) >= 2, "the snapshot was not sent again after the loss");
     assert_eq!(cluster.replica(lagging).get(b"k0150").unwrap(), Some(value(150, 64)));
+    cluster.shutdown();
+}
+
+#[test]
+fn a_retried_request_id_is_recognised_after_restarts_and_on_every_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, small_log);
+    let put = |key: &str, value: &[u8]| {
+        Command::Write(vec![WriteOp { key: key.as_bytes().to_vec(), value: Some(value.to_vec()) }])
+    };
+    let propose_with = |cluster: &Cluster, id: RequestId, command: Command| {
+        let (tx, rx) = mpsc::channel();
+        cluster.replica(cluster.leader()).propose(id, command, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap()
+    };
+    let retried = RequestId { client: 77, seq: 1 };
+    let first = propose_with(&cluster, retried, put("k", b"first"));
+    // Enough later writes that every index flushes past the first application.
+    for i in 0..200 {
+        cluster.put(&format!("filler{i:03}"), &value(i, 100));
+    }
+    cluster.put("k", b"second");
+    for id in 1..=3 {
+        assert!(cluster.replica(id).status().flushed_index > first.index);
+        cluster.stop(id);
+        cluster.open(id);
+    }
+    // The retry commits again, but takes no effect anywhere and answers as the first did.
+    let again = propose_with(&cluster, retried, put("k", b"first"));
+    assert_eq!(again, first);
+    let last = cluster.propose(Command::Write(vec![WriteOp { key: b"last".to_vec(), value: None }])).unwrap();
+    for id in 1..=3 {
+        cluster.wait_applied(id, last.index);
+        assert_eq!(cluster.replica(id).get(b"k").unwrap().as_deref(), Some(&b"second"[..]), "node {id}");
+    }
     cluster.shutdown();
 }
