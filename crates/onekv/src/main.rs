@@ -1,6 +1,7 @@
 //! The `onekv` command: one binary for the server, local clusters, data and admin commands, and
 //! benchmarks. This file only parses the command line and hands each subcommand to its module.
 
+mod bench_cmd;
 mod bench_log;
 mod bench_wa;
 mod client_cmd;
@@ -34,6 +35,10 @@ enum Command {
     /// Measures write amplification (bytes written to disk per user byte, per replica) of the
     /// storage modes side by side, with in-process replicas, and prints a markdown table.
     BenchWa(bench_wa::Args),
+    /// YCSB-style benchmarks: `ycsb` against a running cluster, `compare` of storage modes on
+    /// fresh local clusters.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCommand),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,5 +48,6 @@ fn main() -> anyhow::Result<()> {
         Command::Client(command) => client_cmd::run(command),
         Command::BenchLog(args) => bench_log::run(&args),
         Command::BenchWa(args) => bench_wa::run(&args),
+        Command::Bench(command) => bench_cmd::run(command),
     }
 }

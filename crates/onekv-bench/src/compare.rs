@@ -1,0 +1,318 @@
+//! `onekv bench compare`: the same workload against fresh local clusters in several
+//! configurations (for now the storage modes), alternating their order round by round because
+//! these machines are noisy, with every figure side by side and the ratios against the first.
+//!
+//! Owns: the round/mode schedule, one fresh cluster per run (stopped before the next starts, also
+//! on error), and the comparison table. Does not own the runs themselves (`runner`), the figures
+//! (`amplification`) or the processes (`local_cluster`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use onekv_client::ClientOptions;
+use onekv_server::config::StorageMode;
+use serde::{Deserialize, Serialize};
+
+use crate::amplification::{self, NodeAmplification};
+use crate::local_cluster::{ClusterError, LocalCluster};
+use crate::runner::{RunConfig, RunError, RunReport, live_bytes, run_phases};
+use crate::target::OnekvTarget;
+
+/// What to compare.
+#[derive(Debug, Clone)]
+pub struct CompareConfig {
+    /// The `onekv` executable the nodes run.
+    pub exe: PathBuf,
+    /// Storage modes, the first being the baseline of the ratios.
+    pub modes: Vec<StorageMode>,
+    /// Rounds; odd rounds run the modes in reverse order.
+    pub rounds: u32,
+    /// Nodes per cluster.
+    pub nodes: u64,
+    /// The workload and its bounds; a workload other than Load runs after a Load phase.
+    pub run: RunConfig,
+    /// Where the clusters' directories go (the system's temporary directory if `None`).
+    pub dir: Option<PathBuf>,
+    /// How long a fresh cluster may take to elect a leader.
+    pub leader_timeout: Duration,
+}
+
+/// Why a comparison stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CompareError {
+    /// A cluster could not be started.
+    #[error("storage {mode}, round {round}: {source}")]
+    Cluster {
+        /// The mode being run.
+        mode: String,
+        /// The round.
+        round: u32,
+        /// The cause.
+        source: ClusterError,
+    },
+    /// A run could not start.
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
+/// One run: one mode in one round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareRun {
+    /// The storage mode.
+    pub mode: String,
+    /// The round (from 0).
+    pub round: u32,
+    /// The phases, Load first.
+    pub phases: Vec<RunReport>,
+    /// Every node's amplification over the phases.
+    pub nodes: Vec<NodeAmplification>,
+}
+
+/// All runs of a comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompareReport {
+    /// The modes in baseline-first order.
+    pub modes: Vec<String>,
+    /// Every run, in the order they ran.
+    pub runs: Vec<CompareRun>,
+}
+
+/// The order of the modes in `round`: as given in even rounds, reversed in odd ones.
+pub fn schedule(modes: &[StorageMode], round: u32) -> Vec<StorageMode> {
+    let mut order = modes.to_vec();
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
+/// Runs the comparison; `on_run` sees each run as it finishes (e.g. to print it).
+pub async fn compare(
+    config: &CompareConfig,
+    mut on_run: impl FnMut(&CompareRun),
+) -> Result<CompareReport, CompareError> {
+    let mut runs = Vec::new();
+    for round in 0..config.rounds {
+        for mode in schedule(&config.modes, round) {
+            let run = run_one(config, mode, round).await?;
+            on_run(&run);
+            runs.push(run);
+        }
+    }
+    Ok(CompareReport { modes: config.modes.iter().map(|mode| mode.name().to_string()).collect(), runs })
+}
+
+async fn run_one(config: &CompareConfig, mode: StorageMode, round: u32) -> Result<CompareRun, CompareError> {
+    let cluster_error = |source| CompareError::Cluster { mode: mode.name().into(), round, source };
+    // Dropped (nodes stopped, directory removed) on every path out of this function.
+    let mut cluster =
+        LocalCluster::start(&config.exe, config.dir.as_deref(), config.nodes, mode).map_err(cluster_error)?;
+    cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
+    let client = cluster.client(ClientOptions::default());
+    let probes = cluster.probes();
+    let before = amplification::snapshot(&client, &probes).await;
+    let target = Arc::new(OnekvTarget::new(client.clone()));
+    let phases = run_phases(target, &config.run, true).await?;
+    let after = amplification::snapshot(&client, &probes).await;
+    let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
+    cluster.stop();
+    Ok(CompareRun { mode: mode.name().into(), round, phases, nodes })
+}
+
+/// The figures of one run, by name, in table order.
+pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
+    let mut figures = Vec::new();
+    for phase in &run.phases {
+        let name = phase.workload;
+        figures.push((format!("{name}: ops/s"), phase.throughput_ops_per_sec));
+        figures.push((format!("{name}: errors"), phase.errors as f64));
+        for op in &phase.ops {
+            figures.push((format!("{name}: {} p50 µs", op.op), op.p50_us as f64));
+            figures.push((format!("{name}: {} p99 µs", op.op), op.p99_us as f64));
+            figures.push((format!("{name}: {} p99.9 µs", op.op), op.p999_us as f64));
+        }
+    }
+    for node in &run.nodes {
+        // Node ids are stable across runs (1..=n); roles are not, so they are not in the name.
+        let id = node.node_id;
+        figures.push((format!("node {id}: engine WA"), node.engine_wa.unwrap_or(f64::NAN)));
+        figures.push((format!("node {id}: kernel WA"), node.kernel_wa.unwrap_or(f64::NAN)));
+        figures.push((format!("node {id}: disk ÷ live"), node.space_amplification.unwrap_or(f64::NAN)));
+    }
+    let mean = |values: Vec<f64>| {
+        let values: Vec<f64> = values.into_iter().filter(|value| value.is_finite()).collect();
+        if values.is_empty() { f64::NAN } else { values.iter().sum::<f64>() / values.len() as f64 }
+    };
+    figures.push((
+        "mean engine WA".into(),
+        mean(run.nodes.iter().map(|n| n.engine_wa.unwrap_or(f64::NAN)).collect()),
+    ));
+    figures.push((
+        "mean kernel WA".into(),
+        mean(run.nodes.iter().map(|n| n.kernel_wa.unwrap_or(f64::NAN)).collect()),
+    ));
+    figures.push((
+        "mean disk ÷ live".into(),
+        mean(run.nodes.iter().map(|n| n.space_amplification.unwrap_or(f64::NAN)).collect()),
+    ));
+    figures
+}
+
+impl CompareReport {
+    /// One markdown table: a row per figure; a column per run, then per mode the mean over its
+    /// rounds, then each mode's mean as a ratio of the first mode's.
+    pub fn markdown(&self) -> String {
+        let per_run: Vec<Vec<(String, f64)>> = self.runs.iter().map(figures).collect();
+        // Figure names in first-seen order, so a figure missing from some run still gets a row.
+        let mut names: Vec<String> = Vec::new();
+        for figures in &per_run {
+            for (name, _) in figures {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        let value = |run: usize, name: &str| {
+            per_run[run].iter().find(|(figure, _)| figure == name).map_or(f64::NAN, |(_, value)| *value)
+        };
+        let mode_mean = |mode: &str, name: &str| {
+            let values: Vec<f64> = (0..self.runs.len())
+                .filter(|&run| self.runs[run].mode == mode)
+                .map(|run| value(run, name))
+                .filter(|value| value.is_finite())
+                .collect();
+            if values.is_empty() { f64::NAN } else { values.iter().sum::<f64>() / values.len() as f64 }
+        };
+        let mut out = String::from("| figure |");
+        for run in &self.runs {
+            let _ = write!(out, " {} r{} |", run.mode, run.round);
+        }
+        for mode in &self.modes {
+            let _ = write!(out, " {mode} mean |");
+        }
+        for mode in self.modes.iter().skip(1) {
+            let _ = write!(out, " {mode} ÷ {} |", self.modes[0]);
+        }
+        out.push_str("\n|---|");
+        let columns = self.runs.len() + self.modes.len() + self.modes.len().saturating_sub(1);
+        out.push_str(&"---:|".repeat(columns));
+        out.push('\n');
+        for name in &names {
+            let _ = write!(out, "| {name} |");
+            for run in 0..self.runs.len() {
+                let _ = write!(out, " {} |", format_figure(value(run, name)));
+            }
+            for mode in &self.modes {
+                let _ = write!(out, " {} |", format_figure(mode_mean(mode, name)));
+            }
+            let base = mode_mean(&self.modes[0], name);
+            for mode in self.modes.iter().skip(1) {
+                let ratio = mode_mean(mode, name) / base;
+                let ratio = if ratio.is_finite() { format!("{ratio:.2}") } else { "-".into() };
+                let _ = write!(out, " {ratio} |");
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+fn format_figure(value: f64) -> String {
+    if !value.is_finite() {
+        "-".into()
+    } else if value.abs() >= 100.0 || value == value.trunc() {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::OpReport;
+    use crate::workload::{OpType, WorkloadKind};
+
+    #[test]
+    fn rounds_alternate_the_order() {
+        let modes = [StorageMode::OneLog, StorageMode::Classic, StorageMode::Separated];
+        assert_eq!(schedule(&modes, 0), modes);
+        assert_eq!(schedule(&modes, 1), [StorageMode::Separated, StorageMode::Classic, StorageMode::OneLog]);
+        assert_eq!(schedule(&modes, 2), modes);
+    }
+
+    fn run(mode: &str, round: u32, throughput: f64, wa: f64) -> CompareRun {
+        let op = OpReport {
+            op: OpType::Insert,
+            count: 10,
+            errors: 0,
+            not_found: 0,
+            ops_per_sec: throughput,
+            mean_us: 1.0,
+            p50_us: 100,
+            p95_us: 200,
+            p99_us: 300,
+            p999_us: 400,
+            max_us: 500,
+            first_error: None,
+        };
+        let phase = RunReport {
+            workload: WorkloadKind::Load,
+            records: 10,
+            threads: 1,
+            key_bytes: 24,
+            value_bytes: 100,
+            operations: 10,
+            errors: 0,
+            elapsed_seconds: 1.0,
+            throughput_ops_per_sec: throughput,
+            stopped_by_time: false,
+            payload_bytes_written: 1240,
+            records_inserted: 10,
+            ops: vec![op],
+        };
+        let node = NodeAmplification {
+            endpoint: "127.0.0.1:1".into(),
+            node_id: 1,
+            role: "leader".into(),
+            storage_mode: mode.into(),
+            user_bytes: 1240,
+            engine_bytes_written: 0,
+            engine_wa: Some(wa),
+            kernel_write_bytes: None,
+            kernel_wa: None,
+            log_bytes: 0,
+            disk_bytes: None,
+            live_bytes: 1240,
+            space_amplification: None,
+            log_space_amplification: None,
+            error: None,
+        };
+        CompareRun { mode: mode.into(), round, phases: vec![phase], nodes: vec![node] }
+    }
+
+    #[test]
+    fn the_table_has_means_and_ratios_against_the_first_mode() {
+        let report = CompareReport {
+            modes: vec!["onelog".into(), "classic".into()],
+            runs: vec![
+                run("onelog", 0, 1000.0, 1.0),
+                run("classic", 0, 400.0, 4.0),
+                run("classic", 1, 600.0, 4.0),
+                run("onelog", 1, 1000.0, 1.0),
+            ],
+        };
+        let table = report.markdown();
+        let row = |name: &str| table.lines().find(|line| line.starts_with(&format!("| {name} |"))).unwrap();
+        assert_eq!(
+            row("load: ops/s"),
+            "| load: ops/s | 1000 | 400 | 600 | 1000 | 1000 | 500 | 0.50 |",
+            "{table}"
+        );
+        assert_eq!(row("node 1: engine WA"), "| node 1: engine WA | 1 | 4 | 4 | 1 | 1 | 4 | 4.00 |");
+        // No kernel figure anywhere: dashes, not NaN.
+        assert_eq!(row("node 1: kernel WA"), "| node 1: kernel WA | - | - | - | - | - | - | - |");
+    }
+}

@@ -1,0 +1,272 @@
+//! A fresh local cluster of `onekv server` processes for one benchmark run.
+//!
+//! Owns: a directory per cluster (one config, log and data directory per node), free ports on
+//! 127.0.0.1, spawning the nodes, waiting for a leader, and stopping them: SIGINT, a bounded wait,
+//! then SIGKILL for stragglers — on `stop` and on drop, so no node outlives the harness on an error
+//! or a panic (each node also gets `--parent-pid`, so the kernel signals it should the harness die
+//! without unwinding). Does not own the workload or the figures.
+
+use std::fs::{self, File};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use onekv_client::{Client, ClientOptions};
+use onekv_server::ServerConfig;
+use onekv_server::config::{MemberConfig, StorageMode};
+
+use crate::amplification::NodeProbe;
+
+/// How long a node gets to exit after SIGINT before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Between two polls while waiting.
+const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Why a cluster could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Creating the directory, a configuration or a log file failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The configuration the harness wrote is invalid (a bug).
+    #[error("invalid node configuration: {0}")]
+    Config(String),
+    /// A node exited or no leader emerged in time.
+    #[error("{0}")]
+    NotReady(String),
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClusterError {
+    let context = context.into();
+    move |source| ClusterError::Io { context, source }
+}
+
+struct LocalNode {
+    id: u64,
+    endpoint: String,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    child: Option<Child>,
+}
+
+/// A running local cluster; dropping it stops every node and removes its directory.
+pub struct LocalCluster {
+    nodes: Vec<LocalNode>,
+    storage: StorageMode,
+    // Last, so it is removed after the nodes are stopped.
+    dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    /// Starts `count` nodes of `exe server` in storage mode `storage`, in a fresh directory under
+    /// `parent` (the system's temporary directory if `None`). Returns once they are spawned; see
+    /// [`LocalCluster::wait_for_leader`].
+    pub fn start(
+        exe: &Path,
+        parent: Option<&Path>,
+        count: u64,
+        storage: StorageMode,
+    ) -> Result<LocalCluster, ClusterError> {
+        let prefix = format!("onekv-bench-{}-", storage.name());
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix);
+        let dir = match parent {
+            Some(parent) => {
+                fs::create_dir_all(parent).map_err(io_error(format!("creating {}", parent.display())))?;
+                builder.tempdir_in(parent)
+            }
+            None => builder.tempdir(),
+        }
+        .map_err(io_error("creating the cluster directory"))?;
+        let mut listeners = Vec::new();
+        let mut members = Vec::new();
+        for id in 1..=count {
+            // Held until every port is chosen, so the nodes get distinct ports.
+            let listener = TcpListener::bind("127.0.0.1:0").map_err(io_error("choosing a free port"))?;
+            let port = listener.local_addr().map_err(io_error("choosing a free port"))?.port();
+            listeners.push(listener);
+            members.push(MemberConfig { id, address: format!("127.0.0.1:{port}") });
+        }
+        drop(listeners);
+        let mut cluster = LocalCluster { nodes: Vec::new(), storage, dir };
+        for member in &members {
+            let node_dir = cluster.dir.path().join(format!("node{}", member.id));
+            fs::create_dir_all(&node_dir).map_err(io_error(format!("creating {}", node_dir.display())))?;
+            let config = ServerConfig {
+                node_id: member.id,
+                listen: member.address.clone(),
+                data_dir: node_dir.join("data"),
+                storage,
+                members: members.clone(),
+                ..ServerConfig::default()
+            };
+            config.validate().map_err(|error| ClusterError::Config(error.to_string()))?;
+            let config_path = node_dir.join("onekv.toml");
+            fs::write(&config_path, config.to_toml()).map_err(io_error("writing a node configuration"))?;
+            let log_path = node_dir.join("server.log");
+            let log = File::create(&log_path).map_err(io_error("creating a node log"))?;
+            let stderr = log.try_clone().map_err(io_error("duplicating a log handle"))?;
+            let child = Command::new(exe)
+                .arg("server")
+                .arg("--config")
+                .arg(&config_path)
+                .arg("--parent-pid")
+                .arg(std::process::id().to_string())
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(log))
+                .stderr(Stdio::from(stderr))
+                // Its own process group: a Ctrl-C in the terminal reaches the harness, which then
+                // stops the nodes itself (after reporting), not every node at once.
+                .process_group(0)
+                .spawn()
+                .map_err(io_error(format!("starting {} server", exe.display())))?;
+            cluster.nodes.push(LocalNode {
+                id: member.id,
+                endpoint: member.address.clone(),
+                data_dir: config.data_dir.clone(),
+                log_path,
+                child: Some(child),
+            });
+        }
+        Ok(cluster)
+    }
+
+    /// The storage mode of every node.
+    pub fn storage(&self) -> StorageMode {
+        self.storage
+    }
+
+    /// Every node's `host:port`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| node.endpoint.clone()).collect()
+    }
+
+    /// Every node's endpoint, pid and data directory, for amplification snapshots.
+    pub fn probes(&self) -> Vec<NodeProbe> {
+        self.nodes
+            .iter()
+            .map(|node| NodeProbe {
+                endpoint: node.endpoint.clone(),
+                pid: node.child.as_ref().map(Child::id),
+                data_dir: Some(node.data_dir.clone()),
+            })
+            .collect()
+    }
+
+    /// Every node's pid (for tests: checking none is left running).
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter_map(|node| node.child.as_ref().map(Child::id)).collect()
+    }
+
+    /// A client for this cluster with `options`.
+    pub fn client(&self, options: ClientOptions) -> Client {
+        Client::new(self.endpoints(), options).expect("the cluster's own endpoints are valid")
+    }
+
+    /// Waits until a node says it leads and a majority name it in its term; fails if a node exits
+    /// or `timeout` passes (naming the end of each node's log).
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<(), ClusterError> {
+        let options = ClientOptions {
+            request_timeout: Duration::from_secs(1),
+            max_attempts: 1,
+            connect_timeout: Duration::from_millis(500),
+            ..ClientOptions::default()
+        };
+        let client = self.client(options);
+        let deadline = Instant::now() + timeout;
+        let majority = self.nodes.len() / 2 + 1;
+        loop {
+            for node in &mut self.nodes {
+                if let Some(child) = &mut node.child
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    node.child = None;
+                    return Err(ClusterError::NotReady(format!(
+                        "node {} exited ({status}); its log ends with:\n{}",
+                        node.id,
+                        tail(&node.log_path, 10)
+                    )));
+                }
+            }
+            let statuses: Vec<_> =
+                client.status_all().await.into_iter().filter_map(|(_, status)| status.ok()).collect();
+            if let Some(leader) = statuses.iter().filter(|s| s.role == "leader").max_by_key(|s| s.term) {
+                let followers = statuses
+                    .iter()
+                    .filter(|s| s.leader_id == leader.node_id && s.term == leader.term)
+                    .count();
+                if followers >= majority {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|node| format!("node {}:\n{}", node.id, tail(&node.log_path, 5)))
+                    .collect();
+                return Err(ClusterError::NotReady(format!(
+                    "no leader within {timeout:?}; the nodes' logs end with:\n{}",
+                    logs.join("\n")
+                )));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Stops every node: SIGINT, up to 10 s to exit, then SIGKILL. Idempotent.
+    pub fn stop(&mut self) {
+        use rustix::process::{Pid, Signal, kill_process};
+        for node in &mut self.nodes {
+            if let Some(child) = &mut node.child {
+                if let Ok(Some(_)) = child.try_wait() {
+                    node.child = None;
+                } else {
+                    // Failure means it is gone already; the wait below reaps it.
+                    let _ = kill_process(Pid::from_child(child), Signal::INT);
+                }
+            }
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            for node in &mut self.nodes {
+                if let Some(child) = &mut node.child
+                    && !matches!(child.try_wait(), Ok(None))
+                {
+                    node.child = None;
+                }
+            }
+            if self.nodes.iter().all(|node| node.child.is_none()) {
+                return;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        }
+        for node in &mut self.nodes {
+            if let Some(mut child) = node.child.take() {
+                eprintln!("node {} did not stop within {STOP_TIMEOUT:?}; killing it", node.id);
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `count` lines of a file (empty if unreadable).
+fn tail(path: &Path, count: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(count)..].join("\n")
+}

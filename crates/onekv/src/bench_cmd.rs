@@ -1,0 +1,207 @@
+//! `onekv bench ...`: the YCSB-style harness (`ycsb`) against a running cluster, and side-by-side
+//! comparisons of storage modes on fresh local clusters (`compare`).
+//!
+//! Owns only the command line: flags, the runtime, printing and the JSON file. The workloads, the
+//! runner, the amplification figures and the local clusters are the `onekv-bench` crate's.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use onekv_bench::amplification::{self, NodeProbe};
+use onekv_bench::compare::{CompareConfig, compare};
+use onekv_bench::{BenchReport, OnekvTarget, RunConfig, WorkloadKind, live_bytes, run_phases};
+use onekv_client::{Client, ClientOptions};
+use onekv_server::config::StorageMode;
+
+/// What `--endpoints` is when neither the flag nor the environment variable gives it (the
+/// addresses `onekv cluster start` uses).
+const DEFAULT_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
+/// The environment variable read when `--endpoints` is absent.
+const ENDPOINTS_ENV: &str = "ONEKV_ENDPOINTS";
+
+/// The benchmark subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Runs a YCSB core workload against a running cluster and prints latency tables per operation
+    /// type and each node's write and space amplification. Workloads a–f assume the records were
+    /// loaded before (by `--workload load` with the same --records and --value-bytes, or `--load`).
+    Ycsb(YcsbArgs),
+    /// Starts a fresh local cluster per storage mode and round (alternating the order), runs the
+    /// same workload against each (Load first), and prints every figure with the ratios against
+    /// the first mode.
+    Compare(CompareArgs),
+}
+
+/// Flags shared by both subcommands: the workload and its bounds.
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    /// YCSB core workload: load (insert every record), a (50% read / 50% update, zipfian), b (95/5
+    /// read/update), c (read only), d (95% read latest / 5% insert), e (95% scan / 5% insert),
+    /// f (50% read / 50% read-modify-write).
+    #[arg(long, default_value = "a")]
+    workload: WorkloadKind,
+    /// Records in the key space (Load inserts this many).
+    #[arg(long, default_value_t = 10_000)]
+    records: u64,
+    /// Operations of a workload a–f [default: --records].
+    #[arg(long)]
+    operations: Option<u64>,
+    /// Time bound of each phase, in seconds (operations in flight complete).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Concurrent clients (closed loop: each has one operation outstanding).
+    #[arg(long, default_value_t = 16)]
+    threads: usize,
+    /// Bytes per value (keys are 24 bytes, YCSB-style).
+    #[arg(long, default_value_t = 1024)]
+    value_bytes: usize,
+    /// Seed of the request generators.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Writes the results as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl WorkloadArgs {
+    fn run_config(&self) -> anyhow::Result<RunConfig> {
+        let duration = match self.seconds {
+            Some(seconds) if seconds.is_finite() && seconds > 0.0 => Some(Duration::from_secs_f64(seconds)),
+            Some(seconds) => bail!("--seconds must be a positive number, not {seconds}"),
+            None => None,
+        };
+        Ok(RunConfig {
+            workload: self.workload,
+            records: self.records,
+            operations: Some(self.operations.unwrap_or(self.records)),
+            duration,
+            threads: self.threads,
+            value_bytes: self.value_bytes,
+            seed: self.seed,
+            progress: !self.quiet,
+        })
+    }
+}
+
+/// Flags of `onekv bench ycsb`.
+#[derive(Debug, clap::Args)]
+pub struct YcsbArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Runs the Load phase first, in the same invocation.
+    #[arg(long)]
+    load: bool,
+    /// Comma-separated `host:port` addresses of the cluster's nodes [env: ONEKV_ENDPOINTS]
+    /// [default: 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003]
+    #[arg(long, value_name = "HOST:PORT,...")]
+    endpoints: Option<String>,
+}
+
+/// Flags of `onekv bench compare`.
+#[derive(Debug, clap::Args)]
+pub struct CompareArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Storage modes to compare, the first being the baseline of the ratios.
+    #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
+    modes: Vec<String>,
+    /// Rounds; each runs every mode once, odd rounds in reverse order.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Nodes per cluster.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Directory for the clusters' data (each run's is removed after it) [default: the system's
+    /// temporary directory].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// Runs one bench subcommand.
+pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start a runtime")?;
+    match command {
+        BenchCommand::Ycsb(args) => runtime.block_on(ycsb(&args)),
+        BenchCommand::Compare(args) => runtime.block_on(compare_modes(&args)),
+    }
+}
+
+async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
+    let config = args.workload.run_config()?;
+    let client = connect(args.endpoints.as_deref())?;
+    // Pids and directories are unknown for a cluster this process did not start: engine figures only.
+    let probes: Vec<NodeProbe> = Vec::new();
+    let before = amplification::snapshot(&client, &probes).await;
+    let target = Arc::new(OnekvTarget::new(client.clone()));
+    let phases = run_phases(target, &config, args.load).await?;
+    let after = amplification::snapshot(&client, &probes).await;
+    let nodes = amplification::amplification(&before, &after, live_bytes(config.records, &phases));
+    for phase in &phases {
+        println!("{}", phase.markdown());
+    }
+    println!("{}", amplification::markdown(&nodes));
+    let report = BenchReport { phases, nodes };
+    if let Some(path) = &args.workload.json {
+        let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let errors: u64 = report.phases.iter().map(|phase| phase.errors).sum();
+    if errors > 0 {
+        eprintln!("{errors} operations failed (see the tables above)");
+    }
+    Ok(())
+}
+
+async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
+    let mut modes = Vec::new();
+    for name in &args.modes {
+        let mode = StorageMode::parse(name.trim()).with_context(|| {
+            format!("unknown storage mode {name:?}; expected onelog, separated or classic")
+        })?;
+        if modes.contains(&mode) {
+            bail!("--modes names {name} twice");
+        }
+        modes.push(mode);
+    }
+    if modes.is_empty() || args.rounds == 0 {
+        bail!("give at least one mode and one round");
+    }
+    let config = CompareConfig {
+        exe: std::env::current_exe().context("cannot find the onekv executable")?,
+        modes,
+        rounds: args.rounds,
+        nodes: args.nodes,
+        run: args.workload.run_config()?,
+        dir: args.dir.clone(),
+        leader_timeout: Duration::from_secs(30),
+    };
+    let report = compare(&config, |run| {
+        eprintln!("storage {} round {}:", run.mode, run.round);
+        for phase in &run.phases {
+            eprintln!("{}", phase.markdown());
+        }
+        eprintln!("{}", amplification::markdown(&run.nodes));
+    })
+    .await?;
+    println!("{}", report.markdown());
+    if let Some(path) = &args.workload.json {
+        let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// A client for `--endpoints`, else `ONEKV_ENDPOINTS`, else the defaults.
+fn connect(flag: Option<&str>) -> anyhow::Result<Client> {
+    let from_env = std::env::var(ENDPOINTS_ENV).ok().filter(|value| !value.trim().is_empty());
+    let list = flag.map(str::to_string).or(from_env).unwrap_or_else(|| DEFAULT_ENDPOINTS.to_string());
+    let endpoints: Vec<String> =
+        list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect();
+    Client::new(endpoints, ClientOptions::default()).with_context(|| format!("bad endpoint list {list:?}"))
+}
