@@ -1,10 +1,11 @@
 //! `onekv bench compare`: the same workload against fresh local clusters in several
-//! configurations (for now the storage modes), alternating their order round by round because
-//! these machines are noisy, with every figure side by side and the ratios against the first.
+//! configurations (onekv's storage modes, and etcd as a peer), alternating their order round by
+//! round because these machines are noisy, with every figure side by side and the ratios against
+//! the first.
 //!
-//! Owns: the round/mode schedule, one fresh cluster per run (stopped before the next starts, also
-//! on error), and the comparison table. Does not own the runs themselves (`runner`), the figures
-//! (`amplification`) or the processes (`local_cluster`).
+//! Owns: the round/contender schedule, one fresh cluster per run (stopped before the next starts,
+//! also on error), and the comparison table. Does not own the runs themselves (`runner`), the
+//! figures (`amplification`) or the processes (`local_cluster`, `local_etcd`).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -15,18 +16,45 @@ use onekv_client::ClientOptions;
 use onekv_server::config::StorageMode;
 use serde::{Deserialize, Serialize};
 
-use crate::amplification::{self, NodeAmplification};
+use crate::amplification::{self, NodeAmplification, NodeProbe};
 use crate::local_cluster::{ClusterError, LocalCluster};
+use crate::local_etcd::LocalEtcd;
 use crate::runner::{RunConfig, RunError, RunReport, live_bytes, run_phases};
 use crate::target::OnekvTarget;
+
+/// One system in a comparison: onekv in a storage mode, or etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Contender {
+    /// A onekv cluster in this storage mode.
+    Onekv(StorageMode),
+    /// An etcd cluster with its default (fsync per commit) durability.
+    Etcd,
+}
+
+impl Contender {
+    /// `etcd`, or the storage mode's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Onekv(mode) => mode.name(),
+            Contender::Etcd => "etcd",
+        }
+    }
+
+    /// Parses a name as [`Contender::name`] spells it.
+    pub fn parse(name: &str) -> Option<Contender> {
+        if name == "etcd" { Some(Contender::Etcd) } else { StorageMode::parse(name).map(Contender::Onekv) }
+    }
+}
 
 /// What to compare.
 #[derive(Debug, Clone)]
 pub struct CompareConfig {
     /// The `onekv` executable the nodes run.
     pub exe: PathBuf,
-    /// Storage modes, the first being the baseline of the ratios.
-    pub modes: Vec<StorageMode>,
+    /// The `etcd` executable, used when `modes` names etcd.
+    pub etcd_exe: PathBuf,
+    /// Storage modes (or etcd), the first being the baseline of the ratios.
+    pub modes: Vec<Contender>,
     /// Rounds; odd rounds run the modes in reverse order.
     pub rounds: u32,
     /// Nodes per cluster.
@@ -43,7 +71,7 @@ pub struct CompareConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum CompareError {
     /// A cluster could not be started.
-    #[error("storage {mode}, round {round}: {source}")]
+    #[error("{mode}, round {round}: {source}")]
     Cluster {
         /// The mode being run.
         mode: String,
@@ -80,7 +108,7 @@ pub struct CompareReport {
 }
 
 /// The order of the modes in `round`: as given in even rounds, reversed in odd ones.
-pub fn schedule(modes: &[StorageMode], round: u32) -> Vec<StorageMode> {
+pub fn schedule<T: Clone>(modes: &[T], round: u32) -> Vec<T> {
     let mut order = modes.to_vec();
     if round % 2 == 1 {
         order.reverse();
@@ -104,7 +132,18 @@ pub async fn compare(
     Ok(CompareReport { modes: config.modes.iter().map(|mode| mode.name().to_string()).collect(), runs })
 }
 
-async fn run_one(config: &CompareConfig, mode: StorageMode, round: u32) -> Result<CompareRun, CompareError> {
+async fn run_one(config: &CompareConfig, mode: Contender, round: u32) -> Result<CompareRun, CompareError> {
+    match mode {
+        Contender::Onekv(mode) => run_onekv(config, mode, round).await,
+        Contender::Etcd => run_etcd(config, round).await,
+    }
+}
+
+async fn run_onekv(
+    config: &CompareConfig,
+    mode: StorageMode,
+    round: u32,
+) -> Result<CompareRun, CompareError> {
     let cluster_error = |source| CompareError::Cluster { mode: mode.name().into(), round, source };
     // Dropped (nodes stopped, directory removed) on every path out of this function.
     let mut cluster =
@@ -119,6 +158,79 @@ async fn run_one(config: &CompareConfig, mode: StorageMode, round: u32) -> Resul
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
     cluster.stop();
     Ok(CompareRun { mode: mode.name().into(), round, phases, nodes })
+}
+
+async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, CompareError> {
+    let cluster_error = |source| CompareError::Cluster { mode: "etcd".into(), round, source };
+    // Dropped (members stopped, directory removed) on every path out of this function.
+    let mut cluster =
+        LocalEtcd::start(&config.etcd_exe, config.dir.as_deref(), config.nodes).map_err(cluster_error)?;
+    cluster.wait_ready(config.leader_timeout).await.map_err(cluster_error)?;
+    let probes = cluster.probes();
+    let before = process_snapshots(&probes);
+    let target = Arc::new(cluster.target());
+    let phases = run_phases(target, &config.run, true).await?;
+    let after = process_snapshots(&probes);
+    // etcd reports no applied-bytes counter: every member applies every acknowledged write, so
+    // the user bytes are what the harness wrote.
+    let user_bytes = phases.iter().map(|phase| phase.payload_bytes_written).sum();
+    let nodes = etcd_amplification(&before, &after, user_bytes, live_bytes(config.run.records, &phases));
+    cluster.stop();
+    Ok(CompareRun { mode: "etcd".into(), round, phases, nodes })
+}
+
+/// What the kernel and the file system say about processes the harness started, without asking
+/// them: `(endpoint, write_bytes, disk bytes)`.
+fn process_snapshots(probes: &[NodeProbe]) -> Vec<(String, Option<u64>, Option<u64>)> {
+    probes
+        .iter()
+        .map(|probe| {
+            let written = probe.pid.and_then(|pid| amplification::proc_write_bytes(pid).ok());
+            let disk = probe.data_dir.as_deref().and_then(|dir| amplification::disk_usage(dir).ok());
+            (probe.endpoint.clone(), written, disk)
+        })
+        .collect()
+}
+
+/// Amplification of processes known only from outside (etcd): kernel WA and disk ÷ live; no
+/// engine figures (`None`, shown as "-").
+fn etcd_amplification(
+    before: &[(String, Option<u64>, Option<u64>)],
+    after: &[(String, Option<u64>, Option<u64>)],
+    user_bytes: u64,
+    live_bytes: u64,
+) -> Vec<NodeAmplification> {
+    let ratio =
+        |numerator: u64, denominator: u64| (denominator > 0).then(|| numerator as f64 / denominator as f64);
+    after
+        .iter()
+        .enumerate()
+        .map(|(index, (endpoint, written, disk))| {
+            let start =
+                before.iter().find(|(start, _, _)| start == endpoint).and_then(|(_, written, _)| *written);
+            let kernel_write_bytes = match (start, written) {
+                (Some(start), Some(end)) => Some(end.saturating_sub(start)),
+                _ => None,
+            };
+            NodeAmplification {
+                endpoint: endpoint.clone(),
+                node_id: index as u64 + 1,
+                role: String::new(),
+                storage_mode: "etcd".into(),
+                user_bytes,
+                engine_bytes_written: 0,
+                engine_wa: None,
+                kernel_write_bytes,
+                kernel_wa: kernel_write_bytes.and_then(|bytes| ratio(bytes, user_bytes)),
+                log_bytes: 0,
+                disk_bytes: *disk,
+                live_bytes,
+                space_amplification: disk.and_then(|bytes| ratio(bytes, live_bytes)),
+                log_space_amplification: None,
+                error: None,
+            }
+        })
+        .collect()
 }
 
 /// The figures of one run, by name, in table order.
@@ -234,6 +346,35 @@ mod tests {
     use super::*;
     use crate::runner::OpReport;
     use crate::workload::{OpType, WorkloadKind};
+
+    #[test]
+    fn contenders_parse_as_they_are_named() {
+        for contender in
+            [Contender::Etcd, Contender::Onekv(StorageMode::OneLog), Contender::Onekv(StorageMode::Classic)]
+        {
+            assert_eq!(Contender::parse(contender.name()), Some(contender));
+        }
+        assert_eq!(Contender::parse("etcd3"), None);
+    }
+
+    #[test]
+    fn etcd_figures_come_from_the_kernel_and_the_disk_only() {
+        let before = [("a".to_string(), Some(1000), Some(0)), ("b".to_string(), None, None)];
+        let after = [("a".to_string(), Some(5000), Some(800)), ("b".to_string(), Some(9000), None)];
+        let nodes = etcd_amplification(&before, &after, 2000, 400);
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(
+            (nodes[0].node_id, nodes[0].kernel_write_bytes, nodes[0].kernel_wa),
+            (1, Some(4000), Some(2.0))
+        );
+        assert_eq!(nodes[0].space_amplification, Some(2.0));
+        assert_eq!(nodes[0].engine_wa, None);
+        // No starting figure: no kernel delta rather than a made-up one.
+        assert_eq!(
+            (nodes[1].kernel_write_bytes, nodes[1].kernel_wa, nodes[1].disk_bytes),
+            (None, None, None)
+        );
+    }
 
     #[test]
     fn rounds_alternate_the_order() {

@@ -1,8 +1,8 @@
 //! The system under test, behind a small async trait, and its onekv implementation.
 //!
 //! Owns: how each YCSB operation maps onto a store's API. Does not own: choosing operations
-//! (`workload`) or timing them (`runner`). Another store (etcd, later) is one more implementation
-//! of [`Target`]; nothing else in the harness knows which store it drives.
+//! (`workload`) or timing them (`runner`). etcd (`crate::etcd`) is one more implementation of
+//! [`Target`]; nothing else in the harness knows which store it drives.
 
 use std::future::Future;
 

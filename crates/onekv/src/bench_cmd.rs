@@ -1,5 +1,5 @@
-//! `onekv bench ...`: the YCSB-style harness (`ycsb`) against a running cluster, and side-by-side
-//! comparisons of storage modes on fresh local clusters (`compare`).
+//! `onekv bench ...`: the YCSB-style harness (`ycsb`) against a running cluster (or a running
+//! etcd), and side-by-side comparisons of storage modes and etcd on fresh local clusters (`compare`).
 //!
 //! Owns only the command line: flags, the runtime, printing and the JSON file. The workloads, the
 //! runner, the amplification figures and the local clusters are the `onekv-bench` crate's.
@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use onekv_bench::amplification::{self, NodeProbe};
-use onekv_bench::compare::{CompareConfig, compare};
-use onekv_bench::{BenchReport, OnekvTarget, RunConfig, WorkloadKind, live_bytes, run_phases};
+use onekv_bench::compare::{CompareConfig, Contender, compare};
+use onekv_bench::{BenchReport, EtcdTarget, OnekvTarget, RunConfig, WorkloadKind, live_bytes, run_phases};
 use onekv_client::{Client, ClientOptions};
-use onekv_server::config::StorageMode;
 
 /// What `--endpoints` is when neither the flag nor the environment variable gives it (the
 /// addresses `onekv cluster start` uses).
@@ -98,8 +97,12 @@ pub struct YcsbArgs {
     load: bool,
     /// Comma-separated `host:port` addresses of the cluster's nodes [env: ONEKV_ENDPOINTS]
     /// [default: 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003]
-    #[arg(long, value_name = "HOST:PORT,...")]
+    #[arg(long, value_name = "HOST:PORT,...", conflicts_with = "etcd")]
     endpoints: Option<String>,
+    /// Runs the workload against the etcd cluster at these comma-separated client `host:port`
+    /// addresses instead of onekv (no amplification figures: the process is not ours).
+    #[arg(long, value_name = "HOST:PORT,...")]
+    etcd: Option<String>,
 }
 
 /// Flags of `onekv bench compare`.
@@ -107,9 +110,13 @@ pub struct YcsbArgs {
 pub struct CompareArgs {
     #[command(flatten)]
     workload: WorkloadArgs,
-    /// Storage modes to compare, the first being the baseline of the ratios.
+    /// Storage modes to compare, the first being the baseline of the ratios; `etcd` adds a local
+    /// etcd cluster (same number of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
     modes: Vec<String>,
+    /// The etcd executable used when --modes names etcd (scripts/install-etcd installs one).
+    #[arg(long, default_value = "etcd")]
+    etcd_exe: PathBuf,
     /// Rounds; each runs every mode once, odd rounds in reverse order.
     #[arg(long, default_value_t = 2)]
     rounds: u32,
@@ -134,6 +141,9 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
 
 async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
     let config = args.workload.run_config()?;
+    if let Some(list) = &args.etcd {
+        return ycsb_etcd(args, &config, list).await;
+    }
     let client = connect(args.endpoints.as_deref())?;
     // Pids and directories are unknown for a cluster this process did not start: engine figures only.
     let probes: Vec<NodeProbe> = Vec::new();
@@ -158,11 +168,32 @@ async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn ycsb_etcd(args: &YcsbArgs, config: &RunConfig, list: &str) -> anyhow::Result<()> {
+    let endpoints: Vec<String> =
+        list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect();
+    let target =
+        EtcdTarget::new(&endpoints).map_err(|error| anyhow::anyhow!("bad --etcd {list:?}: {error}"))?;
+    let phases = run_phases(Arc::new(target), config, args.load).await?;
+    for phase in &phases {
+        println!("{}", phase.markdown());
+    }
+    let report = BenchReport { phases, nodes: Vec::new() };
+    if let Some(path) = &args.workload.json {
+        let json = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let errors: u64 = report.phases.iter().map(|phase| phase.errors).sum();
+    if errors > 0 {
+        eprintln!("{errors} operations failed (see the tables above)");
+    }
+    Ok(())
+}
+
 async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
     let mut modes = Vec::new();
     for name in &args.modes {
-        let mode = StorageMode::parse(name.trim()).with_context(|| {
-            format!("unknown storage mode {name:?}; expected onelog, separated or classic")
+        let mode = Contender::parse(name.trim()).with_context(|| {
+            format!("unknown storage mode {name:?}; expected onelog, separated, classic or etcd")
         })?;
         if modes.contains(&mode) {
             bail!("--modes names {name} twice");
@@ -174,6 +205,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
     }
     let config = CompareConfig {
         exe: std::env::current_exe().context("cannot find the onekv executable")?,
+        etcd_exe: args.etcd_exe.clone(),
         modes,
         rounds: args.rounds,
         nodes: args.nodes,
@@ -182,7 +214,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         leader_timeout: Duration::from_secs(30),
     };
     let report = compare(&config, |run| {
-        eprintln!("storage {} round {}:", run.mode, run.round);
+        eprintln!("{} round {}:", run.mode, run.round);
         for phase in &run.phases {
             eprintln!("{}", phase.markdown());
         }
