@@ -189,7 +189,13 @@ impl NodeLoop {
                 match self.raw.propose(Vec::new(), data) {
                     Ok(()) if self.raw.raft.raft_log.last_index() > before => {
                         let index = self.raw.raft.raft_log.last_index();
-                        self.proposals.insert(index, (self.raw.raft.term, done));
+                        // An older proposal still waiting at this index was overwritten by a leader
+                        // change and can no longer commit.
+                        if let Some((term, old)) = self.proposals.insert(index, (self.raw.raft.term, done)) {
+                            old(Err(ReplicaError::Dropped(format!(
+                                "entry {index} of term {term} was replaced by another leader's"
+                            ))));
+                        }
                     }
                     Ok(()) => done(Err(ReplicaError::Dropped("the proposal was not appended".into()))),
                     Err(err) => done(Err(ReplicaError::Dropped(err.to_string()))),
