@@ -223,37 +223,49 @@ impl LocalCluster {
 
     /// Stops every node: SIGINT, up to 10 s to exit, then SIGKILL. Idempotent.
     pub fn stop(&mut self) {
-        use rustix::process::{Pid, Signal, kill_process};
-        for node in &mut self.nodes {
-            if let Some(child) = &mut node.child {
-                if let Ok(Some(_)) = child.try_wait() {
-                    node.child = None;
-                } else {
-                    // Failure means it is gone already; the wait below reaps it.
-                    let _ = kill_process(Pid::from_child(child), Signal::INT);
-                }
+        let children =
+            self.nodes.iter_mut().map(|node| (format!("node {}", node.id), &mut node.child)).collect();
+        stop_children(children, rustix::process::Signal::INT);
+    }
+}
+
+/// Stops child processes (also used for etcd members): `signal` to each still running, up to
+/// [`STOP_TIMEOUT`] for all to exit, then SIGKILL for the rest; every child is reaped and its slot
+/// emptied. Idempotent.
+pub(crate) fn stop_children(
+    mut children: Vec<(String, &mut Option<Child>)>,
+    signal: rustix::process::Signal,
+) {
+    use rustix::process::{Pid, kill_process};
+    for (_, slot) in &mut children {
+        if let Some(child) = slot.as_mut() {
+            if let Ok(Some(_)) = child.try_wait() {
+                **slot = None;
+            } else {
+                // Failure means it is gone already; the wait below reaps it.
+                let _ = kill_process(Pid::from_child(child), signal);
             }
         }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        while Instant::now() < deadline {
-            for node in &mut self.nodes {
-                if let Some(child) = &mut node.child
-                    && !matches!(child.try_wait(), Ok(None))
-                {
-                    node.child = None;
-                }
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while Instant::now() < deadline {
+        for (_, slot) in &mut children {
+            if let Some(child) = slot.as_mut()
+                && !matches!(child.try_wait(), Ok(None))
+            {
+                **slot = None;
             }
-            if self.nodes.iter().all(|node| node.child.is_none()) {
-                return;
-            }
-            std::thread::sleep(POLL_INTERVAL);
         }
-        for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                eprintln!("node {} did not stop within {STOP_TIMEOUT:?}; killing it", node.id);
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        if children.iter().all(|(_, slot)| slot.is_none()) {
+            return;
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+    for (label, slot) in &mut children {
+        if let Some(mut child) = slot.take() {
+            eprintln!("{label} did not stop within {STOP_TIMEOUT:?}; killing it");
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
@@ -265,7 +277,7 @@ impl Drop for LocalCluster {
 }
 
 /// The last `count` lines of a file (empty if unreadable).
-fn tail(path: &Path, count: usize) -> String {
+pub(crate) fn tail(path: &Path, count: usize) -> String {
     let text = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(count)..].join("\n")

@@ -19,11 +19,9 @@ use std::time::{Duration, Instant};
 
 use crate::amplification::NodeProbe;
 use crate::etcd::EtcdTarget;
-use crate::local_cluster::ClusterError;
+use crate::local_cluster::{ClusterError, stop_children, tail};
 use crate::target::Target as _;
 
-/// How long a member gets to exit after SIGTERM before it is killed.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Between two polls while waiting.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -199,38 +197,12 @@ impl LocalEtcd {
 
     /// Stops every member: SIGTERM, up to 10 s to exit, then SIGKILL. Idempotent.
     pub fn stop(&mut self) {
-        use rustix::process::{Pid, Signal, kill_process};
-        for member in &mut self.members {
-            if let Some(child) = &mut member.child {
-                if let Ok(Some(_)) = child.try_wait() {
-                    member.child = None;
-                } else {
-                    // Failure means it is gone already; the wait below reaps it.
-                    let _ = kill_process(Pid::from_child(child), Signal::TERM);
-                }
-            }
-        }
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        while Instant::now() < deadline {
-            for member in &mut self.members {
-                if let Some(child) = &mut member.child
-                    && !matches!(child.try_wait(), Ok(None))
-                {
-                    member.child = None;
-                }
-            }
-            if self.members.iter().all(|member| member.child.is_none()) {
-                return;
-            }
-            std::thread::sleep(POLL_INTERVAL);
-        }
-        for member in &mut self.members {
-            if let Some(mut child) = member.child.take() {
-                eprintln!("etcd member {} did not stop within {STOP_TIMEOUT:?}; killing it", member.name);
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
+        let children = self
+            .members
+            .iter_mut()
+            .map(|member| (format!("etcd member {}", member.name), &mut member.child))
+            .collect();
+        stop_children(children, rustix::process::Signal::TERM);
     }
 }
 
@@ -238,11 +210,4 @@ impl Drop for LocalEtcd {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The last `count` lines of a file (empty if unreadable).
-fn tail(path: &Path, count: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(count)..].join("\n")
 }
