@@ -16,19 +16,25 @@ fn put(replica: &Replica, key: &str) -> Result<(), ReplicaError> {
     rx.recv_timeout(Duration::from_secs(10)).expect("an answer, not a hang").map(|_| ())
 }
 
-#[test]
-fn a_failed_raft_append_stops_the_replica_and_says_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = ReplicaConfig::new(1, vec![1], dir.path());
+/// Opens the one-node replica in `dir` and waits until it leads.
+fn open_leader(dir: &std::path::Path) -> Replica {
+    let mut config = ReplicaConfig::new(1, vec![1], dir);
     config.tick = Duration::from_millis(10);
     let router = Arc::new(Router::default());
     let replica = Replica::open(config, router.clone()).unwrap();
     router.add(1, replica.clone());
     let deadline = Instant::now() + Duration::from_secs(10);
     while replica.status().role != "leader" {
-        assert!(Instant::now() < deadline, "no leader");
+        assert!(Instant::now() < deadline, "the single node did not become leader");
         std::thread::sleep(Duration::from_millis(5));
     }
+    replica
+}
+
+#[test]
+fn a_failed_raft_append_stops_the_replica_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let replica = open_leader(dir.path());
     put(&replica, "before").unwrap();
 
     onekv_replica::failpoints::arm("fail-raft-append", "return").unwrap();
@@ -50,16 +56,7 @@ fn a_failed_raft_append_stops_the_replica_and_says_why() {
     replica.shutdown();
 
     // A restart recovers what was durable.
-    let mut config = ReplicaConfig::new(1, vec![1], dir.path());
-    config.tick = Duration::from_millis(10);
-    let router = Arc::new(Router::default());
-    let replica = Replica::open(config, router.clone()).unwrap();
-    router.add(1, replica.clone());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while replica.status().role != "leader" {
-        assert!(Instant::now() < deadline, "no leader after restart");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let replica = open_leader(dir.path());
     put(&replica, "restarted").unwrap();
     assert_eq!(replica.get(b"before").unwrap().as_deref(), Some(&b"v"[..]));
     assert_eq!(replica.get(b"during").unwrap(), None);
