@@ -31,6 +31,10 @@ pub(crate) struct IndexShared {
     cache: Arc<Cache>,
     descriptors: Arc<DescriptorTable>,
     pub(crate) bytes_written: AtomicU64,
+    /// Flushes of all trees since open.
+    pub(crate) flushes: AtomicU64,
+    /// Compaction steps that changed a tree, of all trees since open.
+    pub(crate) compactions: AtomicU64,
     _lock: fs::File,
 }
 
@@ -66,6 +70,8 @@ impl Index {
             descriptors: Arc::new(DescriptorTable::new(config.max_open_files)),
             config,
             bytes_written: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            compactions: AtomicU64::new(0),
             _lock: lock,
         };
         Ok(Index { shared: Arc::new(shared), trees: Mutex::default() })
@@ -133,6 +139,16 @@ impl Index {
     /// Bytes of tables and manifests written by flushes and compactions of all trees since open.
     pub fn bytes_written(&self) -> u64 {
         self.shared.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// Memtable flushes of all trees since open.
+    pub fn flushes(&self) -> u64 {
+        self.shared.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Compaction steps that changed a tree, over all trees since open.
+    pub fn compactions(&self) -> u64 {
+        self.shared.compactions.load(Ordering::Relaxed)
     }
 }
 

@@ -52,6 +52,10 @@ struct TreeInner {
     maintenance: Mutex<Maintenance>,
     strategy: lsm_tree::compaction::Leveled,
     bytes_written: AtomicU64,
+    /// Memtable flushes completed since open (statistics).
+    flushes: AtomicU64,
+    /// Compaction steps that changed the tree since open (statistics).
+    compactions: AtomicU64,
     index: Arc<IndexShared>,
 }
 
@@ -110,6 +114,8 @@ impl Tree {
                 maintenance: Mutex::new(Maintenance { written, failure: None }),
                 strategy,
                 bytes_written: AtomicU64::new(0),
+                flushes: AtomicU64::new(0),
+                compactions: AtomicU64::new(0),
                 index,
             }),
         })
@@ -287,6 +293,8 @@ impl Tree {
             return Err(fail(&mut maintenance, e));
         }
         *lock(&inner.flush_flag) = Some((applied_index, note.to_vec()));
+        inner.flushes.fetch_add(1, Ordering::Relaxed);
+        inner.index.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -302,7 +310,12 @@ impl Tree {
         let watermark = self.gc_watermark();
         self.pin_version_seqno();
         let result = inner.lsm.compact(Arc::new(inner.strategy.clone()), watermark);
-        self.account_written(&mut maintenance);
+        // A step that changed the tree wrote at least a new version file; one with nothing to do
+        // wrote nothing.
+        if self.account_written(&mut maintenance) > 0 && result.is_ok() {
+            inner.compactions.fetch_add(1, Ordering::Relaxed);
+            inner.index.compactions.fetch_add(1, Ordering::Relaxed);
+        }
         result.map_err(|e| fail(&mut maintenance, IndexError::storage(&inner.name, "compacting", e)))
     }
 
@@ -352,6 +365,17 @@ impl Tree {
         self.inner.bytes_written.load(Ordering::Relaxed)
     }
 
+    /// Memtable flushes this tree completed since it was opened.
+    pub fn flushes(&self) -> u64 {
+        self.inner.flushes.load(Ordering::Relaxed)
+    }
+
+    /// Compaction steps that changed this tree since it was opened ([`Tree::maybe_compact`] calls
+    /// that found nothing to do are not counted).
+    pub fn compactions(&self) -> u64 {
+        self.inner.compactions.load(Ordering::Relaxed)
+    }
+
     /// The garbage-collection watermark for a flush or compaction starting now.
     ///
     /// lsm-tree 3.1.10 drops every version below the watermark that has *any* newer version, even
@@ -385,10 +409,12 @@ impl Tree {
         }
     }
 
-    fn account_written(&self, maintenance: &mut Maintenance) {
+    /// Counts the bytes of new tables and manifests; returns them.
+    fn account_written(&self, maintenance: &mut Maintenance) -> u64 {
         let bytes = maintenance.written.count_new(&self.inner.dir);
         self.inner.bytes_written.fetch_add(bytes, Ordering::Relaxed);
         self.inner.index.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+        bytes
     }
 
     /// The seqno rules of [`Tree::insert`]; the last one (not yet visible) only for user writes.

@@ -392,3 +392,28 @@ fn trees_are_send_and_sync() {
     fn check_error<T: Send + Sync + Clone + std::error::Error>() {}
     check_error::<IndexError>();
 }
+
+#[test]
+fn flushes_and_compactions_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = IndexConfig { l0_threshold: 2, ..IndexConfig::default() };
+    let index = Index::open(dir.path(), config).unwrap();
+    let tree = index.tree("t").unwrap();
+    tree.maybe_compact().unwrap();
+    assert_eq!((tree.flushes(), tree.compactions()), (0, 0), "nothing to compact is not a compaction");
+    let value = vec![0x5a; 100];
+    let mut seqno = 0;
+    for flush in 1..=4u64 {
+        for i in 0..50u64 {
+            seqno += 1;
+            tree.insert(&i.to_be_bytes(), &value, seqno);
+        }
+        tree.publish(seqno);
+        tree.flush(flush, seqno).unwrap();
+    }
+    assert_eq!(tree.flushes(), 4);
+    assert_eq!(index.flushes(), 4);
+    tree.maybe_compact().unwrap();
+    assert!(tree.compactions() >= 1, "four tables over an L0 threshold of 2 need a compaction");
+    assert_eq!(index.compactions(), tree.compactions());
+}

@@ -182,6 +182,15 @@ pub struct CasOutcome {
     pub current: Option<Vec<u8>>,
 }
 
+/// A deliberately broken behaviour of the replica, for showing that the deterministic simulation
+/// catches it. Only [`crate::Replica::open_driven`] accepts one; a server never runs one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// A read barrier succeeds at once on any replica, without confirming leadership through
+    /// ReadIndex or waiting for the applied index: "linearizable" reads may be stale.
+    ReadsWithoutReadIndex,
+}
+
 /// Why a request failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ReplicaError {
@@ -246,6 +255,29 @@ pub struct ReplicaStatus {
     /// The storage failure that stopped this replica's writes, if one did: it then takes no part in
     /// replication until restarted (the log refuses every write after a failed fsync).
     pub failure: Option<String>,
+    /// Times this node learned of a new leader (another node, or a new term's) since it started.
+    pub leader_changes: u64,
+    /// Each log of the data directory, by directory name, with its counters since open.
+    pub logs: Vec<LogStatus>,
+    /// Memtable flushes of the index trees since the replica started.
+    pub index_flushes: u64,
+    /// Compaction steps that changed an index tree since the replica started.
+    pub index_compactions: u64,
+    /// Bytes of tables and manifests the index wrote since the replica started.
+    pub index_bytes_written: u64,
+    /// Bytes in the active memtable of the shard's index tree (not yet flushed).
+    pub memtable_bytes: u64,
+}
+
+/// One of a replica's logs in a [`ReplicaStatus`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LogStatus {
+    /// Its directory inside the data directory: `log`, `values`, `raft-wal` or `data-wal`.
+    pub name: String,
+    /// Bytes between its first retained and its end position (what its segments hold).
+    pub bytes: u64,
+    /// What it wrote and synced since open, and its fsync latencies.
+    pub stats: onekv_log::LogStats,
 }
 
 /// Carries Raft messages to peers. Must not block: a transport that cannot keep up drops messages

@@ -29,4 +29,4 @@ mod slog_bridge;
 mod state;
 
 pub use api::*;
-pub use replica::Replica;
+pub use replica::{DrivenLoop, Replica};

@@ -23,7 +23,7 @@ use crate::{
 use onekv_log::Log;
 use raft::eraftpb::{Entry, Message};
 use raft::{RawNode, StateRole};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -35,6 +35,14 @@ pub(crate) const SHARD: u64 = 1;
 /// Inputs handled at most per turn before a Ready is processed, so a flood of messages cannot
 /// starve persistence.
 const MAX_INPUTS_PER_TURN: usize = 4096;
+
+/// Whether the loop goes on after a turn.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Turn {
+    Continue,
+    /// A shutdown was asked for; the caller ends the loop.
+    Shutdown,
+}
 
 /// What the loop is asked to do.
 pub(crate) enum Input {
@@ -69,7 +77,9 @@ pub(crate) struct NodeLoop {
     /// Read barriers not yet sent to Raft.
     pub reads_unsent: Vec<Done<()>>,
     /// Read barriers sent, by context.
-    pub reads_in_flight: HashMap<u64, Vec<Done<()>>>,
+    /// (Ordered maps here and below: the order requests are failed in must not depend on a hash
+    /// seed, or the simulation would not replay.)
+    pub reads_in_flight: BTreeMap<u64, Vec<Done<()>>>,
     /// Read barriers confirmed, waiting for the applied index to reach theirs.
     pub reads_waiting: VecDeque<(u64, Vec<Done<()>>)>,
     pub next_read_ctx: u64,
@@ -80,68 +90,124 @@ pub(crate) struct NodeLoop {
     /// Set once the disk failed: the loop keeps answering errors but writes nothing more.
     pub failed: Option<String>,
     /// Followers the leader is sending a snapshot to, and since when.
-    pub snapshot_sends: HashMap<u64, Instant>,
+    pub snapshot_sends: BTreeMap<u64, Instant>,
+    /// Wait for the hard-state records the loop otherwise submits without waiting (set when a
+    /// simulation drives the loop: what is durable after a turn must not depend on thread timing).
+    pub wait_for_submits: bool,
+    /// A deliberately broken behaviour (simulation only).
+    pub mutation: Option<crate::Mutation>,
 }
 
 impl NodeLoop {
+    /// Runs the loop on the current thread until shutdown: waits for inputs until the next tick is
+    /// due, then takes a turn.
     pub fn run(mut self) {
         let tick = self.config.tick;
         let mut next_tick = Instant::now() + tick;
-        let mut shutdown = false;
-        while !shutdown {
+        loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
             let first = match self.inbox.recv_timeout(wait) {
                 Ok(input) => Some(input),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            let mut handled = 0;
-            let mut next = first;
-            while let Some(input) = next {
-                if matches!(input, Input::Shutdown) {
-                    shutdown = true;
-                    break;
-                }
-                self.handle(input);
-                handled += 1;
-                if handled >= MAX_INPUTS_PER_TURN {
-                    break;
-                }
-                next = self.inbox.try_recv().ok();
-            }
-            if Instant::now() >= next_tick {
-                self.raw.tick();
-                self.retry_lost_snapshots();
+            let now = Instant::now();
+            let tick_due = now >= next_tick;
+            if tick_due {
                 next_tick += tick;
-                if next_tick < Instant::now() {
-                    next_tick = Instant::now() + tick;
+                if next_tick < now {
+                    next_tick = now + tick;
                 }
             }
-            self.send_read_index();
-            if self.failed.is_none()
-                && let Err(err) = self.on_ready()
-            {
-                tracing::error!(%err, "storage failure: the replica stops serving writes");
-                self.failed = Some(err.to_string());
-                let failure = err.to_string();
-                self.fail_pending(|| ReplicaError::Storage(failure.clone()));
+            if self.turn(first, now, tick_due) == Turn::Shutdown {
+                break;
             }
-            self.publish_status();
         }
+        self.stop();
+    }
+
+    /// Fails whatever is pending and marks the replica stopped.
+    pub fn stop(&mut self) {
         self.fail_everything(|| ReplicaError::Stopping);
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.publish_status();
     }
 
+    /// One turn: handles `first` and whatever else is queued (bounded), ticks Raft's clock once if
+    /// `tick`, and handles one Ready. `now` is the time the turn happens at (the simulation's own
+    /// clock when it drives the loop); the loop reads no clock of its own.
+    pub fn turn(&mut self, first: Option<Input>, now: Instant, tick: bool) -> Turn {
+        // raft-rs panics when its storage fails to read an entry (a failed pread of the log). The
+        // Raft state may then be half-updated, so the replica stops as after a failed append:
+        // it answers errors and takes no further part until it is restarted.
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.turn_inner(first, now, tick)));
+        let turn = match outcome {
+            Ok(turn) => turn,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(%what, "the node loop panicked: the replica stops serving");
+                if self.failed.is_none() {
+                    self.failed = Some(format!("the node loop panicked: {what}"));
+                }
+                let failure = self.failed.clone().unwrap_or_default();
+                self.fail_pending(|| ReplicaError::Storage(failure.clone()));
+                Turn::Continue
+            }
+        };
+        self.publish_status();
+        turn
+    }
+
+    fn turn_inner(&mut self, first: Option<Input>, now: Instant, tick: bool) -> Turn {
+        let mut handled = 0;
+        let mut next = first;
+        while let Some(input) = next {
+            if matches!(input, Input::Shutdown) {
+                return Turn::Shutdown;
+            }
+            self.handle(input);
+            handled += 1;
+            if handled >= MAX_INPUTS_PER_TURN {
+                break;
+            }
+            next = self.inbox.try_recv().ok();
+        }
+        if self.failed.is_some() {
+            return Turn::Continue;
+        }
+        if tick {
+            self.raw.tick();
+            self.retry_lost_snapshots(now);
+        }
+        self.send_read_index();
+        if let Err(err) = self.on_ready() {
+            tracing::error!(%err, "storage failure: the replica stops serving writes");
+            self.failed = Some(err.to_string());
+            let failure = err.to_string();
+            self.fail_pending(|| ReplicaError::Storage(failure.clone()));
+        }
+        Turn::Continue
+    }
+
+    /// Takes one turn for a caller that drives the loop (no thread): handles every queued input.
+    pub fn drive(&mut self, now: Instant, tick: bool) -> Turn {
+        let first = self.inbox.try_recv().ok();
+        self.turn(first, now, tick)
+    }
+
     /// raft-rs waits for the application to report a snapshot's fate; our transport does not know
     /// it. A follower still waiting after `snapshot_timeout` is reported failed, so the leader
     /// probes it again and sends a new snapshot if it still needs one.
-    fn retry_lost_snapshots(&mut self) {
+    fn retry_lost_snapshots(&mut self, now: Instant) {
         if self.role() != StateRole::Leader {
             self.snapshot_sends.clear();
             return;
         }
-        let now = Instant::now();
         let waiting: Vec<u64> = self
             .raw
             .raft
@@ -172,6 +238,8 @@ impl NodeLoop {
 
     fn handle(&mut self, input: Input) {
         match input {
+            // A failed replica takes no further part in Raft: its state may be inconsistent.
+            Input::Step(_) if self.failed.is_some() => {}
             Input::Step(message) => {
                 if let Err(err) = self.raw.step(message) {
                     tracing::debug!(%err, "dropped a peer message");
@@ -204,6 +272,9 @@ impl NodeLoop {
             Input::ReadBarrier(done) => {
                 if let Some(failed) = &self.failed {
                     return done(Err(ReplicaError::Storage(failed.clone())));
+                }
+                if self.mutation == Some(crate::Mutation::ReadsWithoutReadIndex) {
+                    return done(Ok(()));
                 }
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader()));
@@ -324,13 +395,20 @@ impl NodeLoop {
         let record = HardStateRecord { commit, ..self.persisted_hs };
         let record = HardStateRecord { term: self.raw.raft.term, vote: self.raw.raft.vote, ..record };
         let shared = self.shared.clone();
+        let (written_tx, written) = std::sync::mpsc::sync_channel(1);
         self.raft_log
             .submit(vec![(records::HARD_STATE, records::encode_hard_state(record))], move |result| {
                 if result.is_ok() {
                     shared.durable_commit.fetch_max(commit, Ordering::SeqCst);
                 }
+                let _ = written_tx.send(());
             })
             .map_err(|e| storage(format!("appending the hard state: {e}")))?;
+        if self.wait_for_submits {
+            // The completion runs whether the write succeeded or not; a failure shows on the next
+            // append, which is refused.
+            let _ = written.recv();
+        }
         self.persisted_hs = record;
         let store = self.raw.mut_store();
         store.hard_state.commit = commit;
@@ -403,7 +481,7 @@ impl NodeLoop {
         for done in self.reads_unsent.drain(..) {
             done(Err(leader.clone()));
         }
-        for (_, dones) in self.reads_in_flight.drain() {
+        for (_, dones) in std::mem::take(&mut self.reads_in_flight) {
             for done in dones {
                 done(Err(leader.clone()));
             }
@@ -530,7 +608,7 @@ impl NodeLoop {
         for done in self.reads_unsent.drain(..) {
             done(Err(error()));
         }
-        for (_, dones) in self.reads_in_flight.drain() {
+        for (_, dones) in std::mem::take(&mut self.reads_in_flight) {
             for done in dones {
                 done(Err(error()));
             }
@@ -551,10 +629,31 @@ impl NodeLoop {
             StateRole::Candidate => "candidate",
             StateRole::PreCandidate => "pre-candidate",
         };
+        let leader_id = (raft.leader_id != 0).then_some(raft.leader_id);
+        let leader_changes = {
+            let previous = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            let changed =
+                leader_id.is_some() && (leader_id, raft.term) != (previous.leader_id, previous.term);
+            previous.leader_changes + u64::from(changed)
+        };
+        let log_names: &[&str] = match self.state.mode {
+            crate::StorageMode::OneLog => &["log"],
+            crate::StorageMode::Separated => &["log", "values"],
+            crate::StorageMode::Classic => &["raft-wal", "data-wal"],
+        };
+        let logs = std::iter::once(&self.state.raft_log)
+            .chain(self.state.second_log.as_ref())
+            .zip(log_names)
+            .map(|(log, name)| crate::LogStatus {
+                name: (*name).to_string(),
+                bytes: log.end_position() - log.first_position(),
+                stats: log.stats(),
+            })
+            .collect();
         let status = ReplicaStatus {
             node_id: self.config.node_id,
             voters: store.conf_state.voters.clone(),
-            leader_id: (raft.leader_id != 0).then_some(raft.leader_id),
+            leader_id,
             term: raft.term,
             role: role.to_string(),
             commit_index: raft.raft_log.committed,
@@ -568,6 +667,12 @@ impl NodeLoop {
             user_bytes: self.state.user_bytes.load(Ordering::Relaxed),
             recovery_records: self.shared.recovery_records,
             failure: self.failed.clone(),
+            leader_changes,
+            logs,
+            index_flushes: self.state.index.flushes(),
+            index_compactions: self.state.index.compactions(),
+            index_bytes_written: self.state.index.bytes_written(),
+            memtable_bytes: self.state.tree.memtable_bytes(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -12,7 +12,7 @@ use crate::{
 use onekv_index::{Index, IndexConfig};
 use onekv_log::{Log, LogConfig, OpenOptions};
 use raft::eraftpb::Message;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,27 @@ use std::time::{Duration, Instant};
 
 /// Inputs queued for the loop before new ones are refused.
 const INBOX_CAPACITY: usize = 65_536;
+
+/// The loop of a replica opened with [`Replica::open_driven`]: the caller takes its turns.
+/// Dropping it without [`DrivenLoop::stop`] is a crash: nothing is failed or flushed, pending
+/// requests are simply never answered.
+pub struct DrivenLoop {
+    node_loop: NodeLoop,
+}
+
+impl DrivenLoop {
+    /// Takes one turn at time `now`: handles every queued input (peer messages, proposals, read
+    /// barriers), ticks Raft's clock once if `tick`, persists, sends, applies and answers.
+    /// Returns false once a shutdown was asked for.
+    pub fn turn(&mut self, now: Instant, tick: bool) -> bool {
+        self.node_loop.drive(now, tick) == crate::node::Turn::Continue
+    }
+
+    /// Ends the loop the orderly way: pending requests fail with [`ReplicaError::Stopping`].
+    pub fn stop(mut self) {
+        self.node_loop.stop();
+    }
+}
 
 /// A handle to a running replica. Cheap to clone; every method may be called from any thread.
 #[derive(Clone)]
@@ -88,18 +109,68 @@ impl Replica {
         config.validate()?;
         crate::failpoints::arm_from_env()
             .map_err(|e| ReplicaError::Open(format!("ONEKV_FAILPOINTS: {e}")))?;
+        let dir = config.data_dir.clone();
+        let log_config = config.log_config();
+        let open_log = move |name: &str| -> Result<Arc<Log>, ReplicaError> {
+            let (log, report) = Log::open_path(dir.join(name), log_config.clone(), OpenOptions::default())
+                .map_err(|e| ReplicaError::Open(format!("opening the log {name}: {e}")))?;
+            tracing::info!(log = name, ?report, "log opened");
+            Ok(Arc::new(log))
+        };
+        let (mut replica, node_loop) = Self::open_parts(config, transport, &open_log, false)?;
+        let thread = std::thread::Builder::new()
+            .name("onekv-node".into())
+            .spawn(move || node_loop.run())
+            .map_err(|e| ReplicaError::Open(format!("starting the node thread: {e}")))?;
+        *Arc::get_mut(&mut replica.inner)
+            .expect("no other handle yet")
+            .thread
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        Ok(replica)
+    }
+
+    /// Opens (or creates) a replica whose loop the caller drives, one [`DrivenLoop::turn`] at a
+    /// time on the caller's thread, with its logs in the directories `log_dir(name)` returns
+    /// (the index and the identity file stay in `config.data_dir`). This is how the deterministic
+    /// simulation runs several nodes on one thread with simulated disks and time.
+    ///
+    /// Raft's randomized election timeout is pinned to `election_ticks` (raft-rs draws it from a
+    /// generator nobody can seed); the driver varies when each node ticks instead.
+    ///
+    /// `mutation` runs a deliberately broken variant, to show the simulation's checkers catch it;
+    /// only this entry point accepts one.
+    pub fn open_driven(
+        config: ReplicaConfig,
+        transport: Arc<dyn Transport>,
+        log_dir: &dyn Fn(&str) -> Arc<dyn onekv_log::io::Dir>,
+        mutation: Option<crate::Mutation>,
+    ) -> Result<(Replica, DrivenLoop), ReplicaError> {
+        config.validate()?;
+        let log_config = config.log_config();
+        let open_log = |name: &str| -> Result<Arc<Log>, ReplicaError> {
+            let (log, _) = Log::open(log_dir(name), log_config.clone(), OpenOptions::default())
+                .map_err(|e| ReplicaError::Open(format!("opening the log {name}: {e}")))?;
+            Ok(Arc::new(log))
+        };
+        let (replica, mut node_loop) = Self::open_parts(config, transport, &open_log, true)?;
+        node_loop.mutation = mutation;
+        Ok((replica, DrivenLoop { node_loop }))
+    }
+
+    /// Everything [`Replica::open`] does but starting the thread.
+    fn open_parts(
+        config: ReplicaConfig,
+        transport: Arc<dyn Transport>,
+        open_log: &dyn Fn(&str) -> Result<Arc<Log>, ReplicaError>,
+        driven: bool,
+    ) -> Result<(Replica, NodeLoop), ReplicaError> {
         let dir = &config.data_dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
         crate::identity::check_or_create(dir, config.node_id, config.storage)?;
         let started = Instant::now();
 
-        let open_log = |name: &str| -> Result<Arc<Log>, ReplicaError> {
-            let (log, report) = Log::open_path(dir.join(name), config.log_config(), OpenOptions::default())
-                .map_err(|e| ReplicaError::Open(format!("opening the log {name}: {e}")))?;
-            tracing::info!(log = name, ?report, "log opened");
-            Ok(Arc::new(log))
-        };
         let (raft_log, second_log) = match config.storage {
             StorageMode::OneLog => (open_log("log")?, None),
             StorageMode::Separated => (open_log("log")?, Some(open_log("values")?)),
@@ -161,6 +232,9 @@ impl Replica {
             check_quorum: true,
             pre_vote: true,
             read_only_option: raft::ReadOnlyOption::Safe,
+            // 0 means raft-rs's defaults: [election_tick, 2 * election_tick).
+            min_election_tick: if driven { config.election_ticks } else { 0 },
+            max_election_tick: if driven { config.election_ticks + 1 } else { 0 },
             ..Default::default()
         };
         raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
@@ -193,21 +267,20 @@ impl Replica {
             persisted_hs: recovered.hard_state,
             entry_tree_seqno,
             failed: None,
-            snapshot_sends: HashMap::new(),
+            snapshot_sends: BTreeMap::new(),
+            wait_for_submits: driven,
+            mutation: None,
         };
-        let thread = std::thread::Builder::new()
-            .name("onekv-node".into())
-            .spawn(move || node_loop.run())
-            .map_err(|e| ReplicaError::Open(format!("starting the node thread: {e}")))?;
-        Ok(Replica {
+        let replica = Replica {
             inner: Arc::new(Inner {
                 inbox: inbox_tx,
                 shared,
                 state: std::sync::RwLock::new(Some(state)),
                 limits,
-                thread: Mutex::new(Some(thread)),
+                thread: Mutex::new(None),
             }),
-        })
+        };
+        Ok((replica, node_loop))
     }
 
     /// Queues `input` for the loop; if it cannot be queued, fails its reply (if it has one).

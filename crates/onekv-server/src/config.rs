@@ -55,6 +55,17 @@ pub struct ServerConfig {
     /// Address to listen on, `host:port`. One port serves both clients (the `Kv` service) and peers
     /// (the `Peer` service). Required.
     pub listen: String,
+    /// Address of the node's HTTP endpoint, `host:port`: Prometheus metrics (`GET /metrics`), the
+    /// status page (`GET /`), `GET /cluster.json` and `GET /healthz`. Unset: no HTTP endpoint.
+    pub http_listen: Option<String>,
+    /// Address of the node's Redis-protocol (RESP2) front end, `host:port`, for redis-cli,
+    /// redis-benchmark and Redis client libraries (see `docs/redis.md`). Unset: no RESP front end.
+    pub resp_listen: Option<String>,
+    /// Least severe log level written: `error`, `warn`, `info`, `debug` or `trace`. Unset: `info`.
+    /// The `--log-level` flag and then `RUST_LOG` win over it.
+    pub log_level: Option<String>,
+    /// Log line format on standard error: `text` (default) or `json` (one object per line).
+    pub log_format: LogFormat,
     /// Directory of the node's logs and index. In a file, a relative path is resolved against the
     /// file's own directory. Required.
     pub data_dir: PathBuf,
@@ -77,6 +88,20 @@ pub struct ServerConfig {
     /// The node's log.
     pub log: LogConfig,
 }
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// The log levels `log_level` accepts.
+pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
 
 /// One voting member of the cluster.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -152,6 +177,10 @@ impl Default for ServerConfig {
         ServerConfig {
             node_id: 0,
             listen: String::new(),
+            http_listen: None,
+            resp_listen: None,
+            log_level: None,
+            log_format: LogFormat::default(),
             data_dir: PathBuf::new(),
             storage: StorageMode::default(),
             request_timeout_ms: 5000,
@@ -342,6 +371,30 @@ impl ServerConfig {
             problem("listen", "is missing; expected host:port".into());
         } else if let Err(reason) = check_address(&self.listen) {
             problem("listen", format!("{:?} {reason}", self.listen));
+        }
+        if let Some(http_listen) = &self.http_listen {
+            if let Err(reason) = check_address(http_listen) {
+                problem("http_listen", format!("{http_listen:?} {reason}"));
+            } else if http_listen.eq_ignore_ascii_case(&self.listen) {
+                problem("http_listen", format!("{http_listen:?} is also `listen`; give HTTP its own port"));
+            }
+        }
+        if let Some(resp_listen) = &self.resp_listen {
+            if let Err(reason) = check_address(resp_listen) {
+                problem("resp_listen", format!("{resp_listen:?} {reason}"));
+            } else if resp_listen.eq_ignore_ascii_case(&self.listen)
+                || self.http_listen.as_ref().is_some_and(|http| resp_listen.eq_ignore_ascii_case(http))
+            {
+                problem(
+                    "resp_listen",
+                    format!("{resp_listen:?} is also `listen` or `http_listen`; give RESP its own port"),
+                );
+            }
+        }
+        if let Some(level) = &self.log_level
+            && !LOG_LEVELS.contains(&level.as_str())
+        {
+            problem("log_level", format!("{level:?} is not one of {}", LOG_LEVELS.join(", ")));
         }
         if self.data_dir.as_os_str().is_empty() {
             problem("data_dir", "is missing".into());
@@ -585,6 +638,33 @@ mod tests {
         {
             assert!(check_address(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn resp_listen_needs_its_own_valid_address() {
+        let mut config = ServerConfig {
+            node_id: 1,
+            listen: "127.0.0.1:7001".into(),
+            data_dir: PathBuf::from("data"),
+            members: vec![MemberConfig { id: 1, address: "127.0.0.1:7001".into() }],
+            ..ServerConfig::default()
+        };
+        config.validate().unwrap();
+        config.resp_listen = Some("127.0.0.1:6379".into());
+        config.validate().unwrap();
+        let fields = |config: &ServerConfig| -> Vec<String> {
+            config.validate().unwrap_err().problems().iter().map(|problem| problem.field.clone()).collect()
+        };
+        config.resp_listen = Some("127.0.0.1".into());
+        assert_eq!(fields(&config), ["resp_listen"]);
+        config.resp_listen = Some("127.0.0.1:7001".into());
+        assert_eq!(fields(&config), ["resp_listen"]);
+        config.http_listen = Some("127.0.0.1:9001".into());
+        config.resp_listen = Some("127.0.0.1:9001".into());
+        assert_eq!(fields(&config), ["resp_listen"]);
+        // It survives the trip through TOML.
+        config.resp_listen = Some("127.0.0.1:6379".into());
+        assert_eq!(ServerConfig::parse(&config.to_toml()).unwrap(), config);
     }
 
     #[test]

@@ -6,7 +6,12 @@
 //! - [`service`]: the client API (`Kv`), request limits and the error-to-status mapping;
 //! - [`peer`]: the `Peer` service that feeds Raft messages from other members to the replica;
 //! - [`transport`]: the [`onekv_replica::Transport`] that sends this node's Raft messages;
-//! - [`backend`]: the trait through which the services use the replica (a fake in tests).
+//! - [`backend`]: the trait through which the services use the replica (a fake in tests);
+//! - [`metrics`]: Prometheus metrics (requests, Raft, log, index, disk), documented in
+//!   `docs/metrics.md`;
+//! - [`http`]: the optional HTTP endpoint (`http_listen`): `/metrics`, the status page, `/healthz`.
+//!
+//! The optional Redis-protocol front end (`resp_listen`) is the `onekv-resp` crate; [`serve`] runs it.
 //!
 //! Does not own consensus, storage or recovery (the `onekv-replica` crate), the wire schema
 //! (`onekv-proto`), process concerns such as signals and logging setup (the `onekv` binary), or
@@ -14,6 +19,8 @@
 
 pub mod backend;
 pub mod config;
+pub mod http;
+pub mod metrics;
 pub mod peer;
 pub mod service;
 pub mod transport;
@@ -40,8 +47,16 @@ pub use transport::{GrpcTransport, TransportOptions, TransportStats};
 const SHUTDOWN_GRACE_BEYOND_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs one node until `shutdown` completes: validates `config` (before touching any data), binds
-/// the listen address, opens the replica, serves the `Kv` and `Peer` services on that one port,
-/// then stops accepting, lets in-flight requests finish, and shuts the replica down.
+/// the listen address (and `http_listen`, if set), opens the replica, serves the `Kv` and `Peer`
+/// services on that one port (and the HTTP endpoint on its own), then stops accepting on both, lets
+/// in-flight requests finish, and shuts the replica down.
+///
+/// Nothing is flushed at shutdown: the log is the only durable state and every acknowledged write
+/// is already in it (fsynced); the index is rebuilt from the log on the next open.
+///
+/// With `resp_listen` set it also serves the Redis protocol there (`onekv_resp::serve_resp`, bound
+/// with the others before the replica opens, stopped with them) and prints `onekv node N resp on
+/// ADDR`.
 ///
 /// Prints one line to standard output once it is ready:
 /// `onekv node N serving on ADDR (storage MODE, data DIR)`.
@@ -51,6 +66,23 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
     let listener = TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let http_listener = match &config.http_listen {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (http_listen)"))?,
+        ),
+        None => None,
+    };
+    let resp = match &config.resp_listen {
+        Some(address) => {
+            let listener = TcpListener::bind(address)
+                .await
+                .with_context(|| format!("cannot listen on {address} (resp_listen)"))?;
+            Some((listener, resp_context(&config, address)?))
+        }
+        None => None,
+    };
 
     let peers = config.members.iter().map(|member| (member.id, member.address.clone()));
     let transport = Arc::new(GrpcTransport::start(config.node_id, peers, TransportOptions::default()));
@@ -69,15 +101,89 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         }
     };
 
+    // The HTTP endpoint stops accepting at the same moment as the gRPC server.
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = match http_listener {
+        Some(http_listener) => {
+            let stopped = async move {
+                // An error means the sender is gone: the gRPC server stopped; stop too.
+                let _ = http_stopped.await;
+            };
+            match http::http_server(http_listener, &config, Arc::clone(&replica), stopped) {
+                Ok(server) => Some(tokio::spawn(server)),
+                Err(error) => {
+                    transport.close();
+                    let stopping = Arc::clone(&replica);
+                    let _ = tokio::task::spawn_blocking(move || stopping.shutdown()).await;
+                    return Err(error);
+                }
+            }
+        }
+        None => None,
+    };
+    // So does the RESP front end.
+    let (stop_resp, resp_stopped) = tokio::sync::oneshot::channel::<()>();
+    let resp = match resp {
+        Some((resp_listener, context)) => {
+            let address = resp_listener.local_addr().context("cannot read the RESP listening address")?;
+            let stopped = async move {
+                let _ = resp_stopped.await;
+            };
+            let task = tokio::spawn(onekv_resp::serve_resp(resp_listener, context, stopped));
+            let ready = format!("onekv node {} resp on {address}", config.node_id);
+            tracing::info!("{ready}");
+            println!("{ready}");
+            Some(task)
+        }
+        None => None,
+    };
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_http.send(());
+        let _ = stop_resp.send(());
+    };
     let served = serve_backend(listener, &config, Arc::clone(&replica), shutdown).await;
+    let http_served = match http {
+        Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
+        None => Ok(()),
+    };
+    let resp_served = match resp {
+        Some(task) => task
+            .await
+            .context("the RESP front end panicked")
+            .and_then(|result| result.context("the RESP front end failed")),
+        None => Ok(()),
+    };
 
     let stopping = Arc::clone(&replica);
     let stopped = tokio::task::spawn_blocking(move || stopping.shutdown()).await;
     transport.close();
     served?;
+    http_served?;
+    resp_served?;
     stopped.context("shutting the replica down panicked")?;
     tracing::info!(node = config.node_id, "stopped");
     Ok(())
+}
+
+/// The RESP front end's shared state: its client reaches every member, this node first, so a
+/// command goes to the leader directly once it is known; its limits are the node's.
+fn resp_context(config: &ServerConfig, resp_address: &str) -> anyhow::Result<onekv_resp::RespContext> {
+    let own = config.member_address(config.node_id).unwrap_or(&config.listen).to_string();
+    let mut endpoints = vec![own.clone()];
+    endpoints
+        .extend(config.members.iter().map(|member| member.address.clone()).filter(|address| *address != own));
+    let mut settings = onekv_resp::RespSettings::new(config.node_id, endpoints, resp_address.to_string());
+    // A little longer than the node's own budget, so the node's DEADLINE_EXCEEDED (which names
+    // the cause) arrives before the client gives up on the attempt.
+    settings.client_options.request_timeout = config.request_timeout() + Duration::from_secs(1);
+    let limits = &config.limits;
+    settings.max_key_bytes = limits.max_key_bytes;
+    settings.max_value_bytes = limits.max_value_bytes;
+    settings.max_batch_ops = limits.max_batch_ops;
+    settings.max_batch_bytes = limits.max_batch_bytes;
+    settings.max_scan_pairs = limits.max_scan_pairs;
+    onekv_resp::RespContext::new(settings).context("cannot set up the RESP front end")
 }
 
 /// Serves the `Kv` and `Peer` services over `backend` on `listener` until `shutdown` completes,

@@ -49,11 +49,23 @@ impl<B: Backend> PeerService<B> {
     }
 }
 
-/// Decodes and checks every message of a batch: addressed to `node_id`, from a member. A message's
-/// `from` need not be the sending node: raft-rs forwards some messages with another origin (a
-/// follower forwards `MsgTransferLeader` with `from` set to the transferee).
-fn decode_batch(batch: &PeerMessages, node_id: u64, members: &HashSet<u64>) -> Result<Vec<Message>, Status> {
+/// Decodes and checks a batch exactly as the service does before stepping any of it: the sending
+/// node is a member (else PERMISSION_DENIED), and every message decodes, is addressed to `node_id`
+/// and comes from a member (else INVALID_ARGUMENT). A message's `from` need not be the sending
+/// node: raft-rs forwards some messages with another origin (a follower forwards
+/// `MsgTransferLeader` with `from` set to the transferee). Public so the `peer_message` fuzz target
+/// runs this very code on arbitrary bytes.
+pub fn decode_batch(
+    batch: &PeerMessages,
+    node_id: u64,
+    members: &HashSet<u64>,
+) -> Result<Vec<Message>, Status> {
     let from = batch.from;
+    if !members.contains(&from) {
+        return Err(Status::permission_denied(format!(
+            "node {from} is not a member of this cluster (this is node {node_id})"
+        )));
+    }
     let mut messages = Vec::with_capacity(batch.messages.len());
     for (i, bytes) in batch.messages.iter().enumerate() {
         let message = Message::parse_from_bytes(bytes).map_err(|error| {
@@ -81,12 +93,6 @@ fn decode_batch(batch: &PeerMessages, node_id: u64, members: &HashSet<u64>) -> R
 impl<B: Backend> Peer for PeerService<B> {
     async fn send(&self, request: Request<PeerMessages>) -> Result<Response<PeerAck>, Status> {
         let batch = request.into_inner();
-        if !self.members.contains(&batch.from) {
-            return Err(Status::permission_denied(format!(
-                "node {} is not a member of this cluster (this is node {})",
-                batch.from, self.node_id
-            )));
-        }
         let bytes: usize = batch.messages.iter().map(Vec::len).sum();
         let node_id = self.node_id;
         let messages = if bytes <= DECODE_INLINE_BYTES {

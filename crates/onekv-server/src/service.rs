@@ -8,7 +8,7 @@
 //! request ids).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, Consistency, DeleteRequest, GetRequest, GetResponse, KeyValue,
@@ -23,6 +23,8 @@ use tonic::{Request, Response, Status};
 use crate::backend::Backend;
 use crate::config::{MemberConfig, ServerConfig};
 
+/// The `protocol` label of this service's request metrics.
+const PROTOCOL: &str = "grpc";
 /// Per-item framing a protobuf message adds around keys and values (tags and varint lengths), with
 /// room to spare; used to size gRPC message limits from the configured payload limits.
 const FRAMING_PER_ITEM: usize = 32;
@@ -56,6 +58,18 @@ impl<B: Backend> KvService<B> {
         let decoding = max_request_bytes(&self.limits);
         let encoding = max_response_bytes(&self.limits);
         KvServer::new(self).max_decoding_message_size(decoding).max_encoding_message_size(encoding)
+    }
+
+    /// Runs one request's handling and records it in the request metrics (protocol `grpc`).
+    async fn observed<T>(
+        &self,
+        op: &'static str,
+        handling: impl Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let started = Instant::now();
+        let result = handling.await;
+        crate::metrics::record_request(PROTOCOL, op, result.is_ok(), started.elapsed());
+        result
     }
 
     /// Proposes `command` and waits for it to be applied, within the request timeout.
@@ -187,152 +201,180 @@ fn request_id(id: Option<onekv_proto::RequestId>) -> RequestId {
 #[tonic::async_trait]
 impl<B: Backend> Kv for KvService<B> {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        let request = request.into_inner();
-        let consistency = self.read_key(&request.key, request.consistency)?;
-        if consistency == Consistency::Linearizable {
-            self.read_barrier().await?;
-        }
-        // One index lookup and one pread of the value: short enough to run here.
-        let value = self.backend.get(&request.key).map_err(|error| self.status_of(error))?;
-        Ok(Response::new(match value {
-            Some(value) => GetResponse { found: true, value },
-            None => GetResponse { found: false, value: Vec::new() },
-        }))
+        self.observed("get", async move {
+            let request = request.into_inner();
+            let consistency = self.read_key(&request.key, request.consistency)?;
+            if consistency == Consistency::Linearizable {
+                self.read_barrier().await?;
+            }
+            // One index lookup and one pread of the value: short enough to run here.
+            let value = self.backend.get(&request.key).map_err(|error| self.status_of(error))?;
+            Ok(Response::new(match value {
+                Some(value) => GetResponse { found: true, value },
+                None => GetResponse { found: false, value: Vec::new() },
+            }))
+        })
+        .await
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<WriteResponse>, Status> {
-        let request = request.into_inner();
-        check_key(&self.limits, "key", &request.key)?;
-        check_value(&self.limits, "value", &request.value)?;
-        check_write_bytes(&self.limits, "put", request.key.len() + request.value.len())?;
-        let op = WriteOp { key: request.key, value: Some(request.value) };
-        let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
-        Ok(Response::new(WriteResponse { index: outcome.index }))
+        self.observed("put", async move {
+            let request = request.into_inner();
+            check_key(&self.limits, "key", &request.key)?;
+            check_value(&self.limits, "value", &request.value)?;
+            check_write_bytes(&self.limits, "put", request.key.len() + request.value.len())?;
+            let op = WriteOp { key: request.key, value: Some(request.value) };
+            let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
+            Ok(Response::new(WriteResponse { index: outcome.index }))
+        })
+        .await
     }
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
-        let request = request.into_inner();
-        check_key(&self.limits, "key", &request.key)?;
-        let op = WriteOp { key: request.key, value: None };
-        let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
-        Ok(Response::new(WriteResponse { index: outcome.index }))
+        self.observed("delete", async move {
+            let request = request.into_inner();
+            check_key(&self.limits, "key", &request.key)?;
+            let op = WriteOp { key: request.key, value: None };
+            let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
+            Ok(Response::new(WriteResponse { index: outcome.index }))
+        })
+        .await
     }
 
     async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<WriteResponse>, Status> {
-        let request = request.into_inner();
-        let limits = &self.limits;
-        if request.ops.is_empty() {
-            return Err(Status::invalid_argument("batch has no operations"));
-        }
-        if request.ops.len() > limits.max_batch_ops {
-            return Err(Status::invalid_argument(format!(
-                "batch has {} operations, over limits.max_batch_ops = {}",
-                request.ops.len(),
-                limits.max_batch_ops
-            )));
-        }
-        let mut bytes = 0;
-        for (i, op) in request.ops.iter().enumerate() {
-            check_key(limits, &format!("ops[{i}].key"), &op.key)?;
-            if let Some(value) = &op.value {
-                check_value(limits, &format!("ops[{i}].value"), value)?;
+        self.observed("batch", async move {
+            let request = request.into_inner();
+            let limits = &self.limits;
+            if request.ops.is_empty() {
+                return Err(Status::invalid_argument("batch has no operations"));
             }
-            bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
-        }
-        check_write_bytes(limits, "batch", bytes)?;
-        let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
-        let outcome = self.commit(request_id(request.request_id), Command::Write(ops)).await?;
-        Ok(Response::new(WriteResponse { index: outcome.index }))
+            if request.ops.len() > limits.max_batch_ops {
+                return Err(Status::invalid_argument(format!(
+                    "batch has {} operations, over limits.max_batch_ops = {}",
+                    request.ops.len(),
+                    limits.max_batch_ops
+                )));
+            }
+            let mut bytes = 0;
+            for (i, op) in request.ops.iter().enumerate() {
+                check_key(limits, &format!("ops[{i}].key"), &op.key)?;
+                if let Some(value) = &op.value {
+                    check_value(limits, &format!("ops[{i}].value"), value)?;
+                }
+                bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
+            }
+            check_write_bytes(limits, "batch", bytes)?;
+            let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
+            let outcome = self.commit(request_id(request.request_id), Command::Write(ops)).await?;
+            Ok(Response::new(WriteResponse { index: outcome.index }))
+        })
+        .await
     }
 
     async fn cas(&self, request: Request<CasRequest>) -> Result<Response<CasResponse>, Status> {
-        let request = request.into_inner();
-        let limits = &self.limits;
-        check_key(limits, "key", &request.key)?;
-        let mut bytes = request.key.len();
-        for (field, value) in [("expected", &request.expected), ("new_value", &request.new_value)] {
-            if let Some(value) = value {
-                check_value(limits, field, value)?;
-                bytes += value.len();
+        self.observed("cas", async move {
+            let request = request.into_inner();
+            let limits = &self.limits;
+            check_key(limits, "key", &request.key)?;
+            let mut bytes = request.key.len();
+            for (field, value) in [("expected", &request.expected), ("new_value", &request.new_value)] {
+                if let Some(value) = value {
+                    check_value(limits, field, value)?;
+                    bytes += value.len();
+                }
             }
-        }
-        check_write_bytes(limits, "cas", bytes)?;
-        let command = Command::Cas { key: request.key, expected: request.expected, new: request.new_value };
-        let outcome = self.commit(request_id(request.request_id), command).await?;
-        let Some(cas) = outcome.cas else {
-            return Err(Status::internal(
-                "the replica applied a compare-and-swap without reporting its outcome",
-            ));
-        };
-        Ok(Response::new(CasResponse {
-            swapped: cas.swapped,
-            found: cas.current.is_some(),
-            current: cas.current.unwrap_or_default(),
-            index: outcome.index,
-        }))
+            check_write_bytes(limits, "cas", bytes)?;
+            let command =
+                Command::Cas { key: request.key, expected: request.expected, new: request.new_value };
+            let outcome = self.commit(request_id(request.request_id), command).await?;
+            let Some(cas) = outcome.cas else {
+                return Err(Status::internal(
+                    "the replica applied a compare-and-swap without reporting its outcome",
+                ));
+            };
+            Ok(Response::new(CasResponse {
+                swapped: cas.swapped,
+                found: cas.current.is_some(),
+                current: cas.current.unwrap_or_default(),
+                index: outcome.index,
+            }))
+        })
+        .await
     }
 
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
-        let request = request.into_inner();
-        let limits = &self.limits;
-        let consistency = Consistency::try_from(request.consistency)
-            .map_err(|_| Status::invalid_argument(format!("unknown consistency {}", request.consistency)))?;
-        check_len("start", request.start.len(), "limits.max_key_bytes", limits.max_key_bytes)?;
-        check_len("end", request.end.len(), "limits.max_key_bytes", limits.max_key_bytes)?;
-        if !request.end.is_empty() && request.start > request.end {
-            return Err(Status::invalid_argument("start is after end; for newest-first order set reverse"));
-        }
-        let limit = match request.limit as usize {
-            0 => limits.max_scan_pairs,
-            limit if limit > limits.max_scan_pairs => {
-                return Err(Status::invalid_argument(format!(
-                    "limit is {limit}, over limits.max_scan_pairs = {}",
-                    limits.max_scan_pairs
-                )));
+        self.observed("scan", async move {
+            let request = request.into_inner();
+            let limits = &self.limits;
+            let consistency = Consistency::try_from(request.consistency).map_err(|_| {
+                Status::invalid_argument(format!("unknown consistency {}", request.consistency))
+            })?;
+            check_len("start", request.start.len(), "limits.max_key_bytes", limits.max_key_bytes)?;
+            check_len("end", request.end.len(), "limits.max_key_bytes", limits.max_key_bytes)?;
+            if !request.end.is_empty() && request.start > request.end {
+                return Err(Status::invalid_argument(
+                    "start is after end; for newest-first order set reverse",
+                ));
             }
-            limit => limit,
-        };
-        if consistency == Consistency::Linearizable {
-            self.read_barrier().await?;
-        }
-        // A scan may read megabytes through many preads: keep it off the async workers.
-        let backend = Arc::clone(&self.backend);
-        let (pairs, more) = tokio::task::spawn_blocking(move || {
-            let end = (!request.end.is_empty()).then_some(request.end.as_slice());
-            backend.scan(&request.start, end, limit, request.reverse)
+            let limit = match request.limit as usize {
+                0 => limits.max_scan_pairs,
+                limit if limit > limits.max_scan_pairs => {
+                    return Err(Status::invalid_argument(format!(
+                        "limit is {limit}, over limits.max_scan_pairs = {}",
+                        limits.max_scan_pairs
+                    )));
+                }
+                limit => limit,
+            };
+            if consistency == Consistency::Linearizable {
+                self.read_barrier().await?;
+            }
+            // A scan may read megabytes through many preads: keep it off the async workers.
+            let backend = Arc::clone(&self.backend);
+            let (pairs, more) = tokio::task::spawn_blocking(move || {
+                let end = (!request.end.is_empty()).then_some(request.end.as_slice());
+                backend.scan(&request.start, end, limit, request.reverse)
+            })
+            .await
+            .map_err(|error| Status::internal(format!("scan failed: {error}")))?
+            .map_err(|error| self.status_of(error))?;
+            let pairs = pairs.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
+            Ok(Response::new(ScanResponse { pairs, more }))
         })
         .await
-        .map_err(|error| Status::internal(format!("scan failed: {error}")))?
-        .map_err(|error| self.status_of(error))?;
-        let pairs = pairs.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
-        Ok(Response::new(ScanResponse { pairs, more }))
     }
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
-        let status = self.backend.status();
-        let write_amplification =
-            if status.user_bytes == 0 { 0.0 } else { status.bytes_written as f64 / status.user_bytes as f64 };
-        Ok(Response::new(StatusResponse {
-            node_id: self.node_id,
-            members: self
-                .members
-                .iter()
-                .map(|member| Member { id: member.id, address: member.address.clone() })
-                .collect(),
-            leader_id: status.leader_id.unwrap_or(0),
-            term: status.term,
-            role: status.role,
-            commit_index: status.commit_index,
-            applied_index: status.applied_index,
-            first_index: status.first_index,
-            last_index: status.last_index,
-            storage_mode: status.storage.name().to_string(),
-            log_bytes: status.log_bytes,
-            bytes_written: status.bytes_written,
-            user_bytes: status.user_bytes,
-            write_amplification,
-            flushed_index: status.flushed_index,
-            failure: status.failure.unwrap_or_default(),
-        }))
+        self.observed("status", async move {
+            let status = self.backend.status();
+            let write_amplification = if status.user_bytes == 0 {
+                0.0
+            } else {
+                status.bytes_written as f64 / status.user_bytes as f64
+            };
+            Ok(Response::new(StatusResponse {
+                node_id: self.node_id,
+                members: self
+                    .members
+                    .iter()
+                    .map(|member| Member { id: member.id, address: member.address.clone() })
+                    .collect(),
+                leader_id: status.leader_id.unwrap_or(0),
+                term: status.term,
+                role: status.role,
+                commit_index: status.commit_index,
+                applied_index: status.applied_index,
+                first_index: status.first_index,
+                last_index: status.last_index,
+                storage_mode: status.storage.name().to_string(),
+                log_bytes: status.log_bytes,
+                bytes_written: status.bytes_written,
+                user_bytes: status.user_bytes,
+                write_amplification,
+                flushed_index: status.flushed_index,
+                failure: status.failure.unwrap_or_default(),
+            }))
+        })
+        .await
     }
 }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use onekv_replica::{Limits, StorageMode};
-use onekv_server::config::{ConfigError, MemberConfig, ServerConfig};
+use onekv_server::config::{ConfigError, LogFormat, MemberConfig, ServerConfig};
 
 fn example_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/config-example.toml")
@@ -292,4 +292,23 @@ fn the_members_flag_syntax() {
     assert_eq!(members[1], MemberConfig { id: 2, address: "127.0.0.1:7002".into() });
     let error = onekv_server::config::parse_members("1:127.0.0.1:7001").unwrap_err().to_string();
     assert!(error.contains("ID=HOST:PORT"), "{error}");
+}
+
+#[test]
+fn http_listen_and_logging_keys() {
+    let text = valid().to_toml();
+    assert!(!text.contains("http_listen") && !text.contains("log_level"), "unset options are not written");
+    let mut config = valid();
+    config.http_listen = Some("127.0.0.1:9001".into());
+    config.log_level = Some("debug".into());
+    config.log_format = LogFormat::Json;
+    config.validate().expect("valid");
+    assert_eq!(ServerConfig::parse(&config.to_toml()).unwrap(), config);
+    assert!(config.to_toml().contains("log_format = \"json\""));
+
+    assert_rejected(|c| c.http_listen = Some("nope".into()), "http_listen", "host:port");
+    assert_rejected(|c| c.http_listen = Some(c.listen.clone()), "http_listen", "give HTTP its own port");
+    assert_rejected(|c| c.log_level = Some("verbose".into()), "log_level", "error, warn, info, debug, trace");
+    let error = ServerConfig::parse("log_format = \"xml\"").unwrap_err();
+    assert!(error.contains("log_format") || error.contains("xml"), "{error}");
 }

@@ -24,10 +24,14 @@ use tokio::signal::unix::{SignalKind, signal};
 const CONFIG_FILE: &str = "onekv.toml";
 /// The name of each node's log (its stdout and stderr) inside its directory.
 const LOG_FILE: &str = "server.log";
+/// The default `--http-base-port` is this far above `--base-port`.
+const HTTP_PORT_OFFSET: u16 = 2000;
 /// How long a node gets to stop after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long `start` waits for every node to accept connections before saying so.
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// Node 1's RESP port unless `--resp-base-port` says otherwise: Redis's own default.
+const DEFAULT_RESP_BASE_PORT: u16 = 6379;
 /// How often children are checked for having exited.
 const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -53,6 +57,17 @@ pub struct StartArgs {
     /// Storage mode of every node (fixed when the cluster is created).
     #[arg(long, default_value = "onelog", value_parser = ["onelog", "separated", "classic"])]
     storage: String,
+    /// Node I serves its metrics and status page on http://127.0.0.1:(HTTP_BASE_PORT + I)/
+    /// (unless its onekv.toml sets http_listen); 0 turns HTTP off [default: --base-port + 2000,
+    /// so 9000 with the default --base-port, and two clusters on different base ports never clash].
+    #[arg(long, value_name = "PORT")]
+    http_base_port: Option<u16>,
+    /// Node I serves the Redis protocol on 127.0.0.1:(RESP_BASE_PORT + I - 1), so node 1 is on
+    /// Redis's default port and `redis-cli` works as is (unless its onekv.toml sets resp_listen);
+    /// 0 turns RESP off. Without this flag a busy port (a Redis server running, say) only turns
+    /// RESP off for that node, with a note; with it, a busy port is an error [default: 6379].
+    #[arg(long, value_name = "PORT")]
+    resp_base_port: Option<u16>,
 }
 
 /// Runs one cluster subcommand.
@@ -67,13 +82,32 @@ struct PlannedNode {
     id: u64,
     dir: PathBuf,
     config_path: PathBuf,
+    /// The file's configuration, with `http_flag` applied.
     config: ServerConfig,
+    /// `--http-listen` for the child, when the HTTP address comes from `--http-base-port`.
+    http_flag: Option<String>,
+    /// `--resp-listen` for the child, when the RESP address comes from `--resp-base-port`.
+    resp_flag: Option<String>,
 }
 
 fn start(args: &StartArgs) -> anyhow::Result<()> {
     let storage = StorageMode::parse(&args.storage).context("unknown storage mode")?;
     fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
-    let nodes = plan(&args.dir, args.nodes, args.base_port, storage)?;
+    let mut nodes = plan(&args.dir, args.nodes, args.base_port, storage)?;
+    let http_base_port = match args.http_base_port {
+        Some(port) => port,
+        None => args.base_port.checked_add(HTTP_PORT_OFFSET).with_context(|| {
+            format!(
+                "--base-port {} + {HTTP_PORT_OFFSET} is past 65535; give --http-base-port",
+                args.base_port
+            )
+        })?,
+    };
+    set_http_ports(&mut nodes, http_base_port)?;
+    set_resp_ports(&mut nodes, args.resp_base_port.unwrap_or(DEFAULT_RESP_BASE_PORT))?;
+    if args.resp_base_port.is_none() {
+        skip_busy_default_resp_ports(&mut nodes);
+    }
     for node in &nodes {
         check_port_free(node, &args.dir)?;
     }
@@ -104,6 +138,11 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
     for node in &nodes {
         println!("  node {}: {}   log: {}", node.id, node.config.listen, node.dir.join(LOG_FILE).display());
     }
+    let status_pages: Vec<String> = nodes
+        .iter()
+        .filter_map(|node| node.config.http_listen.as_ref())
+        .map(|a| format!("http://{a}/"))
+        .collect();
 
     let outcome = runtime.block_on(async {
         tokio::select! {
@@ -114,6 +153,15 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
         println!("Use it with:");
         println!("  onekv status --endpoints {endpoints}");
         println!("  (or: export ONEKV_ENDPOINTS={endpoints})");
+        for (node, resp) in nodes.iter().filter_map(|node| Some((node.id, node.config.resp_listen.as_ref()?)))
+        {
+            let port = resp.rsplit_once(':').map_or("", |(_, port)| port);
+            println!("  redis-cli -p {port}   (node {node}, Redis protocol)");
+        }
+        if let Some(first) = status_pages.first() {
+            println!("Status page: {first}   (Prometheus metrics: {first}metrics on every node:");
+            println!("  {})", status_pages.join(" "));
+        }
         println!("Press Ctrl-C to stop the cluster.");
         loop {
             tokio::select! {
@@ -164,7 +212,14 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
             let config_path = dir.join(CONFIG_FILE);
             write_config(&config_path, &config)?;
             let config = ServerConfig::load(&config_path)?;
-            nodes.push(PlannedNode { id: member.id, dir, config_path, config });
+            nodes.push(PlannedNode {
+                id: member.id,
+                dir,
+                config_path,
+                config,
+                http_flag: None,
+                resp_flag: None,
+            });
         }
         return Ok(nodes);
     }
@@ -194,7 +249,7 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
                 config_path.display()
             );
         }
-        nodes.push(PlannedNode { id, dir, config_path, config });
+        nodes.push(PlannedNode { id, dir, config_path, config, http_flag: None, resp_flag: None });
     }
     let expected_port = u64::from(base_port) + 1;
     if !nodes[0].config.listen.ends_with(&format!(":{expected_port}")) {
@@ -204,6 +259,58 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
         );
     }
     Ok(nodes)
+}
+
+/// Gives node I the HTTP address 127.0.0.1:(`base` + I) unless its file sets one; `base` 0: none
+/// (beyond what the files set). Passed as `--http-listen` at spawn, not written to the files, so
+/// a restart with another `--http-base-port` (or 0) takes effect.
+fn set_http_ports(nodes: &mut [PlannedNode], base: u16) -> anyhow::Result<()> {
+    if base == 0 {
+        return Ok(());
+    }
+    for node in nodes.iter_mut().filter(|node| node.config.http_listen.is_none()) {
+        let port = u64::from(base) + node.id;
+        if port > u64::from(u16::MAX) {
+            bail!("--http-base-port {base} + node id {} is past the last port 65535", node.id);
+        }
+        node.http_flag = Some(format!("127.0.0.1:{port}"));
+        node.config.http_listen = node.http_flag.clone();
+    }
+    Ok(())
+}
+
+/// Gives node I the RESP address 127.0.0.1:(`base` + I - 1) unless its file sets one; `base` 0:
+/// none (beyond what the files set). Passed as `--resp-listen` at spawn, like the HTTP address.
+fn set_resp_ports(nodes: &mut [PlannedNode], base: u16) -> anyhow::Result<()> {
+    if base == 0 {
+        return Ok(());
+    }
+    for node in nodes.iter_mut().filter(|node| node.config.resp_listen.is_none()) {
+        let port = u64::from(base) + node.id - 1;
+        if port > u64::from(u16::MAX) {
+            bail!("--resp-base-port {base} + node id {} - 1 is past the last port 65535", node.id);
+        }
+        node.resp_flag = Some(format!("127.0.0.1:{port}"));
+        node.config.resp_listen = node.resp_flag.clone();
+    }
+    Ok(())
+}
+
+/// Turns RESP off, with a note, for each node whose default RESP port is taken: the Redis protocol
+/// is an extra, and a Redis server already on 6379 should not stop a local cluster from starting.
+fn skip_busy_default_resp_ports(nodes: &mut [PlannedNode]) {
+    for node in nodes {
+        let Some(address) = &node.resp_flag else { continue };
+        if let Err(error) = TcpListener::bind(address) {
+            println!(
+                "note: node {}'s default RESP address {address} is not available ({error}); node {} runs \
+                 without the Redis protocol (choose ports with --resp-base-port)",
+                node.id, node.id
+            );
+            node.resp_flag = None;
+            node.config.resp_listen = None;
+        }
+    }
 }
 
 /// Refuses an existing configuration that disagrees with the flags.
@@ -254,16 +361,34 @@ fn write_config(path: &Path, config: &ServerConfig) -> anyhow::Result<()> {
 
 /// Fails clearly when a node's port is taken (usually: the cluster is already running).
 fn check_port_free(node: &PlannedNode, dir: &Path) -> anyhow::Result<()> {
-    match TcpListener::bind(&node.config.listen) {
-        Ok(_) => Ok(()),
-        Err(error) => bail!(
+    if let Err(error) = TcpListener::bind(&node.config.listen) {
+        bail!(
             "node {}'s address {} is not available ({error}); is a cluster already running in {}? \
              Stop it, or choose another --base-port with a fresh --dir",
             node.id,
             node.config.listen,
             dir.display()
-        ),
+        );
     }
+    if let Some(http) = &node.config.http_listen
+        && let Err(error) = TcpListener::bind(http)
+    {
+        bail!(
+            "node {}'s HTTP address {http} is not available ({error}); choose another --http-base-port \
+             (0 turns HTTP off)",
+            node.id
+        );
+    }
+    if let Some(resp) = &node.config.resp_listen
+        && let Err(error) = TcpListener::bind(resp)
+    {
+        bail!(
+            "node {}'s RESP address {resp} is not available ({error}); is a Redis server running? Choose \
+             another --resp-base-port (0 turns RESP off)",
+            node.id
+        );
+    }
+    Ok(())
 }
 
 /// Waits until every node accepts connections, reporting nodes that exit meanwhile.
@@ -324,6 +449,8 @@ impl Children {
             .arg(&node.config_path)
             .arg("--parent-pid")
             .arg(std::process::id().to_string())
+            .args(node.http_flag.iter().flat_map(|address| ["--http-listen", address.as_str()]))
+            .args(node.resp_flag.iter().flat_map(|address| ["--resp-listen", address.as_str()]))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr))
@@ -446,6 +573,48 @@ mod tests {
         assert!(error.contains("cluster of 3 nodes but --nodes is 2"), "{error}");
         let error = plan(dir.path(), 3, 17000, StorageMode::Classic).err().unwrap().to_string();
         assert!(error.contains("uses storage onelog but --storage is classic"), "{error}");
+    }
+
+    #[test]
+    fn http_ports_follow_the_base_unless_the_file_sets_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut nodes = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        nodes[1].config.http_listen = Some("127.0.0.1:8123".into());
+        set_http_ports(&mut nodes, 19000).unwrap();
+        assert_eq!(nodes[0].http_flag.as_deref(), Some("127.0.0.1:19001"));
+        assert_eq!(nodes[0].config.http_listen.as_deref(), Some("127.0.0.1:19001"));
+        assert_eq!(nodes[1].http_flag, None, "the file's address wins");
+        assert_eq!(nodes[2].http_flag.as_deref(), Some("127.0.0.1:19003"));
+        let mut off = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        set_http_ports(&mut off, 0).unwrap();
+        assert!(off.iter().all(|node| node.http_flag.is_none() && node.config.http_listen.is_none()));
+        let mut high = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        assert!(set_http_ports(&mut high, 65534).is_err());
+    }
+
+    #[test]
+    fn resp_ports_start_at_the_base_unless_the_file_sets_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut nodes = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        nodes[2].config.resp_listen = Some("127.0.0.1:7777".into());
+        set_resp_ports(&mut nodes, 6379).unwrap();
+        assert_eq!(nodes[0].resp_flag.as_deref(), Some("127.0.0.1:6379"));
+        assert_eq!(nodes[1].config.resp_listen.as_deref(), Some("127.0.0.1:6380"));
+        assert_eq!(nodes[2].resp_flag, None, "the file's address wins");
+        let mut off = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        set_resp_ports(&mut off, 0).unwrap();
+        assert!(off.iter().all(|node| node.resp_flag.is_none() && node.config.resp_listen.is_none()));
+        let mut high = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        assert!(set_resp_ports(&mut high, 65534).is_err());
+        // A busy default port turns RESP off for that node only.
+        let busy = TcpListener::bind("127.0.0.1:0").unwrap();
+        let busy_port = busy.local_addr().unwrap().port();
+        let single = tempfile::tempdir().unwrap();
+        let mut nodes = plan(single.path(), 1, 17000, StorageMode::OneLog).unwrap();
+        set_resp_ports(&mut nodes, busy_port).unwrap();
+        skip_busy_default_resp_ports(&mut nodes);
+        assert_eq!(nodes[0].resp_flag, None);
+        assert_eq!(nodes[0].config.resp_listen, None);
     }
 
     #[test]

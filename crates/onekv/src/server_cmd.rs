@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use onekv_server::ServerConfig;
-use onekv_server::config::{StorageMode, parse_members};
+use onekv_server::config::{LogFormat, StorageMode, parse_members};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Flags of `onekv server`. Flags override the configuration file; without `--config` they must
@@ -33,9 +33,19 @@ pub struct Args {
     /// Every voting member, this node included.
     #[arg(long, value_name = "ID=HOST:PORT,...")]
     members: Option<String>,
-    /// Log filter, e.g. `info`, `debug`, `onekv_server=debug,info` [default: $RUST_LOG, else info].
+    /// Address of the HTTP endpoint: metrics at /metrics, the status page at / [default: off].
+    #[arg(long, value_name = "HOST:PORT")]
+    http_listen: Option<String>,
+    /// Address to serve the Redis protocol (RESP2) on, for redis-cli and Redis clients.
+    #[arg(long, value_name = "HOST:PORT")]
+    resp_listen: Option<String>,
+    /// Log filter: a level (error, warn, info, debug, trace) or a filter such as
+    /// `onekv_server=debug,info` [default: $RUST_LOG, else the file's log_level, else info].
     #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
+    /// Log line format [default: the file's log_format, else text].
+    #[arg(long, value_parser = ["text", "json"])]
+    log_format: Option<String>,
     /// Stop when the process with this id (the `onekv cluster` that started this node) is gone.
     #[arg(long, value_name = "PID", hide = true)]
     parent_pid: Option<i32>,
@@ -64,6 +74,15 @@ impl Args {
         if let Some(members) = &self.members {
             config.members = parse_members(members)?;
         }
+        if let Some(http_listen) = &self.http_listen {
+            config.http_listen = Some(http_listen.clone());
+        }
+        if let Some(resp_listen) = &self.resp_listen {
+            config.resp_listen = Some(resp_listen.clone());
+        }
+        if let Some(format) = &self.log_format {
+            config.log_format = if format == "json" { LogFormat::Json } else { LogFormat::Text };
+        }
         config.validate().with_context(|| match &self.config {
             Some(path) => format!("in {} with the flags applied", path.display()),
             None => "from the flags (no --config)".to_string(),
@@ -74,11 +93,13 @@ impl Args {
 
 /// Runs the server until SIGINT or SIGTERM, then stops it gracefully. A second SIGINT exits at once.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    init_logging(args.log_level.as_deref())?;
     if let Some(parent) = args.parent_pid {
         exit_with_parent(parent)?;
     }
+    // The configuration names the log level and format, so it is read first; its errors are
+    // returned (and printed by main), not logged.
     let config = args.config()?;
+    init_logging(args.log_level.as_deref(), config.log_level.as_deref(), config.log_format)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("onekv-server")
@@ -90,19 +111,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-fn init_logging(level: Option<&str>) -> anyhow::Result<()> {
+/// Logs to standard error. The filter is the `--log-level` flag, else `RUST_LOG`, else the file's
+/// `log_level`, else `info`.
+fn init_logging(flag: Option<&str>, file: Option<&str>, format: LogFormat) -> anyhow::Result<()> {
     use tracing_subscriber::EnvFilter;
-    let filter = match level {
+    let filter = match flag {
         Some(level) => EnvFilter::try_new(level).with_context(|| format!("invalid --log-level {level:?}"))?,
-        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(file.unwrap_or("info"))),
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let installed = match format {
+        LogFormat::Json => builder.json().try_init(),
         // No colour codes in log files (`onekv cluster start` sends stderr to server.log).
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init()
-        .map_err(|error| anyhow::anyhow!("cannot set up logging: {error}"))
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init(),
+    };
+    installed.map_err(|error| anyhow::anyhow!("cannot set up logging: {error}"))
 }
 
 /// Asks the kernel to send this process SIGTERM (a graceful stop) when its parent dies, so nodes of

@@ -27,6 +27,8 @@ pub struct FaultHandle {
     ops: AtomicU64,
     /// Extra time every sync takes, in microseconds.
     sync_delay_us: AtomicU64,
+    /// File syncs report success without making anything durable.
+    lying_syncs: AtomicBool,
 }
 
 impl FaultHandle {
@@ -59,6 +61,13 @@ impl FaultHandle {
     /// pile up behind it.
     pub fn slow_syncs(&self, delay: std::time::Duration) {
         self.sync_delay_us.store(u64::try_from(delay.as_micros()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// From now on every file sync reports success but makes nothing durable: a disk that
+    /// acknowledges writes still in its volatile cache. Paired with [`super::MemDir::crash`] this
+    /// is the "acknowledged before durable" bug the simulation's broken-variant tests must catch.
+    pub fn lie_about_syncs(&self) {
+        self.lying_syncs.store(true, Ordering::SeqCst);
     }
 
     /// Operations attempted so far through this handle.
@@ -170,6 +179,9 @@ impl File for FaultyFile {
 
     fn sync_data(&self) -> io::Result<()> {
         self.faults.sync()?;
+        if self.faults.lying_syncs.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         self.inner.sync_data()
     }
 

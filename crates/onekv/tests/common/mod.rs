@@ -213,6 +213,23 @@ impl TestCluster {
         child.wait().expect("reaping a killed node");
     }
 
+    /// SIGSTOPs node `id`: the process stays alive, its sockets stay open, and it does nothing
+    /// (no ticks, no answers) until [`TestCluster::resume`]. A paused node can still be killed.
+    pub fn pause(&self, id: u64) {
+        self.signal(id, rustix::process::Signal::STOP);
+    }
+
+    /// SIGCONTs node `id` after [`TestCluster::pause`].
+    pub fn resume(&self, id: u64) {
+        self.signal(id, rustix::process::Signal::CONT);
+    }
+
+    fn signal(&self, id: u64, signal: rustix::process::Signal) {
+        let child = self.node(id).child.as_ref().unwrap_or_else(|| panic!("node {id} is not running"));
+        rustix::process::kill_process(rustix::process::Pid::from_child(child), signal)
+            .unwrap_or_else(|error| panic!("sending {signal:?} to node {id}: {error}"));
+    }
+
     /// Starts node `id` again on its data and waits until it answers Status.
     pub async fn restart(&mut self, id: u64) {
         assert!(self.node(id).child.is_none(), "node {id} is still running");
@@ -304,11 +321,18 @@ impl TestCluster {
         node.child = Some(child);
     }
 
-    /// Waits until node `id` answers Status, failing at once if it exits.
+    /// Waits until node `id` answers Status, failing at once if it exits. Only node `id` is
+    /// checked: another node may stop meanwhile on purpose (a crash point), and its caller polls it.
     async fn wait_ready(&mut self, id: u64) {
         let deadline = Instant::now() + NODE_READY_TIMEOUT;
         loop {
-            self.check_running();
+            let node = self.node_mut(id);
+            if let Some(child) = &mut node.child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                node.child = None;
+                panic!("node {id} exited while starting ({status})");
+            }
             if self.status(id).await.is_ok() {
                 return;
             }

@@ -1,0 +1,305 @@
+//! The command table: every command the front end knows, with Redis's arity convention, flags and
+//! a line of documentation (served by `COMMAND`, `COMMAND INFO` and `COMMAND DOCS`), and
+//! [`is_blind_write`], the one place that decides which writes externalize nothing.
+//!
+//! Owns: names, arities, key positions, docs, `SET`'s option syntax, and the blind-write decision.
+//! Does not own how a command runs (`exec`).
+
+/// One command of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandSpec {
+    /// Lowercase name.
+    pub name: &'static str,
+    /// Redis's convention: `n > 0` exactly n arguments (the name included), `n < 0` at least -n.
+    pub arity: i64,
+    /// Redis's command flags (`readonly`, `write`, `fast`, ...), as `COMMAND INFO` reports them.
+    pub flags: &'static [&'static str],
+    /// Position of the first key argument (0: no keys).
+    pub first_key: i64,
+    /// Position of the last key argument (-1: the last argument).
+    pub last_key: i64,
+    /// Distance between key arguments.
+    pub step: i64,
+    /// Redis's command group (`string`, `generic`, `connection`, `server`).
+    pub group: &'static str,
+    /// The Redis version that introduced the command.
+    pub since: &'static str,
+    /// One line about what it does in onekv.
+    pub summary: &'static str,
+}
+
+impl CommandSpec {
+    /// Whether `argc` arguments (the name included) fit the command's arity.
+    pub fn arity_ok(&self, argc: usize) -> bool {
+        let argc = i64::try_from(argc).unwrap_or(i64::MAX);
+        if self.arity >= 0 { argc == self.arity } else { argc >= -self.arity }
+    }
+}
+
+const fn spec(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: (i64, i64, i64),
+    group: &'static str,
+    since: &'static str,
+    summary: &'static str,
+) -> CommandSpec {
+    CommandSpec {
+        name,
+        arity,
+        flags,
+        first_key: keys.0,
+        last_key: keys.1,
+        step: keys.2,
+        group,
+        since,
+        summary,
+    }
+}
+
+const NO_KEYS: (i64, i64, i64) = (0, 0, 0);
+const ONE_KEY: (i64, i64, i64) = (1, 1, 1);
+const ALL_KEYS: (i64, i64, i64) = (1, -1, 1);
+
+/// Every command the front end accepts, in alphabetical order.
+#[rustfmt::skip]
+pub static COMMANDS: &[CommandSpec] = &[
+    spec("append", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "2.0.0",
+        "Appends to a key's value (creating it); returns the new length. A compare-and-swap loop."),
+    spec("client", -2, &["stale"], NO_KEYS, "connection", "2.4.0",
+        "CLIENT SETNAME name, CLIENT GETNAME, CLIENT ID: this connection's name and id."),
+    spec("command", -1, &["loading", "stale"], NO_KEYS, "server", "2.8.13",
+        "COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS, COMMAND LIST: this table."),
+    spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "2.0.0",
+        "CONFIG GET: a few read-only parameters that describe onekv in Redis's terms."),
+    spec("dbsize", 1, &["readonly", "fast"], NO_KEYS, "server", "1.0.0",
+        "The number of keys, counted by a linearizable scan of the whole key space."),
+    spec("decr", 2, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
+        "Decrements an integer value by one. A compare-and-swap loop."),
+    spec("decrby", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
+        "Decrements an integer value. A compare-and-swap loop."),
+    spec("del", -2, &["write"], ALL_KEYS, "generic", "1.0.0",
+        "Deletes keys; returns how many existed. One compare-and-swap per key."),
+    spec("echo", 2, &["fast"], NO_KEYS, "connection", "1.0.0", "Returns its argument."),
+    spec("exists", -2, &["readonly", "fast"], ALL_KEYS, "generic", "1.0.1",
+        "Counts the given keys that exist (linearizable reads)."),
+    spec("get", 2, &["readonly", "fast"], ONE_KEY, "string", "1.0.0",
+        "A key's value (linearizable read from the leader)."),
+    spec("getdel", 2, &["write", "fast"], ONE_KEY, "string", "6.2.0",
+        "Returns a key's value and deletes it. A compare-and-swap loop."),
+    spec("hello", -1, &["noscript", "loading", "stale", "fast"], NO_KEYS, "connection", "6.0.0",
+        "The handshake; only protocol 2 (RESP2). AUTH is refused."),
+    spec("incr", 2, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
+        "Increments an integer value by one. A compare-and-swap loop."),
+    spec("incrby", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
+        "Increments an integer value. A compare-and-swap loop."),
+    spec("info", -1, &["loading", "stale"], NO_KEYS, "server", "1.0.0",
+        "Server, clients, replication, stats and keyspace sections from onekv's state."),
+    spec("mget", -2, &["readonly", "fast"], ALL_KEYS, "string", "1.0.0",
+        "The values of several keys (one linearizable read each, not one snapshot)."),
+    spec("mset", -3, &["write", "denyoom"], (1, -1, 2), "string", "1.0.1",
+        "Sets several keys atomically (one batch, one Raft entry). A blind write."),
+    spec("ping", -1, &["fast", "stale"], NO_KEYS, "connection", "1.0.0",
+        "PONG, or its argument; answered by this node without touching the cluster."),
+    spec("quit", -1, &["fast", "stale", "loading"], NO_KEYS, "connection", "1.0.0",
+        "Closes the connection after replying OK."),
+    spec("scan", -2, &["readonly"], NO_KEYS, "generic", "2.8.0",
+        "Keys in byte order, a page at a time; cursors live on the node that made them."),
+    spec("select", 2, &["loading", "stale", "fast"], NO_KEYS, "connection", "1.0.0",
+        "SELECT 0: onekv has one database."),
+    spec("set", -3, &["write", "denyoom"], ONE_KEY, "string", "1.0.0",
+        "Sets a key. Without NX/XX/GET a blind write, else a compare-and-swap loop."),
+    spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
+        "Sets a key only if it is absent (one compare-and-swap); 1 if it was set."),
+    spec("strlen", 2, &["readonly", "fast"], ONE_KEY, "string", "2.2.0",
+        "The length of a key's value (0 if absent)."),
+    spec("unlink", -2, &["write", "fast"], ALL_KEYS, "generic", "4.0.0",
+        "DEL: deletes keys, returns how many existed (onekv frees space the same way for both)."),
+];
+
+/// The arguments of command `name` after its name, in Redis's documentation syntax (the subset
+/// `word`, `word...`, `(a b)...`, `[WORD]`, `[A|B]`, `[WORD word]`, `[word...]`); `COMMAND DOCS`
+/// turns it into the argument specs redis-cli shows as hints. Empty for commands without
+/// arguments and for the containers (CLIENT, COMMAND, CONFIG), whose subcommands are not documented.
+pub fn syntax(name: &str) -> &'static str {
+    match name {
+        "append" | "setnx" => "key value",
+        "get" | "getdel" | "incr" | "decr" | "strlen" => "key",
+        "incrby" => "key increment",
+        "decrby" => "key decrement",
+        "del" | "unlink" | "exists" | "mget" => "key...",
+        "echo" => "message",
+        "hello" => "[protover] [SETNAME clientname]",
+        "info" => "[section...]",
+        "mset" => "(key value)...",
+        "ping" => "[message]",
+        "scan" => "cursor [MATCH pattern] [COUNT count] [TYPE type]",
+        "select" => "index",
+        "set" => "key value [NX|XX] [GET] [KEEPTTL]",
+        _ => "",
+    }
+}
+
+/// The table entry for `name` (any case).
+pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
+    COMMANDS.iter().find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// `SET`'s options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetOptions {
+    /// Only set if the key is absent.
+    pub nx: bool,
+    /// Only set if the key is present.
+    pub xx: bool,
+    /// Return the old value.
+    pub get: bool,
+}
+
+impl SetOptions {
+    /// Whether the options make `SET` return or depend on the key's current state.
+    pub fn reads_state(&self) -> bool {
+        self.nx || self.xx || self.get
+    }
+}
+
+/// Parses the options of `SET key value [options...]` (`options` is what follows the value).
+/// `KEEPTTL` is accepted and means nothing (onekv keys never expire); the expiry options are
+/// refused. The error is the message without its `ERR ` code.
+pub fn parse_set_options(options: &[Vec<u8>]) -> Result<SetOptions, String> {
+    let mut parsed = SetOptions::default();
+    for option in options {
+        let option = option.to_ascii_uppercase();
+        match option.as_slice() {
+            b"NX" => parsed.nx = true,
+            b"XX" => parsed.xx = true,
+            b"GET" => parsed.get = true,
+            b"KEEPTTL" => {}
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
+                return Err("onekv keys do not expire: SET's EX, PX, EXAT and PXAT are not supported".into());
+            }
+            _ => return Err("syntax error".into()),
+        }
+    }
+    if parsed.nx && parsed.xx {
+        return Err("syntax error".into());
+    }
+    Ok(parsed)
+}
+
+/// Whether the command in `args` is a blind write: it changes state and its reply says nothing
+/// about the state it found (`SET key value` without NX/XX/GET, `MSET`), so it needs no read and
+/// no compare-and-swap, and a fast path may commit it without ordering it against reads of the
+/// previous value. Everything else is a read, a read-modify-write, or no write at all. This is
+/// the one place that decides it.
+pub fn is_blind_write(args: &[Vec<u8>]) -> bool {
+    let Some(name) = args.first() else { return false };
+    if name.eq_ignore_ascii_case(b"mset") {
+        return args.len() >= 3 && args.len() % 2 == 1;
+    }
+    if name.eq_ignore_ascii_case(b"set") && args.len() >= 3 {
+        return parse_set_options(&args[3..]).is_ok_and(|options| !options.reads_state());
+    }
+    false
+}
+
+/// Whether the command in `args` only reads the store and its connection's state is untouched
+/// (`GET`, `EXISTS`, `STRLEN`), so consecutive ones in a pipeline may run concurrently: each still
+/// starts after every earlier command of the connection was answered, and none changes what another
+/// sees. (`MGET` is left out: its reply can be large, and a run's replies are held together.)
+pub fn is_pipelinable_read(args: &[Vec<u8>]) -> bool {
+    let Some(spec) = args.first().and_then(|name| lookup(name)) else { return false };
+    matches!(spec.name, "get" | "exists" | "strlen") && spec.arity_ok(args.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(items: &[&str]) -> Vec<Vec<u8>> {
+        items.iter().map(|item| item.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn the_table_is_sorted_unique_and_lowercase() {
+        for pair in COMMANDS.windows(2) {
+            assert!(pair[0].name < pair[1].name, "{} before {}", pair[0].name, pair[1].name);
+        }
+        for spec in COMMANDS {
+            assert_eq!(spec.name, spec.name.to_ascii_lowercase());
+            assert!(spec.arity != 0, "{}", spec.name);
+            assert!(!spec.summary.is_empty());
+        }
+        for required in [
+            "ping", "echo", "quit", "select", "hello", "client", "command", "config", "info", "dbsize",
+            "get", "mget", "exists", "set", "mset", "setnx", "del", "unlink", "incr", "incrby", "decr",
+            "decrby", "append", "strlen", "getdel", "scan",
+        ] {
+            assert!(lookup(required.as_bytes()).is_some(), "{required}");
+        }
+    }
+
+    #[test]
+    fn lookup_ignores_case_and_arity_follows_redis() {
+        let get = lookup(b"GeT").unwrap();
+        assert_eq!(get.name, "get");
+        assert!(get.arity_ok(2));
+        assert!(!get.arity_ok(1) && !get.arity_ok(3));
+        let del = lookup(b"DEL").unwrap();
+        assert!(!del.arity_ok(1) && del.arity_ok(2) && del.arity_ok(9));
+        assert!(lookup(b"flushall").is_none());
+    }
+
+    #[test]
+    fn only_plain_reads_run_concurrently_in_a_pipeline() {
+        for read in [&["GET", "k"][..], &["exists", "a", "b"], &["STRLEN", "k"]] {
+            assert!(is_pipelinable_read(&args(read)), "{read:?}");
+        }
+        for other in [
+            &["GET"][..],
+            &["MGET", "a"],
+            &["SET", "k", "v"],
+            &["GETDEL", "k"],
+            &["SCAN", "0"],
+            &["PING"],
+            &["NOPE"],
+            &[],
+        ] {
+            assert!(!is_pipelinable_read(&args(other)), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn set_options() {
+        assert_eq!(parse_set_options(&[]).unwrap(), SetOptions::default());
+        let options = parse_set_options(&args(&["nx", "GET", "keepttl"])).unwrap();
+        assert_eq!(options, SetOptions { nx: true, xx: false, get: true });
+        assert_eq!(parse_set_options(&args(&["NX", "XX"])).unwrap_err(), "syntax error");
+        assert_eq!(parse_set_options(&args(&["FOO"])).unwrap_err(), "syntax error");
+        assert!(parse_set_options(&args(&["EX", "10"])).unwrap_err().contains("do not expire"));
+    }
+
+    #[test]
+    fn only_set_without_state_options_and_mset_are_blind() {
+        assert!(is_blind_write(&args(&["SET", "k", "v"])));
+        assert!(is_blind_write(&args(&["set", "k", "v", "KEEPTTL"])));
+        assert!(is_blind_write(&args(&["MSET", "a", "1", "b", "2"])));
+        for not_blind in [
+            &["SET", "k", "v", "NX"][..],
+            &["SET", "k", "v", "XX"],
+            &["SET", "k", "v", "GET"],
+            &["SET", "k", "v", "EX", "1"],
+            &["SET", "k"],
+            &["MSET", "a", "1", "b"],
+            &["SETNX", "k", "v"],
+            &["DEL", "k"],
+            &["INCR", "k"],
+            &["APPEND", "k", "v"],
+            &["GET", "k"],
+            &[],
+        ] {
+            assert!(!is_blind_write(&args(not_blind)), "{not_blind:?}");
+        }
+    }
+}

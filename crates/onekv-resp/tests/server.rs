@@ -1,0 +1,139 @@
+//! The RESP listener over real sockets, without a cluster: only commands a node answers by itself
+//! (PING, ECHO, CLIENT, ...) are sent, so the client inside never needs to reach anyone.
+//!
+//! Checks pipelined replies in order (multibulk and inline, written a byte at a time), a protocol
+//! error closing only its own connection, the connection limit, QUIT, and shutdown.
+
+use std::time::Duration;
+
+use onekv_resp::{RespContext, RespSettings, serve_resp};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A front end on an ephemeral port allowing `max_connections`; returns its address and the
+/// sender that stops it.
+async fn start(max_connections: usize) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    // Nothing listens on port 1: data commands would fail, and none is sent.
+    let mut settings = RespSettings::new(1, vec!["127.0.0.1:1".into()], address.clone());
+    settings.max_connections = max_connections;
+    let context = RespContext::new(settings).unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        serve_resp(listener, context, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    (address, stop, task)
+}
+
+/// Reads until `expected.len()` bytes arrived (or the peer closed) and returns them.
+async fn read_exactly(stream: &mut TcpStream, len: usize) -> Vec<u8> {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while received.len() < len {
+        let read =
+            tokio::time::timeout(TIMEOUT, stream.read(&mut buffer)).await.expect("a reply in time").unwrap();
+        if read == 0 {
+            break;
+        }
+        received.extend_from_slice(&buffer[..read]);
+    }
+    received
+}
+
+/// Whether the server closed `stream` (reads end of file in time).
+async fn closed(stream: &mut TcpStream) -> bool {
+    let mut buffer = [0u8; 64];
+    matches!(tokio::time::timeout(TIMEOUT, stream.read(&mut buffer)).await, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+#[tokio::test]
+async fn pipelined_requests_split_into_single_bytes_are_answered_in_order() {
+    let (address, _stop, _task) = start(8).await;
+    let mut stream = TcpStream::connect(&address).await.unwrap();
+    let request: &[u8] = b"*1\r\n$4\r\nPING\r\nECHO \"a b\"\r\n*2\r\n$4\r\nECHO\r\n$3\r\nx\ny\r\n\
+        CLIENT SETNAME me\nCLIENT GETNAME\r\n*3\r\n$3\r\nGET\r\n$1\r\na\r\n$1\r\nb\r\nPING hi\r\n";
+    for byte in request {
+        stream.write_all(&[*byte]).await.unwrap();
+    }
+    let expected: &[u8] = b"+PONG\r\n$3\r\na b\r\n$3\r\nx\ny\r\n+OK\r\n$2\r\nme\r\n\
+        -ERR wrong number of arguments for 'get' command\r\n$2\r\nhi\r\n";
+    assert_eq!(read_exactly(&mut stream, expected.len()).await, expected);
+}
+
+#[tokio::test]
+async fn a_protocol_error_closes_only_its_connection() {
+    let (address, _stop, _task) = start(8).await;
+    let mut good = TcpStream::connect(&address).await.unwrap();
+    let mut bad = TcpStream::connect(&address).await.unwrap();
+    bad.write_all(b"*1\r\n$-5\r\n").await.unwrap();
+    let reply = read_exactly(&mut bad, 1).await;
+    assert!(
+        reply.starts_with(b"-ERR Protocol error: invalid bulk length"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    assert!(closed(&mut bad).await, "the bad connection is closed");
+    // An oversized bulk announcement is refused before anything is allocated.
+    let mut huge = TcpStream::connect(&address).await.unwrap();
+    huge.write_all(b"*2\r\n$3\r\nSET\r\n$999999999999\r\n").await.unwrap();
+    let reply = read_exactly(&mut huge, 1).await;
+    assert!(
+        reply.starts_with(b"-ERR Protocol error: invalid bulk length"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    good.write_all(b"PING\r\n").await.unwrap();
+    assert_eq!(read_exactly(&mut good, 7).await, b"+PONG\r\n");
+}
+
+#[tokio::test]
+async fn connections_over_the_limit_are_refused_and_quit_frees_a_slot() {
+    let (address, _stop, _task) = start(2).await;
+    let mut first = TcpStream::connect(&address).await.unwrap();
+    let mut second = TcpStream::connect(&address).await.unwrap();
+    for stream in [&mut first, &mut second] {
+        stream.write_all(b"PING\r\n").await.unwrap();
+        assert_eq!(read_exactly(stream, 7).await, b"+PONG\r\n");
+    }
+    let mut third = TcpStream::connect(&address).await.unwrap();
+    let refusal = b"-ERR max number of clients reached\r\n";
+    assert_eq!(read_exactly(&mut third, refusal.len()).await, refusal);
+    assert!(closed(&mut third).await);
+
+    first.write_all(b"QUIT\r\n").await.unwrap();
+    assert_eq!(read_exactly(&mut first, 5).await, b"+OK\r\n");
+    assert!(closed(&mut first).await);
+    // The slot is released once the connection's task has ended: retry briefly.
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let mut fourth = TcpStream::connect(&address).await.unwrap();
+        fourth.write_all(b"PING\r\n").await.unwrap();
+        let reply = read_exactly(&mut fourth, 7).await;
+        if reply == b"+PONG\r\n" {
+            break;
+        }
+        assert!(reply.starts_with(b"-ERR max number"), "{}", String::from_utf8_lossy(&reply));
+        assert!(tokio::time::Instant::now() < deadline, "the QUIT connection's slot was never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn shutdown_closes_idle_connections_and_returns() {
+    let (address, stop, task) = start(8).await;
+    let mut idle = TcpStream::connect(&address).await.unwrap();
+    idle.write_all(b"PING\r\n").await.unwrap();
+    assert_eq!(read_exactly(&mut idle, 7).await, b"+PONG\r\n");
+    stop.send(()).unwrap();
+    tokio::time::timeout(TIMEOUT, task).await.expect("the server stops in time").unwrap();
+    assert!(closed(&mut idle).await);
+    assert!(TcpStream::connect(&address).await.is_err(), "the listener is closed");
+}

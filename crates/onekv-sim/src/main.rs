@@ -1,0 +1,137 @@
+//! `onekv-sim`: runs many seeds of the deterministic simulation (a soak), or replays one.
+//!
+//! ```text
+//! cargo run --release -p onekv-sim -- --seeds 1000            # seeds 0..1000
+//! cargo run --release -p onekv-sim -- --seed 4242 --verbose   # replay one seed
+//! ```
+//!
+//! Exits with 1 if any run found a violation, after printing each failing seed.
+
+use clap::Parser;
+use onekv_replica::StorageMode;
+use onekv_sim::{Bug, SimConfig};
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(about = "Deterministic simulation of a onekv cluster: many seeds, or one replayed")]
+struct Args {
+    /// Replay exactly this seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Number of seeds to run (from --first).
+    #[arg(long, default_value_t = 100)]
+    seeds: u64,
+    /// First seed.
+    #[arg(long, default_value_t = 0)]
+    first: u64,
+    /// Simulated milliseconds of workload and faults per run.
+    #[arg(long, default_value_t = 4_000)]
+    run_ms: u64,
+    /// Replicas in the simulated cluster.
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Nodes that may be down at once.
+    #[arg(long, default_value_t = 1)]
+    max_down: usize,
+    /// Storage mode: onelog, separated or classic.
+    #[arg(long, default_value = "onelog")]
+    storage: String,
+    /// Run the broken variant whose disk acknowledges fsyncs without making data durable.
+    #[arg(long)]
+    bug_ack_before_fsync: bool,
+    /// Run the broken variant that serves reads without ReadIndex.
+    #[arg(long)]
+    bug_reads_without_read_index: bool,
+    /// Run every seed twice and fail if the two runs differ (determinism check).
+    #[arg(long)]
+    twice: bool,
+    /// Print every run's report line, and the history of failing runs.
+    #[arg(long)]
+    verbose: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
+    let storage = match args.storage.as_str() {
+        "onelog" => StorageMode::OneLog,
+        "separated" => StorageMode::Separated,
+        "classic" => StorageMode::Classic,
+        other => anyhow::bail!("unknown storage mode {other:?} (onelog, separated or classic)"),
+    };
+    let config = SimConfig {
+        run_ms: args.run_ms,
+        nodes: args.nodes,
+        max_down: args.max_down,
+        storage,
+        bug: if args.bug_ack_before_fsync {
+            Some(Bug::AckBeforeFsync)
+        } else if args.bug_reads_without_read_index {
+            Some(Bug::ReadsWithoutReadIndex)
+        } else {
+            None
+        },
+        ..SimConfig::default()
+    };
+    let seeds: Vec<u64> = match args.seed {
+        Some(seed) => vec![seed],
+        None => (args.first..args.first + args.seeds).collect(),
+    };
+    let started = Instant::now();
+    let (mut failed, mut ops, mut unknown) = (Vec::new(), 0usize, 0usize);
+    let (mut snapshots, mut recoveries) = (0u64, 0u64);
+    let mut faults = std::collections::BTreeMap::new();
+    for (done, &seed) in seeds.iter().enumerate() {
+        let mut report = onekv_sim::run(seed, &config)?;
+        if args.twice {
+            let again = onekv_sim::run(seed, &config)?;
+            if again.digest != report.digest || again.history != report.history {
+                report.violations.push(format!(
+                    "not deterministic: the replay's digest is {:016x} (history {} the same)",
+                    again.digest,
+                    if again.history == report.history { "is" } else { "is NOT" }
+                ));
+            }
+        }
+        ops += report.ops;
+        unknown += report.unknown;
+        snapshots += report.snapshots;
+        recoveries += report.recoveries;
+        for (kind, count) in &report.faults {
+            *faults.entry(*kind).or_insert(0u64) += count;
+        }
+        if !report.violations.is_empty() {
+            println!("FAILED {}", report.summary());
+            if args.verbose {
+                for op in &report.history {
+                    println!("  {op:?}");
+                }
+            }
+            failed.push(seed);
+        } else if args.verbose {
+            println!("{}", report.summary());
+        }
+        if (done + 1) % 10 == 0 || done + 1 == seeds.len() {
+            eprintln!(
+                "{}/{} seeds, {} failed, {:.0} s",
+                done + 1,
+                seeds.len(),
+                failed.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    let faults: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!(
+        "{} seeds, {ops} operations checked ({unknown} unanswered writes), {recoveries} recoveries, \
+         {snapshots} snapshots sent, faults [{}], {} violations{}",
+        seeds.len(),
+        faults.join(" "),
+        failed.len(),
+        if failed.is_empty() { String::new() } else { format!(": seeds {failed:?}") }
+    );
+    if !failed.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}

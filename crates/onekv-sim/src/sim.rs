@@ -1,0 +1,1011 @@
+//! The driver: real replicas ([`onekv_replica::Replica::open_driven`]) on one thread, in
+//! simulated time, with simulated disks and network, crashed and restarted by a seeded nemesis
+//! while seeded clients use them; then the checkers judge what the clients saw.
+//!
+//! Everything that varies comes from one [`StdRng`] seeded with the run's seed: message delays,
+//! losses and duplicates, the order nodes take their turns in, when each node's clock ticks
+//! (Raft's own election jitter is pinned, see `open_driven`), the workload, the faults, and what
+//! survives a crash. The same seed therefore replays the same run, and [`Report::digest`] shows it.
+//!
+//! A run has three phases: the workload with faults (`run_ms`); settling (faults stop, the
+//! network heals, crashed nodes restart, open operations finish); final linearizable reads of
+//! every key, then each replica's own copy is read for the convergence and lost-write checks.
+//!
+//! What is simulated and what is real: the logs live in [`MemDir`]s behind [`FaultyDir`]s (power
+//! loss keeps only synced bytes, or a torn prefix, or any mix of sectors; fsyncs and writes fail
+//! on command). The index trees and the IDENTITY file are real files in a temporary directory
+//! (under `/dev/shm` when it exists); a crash loses their unflushed memtables, as a killed process
+//! would, but not their files: the index's own crash safety is lsm-tree's and is tested there.
+
+use crate::checker;
+use crate::history::{self, Op, OpKind, OpResult, ValueId};
+use crate::network::{Network, NetworkFaults};
+use onekv_log::io::{CrashMode, Dir, FaultHandle, FaultyDir, MemDir};
+use onekv_replica::{
+    Command, DrivenLoop, Mutation, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode,
+    Transport, WriteOp,
+};
+use raft::eraftpb::Message;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A deliberately broken variant of the node, to show the checkers catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// The disk acknowledges fsyncs without making anything durable, so the node acknowledges
+    /// writes (and votes) before they are durable; a crash loses everything it wrote, the index's
+    /// files included.
+    AckBeforeFsync,
+    /// Reads skip ReadIndex: a replica answers from whatever it has applied, leader or not.
+    ReadsWithoutReadIndex,
+}
+
+/// What a run simulates.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Replicas (voters).
+    pub nodes: u64,
+    /// Concurrent clients, each with at most one operation open.
+    pub clients: u32,
+    /// Keys the clients share (few, so operations contend).
+    pub keys: u32,
+    /// Simulated milliseconds of workload and faults.
+    pub run_ms: u64,
+    /// Simulated milliseconds allowed afterwards to heal, converge and read back.
+    pub settle_ms: u64,
+    /// Raft's tick.
+    pub tick_ms: u64,
+    /// The network while faults are on (it becomes reliable when settling).
+    pub network: NetworkFaults,
+    /// Whether the nemesis runs.
+    pub faults: bool,
+    /// The nemesis acts every this many milliseconds (a random time in the range).
+    pub fault_interval_ms: (u64, u64),
+    /// Nodes that may be down (crashed, or stopped by a disk fault) at once.
+    pub max_down: usize,
+    /// The storage mode of every replica.
+    pub storage: StorageMode,
+    /// A broken variant to run instead of the real node.
+    pub bug: Option<Bug>,
+    /// Search steps the linearizability checker may take per key.
+    pub search_budget: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            nodes: 3,
+            clients: 4,
+            keys: 4,
+            run_ms: 4_000,
+            settle_ms: 15_000,
+            tick_ms: 10,
+            network: NetworkFaults { drop_per_mille: 20, duplicate_per_mille: 10, max_delay_ms: 15 },
+            faults: true,
+            fault_interval_ms: (100, 500),
+            max_down: 1,
+            storage: StorageMode::OneLog,
+            bug: None,
+            search_budget: 5_000_000,
+        }
+    }
+}
+
+/// What a run did and found.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// The seed that replays this run.
+    pub seed: u64,
+    /// Operations in the checked history.
+    pub ops: usize,
+    /// Operations answered.
+    pub acknowledged: usize,
+    /// Writes never answered (they may or may not have happened).
+    pub unknown: usize,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Raft messages sent, lost and duplicated by the network.
+    pub messages: (u64, u64, u64),
+    /// Snapshots the leaders sent.
+    pub snapshots: u64,
+    /// Times a node was opened again after a crash (each one a recovery).
+    pub recoveries: u64,
+    /// Everything a checker (or the run itself) found wrong; empty means none.
+    pub violations: Vec<String>,
+    /// A hash of everything observable in the run; equal digests for equal seeds show determinism.
+    pub digest: u64,
+    /// Simulated milliseconds the run took.
+    pub simulated_ms: u64,
+    /// The applied index every replica reached.
+    pub applied_index: u64,
+    /// The checked history.
+    pub history: Vec<Op>,
+}
+
+impl Report {
+    /// One line for logs and test output.
+    pub fn summary(&self) -> String {
+        let faults: Vec<String> = self.faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!(
+            "seed {}: {} ops ({} acknowledged, {} unknown), applied index {}, {} simulated ms, \
+             messages sent/lost/duplicated {}/{}/{}, {} snapshots, {} recoveries, faults [{}], \
+             digest {:016x}: {}",
+            self.seed,
+            self.ops,
+            self.acknowledged,
+            self.unknown,
+            self.applied_index,
+            self.simulated_ms,
+            self.messages.0,
+            self.messages.1,
+            self.messages.2,
+            self.snapshots,
+            self.recoveries,
+            faults.join(" "),
+            self.digest,
+            if self.violations.is_empty() {
+                "no violations".to_string()
+            } else {
+                format!("{} VIOLATIONS: {}", self.violations.len(), self.violations.join("; "))
+            }
+        )
+    }
+}
+
+/// Runs one simulation. Violations are reported, never panicked on; the run cannot fail otherwise
+/// except for its temporary directory.
+pub fn run(seed: u64, config: &SimConfig) -> std::io::Result<Report> {
+    quiet_node_panics();
+    let root = match std::path::Path::new("/dev/shm").is_dir() {
+        true => tempfile::Builder::new().prefix("onekv-sim").tempdir_in("/dev/shm")?,
+        false => tempfile::Builder::new().prefix("onekv-sim").tempdir()?,
+    };
+    let mut sim = Sim::new(seed, config.clone(), root.path().to_path_buf());
+    sim.run();
+    Ok(sim.finish())
+}
+
+thread_local! {
+    /// Set while a node takes its turn: a panic there is caught by the node loop and reported as
+    /// the node's failure, so the default hook's message and backtrace are only noise.
+    static IN_NODE_TURN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs (once) a panic hook that stays silent for panics the node loop catches.
+fn quiet_node_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !IN_NODE_TURN.with(|flag| flag.get()) {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// The logs a storage mode opens (their names inside the data directory).
+fn log_names(mode: StorageMode) -> &'static [&'static str] {
+    match mode {
+        StorageMode::OneLog => &["log"],
+        StorageMode::Separated => &["log", "values"],
+        StorageMode::Classic => &["raft-wal", "data-wal"],
+    }
+}
+
+/// The transport of a simulated node: messages wait in its outbox until the driver sends them.
+struct Outbox(Arc<Mutex<Vec<Message>>>);
+
+impl Transport for Outbox {
+    fn send(&self, messages: Vec<Message>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend(messages);
+    }
+}
+
+/// A running incarnation of a node.
+struct Up {
+    replica: Replica,
+    driven: DrivenLoop,
+    /// Fault switches of its logs; the first is the Raft log's.
+    faults: Vec<Arc<FaultHandle>>,
+    /// A disk fault is armed and may not have fired yet.
+    armed: bool,
+}
+
+struct Node {
+    id: u64,
+    data_dir: PathBuf,
+    /// One simulated disk per log; they outlive incarnations.
+    disks: BTreeMap<&'static str, MemDir>,
+    up: Option<Up>,
+    outbox: Arc<Mutex<Vec<Message>>>,
+    next_tick: u64,
+    /// When a crashed node comes back.
+    restart_at: Option<u64>,
+    /// A paused node takes no turns until then (its inbox still fills).
+    paused_until: u64,
+}
+
+/// An answer from a replica to a client's attempt.
+enum Answer {
+    Write(Result<Outcome, ReplicaError>),
+    Barrier(Result<(), ReplicaError>),
+}
+
+struct Completion {
+    client: u32,
+    serial: u64,
+    node: u64,
+    answer: Answer,
+}
+
+/// A client's open operation.
+struct Open {
+    op: usize,
+    serial: u64,
+    request: RequestId,
+    attempts: u32,
+    /// An attempt is outstanding until then.
+    attempt_deadline: Option<u64>,
+    /// When to try again (no attempt outstanding).
+    retry_at: u64,
+    give_up_at: u64,
+    /// Some attempt may have been applied (it reached a replica and did not come back "not the
+    /// leader").
+    maybe_applied: bool,
+}
+
+struct Client {
+    id: u32,
+    request_client: u64,
+    next_seq: u64,
+    open: Option<Open>,
+    next_start: u64,
+    target: u64,
+    /// Final readers run a fixed list of operations instead of random ones.
+    script: Option<VecDeque<(u32, OpKind)>>,
+    /// The last value this client saw per key (compare-and-swap expects it).
+    last_seen: BTreeMap<u32, Option<ValueId>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Workload,
+    Settle,
+    FinalReads,
+}
+
+/// An attempt that does not answer within this long is abandoned and retried elsewhere.
+const ATTEMPT_TIMEOUT_MS: u64 = 600;
+/// An operation is given up after this long.
+const OPERATION_TIMEOUT_MS: u64 = 5_000;
+
+struct Sim {
+    seed: u64,
+    config: SimConfig,
+    rng: StdRng,
+    base: Instant,
+    now: u64,
+    nodes: Vec<Node>,
+    network: Network,
+    network_faults: NetworkFaults,
+    clients: Vec<Client>,
+    completions: Arc<Mutex<Vec<Completion>>>,
+    history: Vec<Op>,
+    /// History entries that turned out not to have happened (never applied, or failed reads).
+    discarded: Vec<bool>,
+    events: u64,
+    next_serial: u64,
+    next_value: ValueId,
+    phase: Phase,
+    next_fault: u64,
+    heal_at: Option<u64>,
+    faults: BTreeMap<&'static str, u64>,
+    violations: Vec<String>,
+    finals: BTreeMap<u64, BTreeMap<u32, ValueId>>,
+    final_applied: u64,
+    recoveries: u64,
+    stopped: bool,
+}
+
+impl Sim {
+    fn new(seed: u64, config: SimConfig, root: PathBuf) -> Sim {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let nodes = (1..=config.nodes)
+            .map(|id| Node {
+                id,
+                data_dir: root.join(format!("node{id}")),
+                disks: log_names(config.storage).iter().map(|name| (*name, MemDir::new())).collect(),
+                up: None,
+                outbox: Arc::new(Mutex::new(Vec::new())),
+                next_tick: rng.random_range(0..config.tick_ms),
+                restart_at: Some(0),
+                paused_until: 0,
+            })
+            .collect();
+        let clients = (0..config.clients)
+            .map(|id| Client {
+                id,
+                request_client: rng.random(),
+                next_seq: 1,
+                open: None,
+                next_start: rng.random_range(0..50),
+                target: rng.random_range(1..=config.nodes),
+                script: None,
+                last_seen: BTreeMap::new(),
+            })
+            .collect();
+        let network_faults = if config.faults { config.network.clone() } else { NetworkFaults::reliable() };
+        let next_fault = rng.random_range(config.fault_interval_ms.0..=config.fault_interval_ms.1);
+        Sim {
+            seed,
+            config,
+            rng,
+            base: Instant::now(),
+            now: 0,
+            nodes,
+            network: Network::new(),
+            network_faults,
+            clients,
+            completions: Arc::new(Mutex::new(Vec::new())),
+            history: Vec::new(),
+            discarded: Vec::new(),
+            events: 0,
+            next_serial: 1,
+            next_value: 1,
+            phase: Phase::Workload,
+            next_fault,
+            heal_at: None,
+            faults: BTreeMap::new(),
+            violations: Vec::new(),
+            finals: BTreeMap::new(),
+            final_applied: 0,
+            recoveries: 0,
+            stopped: false,
+        }
+    }
+
+    fn run(&mut self) {
+        let end = self.config.run_ms + self.config.settle_ms;
+        while !self.stopped {
+            if self.now >= end {
+                let statuses: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| match &n.up {
+                        Some(up) => {
+                            let s = up.replica.status();
+                            format!(
+                                "node {} {} term {} commit {} applied {} failure {:?}",
+                                n.id, s.role, s.term, s.commit_index, s.applied_index, s.failure
+                            )
+                        }
+                        None => format!("node {} down", n.id),
+                    })
+                    .collect();
+                let open = self.clients.iter().filter(|c| c.open.is_some()).count();
+                self.violations.push(format!(
+                    "no progress: {:?} not finished after {end} simulated ms ({open} operations open; {})",
+                    self.phase,
+                    statuses.join(", ")
+                ));
+                break;
+            }
+            self.step();
+            self.now += 1;
+        }
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.base + Duration::from_millis(ms)
+    }
+
+    fn next_event(&mut self) -> u64 {
+        self.events += 1;
+        self.events
+    }
+
+    fn step(&mut self) {
+        self.advance_phase();
+        if self.phase == Phase::Workload && self.config.faults {
+            self.nemesis();
+        }
+        if self.heal_at.is_some_and(|t| t <= self.now) {
+            self.network.heal();
+            self.heal_at = None;
+        }
+        for index in 0..self.nodes.len() {
+            if self.nodes[index].restart_at.is_some_and(|t| t <= self.now) {
+                self.restart(index);
+                if self.stopped {
+                    return;
+                }
+            }
+        }
+        for message in self.network.due(self.now) {
+            if let Some(up) =
+                self.nodes.get((message.to as usize).wrapping_sub(1)).and_then(|n| n.up.as_ref())
+            {
+                up.replica.step(message);
+            }
+        }
+        for client in 0..self.clients.len() {
+            self.drive_client(client);
+        }
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        order.shuffle(&mut self.rng);
+        for index in order {
+            self.turn(index);
+        }
+    }
+
+    fn advance_phase(&mut self) {
+        match self.phase {
+            Phase::Workload if self.now >= self.config.run_ms => {
+                self.phase = Phase::Settle;
+                self.network.heal();
+                self.heal_at = None;
+                self.network_faults = NetworkFaults::reliable();
+                for index in 0..self.nodes.len() {
+                    // A disk fault still armed would fire during the checks: that node crashes now.
+                    if self.nodes[index].up.as_ref().is_some_and(|up| up.armed) {
+                        self.crash(index, 0);
+                    }
+                    let node = &mut self.nodes[index];
+                    node.paused_until = 0;
+                    if node.up.is_none() {
+                        node.restart_at = Some(self.now);
+                    }
+                }
+            }
+            Phase::Settle if self.clients.iter().all(|c| c.open.is_none()) && self.converged().is_some() => {
+                self.phase = Phase::FinalReads;
+                let script = (0..self.config.keys).map(|key| (key, OpKind::Get)).collect();
+                let id = self.clients.len() as u32;
+                let request_client = self.rng.random();
+                let target = self.rng.random_range(1..=self.config.nodes);
+                self.clients.push(Client {
+                    id,
+                    request_client,
+                    next_seq: 1,
+                    open: None,
+                    next_start: self.now,
+                    target,
+                    script: Some(script),
+                    last_seen: BTreeMap::new(),
+                });
+            }
+            Phase::FinalReads => {
+                let reader = self.clients.last().expect("the final reader");
+                if reader.open.is_none()
+                    && reader.script.as_ref().is_some_and(|s| s.is_empty())
+                    && let Some(applied) = self.converged()
+                {
+                    self.collect_finals(applied);
+                    self.stopped = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The applied index if every node is up, healthy, agrees on the leader and has applied
+    /// everything committed.
+    fn converged(&self) -> Option<u64> {
+        let mut applied = None;
+        let mut leader = None;
+        for node in &self.nodes {
+            let status = node.up.as_ref()?.replica.status();
+            if status.failure.is_some()
+                || status.applied_index != status.commit_index
+                || status.leader_id.is_none()
+            {
+                return None;
+            }
+            if *applied.get_or_insert(status.applied_index) != status.applied_index
+                || *leader.get_or_insert(status.leader_id) != status.leader_id
+            {
+                return None;
+            }
+        }
+        applied
+    }
+
+    /// Reads every replica's own copy of every key.
+    fn collect_finals(&mut self, applied: u64) {
+        for node in &self.nodes {
+            let up = node.up.as_ref().expect("converged nodes are up");
+            let mut values = BTreeMap::new();
+            match up.replica.scan(b"", None, 0, false) {
+                Ok((pairs, _)) => {
+                    for (key, value) in pairs {
+                        match (history::decode_key(&key), history::decode_value(&value)) {
+                            (Some(key), Some(value)) => {
+                                values.insert(key, value);
+                            }
+                            _ => self.violations.push(format!(
+                                "node {}: stored pair {:?} = {} bytes is not one the workload wrote",
+                                node.id,
+                                String::from_utf8_lossy(&key),
+                                value.len()
+                            )),
+                        }
+                    }
+                }
+                Err(e) => self.violations.push(format!("node {}: reading its copy failed: {e}", node.id)),
+            }
+            self.finals.insert(node.id, values);
+        }
+        self.final_applied = applied;
+    }
+
+    // ----- the nemesis -----
+
+    fn down_count(&self) -> usize {
+        self.nodes.iter().filter(|n| n.up.is_none()).count()
+    }
+
+    fn count(&mut self, kind: &'static str) {
+        *self.faults.entry(kind).or_default() += 1;
+    }
+
+    fn nemesis(&mut self) {
+        if self.now < self.next_fault {
+            return;
+        }
+        let (low, high) = self.config.fault_interval_ms;
+        self.next_fault = self.now + self.rng.random_range(low..=high);
+        let up: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].up.is_some()).collect();
+        if up.is_empty() {
+            return;
+        }
+        let victim = up[self.rng.random_range(0..up.len())];
+        let may_go_down = self.down_count() < self.config.max_down;
+        match self.rng.random_range(0..9) {
+            0 | 1 if may_go_down => {
+                let downtime = self.rng.random_range(20..1_000);
+                self.count("crash");
+                self.crash(victim, downtime);
+            }
+            2 if may_go_down => {
+                self.count("io-kill");
+                let after = self.rng.random_range(0..40);
+                self.raft_log_faults(victim).kill_after(after);
+            }
+            3 if may_go_down => {
+                self.count("fsync-fail");
+                let after = self.rng.random_range(0..4);
+                self.raft_log_faults(victim).fail_sync_after(after);
+            }
+            4 if may_go_down => {
+                self.count("torn-write");
+                let after = self.rng.random_range(0..4);
+                self.raft_log_faults(victim).tear_write_after(after);
+            }
+            5 => {
+                self.count("isolate");
+                let id = self.nodes[victim].id;
+                for other in 1..=self.config.nodes {
+                    if other != id {
+                        self.network.cut(id, other);
+                        self.network.cut(other, id);
+                    }
+                }
+                self.heal_at = Some(self.now + self.rng.random_range(100..1_500));
+            }
+            6 => {
+                self.count("one-way-cut");
+                let from = self.nodes[victim].id;
+                let to = (from % self.config.nodes) + 1;
+                self.network.cut(from, to);
+                self.heal_at = Some(self.now + self.rng.random_range(100..1_500));
+            }
+            7 => {
+                self.count("pause");
+                self.nodes[victim].paused_until = self.now + self.rng.random_range(50..1_500);
+            }
+            _ => {
+                if self.network.partitioned() {
+                    self.count("heal");
+                    self.network.heal();
+                    self.heal_at = None;
+                }
+            }
+        }
+    }
+
+    fn raft_log_faults(&mut self, index: usize) -> Arc<FaultHandle> {
+        let up = self.nodes[index].up.as_mut().expect("the victim is up");
+        up.armed = true;
+        up.faults[0].clone()
+    }
+
+    /// Power loss on node `index`: its process is gone (pending requests are never answered) and
+    /// its disks keep only what the crash mode lets survive.
+    fn crash(&mut self, index: usize, downtime: u64) {
+        let node = &mut self.nodes[index];
+        if let Some(up) = node.up.take() {
+            drop(up.driven);
+            drop(up.replica);
+        }
+        node.outbox.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let mode = match self.rng.random_range(0..3) {
+            _ if self.config.bug == Some(Bug::AckBeforeFsync) => CrashMode::LoseUnsynced,
+            0 => CrashMode::LoseUnsynced,
+            1 => CrashMode::TornPrefix,
+            _ => CrashMode::ScrambleSectors,
+        };
+        for disk in node.disks.values() {
+            disk.crash(mode, self.rng.random());
+        }
+        if self.config.bug == Some(Bug::AckBeforeFsync) {
+            // The lying disk loses the index's tables as well: the node comes back as it was
+            // before its first write, having forgotten its votes and every entry it acknowledged.
+            let _ = std::fs::remove_dir_all(node.data_dir.join("index"));
+        }
+        node.restart_at = Some(self.now + downtime);
+    }
+
+    fn restart(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        node.restart_at = None;
+        let voters: Vec<u64> = (1..=self.config.nodes).collect();
+        let mut config = ReplicaConfig::new(node.id, voters, node.data_dir.clone());
+        config.storage = self.config.storage;
+        config.tick = Duration::from_millis(self.config.tick_ms);
+        config.election_ticks = 10;
+        config.heartbeat_ticks = 2;
+        // Small enough that index flushes, Raft log compaction and snapshots all happen.
+        config.memtable_bytes = 4 << 10;
+        config.raft_log_keep_entries = 8;
+        config.snapshot_timeout = Duration::from_millis(2_000);
+        let handles = RefCell::new(Vec::new());
+        let disks = &node.disks;
+        let log_dir = |name: &str| -> Arc<dyn Dir> {
+            let disk = disks.get(name).cloned().unwrap_or_default();
+            let faulty = FaultyDir::new(Arc::new(disk));
+            handles.borrow_mut().push(faulty.faults());
+            Arc::new(faulty)
+        };
+        let transport: Arc<dyn Transport> = Arc::new(Outbox(node.outbox.clone()));
+        let mutation = match self.config.bug {
+            Some(Bug::ReadsWithoutReadIndex) => Some(Mutation::ReadsWithoutReadIndex),
+            _ => None,
+        };
+        match Replica::open_driven(config, transport, &log_dir, mutation) {
+            Ok((replica, driven)) => {
+                let faults = handles.into_inner();
+                if self.config.bug == Some(Bug::AckBeforeFsync) {
+                    for handle in &faults {
+                        handle.lie_about_syncs();
+                    }
+                }
+                node.up = Some(Up { replica, driven, faults, armed: false });
+                if self.now > 0 {
+                    self.recoveries += 1;
+                }
+                node.next_tick = self.now + self.config.tick_ms;
+            }
+            Err(e) => {
+                self.violations.push(format!("node {} cannot reopen at {} ms: {e}", node.id, self.now));
+                self.stopped = true;
+            }
+        }
+    }
+
+    /// One turn of node `index`, then what it sent goes to the network and what it answered to
+    /// the clients.
+    fn turn(&mut self, index: usize) {
+        let now = self.now;
+        let at = self.at(now);
+        let node = &mut self.nodes[index];
+        let Some(up) = node.up.as_mut() else { return };
+        if node.paused_until > now {
+            return;
+        }
+        let tick = now >= node.next_tick;
+        if tick {
+            let jitter = self.rng.random_range(0..=self.config.tick_ms / 2);
+            node.next_tick = now + self.config.tick_ms + jitter;
+        }
+        IN_NODE_TURN.with(|flag| flag.set(true));
+        up.driven.turn(at, tick);
+        IN_NODE_TURN.with(|flag| flag.set(false));
+        let failed = up.replica.status().failure.is_some();
+        let sent: Vec<Message> = std::mem::take(&mut *node.outbox.lock().unwrap_or_else(|e| e.into_inner()));
+        let from = node.id;
+        for message in sent {
+            self.network.send(now, from, message, &self.network_faults, &mut self.rng);
+        }
+        self.handle_completions();
+        if failed {
+            // A disk fault stopped the node: it is restarted as a crashed process would be.
+            let downtime = self.rng.random_range(20..500);
+            self.crash(index, downtime);
+        }
+    }
+
+    // ----- the clients -----
+
+    fn new_op(&mut self, client: usize) -> Option<(u32, OpKind)> {
+        if let Some(script) = self.clients[client].script.as_mut() {
+            return script.pop_front();
+        }
+        if self.phase != Phase::Workload {
+            return None;
+        }
+        let key = self.rng.random_range(0..self.config.keys);
+        let kind = match self.rng.random_range(0..10) {
+            0..=3 => OpKind::Get,
+            4..=6 => OpKind::Put(self.fresh_value()),
+            7 => OpKind::Delete,
+            _ => {
+                let expected = match self.rng.random_range(0..3) {
+                    0 => None,
+                    _ => self.clients[client].last_seen.get(&key).copied().flatten(),
+                };
+                let new = if self.rng.random_range(0..5) == 0 { None } else { Some(self.fresh_value()) };
+                OpKind::Cas { expected, new }
+            }
+        };
+        Some((key, kind))
+    }
+
+    fn fresh_value(&mut self) -> ValueId {
+        self.next_value += 1;
+        self.next_value
+    }
+
+    fn drive_client(&mut self, client: usize) {
+        let now = self.now;
+        if self.clients[client].open.is_none() {
+            if now < self.clients[client].next_start {
+                return;
+            }
+            let Some((key, kind)) = self.new_op(client) else { return };
+            let call = self.next_event();
+            let c = &mut self.clients[client];
+            let request = if kind.is_write() {
+                c.next_seq += 1;
+                RequestId { client: c.request_client, seq: c.next_seq }
+            } else {
+                RequestId::default()
+            };
+            self.history.push(Op { client: c.id, key, kind, call, ret: None, result: None });
+            self.discarded.push(false);
+            c.open = Some(Open {
+                op: self.history.len() - 1,
+                serial: self.next_serial,
+                request,
+                attempts: 0,
+                attempt_deadline: None,
+                retry_at: now,
+                give_up_at: now + OPERATION_TIMEOUT_MS,
+                maybe_applied: false,
+            });
+            self.next_serial += 1;
+        }
+        let open = self.clients[client].open.as_ref().expect("opened above");
+        if open.attempt_deadline.is_some_and(|deadline| now >= deadline) {
+            // No answer: the attempt may still be applied later.
+            let open = self.clients[client].open.as_mut().expect("open");
+            open.attempt_deadline = None;
+            open.maybe_applied = true;
+            open.retry_at = now;
+            self.clients[client].target = self.rng.random_range(1..=self.config.nodes);
+        }
+        let open = self.clients[client].open.as_ref().expect("open");
+        if open.attempt_deadline.is_none() && now >= open.give_up_at {
+            self.give_up(client);
+            return;
+        }
+        if open.attempt_deadline.is_some() || now < open.retry_at {
+            return;
+        }
+        self.attempt(client);
+    }
+
+    fn attempt(&mut self, client: usize) {
+        let now = self.now;
+        let target = self.clients[client].target;
+        let c = &mut self.clients[client];
+        let open = c.open.as_mut().expect("open");
+        open.attempts += 1;
+        let Some(up) = self.nodes[(target - 1) as usize].up.as_ref() else {
+            // Connection refused: nothing was sent.
+            open.retry_at = now + 10;
+            c.target = self.rng.random_range(1..=self.config.nodes);
+            return;
+        };
+        open.attempt_deadline = Some(now + ATTEMPT_TIMEOUT_MS);
+        let (serial, id, request) = (open.serial, c.id, open.request);
+        let op = &self.history[open.op];
+        let completions = self.completions.clone();
+        let reply = move |answer| {
+            completions.lock().unwrap_or_else(|e| e.into_inner()).push(Completion {
+                client: id,
+                serial,
+                node: target,
+                answer,
+            })
+        };
+        let key = history::encode_key(op.key);
+        let command = match &op.kind {
+            OpKind::Get => {
+                up.replica.read_barrier(Box::new(move |result| reply(Answer::Barrier(result))));
+                return;
+            }
+            OpKind::Put(value) => {
+                Command::Write(vec![WriteOp { key, value: Some(history::encode_value(*value)) }])
+            }
+            OpKind::Delete => Command::Write(vec![WriteOp { key, value: None }]),
+            OpKind::Cas { expected, new } => Command::Cas {
+                key,
+                expected: expected.map(history::encode_value),
+                new: new.map(history::encode_value),
+            },
+        };
+        up.replica.propose(request, command, Box::new(move |result| reply(Answer::Write(result))));
+    }
+
+    fn give_up(&mut self, client: usize) {
+        let open = self.clients[client].open.take().expect("open");
+        let op = &self.history[open.op];
+        if !(op.kind.is_write() && open.maybe_applied) {
+            self.discarded[open.op] = true;
+        }
+        self.clients[client].next_start = self.now + self.rng.random_range(0..20);
+    }
+
+    fn handle_completions(&mut self) {
+        let completions = std::mem::take(&mut *self.completions.lock().unwrap_or_else(|e| e.into_inner()));
+        for completion in completions {
+            let client = completion.client as usize;
+            let Some(open) = self.clients[client].open.as_ref() else { continue };
+            if open.serial != completion.serial {
+                continue; // a late answer to an operation already closed
+            }
+            let op_index = open.op;
+            let key = self.history[op_index].key;
+            let result = match completion.answer {
+                Answer::Write(Ok(outcome)) => match (&self.history[op_index].kind, outcome.cas) {
+                    (OpKind::Cas { .. }, Some(cas)) => {
+                        let current = cas.current.as_deref().map(history::decode_value);
+                        if current.is_some_and(|v| v.is_none()) {
+                            self.violations
+                                .push(format!("a compare-and-swap on key {key} returned a corrupt value"));
+                        }
+                        Ok(OpResult::Cas { swapped: cas.swapped, current: current.flatten() })
+                    }
+                    (OpKind::Cas { .. }, None) => {
+                        self.violations.push(format!("a compare-and-swap on key {key} returned no outcome"));
+                        Err(false)
+                    }
+                    _ => Ok(OpResult::Written),
+                },
+                Answer::Barrier(Ok(())) => {
+                    let up =
+                        self.nodes[(completion.node - 1) as usize].up.as_ref().expect("it just answered");
+                    match up.replica.get(&history::encode_key(key)) {
+                        Ok(None) => Ok(OpResult::Get(None)),
+                        Ok(Some(bytes)) => match history::decode_value(&bytes) {
+                            Some(value) => Ok(OpResult::Get(Some(value))),
+                            None => {
+                                self.violations.push(format!(
+                                    "node {} returned a corrupt value ({} bytes) for key {key}",
+                                    completion.node,
+                                    bytes.len()
+                                ));
+                                Err(false)
+                            }
+                        },
+                        Err(_) => Err(false),
+                    }
+                }
+                Answer::Write(Err(ReplicaError::NotLeader { leader }))
+                | Answer::Barrier(Err(ReplicaError::NotLeader { leader })) => {
+                    if let Some(leader) = leader {
+                        self.clients[client].target = leader;
+                    } else {
+                        self.clients[client].target = self.rng.random_range(1..=self.config.nodes);
+                    }
+                    Err(false)
+                }
+                Answer::Write(Err(_)) | Answer::Barrier(Err(_)) => {
+                    self.clients[client].target = self.rng.random_range(1..=self.config.nodes);
+                    Err(true)
+                }
+            };
+            match result {
+                Ok(result) => {
+                    let ret = self.next_event();
+                    let op = &mut self.history[op_index];
+                    op.ret = Some(ret);
+                    let seen = match &result {
+                        OpResult::Get(value) => Some(*value),
+                        OpResult::Cas { current, .. } => Some(*current),
+                        OpResult::Written => match op.kind {
+                            OpKind::Put(value) => Some(Some(value)),
+                            OpKind::Delete => Some(None),
+                            _ => None,
+                        },
+                    };
+                    op.result = Some(result);
+                    let c = &mut self.clients[client];
+                    if let Some(seen) = seen {
+                        c.last_seen.insert(key, seen);
+                    }
+                    c.open = None;
+                    c.next_start = self.now + self.rng.random_range(0..20);
+                }
+                Err(maybe_applied) => {
+                    let backoff = self.rng.random_range(5..30);
+                    let open = self.clients[client].open.as_mut().expect("open");
+                    open.maybe_applied |= maybe_applied;
+                    open.attempt_deadline = None;
+                    open.retry_at = self.now + backoff;
+                }
+            }
+        }
+    }
+
+    // ----- the verdict -----
+
+    fn finish(mut self) -> Report {
+        // Operations still open at the end are unanswered.
+        for client in 0..self.clients.len() {
+            if let Some(open) = self.clients[client].open.take() {
+                let op = &self.history[open.op];
+                if !(op.kind.is_write() && (open.maybe_applied || open.attempt_deadline.is_some())) {
+                    self.discarded[open.op] = true;
+                }
+            }
+        }
+        let history: Vec<Op> = self
+            .history
+            .iter()
+            .zip(&self.discarded)
+            .filter(|(_, discarded)| !**discarded)
+            .map(|(op, _)| op.clone())
+            .collect();
+        let mut violations = std::mem::take(&mut self.violations);
+        violations.extend(checker::check_history(&history, self.config.search_budget));
+        if !self.finals.is_empty() {
+            violations.extend(checker::check_no_lost_writes(&history, &self.finals));
+            violations.extend(checker::check_converged(&self.finals));
+        }
+        let mut hasher = DefaultHasher::new();
+        history.hash(&mut hasher);
+        self.finals.hash(&mut hasher);
+        self.faults.hash(&mut hasher);
+        (self.network.sent, self.network.lost, self.network.duplicated).hash(&mut hasher);
+        self.now.hash(&mut hasher);
+        for node in &self.nodes {
+            if let Some(up) = &node.up {
+                up.replica.status().applied_index.hash(&mut hasher);
+            }
+        }
+        Report {
+            seed: self.seed,
+            ops: history.len(),
+            acknowledged: history.iter().filter(|op| op.acknowledged()).count(),
+            unknown: history.iter().filter(|op| !op.acknowledged()).count(),
+            faults: self.faults.clone(),
+            messages: (self.network.sent, self.network.lost, self.network.duplicated),
+            snapshots: self.network.snapshots,
+            recoveries: self.recoveries,
+            violations,
+            digest: hasher.finish(),
+            simulated_ms: self.now,
+            applied_index: self.final_applied,
+            history,
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The Redis protocol front end with the real Redis tools, unmodified: `redis-cli` and
+//! `redis-benchmark` (Debian's `redis-tools`, installed by `scripts/install-redis`) against a
+//! 3-node cluster of `onekv server` processes, each serving RESP on its own port.
+//!
+//! Checks every reply of a scripted `redis-cli` session on a follower (so every command is routed
+//! to the leader), that the leader and the gRPC API see the same data, a paged `--scan`, and that
+//! `redis-benchmark -t ping,set,get,incr,mset` finishes without an error against a follower and
+//! the leader, with INCR's counter equal to the number of increments it sent.
+//!
+//! If the tools are missing the test fails (it does not skip), naming the package to install.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{TestCluster, free_port, run_bounded};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Requests per redis-benchmark test; 2000 keeps a debug-build run to a few seconds per test.
+const BENCHMARK_REQUESTS: usize = 2000;
+/// What `redis-benchmark -t ping,set,get,incr,mset -q` reports, one line each.
+const BENCHMARK_TESTS: [&str; 6] = ["PING_INLINE", "PING_MBULK", "SET", "GET", "INCR", "MSET (10 keys)"];
+
+fn require_tool(tool: &str) {
+    let found = std::process::Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "{tool} is not installed: this test needs Debian's redis-tools (`apt-get install redis-tools`, \
+         or run scripts/install-redis)"
+    );
+}
+
+/// Runs `redis-cli -p PORT ARGS...` and returns its standard output (raw format: one line per
+/// reply element; nil is an empty line; errors start with their code).
+async fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = tokio::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("running redis-cli");
+    assert!(output.status.success(), "redis-cli {args:?} failed: {output:?}");
+    String::from_utf8(output.stdout).expect("redis-cli output is UTF-8")
+}
+
+/// Runs every `(command, expected output)` of `script` through redis-cli on `port`.
+async fn check_script(port: u16, script: &[(&[&str], &str)]) {
+    for (command, expected) in script {
+        let output = redis_cli(port, command).await;
+        assert_eq!(output.trim_end_matches('\n'), *expected, "redis-cli -p {port} {command:?}");
+    }
+}
+
+/// Runs `redis-benchmark -p PORT -q ARGS...` and checks it reported each of `tests` without an
+/// error; returns its result lines.
+async fn benchmark(port: u16, args: &[&str], tests: &[&str]) -> String {
+    let output = tokio::process::Command::new("redis-benchmark")
+        .args(["-p", &port.to_string(), "-q"])
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("running redis-benchmark");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    // redis-benchmark exits at the first error reply ("Error from server: ...").
+    assert!(output.status.success(), "redis-benchmark failed: {stdout}\n{stderr}");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("Error") && !text.contains("WARNING"), "redis-benchmark: {stdout}\n{stderr}");
+    }
+    // Progress lines end in '\r'; the final line of each test ends in '\n'.
+    let results: Vec<&str> = stdout
+        .split(['\r', '\n'])
+        .map(str::trim)
+        .filter(|line| line.contains("requests per second"))
+        .collect();
+    for test in tests {
+        let line = results
+            .iter()
+            .find(|line| line.starts_with(&format!("{test}: ")))
+            .unwrap_or_else(|| panic!("redis-benchmark reported no {test}: {stdout}"));
+        let rate: f64 = line[test.len() + 2..]
+            .split_whitespace()
+            .next()
+            .and_then(|rate| rate.parse().ok())
+            .unwrap_or_else(|| panic!("no rate in {line:?}"));
+        assert!(rate > 0.0, "{line}");
+    }
+    results.join("\n")
+}
+
+#[test]
+fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
+    require_tool("redis-cli");
+    require_tool("redis-benchmark");
+    run_bounded(Duration::from_secs(150), async {
+        let mut ports = HashSet::new();
+        while ports.len() < 3 {
+            ports.insert(free_port());
+        }
+        let ports: Vec<u16> = ports.into_iter().collect();
+        let resp_ports = ports.clone();
+        let mut cluster = TestCluster::start(3, move |config| {
+            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
+        })
+        .await;
+        let port_of = |id: u64| ports[id as usize - 1];
+        let leader = cluster.leader().await;
+        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+        for id in cluster.ids() {
+            assert!(
+                cluster.log_text(id).contains(&format!("onekv node {id} resp on 127.0.0.1:{}", port_of(id))),
+                "node {id} did not print its RESP line"
+            );
+        }
+
+        // Every command through a follower, which routes it to the leader.
+        check_script(
+            port_of(follower),
+            &[
+                (&["PING"], "PONG"),
+                (&["ECHO", "a b"], "a b"),
+                (&["SELECT", "0"], "OK"),
+                (&["SELECT", "1"], "ERR DB index is out of range"),
+                (&["SET", "greeting", "hello"], "OK"),
+                (&["GET", "greeting"], "hello"),
+                (&["APPEND", "greeting", " world"], "11"),
+                (&["STRLEN", "greeting"], "11"),
+                (&["STRLEN", "absent"], "0"),
+                (&["SETNX", "greeting", "x"], "0"),
+                (&["SETNX", "fresh", "x"], "1"),
+                (&["SET", "greeting", "hi", "GET"], "hello world"),
+                (&["SET", "greeting", "no", "NX"], ""),
+                (&["SET", "absent", "no", "XX"], ""),
+                (&["SET", "greeting", "hey", "XX", "GET"], "hi"),
+                (
+                    &["SET", "greeting", "x", "EX", "10"],
+                    "ERR onekv keys do not expire: SET's EX, PX, EXAT and PXAT are not supported",
+                ),
+                (&["GET", "greeting"], "hey"),
+                (&["GET", "absent"], ""),
+                (&["INCR", "counter"], "1"),
+                (&["INCRBY", "counter", "41"], "42"),
+                (&["DECR", "counter"], "41"),
+                (&["DECRBY", "counter", "-9"], "50"),
+                (&["INCR", "greeting"], "ERR value is not an integer or out of range"),
+                (&["INCRBY", "counter", "9223372036854775807"], "ERR increment or decrement would overflow"),
+                (&["MSET", "a", "1", "b", "2", "c", "3"], "OK"),
+                (&["MSET", "a", "1", "b"], "ERR wrong number of arguments for 'mset' command"),
+                (&["MGET", "a", "b", "absent", "c"], "1\n2\n\n3"),
+                (&["EXISTS", "a", "b", "absent", "a"], "3"),
+                (&["DEL", "a", "absent", "b"], "2"),
+                (&["UNLINK", "c", "c"], "1"),
+                (&["GETDEL", "fresh"], "x"),
+                (&["GETDEL", "fresh"], ""),
+                (&["SCAN", "0", "MATCH", "c*", "COUNT", "100"], "0\ncounter"),
+                (&["DBSIZE"], "2"),
+                (&["CONFIG", "GET", "appendonly"], "appendonly\nyes"),
+                (&["CLIENT", "GETNAME"], ""),
+                (&["FLUSHALL"], "ERR unknown command 'FLUSHALL', with args beginning with: "),
+                (&["GET"], "ERR wrong number of arguments for 'get' command"),
+            ],
+        )
+        .await;
+
+        // Keys over onekv's limits: reads answer "absent", writes name the limit.
+        let long_key = "k".repeat(5000);
+        check_script(
+            port_of(follower),
+            &[(&["GET", ""], ""), (&["MGET", "", &long_key, "counter"], "\n\n50")],
+        )
+        .await;
+        for (command, error) in [
+            (vec!["SET", "", "v"], "ERR invalid argument: key is empty"),
+            (
+                vec!["SET", &long_key, "v"],
+                "ERR invalid argument: key is 5000 bytes, over limits.max_key_bytes",
+            ),
+            (vec!["INCR", &long_key], "ERR invalid argument: key is 5000 bytes, over limits.max_key_bytes"),
+        ] {
+            let output = redis_cli(port_of(follower), &command).await;
+            assert!(output.starts_with(error), "{}: {output}", command[0]);
+        }
+
+        // A pipeline mixing writes and reads, in one write over a raw connection: replies come in
+        // order and each read sees every write before it (runs of reads execute concurrently).
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port_of(follower))).await.unwrap();
+        let pipeline = "SET pipe:a 1\r\nGET pipe:a\r\nGET pipe:b\r\nSTRLEN pipe:a\r\nSET pipe:a 22\r\n\
+            GET pipe:a\r\nEXISTS pipe:a pipe:b\r\nINCR pipe:c\r\nINCR pipe:c\r\nGET pipe:c\r\nGET pipe:a\r\n\
+            MGET pipe:a pipe:c\r\n";
+        stream.write_all(pipeline.as_bytes()).await.unwrap();
+        let expected = "+OK\r\n$1\r\n1\r\n$-1\r\n:1\r\n+OK\r\n$2\r\n22\r\n:1\r\n:1\r\n:2\r\n$1\r\n2\r\n$2\r\n22\r\n\
+            *2\r\n$2\r\n22\r\n$1\r\n2\r\n";
+        let mut received = vec![0u8; expected.len()];
+        stream.read_exact(&mut received).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&received), expected);
+
+        // The leader's front end and the gRPC API see the same keys.
+        check_script(port_of(leader), &[(&["GET", "greeting"], "hey"), (&["GET", "counter"], "50")]).await;
+        let client = cluster.client();
+        assert_eq!(client.get(b"greeting").await.unwrap(), Some(b"hey".to_vec()));
+        client.put(b"from-grpc", b"yes").await.unwrap();
+        check_script(port_of(follower), &[(&["GET", "from-grpc"], "yes")]).await;
+
+        // redis-cli --scan pages through SCAN cursors (COUNT 10: three pages for 25 keys).
+        let mut mset = vec!["MSET".to_string()];
+        for i in 0..25 {
+            mset.extend([format!("page:{i:02}"), i.to_string()]);
+        }
+        let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
+        check_script(port_of(follower), &[(&mset, "OK")]).await;
+        let scanned = redis_cli(port_of(follower), &["--scan", "--pattern", "page:*"]).await;
+        let scanned: Vec<&str> = scanned.lines().collect();
+        let expected: Vec<String> = (0..25).map(|i| format!("page:{i:02}")).collect();
+        assert_eq!(scanned, expected);
+
+        let info = redis_cli(port_of(follower), &["INFO", "replication"]).await;
+        assert!(info.contains("onekv_raft_role:follower"), "{info}");
+        assert!(info.contains(&format!("onekv_leader_id:{leader}")), "{info}");
+
+        // redis-benchmark through a follower, then the leader. Its INCR test increments one key,
+        // `counter:__rand_int__` (no -r), once per request.
+        let requests = BENCHMARK_REQUESTS.to_string();
+        for id in [follower, leader] {
+            let args = ["-t", "ping,set,get,incr,mset", "-n", &requests];
+            let results = benchmark(port_of(id), &args, &BENCHMARK_TESTS).await;
+            eprintln!("redis-benchmark against node {id}:\n{results}");
+        }
+        let expected = (2 * BENCHMARK_REQUESTS).to_string();
+        check_script(port_of(leader), &[(&["GET", "counter:__rand_int__"], expected.as_str())]).await;
+
+        // Two nodes incrementing the counter at once: their compare-and-swaps race, and the
+        // losers retry on the value they lost to. No increment may be lost or doubled.
+        let concurrent = 500;
+        let args = ["-t", "incr", "-n", &concurrent.to_string(), "-c", "20"];
+        let (left, right) = tokio::join!(
+            benchmark(port_of(follower), &args, &["INCR"]),
+            benchmark(port_of(leader), &args, &["INCR"])
+        );
+        eprintln!("concurrent INCR through nodes {follower} and {leader}:\n{left}\n{right}");
+        let expected = (2 * BENCHMARK_REQUESTS + 2 * concurrent).to_string();
+        check_script(port_of(follower), &[(&["GET", "counter:__rand_int__"], expected.as_str())]).await;
+
+        // Pipelined requests (16 in flight per connection) are answered in order.
+        let args = ["-t", "set,get", "-n", "800", "-P", "16"];
+        benchmark(port_of(follower), &args, &["SET", "GET"]).await;
+    });
+}
