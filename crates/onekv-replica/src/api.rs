@@ -29,6 +29,16 @@ impl StorageMode {
         }
     }
 
+    /// The logs of this mode, by directory name inside the data directory: the Raft log first,
+    /// then the second log if the mode has one.
+    pub fn log_names(self) -> &'static [&'static str] {
+        match self {
+            StorageMode::OneLog => &["log"],
+            StorageMode::Separated => &["log", "values"],
+            StorageMode::Classic => &["raft-wal", "data-wal"],
+        }
+    }
+
     /// Parses a name as [`StorageMode::name`] prints it.
     pub fn parse(name: &str) -> Option<Self> {
         match name {

@@ -127,7 +127,7 @@ impl NodeLoop {
     }
 
     /// Fails whatever is pending and marks the replica stopped.
-    pub fn stop(&mut self) {
+    fn stop(&mut self) {
         self.fail_everything(|| ReplicaError::Stopping);
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.publish_status();
@@ -150,12 +150,7 @@ impl NodeLoop {
                     .cloned()
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(%what, "the node loop panicked: the replica stops serving");
-                if self.failed.is_none() {
-                    self.failed = Some(format!("the node loop panicked: {what}"));
-                }
-                let failure = self.failed.clone().unwrap_or_default();
-                self.fail_pending(|| ReplicaError::Storage(failure.clone()));
+                self.fail(format!("the node loop panicked: {what}"));
                 Turn::Continue
             }
         };
@@ -186,12 +181,17 @@ impl NodeLoop {
         }
         self.send_read_index();
         if let Err(err) = self.on_ready() {
-            tracing::error!(%err, "storage failure: the replica stops serving writes");
-            self.failed = Some(err.to_string());
-            let failure = err.to_string();
-            self.fail_pending(|| ReplicaError::Storage(failure.clone()));
+            self.fail(err.to_string());
         }
         Turn::Continue
+    }
+
+    /// Stops the replica for good (until restarted): every pending request fails with `failure`,
+    /// later ones are refused, and the loop writes nothing more. The first failure is kept.
+    fn fail(&mut self, failure: String) {
+        tracing::error!(%failure, "the replica stops serving");
+        let failure = self.failed.get_or_insert(failure).clone();
+        self.fail_pending(|| ReplicaError::Storage(failure.clone()));
     }
 
     /// Takes one turn for a caller that drives the loop (no thread): handles every queued input.
@@ -395,16 +395,24 @@ impl NodeLoop {
         let record = HardStateRecord { commit, ..self.persisted_hs };
         let record = HardStateRecord { term: self.raw.raft.term, vote: self.raw.raft.vote, ..record };
         let shared = self.shared.clone();
-        let (written_tx, written) = std::sync::mpsc::sync_channel(1);
+        let (written_tx, written) = match self.wait_for_submits {
+            true => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
         self.raft_log
             .submit(vec![(records::HARD_STATE, records::encode_hard_state(record))], move |result| {
                 if result.is_ok() {
                     shared.durable_commit.fetch_max(commit, Ordering::SeqCst);
                 }
-                let _ = written_tx.send(());
+                if let Some(tx) = written_tx {
+                    let _ = tx.send(());
+                }
             })
             .map_err(|e| storage(format!("appending the hard state: {e}")))?;
-        if self.wait_for_submits {
+        if let Some(written) = written {
             // The completion runs whether the write succeeded or not; a failure shows on the next
             // append, which is refused.
             let _ = written.recv();
@@ -636,14 +644,9 @@ impl NodeLoop {
                 leader_id.is_some() && (leader_id, raft.term) != (previous.leader_id, previous.term);
             previous.leader_changes + u64::from(changed)
         };
-        let log_names: &[&str] = match self.state.mode {
-            crate::StorageMode::OneLog => &["log"],
-            crate::StorageMode::Separated => &["log", "values"],
-            crate::StorageMode::Classic => &["raft-wal", "data-wal"],
-        };
         let logs = std::iter::once(&self.state.raft_log)
             .chain(self.state.second_log.as_ref())
-            .zip(log_names)
+            .zip(self.state.mode.log_names())
             .map(|(log, name)| crate::LogStatus {
                 name: (*name).to_string(),
                 bytes: log.end_position() - log.first_position(),

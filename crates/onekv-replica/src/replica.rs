@@ -23,8 +23,7 @@ use std::time::{Duration, Instant};
 const INBOX_CAPACITY: usize = 65_536;
 
 /// The loop of a replica opened with [`Replica::open_driven`]: the caller takes its turns.
-/// Dropping it without [`DrivenLoop::stop`] is a crash: nothing is failed or flushed, pending
-/// requests are simply never answered.
+/// Dropping it is a crash: nothing is failed or flushed, pending requests are never answered.
 pub struct DrivenLoop {
     node_loop: NodeLoop,
 }
@@ -35,11 +34,6 @@ impl DrivenLoop {
     /// Returns false once a shutdown was asked for.
     pub fn turn(&mut self, now: Instant, tick: bool) -> bool {
         self.node_loop.drive(now, tick) == crate::node::Turn::Continue
-    }
-
-    /// Ends the loop the orderly way: pending requests fail with [`ReplicaError::Stopping`].
-    pub fn stop(mut self) {
-        self.node_loop.stop();
     }
 }
 
@@ -171,11 +165,9 @@ impl Replica {
         crate::identity::check_or_create(dir, config.node_id, config.storage)?;
         let started = Instant::now();
 
-        let (raft_log, second_log) = match config.storage {
-            StorageMode::OneLog => (open_log("log")?, None),
-            StorageMode::Separated => (open_log("log")?, Some(open_log("values")?)),
-            StorageMode::Classic => (open_log("raft-wal")?, Some(open_log("data-wal")?)),
-        };
+        let names = config.storage.log_names();
+        let raft_log = open_log(names[0])?;
+        let second_log = names.get(1).map(|name| open_log(name)).transpose()?;
         let index = Index::open(&dir.join("index"), IndexConfig::default())
             .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?;
         let tree = index

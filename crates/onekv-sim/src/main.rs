@@ -53,12 +53,9 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.nodes >= 1, "--nodes must be at least 1");
-    let storage = match args.storage.as_str() {
-        "onelog" => StorageMode::OneLog,
-        "separated" => StorageMode::Separated,
-        "classic" => StorageMode::Classic,
-        other => anyhow::bail!("unknown storage mode {other:?} (onelog, separated or classic)"),
-    };
+    let storage = StorageMode::parse(&args.storage).ok_or_else(|| {
+        anyhow::anyhow!("unknown storage mode {:?} (onelog, separated or classic)", args.storage)
+    })?;
     let config = SimConfig {
         run_ms: args.run_ms,
         nodes: args.nodes,

@@ -191,15 +191,6 @@ fn quiet_node_panics() {
     });
 }
 
-/// The logs a storage mode opens (their names inside the data directory).
-fn log_names(mode: StorageMode) -> &'static [&'static str] {
-    match mode {
-        StorageMode::OneLog => &["log"],
-        StorageMode::Separated => &["log", "values"],
-        StorageMode::Classic => &["raft-wal", "data-wal"],
-    }
-}
-
 /// The transport of a simulated node: messages wait in its outbox until the driver sends them.
 struct Outbox(Arc<Mutex<Vec<Message>>>);
 
@@ -322,7 +313,7 @@ impl Sim {
             .map(|id| Node {
                 id,
                 data_dir: root.join(format!("node{id}")),
-                disks: log_names(config.storage).iter().map(|name| (*name, MemDir::new())).collect(),
+                disks: config.storage.log_names().iter().map(|name| (*name, MemDir::new())).collect(),
                 up: None,
                 outbox: Arc::new(Mutex::new(Vec::new())),
                 next_tick: rng.random_range(0..config.tick_ms),
