@@ -34,6 +34,9 @@ use crate::backend::Backend;
 use crate::config::ServerConfig;
 use crate::metrics::{NodeMetrics, write_amplification};
 
+/// HTTP requests handled at once.
+const MAX_CONCURRENT_REQUESTS: usize = 16;
+
 /// How long `/cluster.json` waits to connect to a member, and for its answer: short, because the
 /// page polls every second and a down member must not hold up the others.
 const MEMBER_CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
@@ -163,7 +166,10 @@ pub fn router<B: Backend>(config: &ServerConfig, backend: Arc<B>) -> anyhow::Res
         .route("/metrics", get(metrics_text::<B>))
         .route("/cluster.json", get(cluster_json::<B>))
         .route("/healthz", get(healthz::<B>))
-        .with_state(state))
+        .with_state(state)
+        // Each /cluster.json asks every member and each /metrics walks the data directory: at most
+        // this many run at once, the rest wait their turn.
+        .layer(tower::limit::GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS)))
 }
 
 async fn status_page() -> Html<&'static str> {

@@ -45,14 +45,17 @@ pub use transport::{GrpcTransport, TransportOptions, TransportStats};
 /// After the shutdown signal, how long in-flight requests get to finish beyond the request timeout
 /// before the node stops anyway.
 const SHUTDOWN_GRACE_BEYOND_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Once no request is in flight, how long connections get to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// Runs one node until `shutdown` completes: validates `config` (before touching any data), binds
 /// the listen address (and `http_listen`, if set), opens the replica, serves the `Kv` and `Peer`
-/// services on that one port (and the HTTP endpoint on its own), then stops accepting on both, lets
-/// in-flight requests finish, and shuts the replica down.
+/// services on that one port (and the HTTP endpoint on its own). On `shutdown` it stops the HTTP
+/// and RESP listeners, refuses new client requests while the Raft messages keep flowing until the
+/// in-flight ones finish, then stops accepting and shuts the replica down.
 ///
-/// Nothing is flushed at shutdown: the log is the only durable state and every acknowledged write
-/// is already in it (fsynced); the index is rebuilt from the log on the next open.
+/// Nothing is flushed at shutdown: every acknowledged write is already fsynced in the node's
+/// log(s); the index is rebuilt from the Raft log on the next open.
 ///
 /// With `resp_listen` set it also serves the Redis protocol there (`onekv_resp::serve_resp`, bound
 /// with the others before the replica opens, stopped with them) and prints `onekv node N resp on
@@ -79,7 +82,8 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
             let listener = TcpListener::bind(address)
                 .await
                 .with_context(|| format!("cannot listen on {address} (resp_listen)"))?;
-            Some((listener, resp_context(&config, address)?))
+            let bound = listener.local_addr().context("cannot read the RESP listening address")?;
+            Some((listener, bound, resp_context(&config, address)?))
         }
         None => None,
     };
@@ -101,7 +105,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         }
     };
 
-    // The HTTP endpoint stops accepting at the same moment as the gRPC server.
+    // The HTTP endpoint stops accepting when the node starts draining.
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match http_listener {
         Some(http_listener) => {
@@ -124,8 +128,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
     // So does the RESP front end.
     let (stop_resp, resp_stopped) = tokio::sync::oneshot::channel::<()>();
     let resp = match resp {
-        Some((resp_listener, context)) => {
-            let address = resp_listener.local_addr().context("cannot read the RESP listening address")?;
+        Some((resp_listener, address, context)) => {
             let stopped = async move {
                 let _ = resp_stopped.await;
             };
@@ -187,8 +190,9 @@ fn resp_context(config: &ServerConfig, resp_address: &str) -> anyhow::Result<one
 }
 
 /// Serves the `Kv` and `Peer` services over `backend` on `listener` until `shutdown` completes,
-/// then stops accepting and waits (bounded by the request timeout plus a grace period) for
-/// in-flight requests. Prints the ready line. [`serve`] calls this with the replica; tests and
+/// then refuses new `Kv` requests (UNAVAILABLE) while `Peer` keeps serving, waits (bounded by the
+/// request timeout plus a grace period) for the `Kv` requests in flight, and stops accepting. The
+/// Prints the ready line. [`serve`] calls this with the replica; tests and
 /// tools may call it with another [`Backend`].
 pub async fn serve_backend<B: Backend>(
     listener: TcpListener,
@@ -198,9 +202,10 @@ pub async fn serve_backend<B: Backend>(
 ) -> anyhow::Result<()> {
     let address = listener.local_addr().context("cannot read the listening address")?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let drain = service::Drain::default();
     let server = Server::builder()
         .tcp_nodelay(true)
-        .add_service(KvService::new(Arc::clone(&backend), config).into_server())
+        .add_service(KvService::new(Arc::clone(&backend), config).with_drain(drain.clone()).into_server())
         .add_service(PeerService::new(backend, config).into_server())
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
             let _ = stopped.await;
@@ -221,13 +226,24 @@ pub async fn serve_backend<B: Backend>(
         result = &mut server => return result.context("the gRPC server failed"),
         () = &mut shutdown => {}
     }
-    tracing::info!(node = config.node_id, "shutting down: no new connections; finishing in-flight requests");
-    let _ = stop.send(());
+    // Client requests stop first; Raft messages keep flowing until those in flight have their
+    // answers (a draining leader still needs its followers to commit them).
+    tracing::info!(node = config.node_id, "shutting down: refusing new requests; finishing in-flight ones");
     let grace = config.request_timeout() + SHUTDOWN_GRACE_BEYOND_REQUEST_TIMEOUT;
-    match tokio::time::timeout(grace, &mut server).await {
+    let deadline = tokio::time::Instant::now() + grace;
+    tokio::select! {
+        result = &mut server => return result.context("the gRPC server failed while draining"),
+        drained = tokio::time::timeout_at(deadline, drain.stop_and_wait()) => {
+            if drained.is_err() {
+                tracing::warn!(?grace, "requests still in flight after the grace period; stopping anyway");
+            }
+        }
+    }
+    let _ = stop.send(());
+    match tokio::time::timeout_at(deadline.max(tokio::time::Instant::now() + CLOSE_WAIT), &mut server).await {
         Ok(result) => result.context("the gRPC server failed while shutting down"),
         Err(_) => {
-            tracing::warn!(?grace, "connections still open after the grace period; stopping anyway");
+            tracing::warn!("connections still open after the grace period; stopping anyway");
             Ok(())
         }
     }

@@ -8,6 +8,7 @@
 //! request ids).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use onekv_proto::{
@@ -38,6 +39,57 @@ pub struct KvService<B> {
     members: Arc<[MemberConfig]>,
     limits: Limits,
     request_timeout: Duration,
+    drain: Drain,
+}
+
+/// Lets a stopping node refuse new client requests while those in flight finish, without stopping
+/// the gRPC server: the `Peer` service on the same port must keep carrying Raft messages, or a
+/// draining leader could never commit what it is finishing. Clones share the same state.
+#[derive(Clone, Default)]
+pub struct Drain {
+    inner: Arc<DrainState>,
+}
+
+#[derive(Default)]
+struct DrainState {
+    stopping: AtomicBool,
+    in_flight: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Counts one request in flight until dropped.
+struct InFlight(Arc<DrainState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Drain {
+    /// From now on new requests are refused (UNAVAILABLE); returns once none is in flight.
+    pub async fn stop_and_wait(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        loop {
+            let idle = self.inner.idle.notified();
+            if self.inner.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// Admits one request, or refuses it if the node is stopping.
+    fn admit(&self) -> Result<InFlight, Status> {
+        self.inner.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(Arc::clone(&self.inner));
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the node is shutting down; retry on another member"));
+        }
+        Ok(guard)
+    }
 }
 
 impl<B: Backend> KvService<B> {
@@ -49,7 +101,14 @@ impl<B: Backend> KvService<B> {
             members: config.members.clone().into(),
             limits: config.limits.to_limits(),
             request_timeout: config.request_timeout(),
+            drain: Drain::default(),
         }
+    }
+
+    /// Uses `drain` to stop admitting requests when the node shuts down.
+    pub fn with_drain(mut self, drain: Drain) -> Self {
+        self.drain = drain;
+        self
     }
 
     /// The tonic server for this service, with message size limits that admit every request and
@@ -67,7 +126,14 @@ impl<B: Backend> KvService<B> {
         handling: impl Future<Output = Result<T, Status>>,
     ) -> Result<T, Status> {
         let started = Instant::now();
-        let result = handling.await;
+        // Status stays answered while the node drains: operators and peers' status pages ask it.
+        let result = match op {
+            "status" => handling.await,
+            _ => match self.drain.admit() {
+                Ok(_in_flight) => handling.await,
+                Err(refused) => Err(refused),
+            },
+        };
         crate::metrics::record_request(PROTOCOL, op, result.is_ok(), started.elapsed());
         result
     }
@@ -347,11 +413,7 @@ impl<B: Backend> Kv for KvService<B> {
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         self.observed("status", async move {
             let status = self.backend.status();
-            let write_amplification = if status.user_bytes == 0 {
-                0.0
-            } else {
-                status.bytes_written as f64 / status.user_bytes as f64
-            };
+            let write_amplification = crate::metrics::write_amplification(&status);
             Ok(Response::new(StatusResponse {
                 node_id: self.node_id,
                 members: self

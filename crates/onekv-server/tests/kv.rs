@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{Answer, FakeBackend};
 use onekv_proto::{
-    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, ScanRequest,
-    StatusRequest, kv_client::KvClient, kv_server::Kv,
+    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PeerMessages, PutRequest,
+    ScanRequest, StatusRequest, kv_client::KvClient, kv_server::Kv, peer_client::PeerClient,
 };
 use onekv_replica::{
     CasOutcome, Command, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode, WriteOp,
@@ -309,7 +309,8 @@ fn grpc_message_limits_admit_what_the_limits_allow() {
 }
 
 /// The real server over TCP: requests larger than tonic's 4 MiB default get through, and shutdown
-/// waits for an in-flight request and then stops accepting.
+/// waits for an in-flight request (refusing new ones, while Raft messages still reach the replica)
+/// and then stops accepting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_backend_over_tcp_and_stop_gracefully() {
     tokio::time::timeout(Duration::from_secs(30), async {
@@ -347,6 +348,23 @@ async fn serve_backend_over_tcp_and_stop_gracefully() {
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
         stop.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+
+        // Draining: a new client request is refused, a peer's Raft message still gets through.
+        let refused = client.get(GetRequest { key: b"k".to_vec(), consistency: 0 }).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+        let mut message = raft::eraftpb::Message::default();
+        message.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
+        (message.from, message.to, message.term) = (2, 1, 5);
+        let mut peer = PeerClient::connect(format!("http://{address}")).await.unwrap();
+        peer.send(PeerMessages {
+            from: 2,
+            messages: vec![protobuf::Message::write_to_bytes(&message).unwrap()],
+        })
+        .await
+        .expect("the Peer service keeps serving while the node drains");
+        assert_eq!(backend.stepped.lock().unwrap().len(), 1, "the message reached the replica");
+
         let result = in_flight.await.unwrap();
         assert_eq!(
             result.unwrap_err().code(),
