@@ -30,6 +30,9 @@ use crate::commands::{self, CommandSpec, parse_set_options};
 use crate::pattern::Pattern;
 use crate::protocol::{ParserLimits, Reply};
 
+/// Reads one MGET or EXISTS keeps in flight at once.
+const GET_MANY_CONCURRENCY: usize = 32;
+
 /// Compare-and-swap attempts of one read-modify-write command before it reports contention.
 const RMW_MAX_ATTEMPTS: u32 = 32;
 /// Values this short are remembered after a successful swap, so the next read-modify-write of the
@@ -290,11 +293,11 @@ impl RespContext {
             "dbsize" => Ok(Reply::Integer(i64::try_from(self.count_keys().await?).unwrap_or(i64::MAX))),
             "get" => Ok(Reply::optional(self.get(&args[1]).await?)),
             "mget" => {
-                let values = self.get_many(&args[1..]).await?;
+                let values = self.get_many(&args[1..], true).await?;
                 Ok(Reply::Array(values.into_iter().map(Reply::optional).collect()))
             }
             "exists" => {
-                let values = self.get_many(&args[1..]).await?;
+                let values = self.get_many(&args[1..], false).await?;
                 Ok(Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64))
             }
             "strlen" => Ok(Reply::Integer(self.get(&args[1]).await?.map_or(0, |value| value.len()) as i64)),
@@ -378,6 +381,14 @@ impl RespContext {
     async fn set(&self, args: &[Vec<u8>]) -> Outcome {
         let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
         let (key, value) = (&args[1], args[2].clone());
+        // Checked here, not left to the node: this SET may be combined with other commands on the
+        // key into one compare-and-swap, and its error must be its own.
+        let max = self.shared.settings.max_value_bytes;
+        if value.len() > max {
+            return Err(Reply::err(format!(
+                "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
+            )));
+        }
         if options.nx && !options.get {
             let swapped = self.insert_if_absent(key, &value).await?;
             return Ok(if swapped { Reply::ok() } else { Reply::Nil });
@@ -583,16 +594,29 @@ impl RespContext {
     }
 
     /// Linearizable reads of every key, concurrently, in the keys' order.
-    async fn get_many(&self, keys: &[Vec<u8>]) -> Outcome<Vec<Option<Vec<u8>>>> {
+    /// The values of `keys`, read [`GET_MANY_CONCURRENCY`] at a time, so one command never holds
+    /// more than that many values beyond those it returns. With `keep_values` false (EXISTS) each
+    /// value is dropped as soon as it arrives and only its presence is kept.
+    async fn get_many(&self, keys: &[Vec<u8>], keep_values: bool) -> Outcome<Vec<Option<Vec<u8>>>> {
         let mut tasks = tokio::task::JoinSet::new();
-        for (position, key) in keys.iter().enumerate().filter(|(_, key)| self.storable(key)) {
-            let client = self.shared.client.clone();
-            let key = key.clone();
-            tasks.spawn(async move { (position, client.get(&key).await) });
-        }
+        let mut pending = keys.iter().enumerate().filter(|(_, key)| self.storable(key));
         let mut values = vec![None; keys.len()];
         let mut total = 0usize;
-        while let Some(joined) = tasks.join_next().await {
+        loop {
+            while tasks.len() < GET_MANY_CONCURRENCY {
+                let Some((position, key)) = pending.next() else { break };
+                let client = self.shared.client.clone();
+                let key = key.clone();
+                tasks.spawn(async move {
+                    let value = client.get(&key).await;
+                    let value = match keep_values {
+                        true => value,
+                        false => value.map(|value| value.map(|_| Vec::new())),
+                    };
+                    (position, value)
+                });
+            }
+            let Some(joined) = tasks.join_next().await else { break };
             let (position, value) =
                 joined.map_err(|error| Reply::err(format!("onekv: read task failed: {error}")))?;
             let value = value?;
@@ -668,7 +692,10 @@ impl RespContext {
             start = prefix.clone();
         }
         let done = Reply::Array(vec![Reply::text("0"), Reply::Array(Vec::new())]);
-        if end.as_ref().is_some_and(|end| start >= *end) {
+        // A prefix longer than any key onekv can hold matches nothing (and the node would refuse
+        // it as a scan bound).
+        if prefix.len() > self.shared.settings.max_key_bytes || end.as_ref().is_some_and(|end| start >= *end)
+        {
             return Ok(done);
         }
         let limit = (count + usize::from(skip.is_some())).min(self.shared.settings.max_scan_pairs);

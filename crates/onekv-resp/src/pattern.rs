@@ -11,14 +11,23 @@ enum Token {
     Literal(u8),
     AnyByte,
     AnyRun,
-    Class { negated: bool, ranges: Vec<(u8, u8)> },
+    /// A byte class as a 256-bit set (negation already applied): one lookup per byte, however
+    /// many ranges the pattern listed.
+    Class([u64; 4]),
+}
+
+fn class_contains(set: &[u64; 4], byte: u8) -> bool {
+    set[usize::from(byte >> 6)] & (1 << (byte & 63)) != 0
 }
 
 /// A Redis glob pattern (`*`, `?`, `[abc]`, `[^a-z]`, `\` escapes), matched without backtracking
-/// blow-up: the cost is at most pattern length × key length.
+/// blow-up: the cost is at most pattern length × key length, and nothing for a key shorter than
+/// the bytes the pattern needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pattern {
     tokens: Vec<Token>,
+    /// Tokens that each consume exactly one byte: a shorter text cannot match.
+    fixed: usize,
 }
 
 impl Pattern {
@@ -45,27 +54,36 @@ impl Pattern {
                     if negated {
                         i += 1;
                     }
-                    let mut ranges = Vec::new();
+                    let mut set = [0u64; 4];
+                    let mut add = |low: u8, high: u8| {
+                        for byte in low..=high {
+                            set[usize::from(byte >> 6)] |= 1 << (byte & 63);
+                        }
+                    };
                     while i < pattern.len() && pattern[i] != b']' {
                         if pattern[i] == b'\\' && i + 1 < pattern.len() {
                             i += 1;
-                            ranges.push((pattern[i], pattern[i]));
+                            add(pattern[i], pattern[i]);
                         } else if i + 2 < pattern.len() && pattern[i + 1] == b'-' {
                             let (a, b) = (pattern[i], pattern[i + 2]);
-                            ranges.push((a.min(b), a.max(b)));
+                            add(a.min(b), a.max(b));
                             i += 2;
                         } else {
-                            ranges.push((pattern[i], pattern[i]));
+                            add(pattern[i], pattern[i]);
                         }
                         i += 1;
                     }
-                    tokens.push(Token::Class { negated, ranges });
+                    if negated {
+                        set = set.map(|word| !word);
+                    }
+                    tokens.push(Token::Class(set));
                 }
                 byte => tokens.push(Token::Literal(byte)),
             }
             i += 1;
         }
-        Pattern { tokens }
+        let fixed = tokens.iter().filter(|token| **token != Token::AnyRun).count();
+        Pattern { tokens, fixed }
     }
 
     /// The bytes every match starts with.
@@ -81,6 +99,9 @@ impl Pattern {
 
     /// Whether `text` matches the whole pattern.
     pub fn matches(&self, text: &[u8]) -> bool {
+        if text.len() < self.fixed {
+            return false;
+        }
         let tokens = &self.tokens;
         let (mut t, mut s) = (0, 0);
         // The last `*` seen and the text position it was tried at, to resume from on a mismatch.
@@ -94,9 +115,7 @@ impl Pattern {
                 }
                 Some(Token::AnyByte) => true,
                 Some(Token::Literal(byte)) => *byte == text[s],
-                Some(Token::Class { negated, ranges }) => {
-                    ranges.iter().any(|&(low, high)| (low..=high).contains(&text[s])) != *negated
-                }
+                Some(Token::Class(set)) => class_contains(set, text[s]),
                 None => false,
             };
             if step {
@@ -117,6 +136,22 @@ impl Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_patterns_cost_little() {
+        // A class of a million bytes is one 256-bit set; matching it is one lookup per key byte.
+        let mut class = b"*[".to_vec();
+        class.extend(std::iter::repeat_n(b'a', 1 << 20));
+        let pattern = Pattern::parse(&class);
+        let key = vec![b'b'; 4096];
+        let started = std::time::Instant::now();
+        assert!(!pattern.matches(&key));
+        assert!(pattern.matches(b"xxa"));
+        // More single-byte tokens than the key has bytes: no match, without walking the key.
+        let long = Pattern::parse(&vec![b'?'; 5000]);
+        assert!(!long.matches(&key));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
 
     #[test]
     fn glob_patterns() {

@@ -27,8 +27,8 @@ use crate::protocol::{Reply, RequestParser};
 
 /// Replies are written once this many bytes are waiting, even mid-pipeline.
 const FLUSH_BYTES: usize = 64 << 10;
-/// Most pipelined reads of one connection run at once (their replies are held until all are done,
-/// so this times `max_value_bytes` bounds that memory).
+/// Most pipelined reads of one connection run at once (their replies are held until all are done:
+/// a GET or STRLEN holds at most one value, an EXISTS an integer while it reads up to 32 values).
 const MAX_CONCURRENT_READS: usize = 16;
 /// Bytes asked of the socket per read.
 const READ_BYTES: usize = 16 << 10;
