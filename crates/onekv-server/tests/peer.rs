@@ -124,13 +124,21 @@ proptest! {
         }
     }
 
-    /// Every single-byte change of a valid message either decodes or is refused, never panics.
+    /// Every single-byte change of a valid message is stepped or refused as invalid, never panics.
     #[test]
     fn mutated_messages_never_panic(position in 0usize..64, value in any::<u8>()) {
-        let (_backend, service) = service();
+        let (backend, service) = service();
         let mut bytes = encoded(&message(2, 1));
         let position = position % bytes.len();
         bytes[position] = value;
-        let _ = send(&service, PeerMessages { from: 2, messages: vec![bytes] });
+        let result = send(&service, PeerMessages { from: 2, messages: vec![bytes] });
+        let stepped = backend.stepped.lock().unwrap().len();
+        match result {
+            Ok(()) => prop_assert_eq!(stepped, 1),
+            Err(status) => {
+                prop_assert_eq!(status.code(), Code::InvalidArgument);
+                prop_assert_eq!(stepped, 0);
+            }
+        }
     }
 }

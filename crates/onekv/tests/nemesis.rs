@@ -228,6 +228,7 @@ fn linearizable_under_kills_pauses_and_partitions() {
     let seconds = nemesis::env_number("ONEKV_NEMESIS_SECONDS", 25);
     let seed = nemesis::env_number("ONEKV_NEMESIS_SEED", rand::random::<u32>().into());
     eprintln!("nemesis: seed {seed} (replay with ONEKV_NEMESIS_SEED={seed}), {seconds} s of faults");
+    nemesis::build_checker();
     run_bounded(Duration::from_secs(seconds + 60), async move {
         let network = Network::start(&[1, 2, 3]).await;
         let mut cluster = TestCluster::start(3, |config| network.tweak(config)).await;
@@ -281,6 +282,7 @@ fn linearizable_under_kills_pauses_and_partitions() {
 fn stale_reads_from_an_isolated_follower_are_caught() {
     let _serial = one_at_a_time();
     let seed: u64 = rand::random::<u32>().into();
+    nemesis::build_checker();
     run_bounded(Duration::from_secs(60), async move {
         let network = Network::start(&[1, 2, 3]).await;
         let mut cluster = TestCluster::start(3, |config| network.tweak(config)).await;
@@ -354,11 +356,12 @@ fn stale_reads_from_an_isolated_follower_are_caught() {
 #[test]
 fn checker_passes_its_own_tests() {
     let _serial = one_at_a_time();
-    let output = std::process::Command::new(nemesis::find_go())
-        .args(["test", "-count=1", "."])
-        .current_dir(nemesis::checker_source())
-        .output()
-        .expect("running go test");
+    let output = nemesis::output_within(
+        std::process::Command::new(nemesis::find_go())
+            .args(["test", "-count=1", "."])
+            .current_dir(nemesis::checker_source()),
+        nemesis::GO_TIMEOUT,
+    );
     assert!(
         output.status.success(),
         "go test in tools/linearizability failed:\n{}\n{}",

@@ -133,7 +133,13 @@ fn member_rows(dom: &str) -> Vec<(HashMap<String, String>, HashMap<String, Strin
 #[test]
 fn metrics_on_every_node_and_a_live_status_page() {
     run_bounded(TEST_LIMIT, async {
-        let http_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut http_ports: Vec<u16> = Vec::new();
+        while http_ports.len() < 3 {
+            let port = free_port();
+            if !http_ports.contains(&port) {
+                http_ports.push(port);
+            }
+        }
         let http = |id: u64| format!("127.0.0.1:{}", http_ports[id as usize - 1]);
         let mut cluster =
             TestCluster::start(3, |config| config.http_listen = Some(http(config.node_id))).await;

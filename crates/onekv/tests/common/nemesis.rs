@@ -404,19 +404,52 @@ pub struct Verdict {
 /// Checks the history at `history` with the Go checker, giving it `timeout`, writing porcupine's
 /// visualization to `html` if the history is not linearizable.
 pub fn check_history(history: &Path, html: &Path, timeout: Duration) -> Verdict {
-    let output = Command::new(checker_binary())
-        .arg("-html")
-        .arg(html)
-        .arg("-timeout")
-        .arg(format!("{}ms", timeout.as_millis()))
-        .arg(history)
-        .output()
-        .expect("running the linearizability checker");
+    let output = output_within(
+        Command::new(checker_binary())
+            .arg("-html")
+            .arg(html)
+            .arg("-timeout")
+            .arg(format!("{}ms", timeout.as_millis()))
+            .arg(history),
+        timeout + Duration::from_secs(10),
+    );
     Verdict {
         code: output.status.code().unwrap_or(-1),
         summary: String::from_utf8_lossy(&output.stdout).trim().to_string(),
         stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
     }
+}
+
+/// How long `go build` or `go test` of the checker may take (a first build downloads porcupine).
+pub const GO_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs `command` to completion with its output captured; kills it and fails the test if it takes
+/// longer than `limit` (a blocking wait inside a test's future would keep its time bound from
+/// firing).
+pub fn output_within(command: &mut Command, limit: Duration) -> std::process::Output {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("starting {command:?}: {error}"));
+    let pid = rustix::process::Pid::from_child(&child);
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(limit) {
+        Ok(output) => output.unwrap_or_else(|error| panic!("waiting for {command:?}: {error}")),
+        Err(_) => {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            panic!("{command:?} did not finish within {limit:?}");
+        }
+    }
+}
+
+/// Builds the checker now (once per test binary), so a slow or failing `go build` shows before a
+/// cluster is started, not inside a test's time bound.
+pub fn build_checker() {
+    checker_binary();
 }
 
 /// The checker, built once per test binary into the target directory.
@@ -426,13 +459,11 @@ fn checker_binary() -> &'static Path {
         let go = find_go();
         let source = checker_source();
         let binary = Path::new(env!("CARGO_TARGET_TMPDIR")).join("onekv-linearizability");
-        let output = Command::new(&go)
-            .args(["build", "-o"])
-            .arg(&binary)
-            .arg(".")
-            .current_dir(&source)
-            .output()
-            .unwrap_or_else(|error| panic!("running {} build: {error}", go.display()));
+        // The first build may fetch porcupine through the Go module proxy.
+        let output = output_within(
+            Command::new(&go).args(["build", "-o"]).arg(&binary).arg(".").current_dir(&source),
+            GO_TIMEOUT,
+        );
         assert!(
             output.status.success(),
             "building the linearizability checker in {} failed:\n{}",
@@ -461,7 +492,7 @@ pub fn find_go() -> PathBuf {
         }
     }
     panic!(
-        "the nemesis tests need Go (1.21 or later) to build the linearizability checker in \
+        "the nemesis tests need Go (1.19 or later) to build the linearizability checker in \
          tools/linearizability: install it (https://go.dev/dl/) or point ONEKV_GO at the go command"
     );
 }
