@@ -59,7 +59,6 @@ struct LocalNode {
 /// A running local cluster; dropping it stops every node and removes its directory.
 pub struct LocalCluster {
     nodes: Vec<LocalNode>,
-    storage: StorageMode,
     // Last, so it is removed after the nodes are stopped.
     dir: tempfile::TempDir,
 }
@@ -95,7 +94,7 @@ impl LocalCluster {
             members.push(MemberConfig { id, address: format!("127.0.0.1:{port}") });
         }
         drop(listeners);
-        let mut cluster = LocalCluster { nodes: Vec::new(), storage, dir };
+        let mut cluster = LocalCluster { nodes: Vec::new(), dir };
         for member in &members {
             let node_dir = cluster.dir.path().join(format!("node{}", member.id));
             fs::create_dir_all(&node_dir).map_err(io_error(format!("creating {}", node_dir.display())))?;
@@ -138,11 +137,6 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    /// The storage mode of every node.
-    pub fn storage(&self) -> StorageMode {
-        self.storage
-    }
-
     /// Every node's `host:port`.
     pub fn endpoints(&self) -> Vec<String> {
         self.nodes.iter().map(|node| node.endpoint.clone()).collect()
@@ -158,11 +152,6 @@ impl LocalCluster {
                 data_dir: Some(node.data_dir.clone()),
             })
             .collect()
-    }
-
-    /// Every node's pid (for tests: checking none is left running).
-    pub fn pids(&self) -> Vec<u32> {
-        self.nodes.iter().filter_map(|node| node.child.as_ref().map(Child::id)).collect()
     }
 
     /// A client for this cluster with `options`.
@@ -276,9 +265,42 @@ impl Drop for LocalCluster {
     }
 }
 
-/// The last `count` lines of a file (empty if unreadable).
-pub(crate) fn tail(path: &Path, count: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
+/// The last `count` lines of a file (empty if unreadable), read from at most its last 64 KiB so a
+/// large log costs nothing.
+pub fn tail(path: &Path, count: usize) -> String {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    const WINDOW: u64 = 64 << 10;
+    let Ok(mut file) = File::open(path) else { return String::new() };
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut bytes = Vec::new();
+    if file.seek(SeekFrom::Start(len.saturating_sub(WINDOW))).is_err()
+        || file.read_to_end(&mut bytes).is_err()
+    {
+        return String::new();
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut lines: Vec<&str> = text.lines().collect();
+    if len > WINDOW && !lines.is_empty() {
+        lines.remove(0); // probably cut in the middle
+    }
     lines[lines.len().saturating_sub(count)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_returns_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        fs::write(&path, "a\nb\nc\n").unwrap();
+        assert_eq!(tail(&path, 2), "b\nc");
+        assert_eq!(tail(&path, 9), "a\nb\nc");
+        assert!(tail(&dir.path().join("missing"), 2).is_empty());
+        // A long file is read only at its end.
+        let long: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+        fs::write(&path, long).unwrap();
+        assert_eq!(tail(&path, 2), "line 19998\nline 19999");
+    }
 }

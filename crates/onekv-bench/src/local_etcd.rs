@@ -105,7 +105,8 @@ impl LocalEtcd {
                 .stdin(Stdio::null())
                 .stdout(Stdio::from(log))
                 .stderr(Stdio::from(stderr))
-                // Its own process group: a Ctrl-C reaches the harness, which stops the members.
+                // Its own process group: a Ctrl-C reaches the harness (`onekv bench` drops its
+                // work on SIGINT), whose guard stops the members.
                 .process_group(0)
                 .spawn()
                 .map_err(io_error(format!("starting {}", exe.display())))?;

@@ -51,11 +51,6 @@ impl OnekvTarget {
     pub fn new(client: Client) -> OnekvTarget {
         OnekvTarget { client }
     }
-
-    /// The client, e.g. for status calls.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
 }
 
 impl Target for OnekvTarget {

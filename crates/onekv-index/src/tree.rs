@@ -52,10 +52,6 @@ struct TreeInner {
     maintenance: Mutex<Maintenance>,
     strategy: lsm_tree::compaction::Leveled,
     bytes_written: AtomicU64,
-    /// Memtable flushes completed since open (statistics).
-    flushes: AtomicU64,
-    /// Compaction steps that changed the tree since open (statistics).
-    compactions: AtomicU64,
     index: Arc<IndexShared>,
 }
 
@@ -114,8 +110,6 @@ impl Tree {
                 maintenance: Mutex::new(Maintenance { written, failure: None }),
                 strategy,
                 bytes_written: AtomicU64::new(0),
-                flushes: AtomicU64::new(0),
-                compactions: AtomicU64::new(0),
                 index,
             }),
         })
@@ -293,7 +287,6 @@ impl Tree {
             return Err(fail(&mut maintenance, e));
         }
         *lock(&inner.flush_flag) = Some((applied_index, note.to_vec()));
-        inner.flushes.fetch_add(1, Ordering::Relaxed);
         inner.index.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -313,7 +306,6 @@ impl Tree {
         // A step that changed the tree wrote at least a new version file; one with nothing to do
         // wrote nothing.
         if self.account_written(&mut maintenance) > 0 && result.is_ok() {
-            inner.compactions.fetch_add(1, Ordering::Relaxed);
             inner.index.compactions.fetch_add(1, Ordering::Relaxed);
         }
         result.map_err(|e| fail(&mut maintenance, IndexError::storage(&inner.name, "compacting", e)))
@@ -363,17 +355,6 @@ impl Tree {
     /// Bytes of tables and manifests this tree wrote since it was opened.
     pub fn bytes_written(&self) -> u64 {
         self.inner.bytes_written.load(Ordering::Relaxed)
-    }
-
-    /// Memtable flushes this tree completed since it was opened.
-    pub fn flushes(&self) -> u64 {
-        self.inner.flushes.load(Ordering::Relaxed)
-    }
-
-    /// Compaction steps that changed this tree since it was opened ([`Tree::maybe_compact`] calls
-    /// that found nothing to do are not counted).
-    pub fn compactions(&self) -> u64 {
-        self.inner.compactions.load(Ordering::Relaxed)
     }
 
     /// The garbage-collection watermark for a flush or compaction starting now.

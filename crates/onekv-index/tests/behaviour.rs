@@ -400,7 +400,7 @@ fn flushes_and_compactions_are_counted() {
     let index = Index::open(dir.path(), config).unwrap();
     let tree = index.tree("t").unwrap();
     tree.maybe_compact().unwrap();
-    assert_eq!((tree.flushes(), tree.compactions()), (0, 0), "nothing to compact is not a compaction");
+    assert_eq!((index.flushes(), index.compactions()), (0, 0), "nothing to compact is not a compaction");
     let value = vec![0x5a; 100];
     let mut seqno = 0;
     for flush in 1..=4u64 {
@@ -411,9 +411,7 @@ fn flushes_and_compactions_are_counted() {
         tree.publish(seqno);
         tree.flush(flush, seqno).unwrap();
     }
-    assert_eq!(tree.flushes(), 4);
     assert_eq!(index.flushes(), 4);
     tree.maybe_compact().unwrap();
-    assert!(tree.compactions() >= 1, "four tables over an L0 threshold of 2 need a compaction");
-    assert_eq!(index.compactions(), tree.compactions());
+    assert!(index.compactions() >= 1, "four tables over an L0 threshold of 2 need a compaction");
 }

@@ -12,13 +12,6 @@ use anyhow::{Context as _, bail};
 use onekv_bench::amplification::{self, NodeProbe};
 use onekv_bench::compare::{CompareConfig, Contender, compare};
 use onekv_bench::{BenchReport, EtcdTarget, OnekvTarget, RunConfig, WorkloadKind, live_bytes, run_phases};
-use onekv_client::{Client, ClientOptions};
-
-/// What `--endpoints` is when neither the flag nor the environment variable gives it (the
-/// addresses `onekv cluster start` uses).
-const DEFAULT_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
-/// The environment variable read when `--endpoints` is absent.
-const ENDPOINTS_ENV: &str = "ONEKV_ENDPOINTS";
 
 /// The benchmark subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -129,14 +122,27 @@ pub struct CompareArgs {
     dir: Option<PathBuf>,
 }
 
-/// Runs one bench subcommand.
+/// Runs one bench subcommand. SIGINT or SIGTERM abandons it: dropping its future stops the local
+/// clusters and etcd members it started (their guards), which would otherwise outlive it.
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start a runtime")?;
-    match command {
-        BenchCommand::Ycsb(args) => runtime.block_on(ycsb(&args)),
-        BenchCommand::Compare(args) => runtime.block_on(compare_modes(&args)),
-    }
+    runtime.block_on(async {
+        let mut interrupt = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        let mut terminate = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let work = async {
+            match &command {
+                BenchCommand::Ycsb(args) => ycsb(args).await,
+                BenchCommand::Compare(args) => compare_modes(args).await,
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            _ = interrupt.recv() => bail!("interrupted: stopped the local clusters it started"),
+            _ = terminate.recv() => bail!("terminated: stopped the local clusters it started"),
+        }
+    })
 }
 
 async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
@@ -144,7 +150,7 @@ async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
     if let Some(list) = &args.etcd {
         return ycsb_etcd(args, &config, list).await;
     }
-    let client = connect(args.endpoints.as_deref())?;
+    let client = crate::client_cmd::connect_to(args.endpoints.as_deref())?;
     // Pids and directories are unknown for a cluster this process did not start: engine figures only.
     let probes: Vec<NodeProbe> = Vec::new();
     let before = amplification::snapshot(&client, &probes).await;
@@ -169,8 +175,7 @@ async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
 }
 
 async fn ycsb_etcd(args: &YcsbArgs, config: &RunConfig, list: &str) -> anyhow::Result<()> {
-    let endpoints: Vec<String> =
-        list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect();
+    let endpoints = crate::client_cmd::split_endpoints(list);
     let target =
         EtcdTarget::new(&endpoints).map_err(|error| anyhow::anyhow!("bad --etcd {list:?}: {error}"))?;
     let phases = run_phases(Arc::new(target), config, args.load).await?;
@@ -227,13 +232,4 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
-}
-
-/// A client for `--endpoints`, else `ONEKV_ENDPOINTS`, else the defaults.
-fn connect(flag: Option<&str>) -> anyhow::Result<Client> {
-    let from_env = std::env::var(ENDPOINTS_ENV).ok().filter(|value| !value.trim().is_empty());
-    let list = flag.map(str::to_string).or(from_env).unwrap_or_else(|| DEFAULT_ENDPOINTS.to_string());
-    let endpoints: Vec<String> =
-        list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect();
-    Client::new(endpoints, ClientOptions::default()).with_context(|| format!("bad endpoint list {list:?}"))
 }

@@ -250,11 +250,21 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
 
 /// A client for the endpoints named by `--endpoints`, else `ONEKV_ENDPOINTS`, else the defaults.
 fn connect(connection: &Connection) -> anyhow::Result<Client> {
+    connect_to(connection.endpoints.as_deref())
+}
+
+/// A client for `flag` (comma-separated `host:port`s), else `ONEKV_ENDPOINTS`, else the
+/// addresses `onekv cluster start` uses.
+pub(crate) fn connect_to(flag: Option<&str>) -> anyhow::Result<Client> {
     let from_env = std::env::var(ENDPOINTS_ENV).ok().filter(|value| !value.trim().is_empty());
-    let list = connection.endpoints.clone().or(from_env).unwrap_or_else(|| DEFAULT_ENDPOINTS.to_string());
-    let endpoints: Vec<String> =
-        list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect();
-    Client::new(endpoints, ClientOptions::default()).with_context(|| format!("bad endpoint list {list:?}"))
+    let list = flag.map(str::to_string).or(from_env).unwrap_or_else(|| DEFAULT_ENDPOINTS.to_string());
+    Client::new(split_endpoints(&list), ClientOptions::default())
+        .with_context(|| format!("bad endpoint list {list:?}"))
+}
+
+/// `a:1, b:2,` → `["a:1", "b:2"]`.
+pub(crate) fn split_endpoints(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|endpoint| !endpoint.is_empty()).map(String::from).collect()
 }
 
 /// Bytes as lossy UTF-8, or lowercase hex.

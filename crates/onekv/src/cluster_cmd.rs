@@ -480,7 +480,7 @@ impl Children {
             if let Ok(Some(status)) = node.child.try_wait() {
                 node.exited = Some(status);
                 eprintln!("node {} exited ({status}); its log is {}", node.id, node.log.display());
-                for line in tail(&node.log, 5) {
+                for line in onekv_bench::local_cluster::tail(&node.log, 5).lines() {
                     eprintln!("  | {line}");
                 }
                 eprintln!("the other nodes keep running");
@@ -531,14 +531,6 @@ impl Drop for Children {
     fn drop(&mut self) {
         self.stop_all();
     }
-}
-
-/// The last `count` lines of a file (empty if it cannot be read).
-fn tail(path: &Path, count: usize) -> Vec<String> {
-    let Ok(text) = fs::read(path) else { return Vec::new() };
-    let text = String::from_utf8_lossy(&text);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(count)..].iter().map(|line| line.to_string()).collect()
 }
 
 #[cfg(test)]
@@ -622,15 +614,5 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(plan(dir.path(), 3, 65534, StorageMode::OneLog).is_err());
         assert!(!dir.path().join("node1").exists());
-    }
-
-    #[test]
-    fn tail_returns_the_last_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("log");
-        fs::write(&path, "a\nb\nc\n").unwrap();
-        assert_eq!(tail(&path, 2), vec!["b", "c"]);
-        assert_eq!(tail(&path, 9), vec!["a", "b", "c"]);
-        assert!(tail(&dir.path().join("missing"), 2).is_empty());
     }
 }
