@@ -7,9 +7,9 @@ use libfuzzer_sys::fuzz_target;
 use onekv_replica::{codec, records};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok((_, command)) = codec::decode(data) {
+    if let Ok(decoded) = codec::decode(data) {
         // Every span a successful decode reports lies inside the input.
-        let spans = match command {
+        let spans = match decoded.command {
             codec::DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect::<Vec<_>>(),
             codec::DecodedCommand::Cas { new, .. } => new.into_iter().collect(),
         };
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = codec::verify_stored_value(data);
     if let Ok(entry) = records::decode_entry(data) {
         assert_eq!(entry.data_offset + entry.data.len(), data.len());
-        if let Ok((_, codec::DecodedCommand::Write(_))) = codec::decode(entry.data) {}
+        let _ = codec::decode(entry.data);
     }
     let _ = records::decode_hard_state(data);
     let _ = records::decode_snapshot_chunk(data);

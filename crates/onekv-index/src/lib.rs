@@ -63,7 +63,7 @@ mod value;
 pub use config::IndexConfig;
 pub use error::IndexError;
 pub use index::Index;
-pub use tree::Tree;
+pub use tree::{Tree, TreeSnapshot};
 pub use value::IndexValue;
 
 /// The smallest sequence number a write may carry.

@@ -54,6 +54,26 @@ impl ReadTracker {
         ReadGuard { tracker: self, seqno }
     }
 
+    /// Registers a long-lived read at the published seqno without a borrow (a snapshot); the
+    /// caller must [`ReadTracker::release`] the returned seqno exactly once.
+    pub(crate) fn hold(&self) -> u64 {
+        let mut in_flight = self.lock();
+        let seqno = self.published();
+        *in_flight.entry(seqno).or_insert(0) += 1;
+        seqno
+    }
+
+    /// Ends a read registered by [`ReadTracker::hold`].
+    pub(crate) fn release(&self, seqno: u64) {
+        let mut in_flight = self.lock();
+        if let Some(count) = in_flight.get_mut(&seqno) {
+            *count -= 1;
+            if *count == 0 {
+                in_flight.remove(&seqno);
+            }
+        }
+    }
+
     /// The smallest read seqno any current or future read can use.
     pub(crate) fn oldest(&self) -> u64 {
         let in_flight = self.lock();
@@ -83,13 +103,7 @@ impl ReadGuard<'_> {
 
 impl Drop for ReadGuard<'_> {
     fn drop(&mut self) {
-        let mut in_flight = self.tracker.lock();
-        if let Some(count) = in_flight.get_mut(&self.seqno) {
-            *count -= 1;
-            if *count == 0 {
-                in_flight.remove(&self.seqno);
-            }
-        }
+        self.tracker.release(self.seqno);
     }
 }
 

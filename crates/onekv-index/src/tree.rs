@@ -8,7 +8,7 @@
 
 use crate::fsutil::{self, WrittenFiles};
 use crate::index::IndexShared;
-use crate::keys::{self, FLAG_KEY, USER_END};
+use crate::keys::{self, FLAG_KEY, META_END, Space};
 use crate::reads::ReadTracker;
 use crate::{IndexError, MAX_KEY_LEN, MAX_SEQNO, MAX_VALUE_LEN, MIN_SEQNO};
 use lsm_tree::{AbstractTree, Guard as _, SequenceNumberCounter};
@@ -48,6 +48,8 @@ struct TreeInner {
     /// The flag of the last flush that completed.
     /// The last flush's flag and the note stored with it.
     flush_flag: Mutex<Option<(u64, Vec<u8>)>>,
+    /// Flags (and notes) of memtables sealed but not yet flushed, oldest first.
+    sealed_flags: Mutex<Vec<(u64, Vec<u8>)>>,
     /// Serializes flush, compaction and clear; holds what they need.
     maintenance: Mutex<Maintenance>,
     strategy: lsm_tree::compaction::Leveled,
@@ -107,6 +109,7 @@ impl Tree {
                 last_seqno: AtomicU64::new(highest),
                 max_data_seqno: AtomicU64::new(highest),
                 flush_flag: Mutex::new(flush_flag),
+                sealed_flags: Mutex::default(),
                 maintenance: Mutex::new(Maintenance { written, failure: None }),
                 strategy,
                 bytes_written: AtomicU64::new(0),
@@ -128,10 +131,7 @@ impl Tree {
     /// longer than [`MAX_VALUE_LEN`], `seqno` outside [`MIN_SEQNO`]`..=`[`MAX_SEQNO`], below a
     /// seqno already written, or already published.
     pub fn insert(&self, key: &[u8], value: &[u8], seqno: u64) {
-        assert!(value.len() as u64 <= MAX_VALUE_LEN, "value of {} bytes is too long", value.len());
-        self.check_write(key, seqno);
-        let _sizes = self.inner.lsm.insert(keys::stored(key), value, seqno);
-        self.note_data_write(seqno);
+        self.write(Space::User, key, Some(value), seqno);
     }
 
     /// Removes `key` at `seqno` (a tombstone), invisible until published.
@@ -140,8 +140,31 @@ impl Tree {
     ///
     /// As [`Tree::insert`].
     pub fn remove(&self, key: &[u8], seqno: u64) {
+        self.write(Space::User, key, None, seqno);
+    }
+
+    /// Writes `key -> value` in the metadata space: keys that never mix with user keys (user
+    /// ranges do not see them) but live in the same memtable, so one flush and its flag make data
+    /// and metadata durable together. Same contract as [`Tree::insert`].
+    pub fn insert_meta(&self, key: &[u8], value: &[u8], seqno: u64) {
+        self.write(Space::Meta, key, Some(value), seqno);
+    }
+
+    /// Removes a metadata key at `seqno`. Same contract as [`Tree::insert`].
+    pub fn remove_meta(&self, key: &[u8], seqno: u64) {
+        self.write(Space::Meta, key, None, seqno);
+    }
+
+    fn write(&self, space: Space, key: &[u8], value: Option<&[u8]>, seqno: u64) {
         self.check_write(key, seqno);
-        let _sizes = self.inner.lsm.remove(keys::stored(key), seqno);
+        let stored = space.stored(key);
+        let _sizes = match value {
+            Some(value) => {
+                assert!(value.len() as u64 <= MAX_VALUE_LEN, "value of {} bytes is too long", value.len());
+                self.inner.lsm.insert(stored, value, seqno)
+            }
+            None => self.inner.lsm.remove(stored, seqno),
+        };
         self.note_data_write(seqno);
     }
 
@@ -164,16 +187,8 @@ impl Tree {
 
     /// The value of `key` at the published seqno.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
-        check_read_key(key)?;
         let read = self.inner.reads.begin();
-        if read.seqno() == 0 {
-            return Ok(None);
-        }
-        self.inner
-            .lsm
-            .get(keys::stored(key), read.seqno())
-            .map(|value| value.map(|v| v.to_vec()))
-            .map_err(|e| IndexError::storage(&self.inner.name, "reading a key", e))
+        self.get_at(Space::User, key, read.seqno())
     }
 
     /// Up to `limit` pairs with `start <= key < end` (`end` `None`: no upper bound) at the published
@@ -187,20 +202,62 @@ impl Tree {
         limit: usize,
         reverse: bool,
     ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), IndexError> {
+        let read = self.inner.reads.begin();
+        self.range_at(Space::User, start, end, limit, reverse, read.seqno())
+    }
+
+    /// Up to `limit` metadata pairs with keys `>= start`, ascending, at the published seqno; and
+    /// whether more remain.
+    #[expect(clippy::type_complexity, reason = "as Tree::range")]
+    pub fn range_meta(
+        &self,
+        start: &[u8],
+        limit: usize,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), IndexError> {
+        let read = self.inner.reads.begin();
+        self.range_at(Space::Meta, start, None, limit, false, read.seqno())
+    }
+
+    /// A consistent view of the tree as published now, which stays readable while the writer goes
+    /// on (for building a snapshot on another thread). While it lives, flushes and compactions
+    /// keep every version it can see.
+    pub fn snapshot(&self) -> TreeSnapshot {
+        let seqno = self.inner.reads.hold();
+        TreeSnapshot { tree: self.clone(), seqno }
+    }
+
+    fn get_at(&self, space: Space, key: &[u8], read_seqno: u64) -> Result<Option<Vec<u8>>, IndexError> {
+        check_read_key(key)?;
+        if read_seqno == 0 {
+            return Ok(None);
+        }
+        self.inner
+            .lsm
+            .get(space.stored(key), read_seqno)
+            .map(|value| value.map(|v| v.to_vec()))
+            .map_err(|e| IndexError::storage(&self.inner.name, "reading a key", e))
+    }
+
+    #[expect(clippy::type_complexity, reason = "as Tree::range")]
+    fn range_at(
+        &self,
+        space: Space,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+        read_seqno: u64,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), IndexError> {
         check_read_key(start)?;
         if let Some(end) = end {
             check_read_key(end)?;
         }
-        let lo = keys::stored(start);
-        let hi = end.map_or_else(|| USER_END.to_vec(), keys::stored);
-        if lo >= hi {
+        let lo = space.stored(start);
+        let hi = end.map_or_else(|| space.end().to_vec(), |end| space.stored(end));
+        if lo >= hi || read_seqno == 0 {
             return Ok((Vec::new(), false));
         }
-        let read = self.inner.reads.begin();
-        if read.seqno() == 0 {
-            return Ok((Vec::new(), false));
-        }
-        let iter = self.inner.lsm.range(lo..hi, read.seqno(), None);
+        let iter = self.inner.lsm.range(lo..hi, read_seqno, None);
         let iter: Box<dyn Iterator<Item = _>> = if reverse { Box::new(iter.rev()) } else { iter };
         let mut pairs = Vec::with_capacity(limit.min(1024));
         for item in iter {
@@ -248,11 +305,25 @@ impl Tree {
         flag_seqno: u64,
         note: &[u8],
     ) -> Result<(), IndexError> {
+        self.seal(applied_index, flag_seqno, note)?;
+        self.flush_sealed()
+    }
+
+    /// The first half of [`Tree::flush_with_note`], in memory only and quick, for the writer's
+    /// thread: writes the flag and rotates the memtable, so later writes go to a new one. The
+    /// sealed memtable (and its flag) becomes durable with the next [`Tree::flush_sealed`], which
+    /// may run on another thread while writes go on; until then [`Tree::flush_flag`] is the old
+    /// flag. Same rules for `flag_seqno` as [`Tree::flush`].
+    pub fn seal(&self, applied_index: u64, flag_seqno: u64, note: &[u8]) -> Result<(), IndexError> {
         let inner = &*self.inner;
-        let mut maintenance = self.maintenance()?;
+        if let Some(failure) = &lock(&inner.maintenance).failure {
+            return Err(IndexError::Failed { tree: inner.name.clone(), cause: failure.clone() });
+        }
         // The flag is no user write, so it may sit at a published seqno.
         self.check_seqno(flag_seqno, false)?;
-        if let Some(current) = self.flush_flag()
+        let mut sealed = lock(&inner.sealed_flags);
+        let current = sealed.last().map(|(index, _)| *index).or_else(|| self.flush_flag());
+        if let Some(current) = current
             && applied_index < current
         {
             return Err(IndexError::FlushFlagRegressed {
@@ -266,27 +337,43 @@ impl Tree {
         flag.extend_from_slice(note);
         let _sizes = inner.lsm.insert(FLAG_KEY, flag, flag_seqno);
         inner.last_seqno.fetch_max(flag_seqno, Ordering::AcqRel);
+        // Never empty: it holds the flag. Rotating before recording the flag means a flush that
+        // sees the flag recorded also sees its memtable sealed.
+        let _memtable = inner.lsm.rotate_memtable();
+        sealed.push((applied_index, note.to_vec()));
+        Ok(())
+    }
 
+    /// Whether a sealed memtable waits for [`Tree::flush_sealed`].
+    pub fn has_sealed(&self) -> bool {
+        !lock(&self.inner.sealed_flags).is_empty()
+    }
+
+    /// Writes every memtable sealed so far to tables, durably (lsm-tree fsyncs the tables, the
+    /// manifest and their directories); on return [`Tree::flush_flag`] is the flag of the last
+    /// seal before the call. May run on any thread, concurrently with writes and seals.
+    ///
+    /// After an I/O error the tree refuses further flushes, seals and compactions
+    /// ([`IndexError::Failed`]); what was durable before stays durable, and reopening recovers it.
+    pub fn flush_sealed(&self) -> Result<(), IndexError> {
+        let inner = &*self.inner;
+        let mut maintenance = self.maintenance()?;
+        // Every flag taken here had its memtable sealed before it was recorded, so the flush
+        // below (which takes the sealed memtables when it starts) writes all of them.
+        let flags: Vec<(u64, Vec<u8>)> = std::mem::take(&mut *lock(&inner.sealed_flags));
+        let Some(last) = flags.last().cloned() else {
+            return Ok(());
+        };
         let flush_lock = inner.lsm.get_flush_lock();
-        let _sealed = inner.lsm.rotate_memtable();
         let watermark = self.gc_watermark();
         self.pin_version_seqno();
         let result = inner.lsm.flush(&flush_lock, watermark);
         drop(flush_lock);
-        let outcome = match result {
-            Err(e) => Err(IndexError::storage(&inner.name, "flushing the memtable", e)),
-            // We just sealed a non-empty memtable and hold the flush lock, so lsm-tree must have
-            // registered a table for it; anything else would leave the flag unflushed.
-            Ok(_) if inner.lsm.sealed_memtable_count() != 0 => {
-                Err(IndexError::storage(&inner.name, "flushing the memtable", lsm_tree::Error::Unrecoverable))
-            }
-            Ok(_) => Ok(()),
-        };
         self.account_written(&mut maintenance);
-        if let Err(e) = outcome {
-            return Err(fail(&mut maintenance, e));
+        if let Err(e) = result {
+            return Err(fail(&mut maintenance, IndexError::storage(&inner.name, "flushing the memtable", e)));
         }
-        *lock(&inner.flush_flag) = Some((applied_index, note.to_vec()));
+        *lock(&inner.flush_flag) = Some(last);
         inner.index.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -311,8 +398,8 @@ impl Tree {
         result.map_err(|e| fail(&mut maintenance, IndexError::storage(&inner.name, "compacting", e)))
     }
 
-    /// Removes every user key with tombstones at `seqno`, for installing a snapshot: writes at
-    /// `seqno` or below are all removed. Like other writes, invisible until published; durable
+    /// Removes every user and metadata key with tombstones at `seqno`, for installing a snapshot:
+    /// writes at `seqno` or below are all removed. Like other writes, invisible until published; durable
     /// after the next flush. The flush flag is unchanged.
     ///
     /// Costs one tombstone in the memtable per key in the tree.
@@ -325,9 +412,10 @@ impl Tree {
             let chunk = {
                 // Register the read so that a concurrent compaction keeps what it sees.
                 let read = inner.reads.begin_at(seqno + 1);
-                let lo = after.take().map_or_else(|| Bound::Included(keys::stored(b"")), Bound::Excluded);
+                let lo =
+                    after.take().map_or_else(|| Bound::Included(Space::User.stored(b"")), Bound::Excluded);
                 let mut chunk = Vec::with_capacity(CLEAR_CHUNK_KEYS);
-                for item in inner.lsm.range((lo, Bound::Excluded(USER_END.to_vec())), read.seqno(), None) {
+                for item in inner.lsm.range((lo, Bound::Excluded(META_END.to_vec())), read.seqno(), None) {
                     let key = item.key().map_err(|e| IndexError::storage(&inner.name, "clearing", e))?;
                     chunk.push(key);
                     if chunk.len() == CLEAR_CHUNK_KEYS {
@@ -427,8 +515,56 @@ impl Tree {
 
     /// A read at an explicit lsm read seqno, registered like any read (tests of the watermark).
     #[cfg(test)]
-    fn get_at(&self, key: &[u8], read: &crate::reads::ReadGuard<'_>) -> Option<Vec<u8>> {
-        self.inner.lsm.get(keys::stored(key), read.seqno()).unwrap().map(|v| v.to_vec())
+    fn get_with(&self, key: &[u8], read: &crate::reads::ReadGuard<'_>) -> Option<Vec<u8>> {
+        self.inner.lsm.get(Space::User.stored(key), read.seqno()).unwrap().map(|v| v.to_vec())
+    }
+}
+
+/// A view of a [`Tree`] at one published seqno ([`Tree::snapshot`]); reads see exactly what was
+/// published when it was taken. `Send`, so it can be read on another thread.
+pub struct TreeSnapshot {
+    tree: Tree,
+    /// The lsm-tree read seqno, registered with the tree's read tracker until drop.
+    seqno: u64,
+}
+
+impl TreeSnapshot {
+    /// The value of `key` in this view.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, IndexError> {
+        self.tree.get_at(Space::User, key, self.seqno)
+    }
+
+    /// As [`Tree::range`], in this view.
+    #[expect(clippy::type_complexity, reason = "as Tree::range")]
+    pub fn range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), IndexError> {
+        self.tree.range_at(Space::User, start, end, limit, reverse, self.seqno)
+    }
+
+    /// As [`Tree::range_meta`], in this view.
+    #[expect(clippy::type_complexity, reason = "as Tree::range")]
+    pub fn range_meta(
+        &self,
+        start: &[u8],
+        limit: usize,
+    ) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, bool), IndexError> {
+        self.tree.range_at(Space::Meta, start, None, limit, false, self.seqno)
+    }
+
+    /// The highest seqno this view sees.
+    pub fn seqno(&self) -> u64 {
+        self.seqno.saturating_sub(1)
+    }
+}
+
+impl Drop for TreeSnapshot {
+    fn drop(&mut self) {
+        self.tree.inner.reads.release(self.seqno);
     }
 }
 
@@ -489,7 +625,7 @@ mod tests {
             tree.flush(2 + i, 5).unwrap();
             tree.maybe_compact().unwrap();
         }
-        assert_eq!(tree.get_at(b"k", &stale).as_deref(), Some(&b"old"[..]));
+        assert_eq!(tree.get_with(b"k", &stale).as_deref(), Some(&b"old"[..]));
         assert_eq!(tree.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
         drop(stale);
         assert_eq!(tree.gc_watermark(), 6, "all writes visible to every read: collect");

@@ -227,6 +227,31 @@ impl Log {
         rx.recv().unwrap_or(Err(LogError::Closed))
     }
 
+    /// [`Log::append`] for a batch of any total size: records are appended in as many group commits
+    /// as needed to keep each under half of `max_queued_bytes` (each record must still fit
+    /// `max_record_bytes`), so a large batch slows its caller instead of being refused. Records
+    /// become durable in order; after an error a prefix of them may be durable.
+    pub fn append_in_parts(&self, records: &[(RecordKind, &[u8])]) -> Result<Vec<Locator>> {
+        let part_bytes = (self.shared.config.max_queued_bytes / 2).max(1);
+        let mut locators = Vec::with_capacity(records.len());
+        let mut start = 0;
+        while start < records.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < records.len() {
+                let framed = (RECORD_HEADER_LEN + records[end].1.len()) as u64;
+                if end > start && bytes + framed > part_bytes {
+                    break;
+                }
+                bytes += framed;
+                end += 1;
+            }
+            locators.extend(self.append(&records[start..end])?);
+            start = end;
+        }
+        Ok(locators)
+    }
+
     /// Reads exactly the bytes `locator` names (one positional read, no checksum: the locator may
     /// name part of a record). Use [`Log::read_record`] for a whole record.
     pub fn read(&self, locator: Locator) -> Result<Vec<u8>> {

@@ -118,6 +118,24 @@ fn oversized_records_and_batches_are_rejected_with_clear_errors() {
 }
 
 #[test]
+fn append_in_parts_takes_a_batch_above_the_queue_bound() {
+    let dir = MemDir::new();
+    let config = LogConfig { max_queued_bytes: 3000, ..small() };
+    let log = open(&dir, config.clone());
+    let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 1000]).collect();
+    let records: Vec<_> = payloads.iter().map(|p| (K, p.as_slice())).collect();
+    assert!(matches!(log.append(&records), Err(LogError::BatchTooLarge { .. })));
+    let locators = log.append_in_parts(&records).unwrap();
+    assert_eq!(locators.len(), 10);
+    assert!(locators.windows(2).all(|w| w[0].position < w[1].position), "in order");
+    drop(log);
+    let log = open(&dir, config);
+    for (i, locator) in locators.iter().enumerate() {
+        assert_eq!(log.read(*locator).unwrap(), payloads[i], "record {i} is durable");
+    }
+}
+
+#[test]
 fn bad_configuration_is_rejected_before_touching_anything() {
     let dir = MemDir::new();
     for config in [

@@ -104,6 +104,14 @@ pub struct ReplicaConfig {
     pub limits: Limits,
     /// Flush an index tree's memtable once it holds this many bytes.
     pub memtable_bytes: u64,
+    /// Flush the index once this many entries were applied since the last flush, however few
+    /// bytes they wrote (bounds the replay after a crash and Raft's in-memory metadata).
+    pub flush_every_entries: u64,
+    /// Flush the index at least this often while entries are applied.
+    pub flush_every: Duration,
+    /// Largest snapshot this node builds for a follower, in bytes of keys and values (a snapshot
+    /// travels in one message until streaming snapshots exist).
+    pub max_snapshot_bytes: usize,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot).
     pub raft_log_keep_entries: u64,
@@ -130,6 +138,9 @@ impl ReplicaConfig {
             heartbeat_ticks: 2,
             limits: Limits::default(),
             memtable_bytes: 16 << 20,
+            flush_every_entries: 100_000,
+            flush_every: Duration::from_secs(300),
+            max_snapshot_bytes: 200 << 20,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
             index_compaction: true,
@@ -277,6 +288,27 @@ pub struct ReplicaStatus {
     pub index_bytes_written: u64,
     /// Bytes in the active memtable of the shard's index tree (not yet flushed).
     pub memtable_bytes: u64,
+    /// On a leader: each other member's replication progress (a follower that is catching up,
+    /// waiting for a snapshot, or stuck shows here).
+    pub followers: Vec<FollowerStatus>,
+    /// On a leader: what its snapshot builder is doing (building, ready, or failing and why).
+    pub snapshot: Option<String>,
+    /// Request ids in the window of recent requests.
+    pub request_ids: u64,
+}
+
+/// How far a follower is, as its leader sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FollowerStatus {
+    /// The follower's node id.
+    pub id: u64,
+    /// The highest index known to be in its log.
+    pub matched: u64,
+    /// "replicate" (streaming entries), "probe" (finding where its log diverges), or
+    /// "snapshot" (it is behind the leader's Raft log and needs a snapshot).
+    pub state: String,
+    /// Whether it answered the leader recently.
+    pub active: bool,
 }
 
 /// One of a replica's logs in a [`ReplicaStatus`].

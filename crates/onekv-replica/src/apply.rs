@@ -69,9 +69,9 @@ impl Applier {
         let mut copied = Vec::new().into_iter();
         if state.mode == StorageMode::Separated {
             let mut values = Vec::new();
-            for ((entry, command), _) in entries.iter().zip(&decoded).zip(locators) {
-                if let Some((_, command)) = command {
-                    for span in value_spans(command) {
+            for ((entry, decoded), _) in entries.iter().zip(&decoded).zip(locators) {
+                if let Some(decoded) = decoded {
+                    for span in value_spans(&decoded.command) {
                         values.push((
                             records::VALUE,
                             records::encode_value(self.shard, span.value(&entry.data)),
@@ -95,8 +95,8 @@ impl Applier {
 
         let mut wal = Vec::new();
         let mut results = Vec::with_capacity(entries.len());
-        for ((entry, command), locator) in entries.iter().zip(decoded).zip(locators) {
-            let Some((request_id, command)) = command else {
+        for ((entry, decoded), locator) in entries.iter().zip(decoded).zip(locators) {
+            let Some(decoded) = decoded else {
                 results.push(Applied { index: entry.index, term: entry.term, outcome: None });
                 continue;
             };
@@ -112,19 +112,37 @@ impl Applier {
             };
             // Placements are taken for every value in order (separated mode consumed them that way)
             // before deduplication decides whether the command takes effect.
-            let placements: Vec<Placement> = value_spans(&command).into_iter().map(&mut place).collect();
+            let placements: Vec<Placement> =
+                value_spans(&decoded.command).into_iter().map(&mut place).collect();
+            let request_id = decoded.request_id;
             let previous = state.requests().lookup(request_id);
-            let outcome = if let Some(previous) = previous {
-                previous
-            } else {
-                let outcome = self.apply_command(
-                    entry,
-                    &command,
-                    placements,
-                    if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
-                )?;
-                state.requests().remember(request_id, outcome.clone());
-                outcome
+            let outcome = match previous {
+                // Applied before within the window: answer as then, change nothing.
+                Some(previous) => {
+                    state.requests().on_entry(entry.index, decoded.time_ms, None);
+                    repeated_outcome(previous.index, &decoded.command, &entry.data)
+                }
+                None => {
+                    let outcome = self.apply_command(
+                        entry,
+                        &decoded.command,
+                        placements,
+                        if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
+                    )?;
+                    // A compare-and-swap that did not swap changed nothing: its retry may simply
+                    // be evaluated again, so it is not remembered.
+                    let effect = match &outcome.cas {
+                        None => Some(false),
+                        Some(cas) if cas.swapped => Some(true),
+                        Some(_) => None,
+                    };
+                    state.requests().on_entry(
+                        entry.index,
+                        decoded.time_ms,
+                        effect.map(|swapped_cas| (request_id, swapped_cas)),
+                    );
+                    outcome
+                }
             };
             state.tree.publish(state::last_seqno(entry.index));
             results.push(Applied { index: entry.index, term: entry.term, outcome: Some(Ok(outcome)) });
@@ -242,6 +260,7 @@ impl Applier {
     pub fn install_snapshot(&mut self, index: u64, chunk_locators: &[Locator]) -> Result<(), ReplicaError> {
         let state = self.state.clone();
         state.tree.clear(state::seqno(index, 0)).map_err(|e| storage(format!("clearing the index: {e}")))?;
+        state.requests().reset();
         for chunk in chunk_locators {
             let (_, payload) = state
                 .raft_log
@@ -253,8 +272,8 @@ impl Applier {
             for pair in records::SnapshotPairs::new(pairs) {
                 let (key, span) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
                 if key.is_empty() {
-                    // Not a user key (those are never empty): the request-id window.
-                    state.requests().install(span.value(pairs), index)?;
+                    // Not a user key (those are never empty): part of the request-id window.
+                    state.requests().install_pair(span.value(pairs), index)?;
                     continue;
                 }
                 keys.push((key, span));
@@ -296,6 +315,19 @@ impl Applier {
             .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
         Ok(())
     }
+}
+
+/// The answer to a command whose request id the window says was applied at `first_index`: the
+/// same as then. A swapped compare-and-swap's value then is the new value, which the retry carries
+/// too (same request id, same command).
+fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8]) -> Outcome {
+    let cas = match command {
+        DecodedCommand::Write(_) => None,
+        DecodedCommand::Cas { new, .. } => {
+            Some(CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) })
+        }
+    };
+    Outcome { index: first_index, cas }
 }
 
 /// The spans of every value a command may store, in order.

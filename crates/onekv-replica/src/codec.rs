@@ -10,7 +10,9 @@
 //! the index. All integers are little-endian with explicit widths:
 //!
 //! ```text
-//! command  = version:u8 (=1) tag:u8 client:u64 seq:u64 body
+//! command  = version:u8 (=2) tag:u8 client:u64 seq:u64 time_ms:u64 body
+//!            (version 1, written before the leader's time was carried, has no time_ms; it
+//!            decodes with time 0)
 //! tag 1 (write) body = count:u32 op*count
 //!     op   = kind:u8 (1 put, 2 delete) key_len:u32 key [value]   (value only for put)
 //! tag 2 (cas) body   = key_len:u32 key has_expected:u8 [expected_len:u32 expected] has_new:u8 [value]
@@ -24,7 +26,9 @@
 use crate::WriteOp;
 use crate::{Command, RequestId};
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The layout before commands carried their leader's time.
+const VERSION_WITHOUT_TIME: u8 = 1;
 const TAG_WRITE: u8 = 1;
 const TAG_CAS: u8 = 2;
 const OP_PUT: u8 = 1;
@@ -81,14 +85,27 @@ pub enum DecodedCommand<'a> {
 #[error("malformed command: {0}")]
 pub struct CodecError(pub &'static str);
 
-/// Encodes `command` with its request id.
-pub fn encode(request_id: RequestId, command: &Command) -> Vec<u8> {
+/// A decoded command with what travels beside it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decoded<'a> {
+    /// The client's request id.
+    pub request_id: RequestId,
+    /// The proposing leader's wall-clock time, in ms since the Unix epoch (0 if not carried).
+    /// Every replica applies the entry with this time, never its own clock.
+    pub time_ms: u64,
+    /// The command.
+    pub command: DecodedCommand<'a>,
+}
+
+/// Encodes `command` with its request id and the proposing leader's time.
+pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + encoded_payload_len(command));
     out.push(VERSION);
     match command {
         Command::Write(ops) => {
             out.push(TAG_WRITE);
             push_request_id(&mut out, request_id);
+            out.extend_from_slice(&time_ms.to_le_bytes());
             out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
             for op in ops {
                 match &op.value {
@@ -107,6 +124,7 @@ pub fn encode(request_id: RequestId, command: &Command) -> Vec<u8> {
         Command::Cas { key, expected, new } => {
             out.push(TAG_CAS);
             push_request_id(&mut out, request_id);
+            out.extend_from_slice(&time_ms.to_le_bytes());
             push_bytes(&mut out, key);
             match expected {
                 Some(expected) => {
@@ -137,14 +155,16 @@ pub fn encoded_payload_len(command: &Command) -> usize {
     }
 }
 
-/// Decodes the request id and command of `data`, reporting each value's span.
-pub fn decode(data: &[u8]) -> Result<(RequestId, DecodedCommand<'_>), CodecError> {
+/// Decodes the request id, time and command of `data`, reporting each value's span.
+pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
     let mut r = Reader { data, at: 0 };
-    if r.u8()? != VERSION {
+    let version = r.u8()?;
+    if version != VERSION && version != VERSION_WITHOUT_TIME {
         return Err(CodecError("unknown command version"));
     }
     let tag = r.u8()?;
     let request_id = RequestId { client: r.u64()?, seq: r.u64()? };
+    let time_ms = if version == VERSION { r.u64()? } else { 0 };
     let command = match tag {
         TAG_WRITE => {
             let count = r.u32()? as usize;
@@ -184,7 +204,7 @@ pub fn decode(data: &[u8]) -> Result<(RequestId, DecodedCommand<'_>), CodecError
     if r.remaining() != 0 {
         return Err(CodecError("trailing bytes after the command"));
     }
-    Ok((request_id, command))
+    Ok(Decoded { request_id, time_ms, command })
 }
 
 /// Checks a stored value read back through a locator (`crc || bytes`) and returns the bytes.
@@ -287,10 +307,10 @@ mod tests {
             WriteOp { key: b"b".to_vec(), value: None },
             WriteOp { key: b"c".to_vec(), value: Some(Vec::new()) },
         ]);
-        let data = encode(id(), &command);
-        let (request_id, decoded) = decode(&data).unwrap();
-        assert_eq!(request_id, id());
-        let DecodedCommand::Write(ops) = decoded else { panic!("not a write") };
+        let data = encode(id(), 1_700_000_000_123, &command);
+        let decoded = decode(&data).unwrap();
+        assert_eq!((decoded.request_id, decoded.time_ms), (id(), 1_700_000_000_123));
+        let DecodedCommand::Write(ops) = decoded.command else { panic!("not a write") };
         assert_eq!(ops.len(), 3);
         let span = ops[0].value.unwrap();
         assert_eq!(span.value(&data), b"hello");
@@ -302,10 +322,23 @@ mod tests {
     #[test]
     fn a_cas_round_trips() {
         let command = Command::Cas { key: b"k".to_vec(), expected: None, new: Some(b"v".to_vec()) };
-        let data = encode(id(), &command);
-        let (_, DecodedCommand::Cas { key, expected, new }) = decode(&data).unwrap() else { panic!() };
+        let data = encode(id(), 5, &command);
+        let DecodedCommand::Cas { key, expected, new } = decode(&data).unwrap().command else { panic!() };
         assert_eq!((key, expected), (&b"k"[..], None));
         assert_eq!(new.unwrap().value(&data), b"v");
+    }
+
+    #[test]
+    fn version_1_commands_still_decode_with_time_0() {
+        let command = Command::Cas { key: b"k".to_vec(), expected: None, new: None };
+        let mut data = encode(id(), 5, &command);
+        // Version 1 had no time: drop its 8 bytes after the request id.
+        data[0] = VERSION_WITHOUT_TIME;
+        data.drain(18..26);
+        let decoded = decode(&data).unwrap();
+        assert_eq!((decoded.request_id, decoded.time_ms), (id(), 0));
+        data[0] = 3;
+        assert!(decode(&data).is_err());
     }
 
     #[test]
@@ -320,7 +353,7 @@ mod tests {
     #[test]
     fn every_truncation_of_a_command_is_an_error() {
         let command = Command::Write(vec![WriteOp { key: b"key".to_vec(), value: Some(b"val".to_vec()) }]);
-        let data = encode(id(), &command);
+        let data = encode(id(), 5, &command);
         for len in 0..data.len() {
             assert!(decode(&data[..len]).is_err(), "prefix of {len} bytes decoded");
         }
@@ -341,8 +374,8 @@ mod tests {
             0..8,
         )) {
             let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value }).collect();
-            let data = encode(id(), &Command::Write(ops.clone()));
-            let (_, DecodedCommand::Write(decoded)) = decode(&data).unwrap() else { panic!() };
+            let data = encode(id(), 5, &Command::Write(ops.clone()));
+            let DecodedCommand::Write(decoded) = decode(&data).unwrap().command else { panic!() };
             prop_assert_eq!(decoded.len(), ops.len());
             for (op, d) in ops.iter().zip(&decoded) {
                 prop_assert_eq!(&op.key[..], d.key);

@@ -19,6 +19,7 @@ pub mod codec;
 pub mod failpoints;
 mod identity;
 pub mod local;
+mod maintenance;
 mod node;
 mod raft_store;
 pub mod records;
@@ -26,7 +27,9 @@ mod recovery;
 mod replica;
 mod requests;
 mod slog_bridge;
+mod snapshot;
 mod state;
 
 pub use api::*;
+pub use maintenance::{CrashHook, CrashPoint};
 pub use replica::{DrivenLoop, Replica};

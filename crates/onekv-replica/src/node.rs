@@ -96,6 +96,39 @@ pub(crate) struct NodeLoop {
     pub wait_for_submits: bool,
     /// A deliberately broken behaviour (simulation only).
     pub mutation: Option<crate::Mutation>,
+    /// Writes sealed memtables and compacts, off the loop (inline in a simulation).
+    pub maintenance: crate::maintenance::Maintenance,
+    /// Where a simulation may crash this node during a flush (driven mode only).
+    pub crash_hook: Option<crate::maintenance::CrashHook>,
+    /// Set once `crash_hook` crashed the node: the loop does nothing more.
+    pub crashed: bool,
+    /// The leaders' time written into proposals.
+    pub clock: WallClock,
+    /// When the index was last sealed for a flush.
+    pub last_flush: Option<Instant>,
+}
+
+/// Wall-clock milliseconds for proposals, read from the turn's `now` (never a clock of the
+/// loop's own, so a simulation stays a function of its seed): anchored at the first turn.
+pub(crate) struct WallClock {
+    /// The Unix time in ms at the anchor; a fixed value in a simulation.
+    pub unix_ms_at_start: u64,
+    pub anchor: Option<Instant>,
+}
+
+impl WallClock {
+    /// The wall clock now, for a server.
+    pub fn system() -> Self {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        WallClock { unix_ms_at_start: unix_ms, anchor: None }
+    }
+
+    fn ms(&mut self, now: Instant) -> u64 {
+        let anchor = *self.anchor.get_or_insert(now);
+        self.unix_ms_at_start + now.saturating_duration_since(anchor).as_millis() as u64
+    }
 }
 
 impl NodeLoop {
@@ -129,6 +162,9 @@ impl NodeLoop {
     /// Fails whatever is pending and marks the replica stopped.
     fn stop(&mut self) {
         self.fail_everything(|| ReplicaError::Stopping);
+        // Nothing may hold the index open once the loop has ended.
+        self.maintenance.stop();
+        self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).stop();
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.publish_status();
     }
@@ -159,13 +195,22 @@ impl NodeLoop {
     }
 
     fn turn_inner(&mut self, first: Option<Input>, now: Instant, tick: bool) -> Turn {
+        if self.crashed {
+            return Turn::Continue;
+        }
+        self.raw.mut_store().now = now;
+        if self.failed.is_none()
+            && let Some(failure) = self.maintenance.failure()
+        {
+            self.fail(failure);
+        }
         let mut handled = 0;
         let mut next = first;
         while let Some(input) = next {
             if matches!(input, Input::Shutdown) {
                 return Turn::Shutdown;
             }
-            self.handle(input);
+            self.handle(input, now);
             handled += 1;
             if handled >= MAX_INPUTS_PER_TURN {
                 break;
@@ -180,7 +225,7 @@ impl NodeLoop {
             self.retry_lost_snapshots(now);
         }
         self.send_read_index();
-        if let Err(err) = self.on_ready() {
+        if let Err(err) = self.on_ready(now) {
             self.fail(err.to_string());
         }
         Turn::Continue
@@ -206,6 +251,7 @@ impl NodeLoop {
     fn retry_lost_snapshots(&mut self, now: Instant) {
         if self.role() != StateRole::Leader {
             self.snapshot_sends.clear();
+            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release();
             return;
         }
         let waiting: Vec<u64> = self
@@ -217,6 +263,16 @@ impl NodeLoop {
             .map(|(id, _)| *id)
             .collect();
         self.snapshot_sends.retain(|id, _| waiting.contains(id));
+        // A built snapshot is kept while some follower is behind the Raft log (it is asked for
+        // again until sent), and dropped once nobody needs it.
+        let first = self.raw.store().first();
+        let needed = self.raw.raft.prs().iter().any(|(id, progress)| {
+            *id != self.config.node_id
+                && (progress.state == raft::ProgressState::Snapshot || progress.next_idx < first)
+        });
+        if !needed {
+            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release();
+        }
         for id in waiting {
             let since = *self.snapshot_sends.entry(id).or_insert(now);
             if now.duration_since(since) >= self.config.snapshot_timeout {
@@ -236,7 +292,7 @@ impl NodeLoop {
         ReplicaError::NotLeader { leader: (leader != 0 && leader != self.config.node_id).then_some(leader) }
     }
 
-    fn handle(&mut self, input: Input) {
+    fn handle(&mut self, input: Input, now: Instant) {
         match input {
             // A failed replica takes no further part in Raft: its state may be inconsistent.
             Input::Step(_) if self.failed.is_some() => {}
@@ -252,7 +308,7 @@ impl NodeLoop {
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader()));
                 }
-                let data = crate::codec::encode(request_id, &command);
+                let data = crate::codec::encode(request_id, self.clock.ms(now), &command);
                 let before = self.raw.raft.raft_log.last_index();
                 match self.raw.propose(Vec::new(), data) {
                     Ok(()) if self.raw.raft.raft_log.last_index() > before => {
@@ -296,9 +352,10 @@ impl NodeLoop {
         self.raw.read_index(ctx.to_le_bytes().to_vec());
     }
 
-    fn on_ready(&mut self) -> Result<(), ReplicaError> {
+    fn on_ready(&mut self, now: Instant) -> Result<(), ReplicaError> {
         if !self.raw.has_ready() {
-            return self.maybe_persist_commit();
+            self.maybe_persist_commit()?;
+            return self.maybe_flush(now);
         }
         let mut ready = self.raw.ready();
         if let Some(ss) = ready.ss()
@@ -328,7 +385,7 @@ impl NodeLoop {
         self.raw.advance_apply();
         self.resolve_reads();
         self.maybe_persist_commit()?;
-        self.maybe_flush()
+        self.maybe_flush(now)
     }
 
     /// Appends `entries` and the hard state (if it changed) in one append, and waits for the fsync.
@@ -360,8 +417,12 @@ impl NodeLoop {
             let _ = self.raft_log.append(&records[..records.len() / 2]);
             crate::failpoints::crash("during-raft-append");
         }
-        let locators =
-            self.raft_log.append(&records).map_err(|e| storage(format!("appending Raft entries: {e}")))?;
+        // A turn may carry more than the log queues at once (a follower catching up, many large
+        // proposals): it goes in as many group commits as it needs, never refused for its size.
+        let locators = self
+            .raft_log
+            .append_in_parts(&records)
+            .map_err(|e| storage(format!("appending Raft entries: {e}")))?;
         crate::failpoint!("after-raft-append");
         let store = self.raw.mut_store();
         for (entry, locator) in entries.iter().zip(&locators) {
@@ -501,11 +562,21 @@ impl NodeLoop {
         }
     }
 
-    /// Flushes the index once its memtable is large, but only up to a durably committed index;
-    /// then lets Raft forget entries far enough below it.
-    fn maybe_flush(&mut self) -> Result<(), ReplicaError> {
+    /// Flushes the index once its memtable is large, or holds many entries, or is old (so the
+    /// replay after a crash, Raft's metadata and the request window stay bounded even when few
+    /// bytes are written), but only up to a durably committed index; then lets Raft forget entries
+    /// far enough below it.
+    fn maybe_flush(&mut self, now: Instant) -> Result<(), ReplicaError> {
         let applied = self.raw.store().applied_index;
-        if self.state.tree.memtable_bytes() < self.config.memtable_bytes {
+        let flagged = self.state.tree.flush_flag().unwrap_or(0);
+        if applied <= flagged || self.maintenance.busy() || self.failed.is_some() {
+            return Ok(());
+        }
+        let last_flush = *self.last_flush.get_or_insert(now);
+        let due = self.state.tree.memtable_bytes() >= self.config.memtable_bytes
+            || applied - flagged >= self.config.flush_every_entries
+            || now.saturating_duration_since(last_flush) >= self.config.flush_every;
+        if !due {
             return Ok(());
         }
         if self.shared.durable_commit.load(Ordering::SeqCst) < applied {
@@ -521,14 +592,22 @@ impl NodeLoop {
                 return Ok(());
             }
         }
+        self.last_flush = Some(now);
         self.flush_index(applied)
     }
 
-    /// Flushes the index with `applied` as its flag, after letting Raft forget entries more than
-    /// `raft_log_keep_entries` below it; the flag carries where the next recovery's scan may start
-    /// (the record of the first entry Raft still serves), so a restart reads only that far back.
-    /// The caller has made the hard state covering `applied` durable.
+    /// Seals the index with `applied` as its flag and has the maintenance thread make it durable,
+    /// after letting Raft forget entries more than `raft_log_keep_entries` below it; the flag
+    /// carries where the next recovery's scan may start (the record of the first entry Raft still
+    /// serves), so a restart reads only that far back. The caller has made the hard state covering
+    /// `applied` durable.
+    ///
+    /// Forgetting entries before the flush is durable is safe: Raft forgets only its in-memory
+    /// map, the records stay in the log, and the previous flag's recovery point still scans them.
     pub(crate) fn flush_index(&mut self, applied: u64) -> Result<(), ReplicaError> {
+        if self.crash_at(crate::maintenance::CrashPoint::BeforeSeal) {
+            return Ok(());
+        }
         let keep = self.config.raft_log_keep_entries;
         if applied > keep {
             self.raw.mut_store().compact(applied - keep);
@@ -545,25 +624,40 @@ impl NodeLoop {
             // No entry retained (just after a snapshot): the next recovery scans the whole log.
             None => Vec::new(),
         };
-        // The request window first: its flag must never be behind the data's (a replay evaluates
-        // commands against the data, and must not re-insert ids the window already holds).
-        self.state.requests().flush(applied)?;
+        crate::failpoint!("before-index-flush");
+        // The data and the request-id window share the tree, so one flag covers both.
         self.state
             .tree
-            .flush_with_note(applied, state::last_seqno(applied), &note)
+            .seal(applied, state::last_seqno(applied), &note)
             .map_err(|e| storage(format!("flushing the index: {e}")))?;
-        let compact = self.config.index_compaction;
-        if compact {
-            self.state.tree.maybe_compact().map_err(|e| storage(format!("compacting the index: {e}")))?;
-        }
+        let mut trees = vec![self.state.tree.clone()];
         if let Some(tree) = &self.state.entry_tree {
-            tree.flush(applied, self.entry_tree_seqno)
+            tree.seal(applied, self.entry_tree_seqno, &[])
                 .map_err(|e| storage(format!("flushing entries: {e}")))?;
-            if compact {
-                tree.maybe_compact().map_err(|e| storage(format!("compacting entries: {e}")))?;
-            }
+            trees.push(tree.clone());
+        }
+        if self.crash_at(crate::maintenance::CrashPoint::AfterSeal) {
+            return Ok(());
+        }
+        let hook = &mut self.crash_hook;
+        let outcome =
+            self.maintenance.flush(trees, &mut |point| hook.as_mut().is_some_and(|hook| hook(point)));
+        if outcome.is_err() {
+            self.crashed = true;
+            return Ok(());
+        }
+        if let Some(failure) = self.maintenance.failure() {
+            return Err(storage(failure));
         }
         Ok(())
+    }
+
+    /// Asks the simulation's crash hook whether to crash at `point`; if so, the loop stops here.
+    fn crash_at(&mut self, point: crate::maintenance::CrashPoint) -> bool {
+        if self.crash_hook.as_mut().is_some_and(|hook| hook(point)) {
+            self.crashed = true;
+        }
+        self.crashed
     }
 
     fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
@@ -628,6 +722,30 @@ impl NodeLoop {
         }
     }
 
+    /// Each other member's progress, on a leader (empty otherwise).
+    fn follower_status(&self) -> Vec<crate::FollowerStatus> {
+        if self.role() != StateRole::Leader {
+            return Vec::new();
+        }
+        self.raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != self.config.node_id)
+            .map(|(id, progress)| crate::FollowerStatus {
+                id: *id,
+                matched: progress.matched,
+                state: match progress.state {
+                    raft::ProgressState::Probe => "probe",
+                    raft::ProgressState::Replicate => "replicate",
+                    raft::ProgressState::Snapshot => "snapshot",
+                }
+                .to_string(),
+                active: progress.recent_active,
+            })
+            .collect()
+    }
+
     fn publish_status(&self) {
         let raft = &self.raw.raft;
         let store = self.raw.store();
@@ -676,6 +794,9 @@ impl NodeLoop {
             index_compactions: self.state.index.compactions(),
             index_bytes_written: self.state.index.bytes_written(),
             memtable_bytes: self.state.tree.memtable_bytes(),
+            followers: self.follower_status(),
+            snapshot: store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe(),
+            request_ids: self.state.requests().len() as u64,
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -11,6 +11,7 @@
 //! durable.
 
 use crate::records;
+use crate::snapshot::SnapshotBuilder;
 use crate::state::State;
 use onekv_log::{Locator, Log};
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
@@ -43,17 +44,28 @@ pub(crate) struct RaftStore {
     /// Highest applied index and its term: snapshots are taken there.
     pub applied_index: u64,
     pub applied_term: u64,
-    /// Largest snapshot this node will build, in bytes of key-value data.
-    pub max_snapshot_bytes: usize,
+    /// Builds the snapshots this node sends (off the loop thread).
+    pub snapshots: std::sync::Mutex<SnapshotBuilder>,
+    /// The loop's clock at the start of the current turn (for the builder's backoff).
+    pub now: std::time::Instant,
 }
 
 impl RaftStore {
-    pub fn new(shard: u64, log: Arc<Log>, state: Arc<State>, voters: &[u64]) -> Self {
+    pub fn new(
+        shard: u64,
+        log: Arc<Log>,
+        state: Arc<State>,
+        voters: &[u64],
+        snapshots: SnapshotBuilder,
+        now: std::time::Instant,
+    ) -> Self {
         let conf_state = ConfState { voters: voters.to_vec(), ..Default::default() };
         RaftStore {
             shard,
             log,
             state,
+            snapshots: std::sync::Mutex::new(snapshots),
+            now,
             hard_state: HardState::default(),
             conf_state,
             snapshot_index: 0,
@@ -61,7 +73,6 @@ impl RaftStore {
             entries: VecDeque::new(),
             applied_index: 0,
             applied_term: 0,
-            max_snapshot_bytes: 200 << 20,
         }
     }
 
@@ -200,21 +211,12 @@ impl raft::Storage for RaftStore {
     }
 
     fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // A full copy of the applied state: every key and its value. Bounded, because raft-rs
-        // carries a snapshot in one message.
-        let data = self
-            .state
-            .snapshot_pairs(self.max_snapshot_bytes)
-            .map_err(|e| other(format!("building a snapshot: {e}")))?;
-        let Some(data) = data else {
-            tracing::warn!(limit = self.max_snapshot_bytes, "state too large for a snapshot");
-            return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
-        };
-        let mut snapshot = Snapshot { data: data.into(), ..Default::default() };
-        let meta = snapshot.mut_metadata();
-        meta.index = self.applied_index;
-        meta.term = self.applied_term;
-        meta.set_conf_state(self.conf_state.clone());
-        Ok(snapshot)
+        // A full copy of the applied state, built off the loop thread (see `snapshot`).
+        self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).request(
+            (self.applied_index, self.applied_term),
+            &self.conf_state,
+            self.first(),
+            self.now,
+        )
     }
 }

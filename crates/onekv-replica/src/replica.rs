@@ -19,6 +19,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// The wall clock a simulated node starts at (any fixed value keeps runs replayable).
+const SIMULATED_UNIX_MS: u64 = 1_600_000_000_000;
+
+/// Raft entry bytes a leader holds uncommitted before it refuses new proposals (they fail as
+/// dropped and the client retries): bounds the leader's memory and each turn under overload.
+const MAX_UNCOMMITTED_BYTES: u64 = 64 << 20;
+
+/// Committed entry bytes handed to one apply batch.
+const MAX_COMMITTED_BYTES_PER_READY: u64 = 16 << 20;
+
 /// Inputs queued for the loop before new ones are refused.
 const INBOX_CAPACITY: usize = 65_536;
 
@@ -34,6 +44,11 @@ impl DrivenLoop {
     /// Returns false once a shutdown was asked for.
     pub fn turn(&mut self, now: Instant, tick: bool) -> bool {
         self.node_loop.drive(now, tick) == crate::node::Turn::Continue
+    }
+
+    /// Whether the crash hook crashed this node; it then does nothing more.
+    pub fn crashed(&self) -> bool {
+        self.node_loop.crashed
     }
 }
 
@@ -73,6 +88,9 @@ impl ReplicaConfig {
         }
         if self.memtable_bytes == 0 {
             return bad("memtable_bytes must be positive");
+        }
+        if self.flush_every_entries == 0 || self.flush_every.is_zero() {
+            return bad("flush_every_entries and flush_every must be positive");
         }
         self.log_config()
             .validate()
@@ -133,12 +151,15 @@ impl Replica {
     /// generator nobody can seed); the driver varies when each node ticks instead.
     ///
     /// `mutation` runs a deliberately broken variant, to show the simulation's checkers catch it;
-    /// only this entry point accepts one.
+    /// only this entry point accepts one. `crash_hook` is asked at each step of an index flush
+    /// whether the node crashes there ([`crate::CrashPoint`]); after it said yes the loop does
+    /// nothing more and [`DrivenLoop::crashed`] is true: the driver then drops it, as a crash.
     pub fn open_driven(
         config: ReplicaConfig,
         transport: Arc<dyn Transport>,
         log_dir: &dyn Fn(&str) -> Arc<dyn onekv_log::io::Dir>,
         mutation: Option<crate::Mutation>,
+        crash_hook: Option<crate::CrashHook>,
     ) -> Result<(Replica, DrivenLoop), ReplicaError> {
         config.validate()?;
         let log_config = config.log_config();
@@ -149,6 +170,8 @@ impl Replica {
         };
         let (replica, mut node_loop) = Self::open_parts(config, transport, &open_log, true)?;
         node_loop.mutation = mutation;
+        node_loop.crash_hook = crash_hook;
+        node_loop.clock.unix_ms_at_start = SIMULATED_UNIX_MS;
         Ok((replica, DrivenLoop { node_loop }))
     }
 
@@ -181,10 +204,7 @@ impl Replica {
             ),
             _ => None,
         };
-        let requests_tree = index
-            .tree(&crate::requests::tree_name(SHARD))
-            .map_err(|e| ReplicaError::Open(format!("opening the request-id tree: {e}")))?;
-        let requests = crate::requests::RequestWindow::load(requests_tree)?;
+        let requests = crate::requests::RequestWindow::load(tree.clone())?;
         let state = Arc::new(State {
             mode: config.storage,
             index,
@@ -195,7 +215,10 @@ impl Replica {
             user_bytes: AtomicU64::new(0),
             requests: Mutex::new(requests),
         });
-        let mut store = RaftStore::new(SHARD, raft_log.clone(), state.clone(), &config.voters);
+        let snapshots =
+            crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
+        let mut store =
+            RaftStore::new(SHARD, raft_log.clone(), state.clone(), &config.voters, snapshots, Instant::now());
         let mut applier = Applier::new(state.clone(), SHARD);
         let mut entry_tree_seqno = 0;
         let recovered = crate::recovery::recover(&raft_log, &mut store, &mut applier, &mut entry_tree_seqno)?;
@@ -221,6 +244,8 @@ impl Replica {
             applied: store.applied_index,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
+            max_uncommitted_size: MAX_UNCOMMITTED_BYTES,
+            max_committed_size_per_ready: MAX_COMMITTED_BYTES_PER_READY,
             check_quorum: true,
             pre_vote: true,
             read_only_option: raft::ReadOnlyOption::Safe,
@@ -242,6 +267,8 @@ impl Replica {
             durable_commit: AtomicU64::new(durable_commit),
         });
         let limits = config.limits.clone();
+        let maintenance = crate::maintenance::Maintenance::new(!driven, config.index_compaction)
+            .map_err(ReplicaError::Open)?;
         let node_loop = NodeLoop {
             config,
             raw,
@@ -262,6 +289,11 @@ impl Replica {
             snapshot_sends: BTreeMap::new(),
             wait_for_submits: driven,
             mutation: None,
+            maintenance,
+            crash_hook: None,
+            crashed: false,
+            clock: crate::node::WallClock::system(),
+            last_flush: None,
         };
         let replica = Replica {
             inner: Arc::new(Inner {

@@ -2,51 +2,82 @@
 //!
 //! The window is part of the replicated state: every replica must make the same "already applied"
 //! decision for the same entry, or a retried write that committed twice would be applied by some
-//! replicas and skipped by others. So it is persisted like the data (its own index tree, flushed with
-//! the same flag, **before** the data tree so its flag is never behind the data's), rebuilt from that
-//! tree at open, replayed like the data, and carried in snapshots. In memory it is a map plus the
-//! order ids arrived in; the oldest id leaves once the window is full.
+//! replicas and skipped by others. So it lives **in the shard's own index tree**, in the tree's
+//! metadata key space: one flush and one flush flag make the data and the window durable together,
+//! so after a crash both are replayed from the same entry and a replay decides exactly what the
+//! first application decided. It is rebuilt from the tree at open and carried in snapshots.
 //!
-//! Tree layout (explicit widths): key `client:u64 BE seq:u64 BE`; value `index:u64 LE cas:u8
-//! [swapped:u8 has_current:u8 [len:u32 LE current]]`. In a snapshot the whole window travels as one
-//! pair with the empty key (user keys are never empty): `count:u32 (client:u64 seq:u64 len:u32
-//! value)*`.
+//! It stores an **outcome, not a value**: which entry applied the request, when, and whether it
+//! was a compare-and-swap that swapped. A retry of a write answers "done at that index"; a retry of
+//! a swapped compare-and-swap answers "swapped", with the new value taken from the retry itself
+//! (same request id, same command). A compare-and-swap that did not swap changed nothing, so it is
+//! not remembered: its retry is evaluated again, which is linearizable (the failed first attempt
+//! had no effect to order).
+//!
+//! Eviction is by **age**, measured on the leaders' clocks carried in the entries (made monotonic
+//! at apply, so every replica evicts the same ids at the same entry): an id leaves once it is older
+//! than [`RETENTION_MS`], which outlasts every client retry (the client's retry budget is seconds).
+//! [`MAX_IDS`] bounds memory whatever the write rate; evictions forced by it are counted.
+//!
+//! Tree layout (metadata space, explicit widths): key `client:u64 BE seq:u64 BE`; value
+//! `index:u64 LE time_ms:u64 LE kind:u8` (0 write, 1 swapped compare-and-swap). In a snapshot the
+//! window travels as pairs with the empty key (user keys are never empty), each
+//! `count:u32 (client:u64 seq:u64 index:u64 time_ms:u64 kind:u8)*` with at most
+//! [`IDS_PER_SNAPSHOT_PAIR`] ids, so no pair is large.
 
 use crate::codec::{CodecError, Reader};
 use crate::state::{self, storage};
-use crate::{CasOutcome, Outcome, ReplicaError, RequestId};
-use onekv_index::Tree;
+use crate::{ReplicaError, RequestId};
+use onekv_index::{Tree, TreeSnapshot};
 use std::collections::{HashMap, VecDeque};
 
-/// Request ids remembered.
-pub(crate) const WINDOW: usize = 100_000;
+/// How long an applied request id is remembered, in milliseconds of the leaders' clocks.
+pub(crate) const RETENTION_MS: u64 = 120_000;
 
-/// Name of a shard's request-id tree.
-pub(crate) fn tree_name(shard: u64) -> String {
-    format!("requests-{shard}")
+/// Most request ids remembered at once, whatever their age (about 100 bytes of memory each).
+pub(crate) const MAX_IDS: usize = 1_000_000;
+
+/// Most ids in one snapshot pair.
+pub(crate) const IDS_PER_SNAPSHOT_PAIR: usize = 65_536;
+
+/// The op number of the window's writes within an entry's sequence numbers: above every data op,
+/// so its writes never go below one already made for the entry.
+const WINDOW_OP: usize = (1 << state::SEQNO_OP_BITS) - 2;
+
+/// Bytes of one id in a snapshot pair.
+const SNAPSHOT_ID_BYTES: usize = 8 + 8 + 8 + 8 + 1;
+
+/// What the window keeps about one applied request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Remembered {
+    /// The entry that applied it.
+    pub index: u64,
+    /// The (monotonic) leader time of that entry, in ms.
+    pub time_ms: u64,
+    /// Whether it was a compare-and-swap that swapped (otherwise a write).
+    pub swapped_cas: bool,
 }
 
 pub(crate) struct RequestWindow {
     tree: Tree,
-    /// The tree's flush flag: entries at or below it are in the tree already (a replay must not
-    /// write them again).
-    persisted_to: u64,
-    outcomes: HashMap<RequestId, Outcome>,
+    remembered: HashMap<RequestId, Remembered>,
+    /// Ids in the order they were applied (ascending entry index).
     order: VecDeque<RequestId>,
+    /// The highest entry time applied so far: the window's clock.
+    clock_ms: u64,
+    /// Ids evicted before their age because of [`MAX_IDS`] (since open).
+    pub forced_evictions: u64,
 }
 
 impl RequestWindow {
-    /// Loads the window persisted in `tree`.
+    /// Loads the window persisted in the shard tree's metadata space.
     pub fn load(tree: Tree) -> Result<Self, ReplicaError> {
-        let persisted_to = tree.flush_flag().unwrap_or(0);
         let mut entries = Vec::new();
         let mut start = Vec::new();
         loop {
-            let (page, more) = tree.range(&start, None, 4096, false).map_err(|e| storage(format!("{e}")))?;
+            let (page, more) = tree.range_meta(&start, 4096).map_err(|e| storage(format!("{e}")))?;
             for (key, value) in &page {
-                let id = decode_key(key).map_err(|e| storage(format!("request window: {e}")))?;
-                let outcome = decode_outcome(value).map_err(|e| storage(format!("request window: {e}")))?;
-                entries.push((id, outcome));
+                entries.push(decode_pair(key, value).map_err(|e| storage(format!("request window: {e}")))?);
             }
             match page.last() {
                 Some((key, _)) if more => {
@@ -56,104 +87,152 @@ impl RequestWindow {
                 _ => break,
             }
         }
-        entries.sort_by_key(|(_, outcome)| outcome.index);
-        let mut window =
-            RequestWindow { tree, persisted_to, outcomes: HashMap::new(), order: VecDeque::new() };
-        for (id, outcome) in entries {
-            window.order.push_back(id);
-            window.outcomes.insert(id, outcome);
-        }
+        let mut window = RequestWindow::empty(tree);
+        window.add_sorted(entries);
         Ok(window)
     }
 
-    /// The outcome of `id` if it was applied within the window.
-    pub fn lookup(&self, id: RequestId) -> Option<Outcome> {
+    fn empty(tree: Tree) -> Self {
+        RequestWindow {
+            tree,
+            remembered: HashMap::new(),
+            order: VecDeque::new(),
+            clock_ms: 0,
+            forced_evictions: 0,
+        }
+    }
+
+    fn add_sorted(&mut self, mut entries: Vec<(RequestId, Remembered)>) {
+        entries.sort_by_key(|(_, r)| r.index);
+        for (id, remembered) in entries {
+            self.clock_ms = self.clock_ms.max(remembered.time_ms);
+            if self.remembered.insert(id, remembered).is_none() {
+                self.order.push_back(id);
+            }
+        }
+    }
+
+    /// Ids remembered now.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// What the window holds about `id`, if it was applied within the window.
+    pub fn lookup(&self, id: RequestId) -> Option<Remembered> {
         if id.seq == 0 {
             return None;
         }
-        self.outcomes.get(&id).cloned()
+        self.remembered.get(&id).copied()
     }
 
-    /// Records that `id` was applied by the entry at `outcome.index`.
-    pub fn remember(&mut self, id: RequestId, outcome: Outcome) {
-        if id.seq == 0 {
-            return;
-        }
-        let index = outcome.index;
-        let write = index > self.persisted_to;
-        if write {
-            self.tree.insert(&encode_key(id), &encode_outcome(&outcome), state::seqno(index, 0));
-        }
-        if self.outcomes.insert(id, outcome).is_none() {
-            self.order.push_back(id);
-        }
-        while self.order.len() > WINDOW {
-            let old = self.order.pop_front().expect("not empty");
-            self.outcomes.remove(&old);
-            if write {
-                self.tree.remove(&encode_key(old), state::seqno(index, 1));
+    /// Records that the entry at `index`, proposed at `time_ms` by its leader, was applied; and
+    /// remembers `id` (unless it is "no id") with what it did. Then evicts ids that are too old.
+    /// Writes to the tree at the entry's sequence numbers; the caller publishes the entry.
+    pub fn on_entry(&mut self, index: u64, time_ms: u64, id: Option<(RequestId, bool)>) {
+        let seqno = state::seqno(index, WINDOW_OP);
+        self.clock_ms = self.clock_ms.max(time_ms);
+        if let Some((id, swapped_cas)) = id.filter(|(id, _)| id.seq != 0) {
+            let remembered = Remembered { index, time_ms: self.clock_ms, swapped_cas };
+            self.tree.insert_meta(&encode_key(id), &encode_value(remembered), seqno);
+            if self.remembered.insert(id, remembered).is_none() {
+                self.order.push_back(id);
             }
         }
-        if write {
-            self.tree.publish(state::last_seqno(index));
+        while let Some(oldest) = self.order.front() {
+            let age = self.clock_ms.saturating_sub(self.remembered[oldest].time_ms);
+            let full = self.order.len() > MAX_IDS;
+            if age <= RETENTION_MS && !full {
+                break;
+            }
+            if full && age <= RETENTION_MS {
+                self.forced_evictions += 1;
+            }
+            let old = self.order.pop_front().expect("not empty");
+            self.remembered.remove(&old);
+            self.tree.remove_meta(&encode_key(old), seqno);
         }
     }
 
-    /// Persists the window as of `applied`.
-    pub fn flush(&mut self, applied: u64) -> Result<(), ReplicaError> {
-        self.tree
-            .flush(applied, state::last_seqno(applied))
-            .map_err(|e| storage(format!("flushing the request window: {e}")))?;
-        self.persisted_to = applied;
-        Ok(())
+    /// Forgets everything in memory (the tree was cleared for a snapshot install); the snapshot's
+    /// pairs follow through [`RequestWindow::install_pair`].
+    pub fn reset(&mut self) {
+        self.remembered.clear();
+        self.order.clear();
+        self.clock_ms = 0;
     }
 
-    /// The whole window, for a snapshot.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(&(self.order.len() as u32).to_le_bytes());
-        for id in &self.order {
-            let value = encode_outcome(&self.outcomes[id]);
-            out.extend_from_slice(&id.client.to_le_bytes());
-            out.extend_from_slice(&id.seq.to_le_bytes());
-            out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-            out.extend_from_slice(&value);
-        }
-        out
-    }
-
-    /// Replaces the window with a snapshot's (taken at `index`) and persists it.
-    pub fn install(&mut self, encoded: &[u8], index: u64) -> Result<(), ReplicaError> {
-        if index <= self.persisted_to {
-            // Recovery re-installing a snapshot this window already holds (it is flushed before
-            // the data tree, so it can be ahead of it).
-            return Ok(());
-        }
+    /// Adds the ids of one snapshot pair (taken at `index`), writing them to the tree.
+    pub fn install_pair(&mut self, encoded: &[u8], index: u64) -> Result<(), ReplicaError> {
         let bad = |e: CodecError| storage(format!("the snapshot's request window: {e}"));
         let mut r = Reader { data: encoded, at: 0 };
         let count = r.u32().map_err(bad)? as usize;
-        if count > r.remaining() / 20 {
-            return Err(bad(CodecError("count exceeds the data")));
+        if count.checked_mul(SNAPSHOT_ID_BYTES) != Some(r.remaining()) {
+            return Err(bad(CodecError("count does not match the data")));
         }
         let mut entries = Vec::with_capacity(count);
         for _ in 0..count {
             let id = RequestId { client: r.u64().map_err(bad)?, seq: r.u64().map_err(bad)? };
-            let outcome = decode_outcome(r.bytes().map_err(bad)?).map_err(bad)?;
-            entries.push((id, outcome));
+            let remembered = Remembered {
+                index: r.u64().map_err(bad)?,
+                time_ms: r.u64().map_err(bad)?,
+                swapped_cas: match r.u8().map_err(bad)? {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(bad(CodecError("bad request kind"))),
+                },
+            };
+            self.tree.insert_meta(&encode_key(id), &encode_value(remembered), state::seqno(index, 1));
+            entries.push((id, remembered));
         }
-        self.tree
-            .clear(state::seqno(index, 0))
-            .map_err(|e| storage(format!("clearing the request window: {e}")))?;
-        self.outcomes.clear();
-        self.order.clear();
-        for (id, outcome) in entries {
-            self.tree.insert(&encode_key(id), &encode_outcome(&outcome), state::seqno(index, 1));
-            self.order.push_back(id);
-            self.outcomes.insert(id, outcome);
-        }
-        self.tree.publish(state::last_seqno(index));
-        self.flush(index)
+        // Pairs may arrive in any order; the in-memory order is by index.
+        let mut all: Vec<_> = self.order.drain(..).map(|id| (id, self.remembered[&id])).collect();
+        all.extend(entries);
+        self.remembered.clear();
+        self.add_sorted(all);
+        Ok(())
     }
+}
+
+/// The window as of `snapshot`, as snapshot pairs' values (each under the empty key).
+pub(crate) fn snapshot_pairs(snapshot: &TreeSnapshot) -> Result<Vec<Vec<u8>>, ReplicaError> {
+    let mut pairs = Vec::new();
+    let mut current: Vec<u8> = Vec::new();
+    let mut count = 0u32;
+    let mut start = Vec::new();
+    loop {
+        let (page, more) = snapshot.range_meta(&start, 4096).map_err(|e| storage(format!("{e}")))?;
+        for (key, value) in &page {
+            let (id, r) = decode_pair(key, value).map_err(|e| storage(format!("request window: {e}")))?;
+            if count as usize == IDS_PER_SNAPSHOT_PAIR {
+                pairs.push(finish_pair(std::mem::take(&mut current), count));
+                count = 0;
+            }
+            current.extend_from_slice(&id.client.to_le_bytes());
+            current.extend_from_slice(&id.seq.to_le_bytes());
+            current.extend_from_slice(&r.index.to_le_bytes());
+            current.extend_from_slice(&r.time_ms.to_le_bytes());
+            current.push(u8::from(r.swapped_cas));
+            count += 1;
+        }
+        match page.last() {
+            Some((key, _)) if more => {
+                start = key.clone();
+                start.push(0);
+            }
+            _ => break,
+        }
+    }
+    if count > 0 {
+        pairs.push(finish_pair(current, count));
+    }
+    Ok(pairs)
+}
+
+fn finish_pair(ids: Vec<u8>, count: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + ids.len());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&ids);
+    out
 }
 
 fn encode_key(id: RequestId) -> [u8; 16] {
@@ -163,75 +242,99 @@ fn encode_key(id: RequestId) -> [u8; 16] {
     key
 }
 
-fn decode_key(key: &[u8]) -> Result<RequestId, CodecError> {
+fn encode_value(r: Remembered) -> [u8; 17] {
+    let mut value = [0u8; 17];
+    value[..8].copy_from_slice(&r.index.to_le_bytes());
+    value[8..16].copy_from_slice(&r.time_ms.to_le_bytes());
+    value[16] = u8::from(r.swapped_cas);
+    value
+}
+
+fn decode_pair(key: &[u8], value: &[u8]) -> Result<(RequestId, Remembered), CodecError> {
     let key: &[u8; 16] = key.try_into().map_err(|_| CodecError("request key is not 16 bytes"))?;
-    Ok(RequestId {
+    let value: &[u8; 17] = value.try_into().map_err(|_| CodecError("request outcome is not 17 bytes"))?;
+    let id = RequestId {
         client: u64::from_be_bytes(key[..8].try_into().expect("8 bytes")),
         seq: u64::from_be_bytes(key[8..].try_into().expect("8 bytes")),
-    })
-}
-
-fn encode_outcome(outcome: &Outcome) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16);
-    out.extend_from_slice(&outcome.index.to_le_bytes());
-    match &outcome.cas {
-        None => out.push(0),
-        Some(cas) => {
-            out.push(1);
-            out.push(u8::from(cas.swapped));
-            match &cas.current {
-                None => out.push(0),
-                Some(current) => {
-                    out.push(1);
-                    out.extend_from_slice(&(current.len() as u32).to_le_bytes());
-                    out.extend_from_slice(current);
-                }
-            }
-        }
-    }
-    out
-}
-
-fn decode_outcome(bytes: &[u8]) -> Result<Outcome, CodecError> {
-    let mut r = Reader { data: bytes, at: 0 };
-    let index = r.u64()?;
-    let flag = |v: u8| match v {
-        0 => Ok(false),
-        1 => Ok(true),
-        _ => Err(CodecError("bad flag in a request outcome")),
     };
-    let cas = if flag(r.u8()?)? {
-        let swapped = flag(r.u8()?)?;
-        let current = if flag(r.u8()?)? { Some(r.bytes()?.to_vec()) } else { None };
-        Some(CasOutcome { swapped, current })
-    } else {
-        None
+    let remembered = Remembered {
+        index: u64::from_le_bytes(value[..8].try_into().expect("8 bytes")),
+        time_ms: u64::from_le_bytes(value[8..16].try_into().expect("8 bytes")),
+        swapped_cas: match value[16] {
+            0 => false,
+            1 => true,
+            _ => return Err(CodecError("bad request kind")),
+        },
     };
-    if r.remaining() != 0 {
-        return Err(CodecError("trailing bytes after a request outcome"));
-    }
-    Ok(Outcome { index, cas })
+    Ok((id, remembered))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use onekv_index::{Index, IndexConfig};
+
+    fn window() -> (tempfile::TempDir, Tree, RequestWindow) {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(dir.path(), IndexConfig::default()).unwrap();
+        let tree = index.tree("t").unwrap();
+        let window = RequestWindow::load(tree.clone()).unwrap();
+        (dir, tree, window)
+    }
+
+    fn id(seq: u64) -> RequestId {
+        RequestId { client: 7, seq }
+    }
 
     #[test]
-    fn outcomes_and_keys_round_trip() {
-        for outcome in [
-            Outcome { index: 7, cas: None },
-            Outcome { index: 8, cas: Some(CasOutcome { swapped: true, current: Some(b"v".to_vec()) }) },
-            Outcome { index: 9, cas: Some(CasOutcome { swapped: false, current: None }) },
-        ] {
-            let bytes = encode_outcome(&outcome);
-            assert_eq!(decode_outcome(&bytes).unwrap(), outcome);
-            for len in 0..bytes.len() {
-                assert!(decode_outcome(&bytes[..len]).is_err());
-            }
+    fn pairs_round_trip_and_reject_damage() {
+        let r = Remembered { index: 9, time_ms: 1234, swapped_cas: true };
+        let (key, value) = (encode_key(id(3)), encode_value(r));
+        assert_eq!(decode_pair(&key, &value).unwrap(), (id(3), r));
+        assert!(decode_pair(&key[..15], &value).is_err());
+        assert!(decode_pair(&key, &value[..16]).is_err());
+        let mut bad = value;
+        bad[16] = 2;
+        assert!(decode_pair(&key, &bad).is_err());
+    }
+
+    #[test]
+    fn ids_leave_by_age_on_the_entries_clock_and_survive_a_reload() {
+        let (_dir, tree, mut w) = window();
+        w.on_entry(1, 1_000, Some((id(1), false)));
+        w.on_entry(2, 2_000, Some((id(2), true)));
+        tree.publish(state::last_seqno(2));
+        assert_eq!(w.lookup(id(2)), Some(Remembered { index: 2, time_ms: 2_000, swapped_cas: true }));
+        // A leader whose clock is behind does not move the window's clock back.
+        w.on_entry(3, 500, None);
+        assert_eq!(w.lookup(id(1)).map(|r| r.index), Some(1));
+        w.on_entry(4, 1_000 + RETENTION_MS + 1, None);
+        tree.publish(state::last_seqno(4));
+        assert_eq!(w.lookup(id(1)), None, "older than the retention");
+        assert!(w.lookup(id(2)).is_some());
+        let reloaded = RequestWindow::load(tree).unwrap();
+        assert_eq!(reloaded.lookup(id(1)), None);
+        assert_eq!(reloaded.lookup(id(2)).map(|r| r.index), Some(2));
+        assert_eq!(reloaded.clock_ms, 2_000);
+    }
+
+    #[test]
+    fn snapshot_pairs_carry_the_whole_window_in_bounded_pairs() {
+        let (_dir, tree, mut w) = window();
+        let n = IDS_PER_SNAPSHOT_PAIR + 10;
+        for i in 1..=n as u64 {
+            w.on_entry(i, i, Some((id(i), i % 2 == 0)));
         }
-        let id = RequestId { client: u64::MAX - 1, seq: 3 };
-        assert_eq!(decode_key(&encode_key(id)).unwrap(), id);
-        assert!(decode_key(&[0; 15]).is_err());
+        tree.publish(state::last_seqno(n as u64));
+        let pairs = snapshot_pairs(&tree.snapshot()).unwrap();
+        assert_eq!(pairs.len(), 2);
+        let (_dir2, _tree2, mut other) = window();
+        for pair in pairs.iter().rev() {
+            other.install_pair(pair, n as u64 + 1).unwrap();
+        }
+        assert_eq!(other.len(), n);
+        assert_eq!(other.order.front(), Some(&id(1)), "ordered by index whatever the pair order");
+        assert_eq!(other.lookup(id(6)), w.lookup(id(6)));
+        assert!(other.install_pair(&pairs[0][..pairs[0].len() - 1], 1).is_err());
     }
 }

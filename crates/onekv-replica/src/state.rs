@@ -1,7 +1,7 @@
 //! The replicated state of one shard as stored on this node: the index tree and the logs its
 //! entries point into, per storage mode.
 //!
-//! This module owns reads (get, scan, snapshot building) and the byte-level placement of values:
+//! This module owns reads (get, scan; `snapshot` builds on them) and the byte-level placement of values:
 //! which log a locator refers to, and verifying a value when it is read back. Writing the state
 //! (applying committed entries) is `apply`'s job; this module only offers the primitives.
 
@@ -41,7 +41,7 @@ pub(crate) fn last_seqno(index: u64) -> u64 {
 pub(crate) struct State {
     pub mode: StorageMode,
     pub index: Index,
-    /// `key → IndexValue`.
+    /// `key → IndexValue`, and in its metadata space the request-id window.
     pub tree: Tree,
     /// The log with the Raft entries (in onelog mode also the one locators point into).
     pub raft_log: Arc<Log>,
@@ -51,7 +51,8 @@ pub(crate) struct State {
     pub entry_tree: Option<Tree>,
     /// Key and value bytes applied since this process started.
     pub user_bytes: AtomicU64,
-    /// The window of recent request ids (used by the loop thread only; the lock is uncontended).
+    /// The window of recent request ids, kept in `tree` (used by the loop thread only; the lock is
+    /// uncontended).
     pub requests: Mutex<RequestWindow>,
 }
 
@@ -120,40 +121,6 @@ impl State {
             }
         }
         Ok((out, more))
-    }
-
-    /// Every key and value in the snapshot-pairs format, or `None` if they exceed `max_bytes`.
-    pub fn snapshot_pairs(&self, max_bytes: usize) -> Result<Option<Vec<u8>>, ReplicaError> {
-        const PAGE: usize = 1024;
-        let mut out = Vec::new();
-        let mut start: Vec<u8> = Vec::new();
-        let mut first = true;
-        loop {
-            let (page, more) = self
-                .tree
-                .range(&start, None, PAGE + 1, false)
-                .map_err(|e| storage(format!("index scan: {e}")))?;
-            let mut last_key = None;
-            for (key, stored) in page.iter().skip(usize::from(!first)).take(PAGE) {
-                let value = self.resolve(stored)?;
-                crate::records::push_snapshot_pair(&mut out, key, &value);
-                if out.len() > max_bytes {
-                    return Ok(None);
-                }
-                last_key = Some(key.clone());
-            }
-            match last_key {
-                Some(key) if more || page.len() > PAGE => {
-                    start = key;
-                    first = false;
-                }
-                _ => {
-                    // The request-id window travels as the pair with the empty key.
-                    crate::records::push_snapshot_pair(&mut out, b"", &self.requests().encode());
-                    return Ok((out.len() <= max_bytes).then_some(out));
-                }
-            }
-        }
     }
 
     /// Classic mode reads entry bodies from the entry tree; other modes return `None` and the

@@ -168,9 +168,14 @@ fn check_recovered(dir: &Path, point: &str, acked: &[Option<usize>]) -> usize {
 }
 
 fn crash_point(point: &str) {
+    crash_point_at(point, [3, 40, 150]);
+}
+
+/// [`crash_point`] at the given hits of the point (index flushes are rarer than appends).
+fn crash_point_at(point: &str, skips: [usize; 3]) {
     // Different key counts per run: the point fires at a different hit each time. The second
     // crash hits a directory that already recovered once.
-    for (run, skip) in [3usize, 40, 150].into_iter().enumerate() {
+    for (run, skip) in skips.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let acked = crash_run(dir.path(), point, skip);
         let survivors = check_recovered(dir.path(), point, &acked);
@@ -179,7 +184,7 @@ fn crash_point(point: &str) {
             let merged: Vec<_> = acked.iter().zip(&acked_again).map(|(a, b)| (*a).max(*b)).collect();
             check_recovered(dir.path(), point, &merged);
         }
-        assert!(survivors > 0 || skip < 5, "{point}: nothing was written before the crash at hit {skip}");
+        assert!(survivors > 0 || skip < 3, "{point}: nothing was written before the crash at hit {skip}");
     }
 }
 
@@ -211,4 +216,18 @@ fn crash_after_apply_before_the_reply() {
 #[test]
 fn crash_after_the_reply() {
     crash_point("after-reply");
+}
+
+/// The index flush: the data and the request-id window share one tree and one flag, so a crash
+/// before or while the table is written loses neither an acknowledged write nor a request id
+/// (before, the window was flushed first, and a crash before the data's flush made recovery skip
+/// the entries in between: acknowledged writes vanished).
+#[test]
+fn crash_before_an_index_flush() {
+    crash_point_at("before-index-flush", [0, 2, 6]);
+}
+
+#[test]
+fn crash_during_an_index_flush() {
+    crash_point_at("during-index-flush", [0, 2, 6]);
 }

@@ -435,6 +435,17 @@ impl<B: Backend> Kv for KvService<B> {
                 write_amplification,
                 flushed_index: status.flushed_index,
                 failure: status.failure.unwrap_or_default(),
+                followers: status
+                    .followers
+                    .iter()
+                    .map(|f| onekv_proto::FollowerProgress {
+                        id: f.id,
+                        matched: f.matched,
+                        state: f.state.clone(),
+                        active: f.active,
+                    })
+                    .collect(),
+                snapshot: status.snapshot.unwrap_or_default(),
             }))
         })
         .await

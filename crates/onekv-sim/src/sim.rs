@@ -33,8 +33,12 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// One in this many steps of an index flush crashes the node, while the nemesis is on.
+const FLUSH_CRASH_ODDS: u32 = 12;
 
 /// A deliberately broken variant of the node, to show the checkers catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,6 +308,9 @@ struct Sim {
     final_applied: u64,
     recoveries: u64,
     stopped: bool,
+    /// Whether the node taking its turn may crash inside an index flush now (the nemesis is on
+    /// and another node may go down).
+    flush_crashes_allowed: Arc<AtomicBool>,
 }
 
 impl Sim {
@@ -360,6 +367,7 @@ impl Sim {
             final_applied: 0,
             recoveries: 0,
             stopped: false,
+            flush_crashes_allowed: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -433,6 +441,10 @@ impl Sim {
         let mut order: Vec<usize> = (0..self.nodes.len()).collect();
         order.shuffle(&mut self.rng);
         for index in order {
+            let allowed = self.phase == Phase::Workload
+                && self.config.faults
+                && self.down_count() < self.config.max_down;
+            self.flush_crashes_allowed.store(allowed, Ordering::Relaxed);
             self.turn(index);
         }
     }
@@ -656,7 +668,15 @@ impl Sim {
         // Small enough that index flushes, Raft log compaction and snapshots all happen.
         config.memtable_bytes = 4 << 10;
         config.raft_log_keep_entries = 8;
+        config.flush_every_entries = 16;
         config.snapshot_timeout = Duration::from_millis(2_000);
+        // The node may crash at any step of an index flush (between sealing and writing the table,
+        // between two trees' flushes, before compacting); its own generator keeps runs replayable.
+        let allowed = self.flush_crashes_allowed.clone();
+        let mut flush_rng = StdRng::seed_from_u64(self.rng.random());
+        let crash_hook: onekv_replica::CrashHook = Box::new(move |_point| {
+            allowed.load(Ordering::Relaxed) && flush_rng.random_ratio(1, FLUSH_CRASH_ODDS)
+        });
         let handles = RefCell::new(Vec::new());
         let disks = &node.disks;
         let log_dir = |name: &str| -> Arc<dyn Dir> {
@@ -670,7 +690,7 @@ impl Sim {
             Some(Bug::ReadsWithoutReadIndex) => Some(Mutation::ReadsWithoutReadIndex),
             _ => None,
         };
-        match Replica::open_driven(config, transport, &log_dir, mutation) {
+        match Replica::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
             Ok((replica, driven)) => {
                 let faults = handles.into_inner();
                 if self.config.bug == Some(Bug::AckBeforeFsync) {
@@ -709,13 +729,17 @@ impl Sim {
         IN_NODE_TURN.with(|flag| flag.set(true));
         up.driven.turn(at, tick);
         IN_NODE_TURN.with(|flag| flag.set(false));
-        let failed = up.replica.status().failure.is_some();
+        let crashed_in_flush = up.driven.crashed();
+        let failed = up.replica.status().failure.is_some() || crashed_in_flush;
         let sent: Vec<Message> = std::mem::take(&mut *node.outbox.lock().unwrap_or_else(|e| e.into_inner()));
         let from = node.id;
         for message in sent {
             self.network.send(now, from, message, &self.network_faults, &mut self.rng);
         }
         self.handle_completions();
+        if crashed_in_flush {
+            self.count("crash-in-flush");
+        }
         if failed {
             // A disk fault stopped the node: it is restarted as a crashed process would be.
             let downtime = self.rng.random_range(20..500);

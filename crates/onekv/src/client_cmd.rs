@@ -238,6 +238,7 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
                         status.node_id, status.failure
                     )?;
                 }
+                out.write_all(lagging_followers(status).as_bytes())?;
             }
             if statuses.iter().all(|(_, result)| result.is_err()) {
                 anyhow::bail!("no node answered");
@@ -274,6 +275,30 @@ fn show(bytes: &[u8], hex: bool) -> String {
     } else {
         String::from_utf8_lossy(bytes).into_owned()
     }
+}
+
+/// Lines about a leader's followers that are not streaming entries (catching up, waiting for a
+/// snapshot, silent), and about its snapshot builder; empty when all is well.
+fn lagging_followers(status: &StatusResponse) -> String {
+    let mut out = String::new();
+    for follower in &status.followers {
+        let behind = status.last_index.saturating_sub(follower.matched);
+        if follower.state != "replicate" || !follower.active {
+            let why = match (follower.state.as_str(), follower.active) {
+                (_, false) => "not answering",
+                ("snapshot", _) => "behind the leader's Raft log: needs a snapshot",
+                _ => "catching up",
+            };
+            out.push_str(&format!(
+                "node {} is {} entries behind leader {} ({}; state {})\n",
+                follower.id, behind, status.node_id, why, follower.state
+            ));
+        }
+    }
+    if !status.snapshot.is_empty() {
+        out.push_str(&format!("leader {} snapshot: {}\n", status.node_id, status.snapshot));
+    }
+    out
 }
 
 /// The `status` table: a header, then one row per endpoint; an unreachable node shows its error
