@@ -76,6 +76,15 @@ pub struct ScanPage {
     pub more: bool,
 }
 
+/// One page of a keys-only scan ([`Client::scan_keys`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPage {
+    /// Keys in scan order.
+    pub keys: Vec<Vec<u8>>,
+    /// True when the range holds more keys than were returned; continue as with [`ScanPage`].
+    pub more: bool,
+}
+
 /// A handle on a onekv cluster. Cheap to clone; clones share connections, the cached leader and
 /// the request-id sequence, and may be used from many tasks at once.
 ///
@@ -228,12 +237,36 @@ impl Client {
             limit,
             reverse,
             consistency: Consistency::Linearizable.into(),
+            keys_only: false,
         };
         let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await?;
         Ok(ScanPage {
             pairs: response.pairs.into_iter().map(|pair| (pair.key, pair.value)).collect(),
             more: response.more,
         })
+    }
+
+    /// [`Client::scan`] for the keys alone: the node reads no value, so counting or listing keys
+    /// costs index lookups, not a read of every value. A page may hold more keys than a full scan's
+    /// (only key bytes count against the node's byte bound), never more than `limit`. Linearizable.
+    pub async fn scan_keys(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: u32,
+        reverse: bool,
+    ) -> Result<KeyPage> {
+        let request = ScanRequest {
+            start: start.to_vec(),
+            end: end.map(<[u8]>::to_vec).unwrap_or_default(),
+            limit,
+            reverse,
+            consistency: Consistency::Linearizable.into(),
+            keys_only: true,
+        };
+        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await?;
+        // A node that predates `keys_only` sends the values anyway; they are dropped here.
+        Ok(KeyPage { keys: response.pairs.into_iter().map(|pair| pair.key).collect(), more: response.more })
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.

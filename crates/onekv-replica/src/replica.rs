@@ -360,6 +360,30 @@ impl Replica {
         limit: usize,
         reverse: bool,
     ) -> Result<crate::ScanResult, ReplicaError> {
+        self.scan_range(start, end, limit, reverse, false)
+    }
+
+    /// [`Replica::scan`] without reading any value: every pair's value is empty. Costs index lookups
+    /// only (counting or listing keys must not read gigabytes of values); `max_scan_bytes` then
+    /// bounds the key bytes, so a page may hold more pairs, up to the same `limit`.
+    pub fn scan_keys(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<crate::ScanResult, ReplicaError> {
+        self.scan_range(start, end, limit, reverse, true)
+    }
+
+    fn scan_range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+        keys_only: bool,
+    ) -> Result<crate::ScanResult, ReplicaError> {
         let limits = &self.inner.limits;
         for bound in [Some(start), end].into_iter().flatten() {
             if bound.len() > limits.max_key_bytes {
@@ -371,7 +395,7 @@ impl Replica {
             }
         }
         let limit = if limit == 0 { limits.max_scan_pairs } else { limit.min(limits.max_scan_pairs) };
-        self.state()?.scan(start, end, limit, reverse, limits.max_scan_bytes)
+        self.state()?.scan(start, end, limit, reverse, limits.max_scan_bytes, keys_only)
     }
 
     fn state(&self) -> Result<Arc<State>, ReplicaError> {

@@ -98,6 +98,8 @@ impl State {
     }
 
     /// Up to `limit` pairs in `[start, end)`, stopping early past `max_bytes`; and whether more remain.
+    /// With `keys_only` no value is resolved (no pread, no checksum): each pair's value is empty and
+    /// only key bytes count against `max_bytes`.
     pub fn scan(
         &self,
         start: &[u8],
@@ -105,6 +107,7 @@ impl State {
         limit: usize,
         reverse: bool,
         max_bytes: usize,
+        keys_only: bool,
     ) -> Result<crate::ScanResult, ReplicaError> {
         let (found, mut more) =
             self.tree.range(start, end, limit, reverse).map_err(|e| storage(format!("index scan: {e}")))?;
@@ -112,7 +115,7 @@ impl State {
         let mut bytes = 0usize;
         let total = found.len();
         for (i, (key, stored)) in found.into_iter().enumerate() {
-            let value = self.resolve(&stored)?;
+            let value = if keys_only { Vec::new() } else { self.resolve(&stored)? };
             bytes += key.len() + value.len();
             out.push((key, value));
             if bytes >= max_bytes && i + 1 < total {

@@ -45,6 +45,10 @@ const REMEMBERED_VALUES: usize = 65_536;
 const MAX_CURSORS: usize = 4096;
 /// Largest reply MGET builds, so one request cannot make the node buffer gigabytes.
 const MAX_REPLY_BYTES: usize = 64 << 20;
+/// How long a connection's reply may wait for the socket to take any byte before the connection is
+/// closed: a client that stops reading must not hold its task and its queued replies forever.
+/// Generous, so only a client that truly stopped reading (or whose network died) is cut off.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The Redis version whose RESP2 behaviour the front end follows (reported by INFO and HELLO,
 /// because client libraries gate features on it).
 pub const REDIS_COMPATIBLE_VERSION: &str = "7.0.0";
@@ -62,6 +66,9 @@ pub struct RespSettings {
     pub client_options: ClientOptions,
     /// Most simultaneous connections; more are answered `-ERR max number of clients reached`.
     pub max_connections: usize,
+    /// A connection whose socket accepts no reply byte for this long is closed and logged
+    /// ([`DEFAULT_WRITE_TIMEOUT`]; at least 1 ms).
+    pub write_timeout: Duration,
     /// The node's `limits.max_key_bytes`.
     pub max_key_bytes: usize,
     /// The node's `limits.max_value_bytes`.
@@ -83,6 +90,7 @@ impl RespSettings {
             resp_address,
             client_options: ClientOptions::default(),
             max_connections: 1024,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             max_key_bytes: 4096,
             max_value_bytes: 1 << 20,
             max_batch_ops: 1024,
@@ -113,6 +121,8 @@ pub(crate) struct Stats {
     pub(crate) connections_received: AtomicU64,
     pub(crate) connected: AtomicU64,
     pub(crate) rejected: AtomicU64,
+    /// Connections closed because their client stopped reading replies (the write timeout).
+    pub(crate) write_timeouts: AtomicU64,
     pub(crate) commands_processed: AtomicU64,
 }
 
@@ -631,16 +641,17 @@ impl RespContext {
         Ok(values)
     }
 
-    /// Every key, counted by paging through a linearizable scan.
+    /// Every key, counted by paging through a linearizable keys-only scan: the node reads no value
+    /// (INFO is many clients' ready check, and 1 MiB values would otherwise all be read to count).
     async fn count_keys(&self) -> Outcome<u64> {
         let page_size = u32::try_from(self.shared.settings.max_scan_pairs).unwrap_or(u32::MAX);
         let (mut start, mut skip) = (Vec::new(), None);
         let mut count = 0u64;
         loop {
-            let page = self.shared.client.scan(&start, None, page_size, false).await?;
-            count += page.pairs.iter().filter(|(key, _)| skip.as_ref() != Some(key)).count() as u64;
-            match page.pairs.last() {
-                Some((last, _)) if page.more && skip.as_ref() != Some(last) => {
+            let page = self.shared.client.scan_keys(&start, None, page_size, false).await?;
+            count += page.keys.iter().filter(|key| skip.as_ref() != Some(*key)).count() as u64;
+            match page.keys.last() {
+                Some(last) if page.more && skip.as_ref() != Some(last) => {
                     (start, skip) = start_after(last, self.shared.settings.max_key_bytes);
                 }
                 _ => return Ok(count),
@@ -699,12 +710,12 @@ impl RespContext {
             return Ok(done);
         }
         let limit = (count + usize::from(skip.is_some())).min(self.shared.settings.max_scan_pairs);
-        let page = self.shared.client.scan(&start, end.as_deref(), limit as u32, false).await?;
-        let last = page.pairs.last().map(|(key, _)| key.clone());
+        // Keys only: SCAN never returns values, so the node need not read them.
+        let page = self.shared.client.scan_keys(&start, end.as_deref(), limit as u32, false).await?;
+        let last = page.keys.last().cloned();
         let keys: Vec<Reply> = page
-            .pairs
+            .keys
             .into_iter()
-            .map(|(key, _)| key)
             .filter(|key| skip.as_ref() != Some(key))
             .filter(|key| only_strings && pattern.as_ref().is_none_or(|pattern| pattern.matches(key)))
             .map(Reply::Bulk)
@@ -871,6 +882,7 @@ impl RespContext {
                     field("total_connections_received", load(&stats.connections_received));
                     field("total_commands_processed", load(&stats.commands_processed));
                     field("rejected_connections", load(&stats.rejected));
+                    field("onekv_write_timeout_disconnections", load(&stats.write_timeouts));
                 }
                 _ => {
                     let keys = self.count_keys().await?;

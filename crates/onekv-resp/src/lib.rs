@@ -21,6 +21,6 @@ pub mod pattern;
 pub mod protocol;
 pub mod server;
 
-pub use exec::{RespContext, RespSettings};
+pub use exec::{DEFAULT_WRITE_TIMEOUT, RespContext, RespSettings};
 pub use protocol::{ParserLimits, ProtocolError, Reply, RequestParser};
 pub use server::serve_resp;

@@ -7,8 +7,10 @@
 //! pipelined replies are written in order, flushed whenever 64 KiB are waiting or no complete
 //! command is left. Consecutive pipelined reads ([`commands::is_pipelinable_read`]) run
 //! concurrently, since each starts after every earlier command was answered; everything else runs
-//! one at a time, in order. A protocol error is answered and closes that connection only. Does not own
-//! parsing (`protocol`) or what commands do (`exec`).
+//! one at a time, in order. A protocol error is answered and closes that connection only. A reply
+//! the socket takes no byte of for `write_timeout` (the client stopped reading, its buffers are
+//! full) closes the connection, logged, so such a client cannot hold its task and its queued
+//! replies forever. Does not own parsing (`protocol`) or what commands do (`exec`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -79,8 +81,19 @@ pub async fn serve_resp(
                 let stopped = stopped.clone();
                 connections.spawn(async move {
                     ctx.stats().connected.fetch_add(1, Ordering::Relaxed);
-                    if let Err(error) = serve_connection(stream, &ctx, stopped).await {
-                        tracing::debug!(%peer, %error, "RESP connection ended with an error");
+                    match serve_connection(stream, &ctx, stopped).await {
+                        Ok(()) => {}
+                        Err(Ended::WriteTimeout(timeout)) => {
+                            ctx.stats().write_timeouts.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                %peer,
+                                ?timeout,
+                                "closing a RESP connection: its client has read no reply bytes for the write timeout"
+                            );
+                        }
+                        Err(Ended::Io(error)) => {
+                            tracing::debug!(%peer, %error, "RESP connection ended with an error");
+                        }
                     }
                     ctx.stats().connected.fetch_sub(1, Ordering::Relaxed);
                     drop(permit);
@@ -100,14 +113,45 @@ pub async fn serve_resp(
     Ok(())
 }
 
+/// Why a connection ended other than normally.
+#[derive(Debug)]
+enum Ended {
+    /// A reply waited this long without the socket taking a byte.
+    WriteTimeout(Duration),
+    /// The socket failed (the client reset the connection, ...).
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Ended {
+    fn from(error: std::io::Error) -> Ended {
+        Ended::Io(error)
+    }
+}
+
+/// Writes all of `bytes`, or fails once the socket has taken nothing for `timeout`. The bound is on
+/// progress, not on the whole write, so a large reply to a slow but reading client still goes out.
+async fn write_all(stream: &mut TcpStream, mut bytes: &[u8], timeout: Duration) -> Result<(), Ended> {
+    while !bytes.is_empty() {
+        match tokio::time::timeout(timeout, stream.write(bytes)).await {
+            Ok(Ok(0)) => return Err(Ended::Io(std::io::ErrorKind::WriteZero.into())),
+            Ok(Ok(written)) => bytes = &bytes[written..],
+            Ok(Err(error)) => return Err(Ended::Io(error)),
+            Err(_elapsed) => return Err(Ended::WriteTimeout(timeout)),
+        }
+    }
+    Ok(())
+}
+
 /// Runs one connection: parse, execute in order, reply, until the client leaves, sends QUIT or
-/// malformed input, or the server stops.
+/// malformed input, stops reading its replies, or the server stops.
 async fn serve_connection(
     mut stream: TcpStream,
     ctx: &RespContext,
     mut stopped: watch::Receiver<bool>,
-) -> std::io::Result<()> {
+) -> Result<(), Ended> {
     stream.set_nodelay(true)?;
+    // A zero timeout would close every connection at its first reply.
+    let write_timeout = ctx.settings().write_timeout.max(Duration::from_millis(1));
     let mut parser = RequestParser::new(ctx.parser_limits());
     let mut session = ctx.new_session();
     let mut input = BytesMut::with_capacity(READ_BYTES);
@@ -155,20 +199,20 @@ async fn serve_connection(
                 let executed = ctx.execute(&mut session, args).await;
                 executed.reply.encode(&mut output);
                 if executed.close {
-                    return stream.write_all(&output).await;
+                    return write_all(&mut stream, &output, write_timeout).await;
                 }
             }
             if output.len() >= FLUSH_BYTES {
-                stream.write_all(&output).await?;
+                write_all(&mut stream, &output, write_timeout).await?;
                 output.clear();
             }
         }
         if let Some(error) = malformed {
             Reply::err(&error).encode(&mut output);
-            return stream.write_all(&output).await;
+            return write_all(&mut stream, &output, write_timeout).await;
         }
         if !output.is_empty() {
-            stream.write_all(&output).await?;
+            write_all(&mut stream, &output, write_timeout).await?;
             output.clear();
         }
         if output.capacity() > KEEP_BUFFER_BYTES {

@@ -2,13 +2,14 @@
 //! (PING, ECHO, CLIENT, ...) are sent, so the client inside never needs to reach anyone.
 //!
 //! Checks pipelined replies in order (multibulk and inline, written a byte at a time), a protocol
-//! error closing only its own connection, the connection limit, QUIT, and shutdown.
+//! error closing only its own connection, the connection limit, QUIT, shutdown, and the write
+//! timeout closing a connection whose client stopped reading.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use onekv_resp::{RespContext, RespSettings, serve_resp};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::oneshot;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -16,11 +17,18 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// A front end on an ephemeral port allowing `max_connections`; returns its address and the
 /// sender that stops it.
 async fn start(max_connections: usize) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    start_with(|settings| settings.max_connections = max_connections).await
+}
+
+/// [`start`] with the default settings changed by `tweak`.
+async fn start_with(
+    tweak: impl FnOnce(&mut RespSettings),
+) -> (String, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     // Nothing listens on port 1: data commands would fail, and none is sent.
     let mut settings = RespSettings::new(1, vec!["127.0.0.1:1".into()], address.clone());
-    settings.max_connections = max_connections;
+    tweak(&mut settings);
     let context = RespContext::new(settings).unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -136,4 +144,66 @@ async fn shutdown_closes_idle_connections_and_returns() {
     tokio::time::timeout(TIMEOUT, task).await.expect("the server stops in time").unwrap();
     assert!(closed(&mut idle).await);
     assert!(TcpStream::connect(&address).await.is_err(), "the listener is closed");
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_after_the_write_timeout() {
+    let write_timeout = Duration::from_millis(500);
+    let (address, _stop, _task) = start_with(|settings| settings.write_timeout = write_timeout).await;
+    // A small receive buffer, and 64 KiB echoes pipelined without ever reading: the replies fill
+    // this socket's buffer and the server's send buffer, then the server's write can make no
+    // progress (and it reads no more requests until it has answered, so this side's writes block
+    // too, once the server's receive buffer is full).
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket.connect(address.parse().unwrap()).await.unwrap();
+    let (_reader, mut writer) = stream.into_split();
+    let value = "x".repeat(64 << 10);
+    let echo = format!("*2\r\n$4\r\nECHO\r\n${}\r\n{value}\r\n", value.len());
+    let started = Instant::now();
+    let sender = tokio::spawn(async move {
+        // Ends only when the server closed the connection (the write then fails).
+        while writer.write_all(echo.as_bytes()).await.is_ok() {}
+    });
+    tokio::time::timeout(write_timeout + TIMEOUT, sender)
+        .await
+        .expect("the server closed the connection of the client that stopped reading")
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert!(elapsed >= write_timeout, "closed after {elapsed:?}, before the write timeout");
+
+    // It was the write timeout that closed it (counted), and the connection is gone: this is the
+    // only one left.
+    let mut other = TcpStream::connect(&address).await.unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        other.write_all(b"INFO clients stats\r\n").await.unwrap();
+        let info = read_bulk(&mut other).await;
+        if info.contains("connected_clients:1\r\n") {
+            assert!(info.contains("onekv_write_timeout_disconnections:1\r\n"), "{info}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stalled connection was not released: {info}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads one bulk string reply (`$len\r\n...\r\n`, nothing after it) and returns its text.
+async fn read_bulk(stream: &mut TcpStream) -> String {
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        if let Some(end) = received.windows(2).position(|pair| pair == b"\r\n") {
+            let header = std::str::from_utf8(&received[..end]).unwrap();
+            let len: usize = header.strip_prefix('$').and_then(|len| len.parse().ok()).expect("a bulk reply");
+            let body = end + 2;
+            if received.len() >= body + len + 2 {
+                return String::from_utf8(received[body..body + len].to_vec()).unwrap();
+            }
+        }
+        let read =
+            tokio::time::timeout(TIMEOUT, stream.read(&mut buffer)).await.expect("a reply in time").unwrap();
+        assert!(read > 0, "the connection closed mid-reply");
+        received.extend_from_slice(&buffer[..read]);
+    }
 }

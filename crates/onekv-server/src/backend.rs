@@ -28,6 +28,18 @@ pub trait Backend: Send + Sync + 'static {
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError>;
+    /// [`Replica::scan_keys`]: the same pairs with empty values. The default scans and drops the
+    /// values, which is correct but reads them; [`Replica`] overrides it to read none.
+    fn scan_keys(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<ScanResult, ReplicaError> {
+        let (pairs, more) = self.scan(start, end, limit, reverse)?;
+        Ok((pairs.into_iter().map(|(key, _)| (key, Vec::new())).collect(), more))
+    }
     /// [`Replica::status`].
     fn status(&self) -> ReplicaStatus;
 }
@@ -57,6 +69,16 @@ impl Backend for Replica {
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError> {
         Replica::scan(self, start, end, limit, reverse)
+    }
+
+    fn scan_keys(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<ScanResult, ReplicaError> {
+        Replica::scan_keys(self, start, end, limit, reverse)
     }
 
     fn status(&self) -> ReplicaStatus {

@@ -399,7 +399,11 @@ impl<B: Backend> Kv for KvService<B> {
             let backend = Arc::clone(&self.backend);
             let (pairs, more) = tokio::task::spawn_blocking(move || {
                 let end = (!request.end.is_empty()).then_some(request.end.as_slice());
-                backend.scan(&request.start, end, limit, request.reverse)
+                if request.keys_only {
+                    backend.scan_keys(&request.start, end, limit, request.reverse)
+                } else {
+                    backend.scan(&request.start, end, limit, request.reverse)
+                }
             })
             .await
             .map_err(|error| Status::internal(format!("scan failed: {error}")))?

@@ -150,6 +150,7 @@ async fn requests_over_a_limit_are_rejected_naming_it_before_reaching_the_replic
             limit,
             reverse: false,
             consistency: 0,
+            keys_only: false,
         })
     };
     assert_invalid(service.scan(scan(b"", b"", 6)).await, "limits.max_scan_pairs = 5");
@@ -189,7 +190,14 @@ async fn scans_pass_their_range_and_limit() {
     for key in [b"a", b"b", b"c", b"d"] {
         backend.data.lock().unwrap().insert(key.to_vec(), b"v".to_vec());
     }
-    let request = ScanRequest { start: b"b".to_vec(), end: vec![], limit: 0, reverse: true, consistency: 1 };
+    let request = ScanRequest {
+        start: b"b".to_vec(),
+        end: vec![],
+        limit: 0,
+        reverse: true,
+        consistency: 1,
+        keys_only: false,
+    };
     let response = service.scan(Request::new(request)).await.unwrap().into_inner();
     let keys: Vec<Vec<u8>> = response.pairs.into_iter().map(|pair| pair.key).collect();
     assert_eq!(keys, vec![b"d".to_vec(), b"c".to_vec(), b"b".to_vec()]);
@@ -197,12 +205,41 @@ async fn scans_pass_their_range_and_limit() {
     // limit 0 means the maximum; an empty end means no end.
     assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 5, true));
 
-    let request = ScanRequest { start: vec![], end: b"d".to_vec(), limit: 2, reverse: false, consistency: 0 };
+    let request = ScanRequest {
+        start: vec![],
+        end: b"d".to_vec(),
+        limit: 2,
+        reverse: false,
+        consistency: 0,
+        keys_only: false,
+    };
     let response = service.scan(Request::new(request)).await.unwrap().into_inner();
     assert_eq!(response.pairs.len(), 2);
     assert!(response.more);
     assert_eq!(backend.scans.lock().unwrap()[1], (vec![], Some(b"d".to_vec()), 2, false));
     assert_eq!(backend.calls(), vec!["scan", "barrier", "scan"]);
+}
+
+#[tokio::test]
+async fn keys_only_scans_return_keys_without_values() {
+    let (backend, service) = service();
+    for key in [b"a", b"b", b"c"] {
+        backend.data.lock().unwrap().insert(key.to_vec(), b"value".to_vec());
+    }
+    let request = ScanRequest {
+        start: b"b".to_vec(),
+        end: vec![],
+        limit: 0,
+        reverse: false,
+        consistency: 1,
+        keys_only: true,
+    };
+    let response = service.scan(Request::new(request)).await.unwrap().into_inner();
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> =
+        response.pairs.into_iter().map(|pair| (pair.key, pair.value)).collect();
+    assert_eq!(pairs, vec![(b"b".to_vec(), vec![]), (b"c".to_vec(), vec![])]);
+    assert!(!response.more);
+    assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 5, false));
 }
 
 #[tokio::test]

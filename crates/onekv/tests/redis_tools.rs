@@ -7,12 +7,18 @@
 //! `redis-benchmark -t ping,set,get,incr,mset` finishes without an error against a follower and
 //! the leader, with INCR's counter equal to the number of increments it sent.
 //!
+//! A second test checks that DBSIZE, INFO keyspace and SCAN count and list keys without reading
+//! values: with every value damaged on disk they still answer, page after page.
+//!
 //! If the tools are missing the test fails (it does not skip), naming the package to install.
 
 mod common;
 
 use std::collections::HashSet;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{TestCluster, free_port, run_bounded};
@@ -255,5 +261,76 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
         // Pipelined requests (16 in flight per connection) are answered in order.
         let args = ["-t", "set,get", "-n", "800", "-P", "16"];
         benchmark(port_of(follower), &args, &["SET", "GET"]).await;
+    });
+}
+
+/// Flips one byte inside every stored copy of each value starting with one of `markers` under
+/// `dir`; returns how many copies were damaged.
+fn damage_values(dir: &Path, markers: &[Vec<u8>]) -> usize {
+    let mut damaged = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        for marker in markers {
+            let mut from = 0;
+            while let Some(at) = bytes[from..].windows(marker.len()).position(|window| window == marker) {
+                let position = from + at + 1000;
+                file.write_at(&[bytes[position] ^ 0xff], position as u64).unwrap();
+                damaged += 1;
+                from = position;
+            }
+        }
+    }
+    damaged
+}
+
+/// DBSIZE, INFO keyspace and `redis-cli --scan` on `port` report exactly `keys`.
+async fn check_key_counts(port: u16, keys: &[String]) {
+    check_script(port, &[(&["DBSIZE"], keys.len().to_string().as_str())]).await;
+    let info = redis_cli(port, &["INFO", "keyspace"]).await;
+    assert!(info.contains(&format!("db0:keys={},expires=0,avg_ttl=0", keys.len())), "{info}");
+    let scanned = redis_cli(port, &["--scan"]).await;
+    assert_eq!(scanned.lines().collect::<Vec<_>>(), keys);
+}
+
+#[test]
+fn dbsize_info_keyspace_and_scan_read_no_values() {
+    require_tool("redis-cli");
+    run_bounded(Duration::from_secs(120), async {
+        let port = free_port();
+        let data_dirs: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+        let dirs = Arc::clone(&data_dirs);
+        // Pages of at most 5 keys, so counting takes several pages (a full scan of these values
+        // would stop at 4 pairs, on the 4 MiB max_scan_bytes).
+        let cluster = TestCluster::start(1, move |config| {
+            config.resp_listen = Some(format!("127.0.0.1:{port}"));
+            config.limits.max_scan_pairs = 5;
+            dirs.lock().unwrap().push(config.data_dir.clone());
+        })
+        .await;
+        let data_dir = data_dirs.lock().unwrap()[0].clone();
+        let client = cluster.client();
+        let keys = 12;
+        let mut markers = Vec::new();
+        for i in 0..keys {
+            let mut value = format!("<value {i:02} starts here>").into_bytes();
+            markers.push(value.clone());
+            value.resize(1 << 20, b'v');
+            client.put(format!("big:{i:02}").as_bytes(), &value).await.unwrap();
+        }
+        let expected_keys: Vec<String> = (0..keys).map(|i| format!("big:{i:02}")).collect();
+        check_key_counts(port, &expected_keys).await;
+
+        // Every value damaged on disk: reading one fails its checksum, counting and listing the
+        // keys read none, so they answer as before.
+        assert!(damage_values(&data_dir, &markers) >= keys, "the values were not found on disk");
+        check_key_counts(port, &expected_keys).await;
+        let get = redis_cli(port, &["GET", "big:00"]).await;
+        assert!(get.starts_with("ERR "), "GET of a damaged value: {get}");
     });
 }
