@@ -633,9 +633,10 @@ async fn the_retry_budget_bounds_a_call_in_time() {
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
-        // Gives up once the next backoff (at most 20 ms) would end past the budget.
+        // Gives up once the next backoff (at most 20 ms) would end past the budget (the upper bound
+        // leaves room for a loaded machine).
         assert!(
-            took >= budget - Duration::from_millis(100) && took <= budget + Duration::from_millis(300),
+            took >= budget - Duration::from_millis(100) && took <= budget + Duration::from_secs(1),
             "{took:?}"
         );
 
@@ -644,7 +645,7 @@ async fn the_retry_budget_bounds_a_call_in_time() {
         let started = Instant::now();
         assert!(matches!(client.get(b"k").await, Err(ClientError::Unavailable { .. })));
         let took = started.elapsed();
-        assert!(took >= budget && took <= budget + Duration::from_millis(300), "{took:?}");
+        assert!(took >= budget && took < budget + Duration::from_secs(1), "{took:?}");
     })
     .await;
 }

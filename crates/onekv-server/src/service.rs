@@ -183,6 +183,16 @@ impl<B: Backend> KvService<B> {
         replica_error_status(error, &self.members)
     }
 
+    /// Refuses a stale read on a failed replica. Its copy stopped at the failure and falls further
+    /// behind for as long as it stays up, so it is no longer a copy worth reading, even stale. (A
+    /// linearizable read needs no check: the failed replica refuses its read barrier.)
+    fn refuse_if_failed(&self) -> Result<(), Status> {
+        match self.backend.status().failure {
+            Some(failure) => Err(failed_node_status(&failure)),
+            None => Ok(()),
+        }
+    }
+
     /// The gRPC status for an error of a local read (`get`, `scan`). Unlike a proposal, a read can
     /// fail on one bad value while the replica as a whole still serves: that is INTERNAL (asking
     /// another member would only be redirected back here). Only once the replica has failed is it
@@ -297,8 +307,9 @@ impl<B: Backend> Kv for KvService<B> {
         self.observed("get", async move {
             let request = request.into_inner();
             let consistency = self.read_key(&request.key, request.consistency)?;
-            if consistency == Consistency::Linearizable {
-                self.read_barrier().await?;
+            match consistency {
+                Consistency::Linearizable => self.read_barrier().await?,
+                Consistency::Stale => self.refuse_if_failed()?,
             }
             // One index lookup and one pread of the value: short enough to run here.
             let value = self.backend.get(&request.key).map_err(|error| self.status_of_read(error))?;
@@ -419,8 +430,9 @@ impl<B: Backend> Kv for KvService<B> {
                 }
                 limit => limit,
             };
-            if consistency == Consistency::Linearizable {
-                self.read_barrier().await?;
+            match consistency {
+                Consistency::Linearizable => self.read_barrier().await?,
+                Consistency::Stale => self.refuse_if_failed()?,
             }
             // A scan may read megabytes through many preads: keep it off the async workers.
             let backend = Arc::clone(&self.backend);

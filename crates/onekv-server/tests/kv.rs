@@ -263,9 +263,17 @@ async fn a_failed_replica_answers_unavailable_with_the_failure_and_no_leader_hin
     let stale = || Request::new(GetRequest { key: b"k".to_vec(), consistency: Consistency::Stale.into() });
     let status = service.get(stale()).await.unwrap_err();
     assert_eq!(status.code(), Code::Internal, "{status:?}");
-    // Once the replica has failed, the same read error is the failed-node answer.
+    // Once the replica has failed, its frozen copy is not read even stale, and a read error that
+    // races with the failure is the failed-node answer too.
     backend.status.lock().unwrap().failure = Some(failure.into());
     let status = service.get(stale()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains(failure), "{}", status.message());
+    *backend.get_error.lock().unwrap() = None;
+    let status = service.get(stale()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let scan = ScanRequest { start: vec![], end: vec![], limit: 0, reverse: false, consistency: 1 };
+    let status = service.scan(Request::new(scan)).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains(failure), "{}", status.message());
 }
