@@ -34,10 +34,10 @@ const WRITERS: usize = 24;
 /// The server's default tick: elections take 1–2 s, as in production.
 const DEFAULT_TICK_MS: u64 = 100;
 
-/// What the writers did: acknowledged pairs (with when), and every error.
+/// What the writers did: acknowledged pairs, and every error.
 #[derive(Default)]
 struct Record {
-    acked: Mutex<Vec<(Instant, Vec<u8>, Vec<u8>)>>,
+    acked: Mutex<Pairs>,
     errors: Mutex<Vec<String>>,
 }
 
@@ -47,7 +47,7 @@ impl Record {
     }
 
     fn pairs(&self) -> Pairs {
-        self.acked.lock().unwrap().iter().map(|(_, key, value)| (key.clone(), value.clone())).collect()
+        self.acked.lock().unwrap().clone()
     }
 }
 
@@ -63,7 +63,7 @@ fn start_writers(client: &Client, record: &Arc<Record>, stop: &Arc<AtomicBool>) 
                 let key = format!("w{writer:02}-{n:06}").into_bytes();
                 let value = format!("value-{writer}-{n}").repeat(1 + (n % 5) as usize).into_bytes();
                 match client.put(&key, &value).await {
-                    Ok(_) => record.acked.lock().unwrap().push((Instant::now(), key, value)),
+                    Ok(_) => record.acked.lock().unwrap().push((key, value)),
                     Err(error) => record
                         .errors
                         .lock()
