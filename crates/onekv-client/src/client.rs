@@ -1,5 +1,5 @@
-//! The `Client` handle: one method per operation of the `Kv` service, each run through the bounded
-//! retry loop.
+//! The `Client` handle: one method per operation of the `Kv` service, each run through the retry
+//! loop, which is bounded in time (`ClientOptions::retry_budget`) so that it outlasts an election.
 //!
 //! Owns: request ids, the retry loop (which node to ask next, when to wait, when to give up) and
 //! the translation between the wire types and plain Rust values. Does not own: the routing state
@@ -9,7 +9,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
@@ -28,13 +28,26 @@ use crate::routing::{ChannelSettings, Routing, normalize};
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// How a `Client` times out and retries.
+///
+/// A call retries (UNAVAILABLE, DEADLINE_EXCEEDED, a node that cannot be reached, a not-leader
+/// answer) until it succeeds or `retry_budget` is spent, whichever comes first; `max_attempts` can
+/// cap it further. The budget is a time, not a count, because what it must outlast is an election:
+/// after a leader dies, followers name it for up to an election timeout (1–2 s with the server's
+/// defaults) before they elect another, and a split vote takes another round.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
     /// How long one attempt may take before the client gives up on it and retries elsewhere.
     pub request_timeout: Duration,
-    /// Attempts per call, counting the first and every redirect (at least 1 is always made).
+    /// How long one call may take, all its attempts and backoffs together. A retry is started only
+    /// if its backoff ends within the budget, and no attempt runs past it. At least one attempt is
+    /// always made (with a zero budget it gets the whole `request_timeout`). Default 10 s: a few
+    /// election timeouts.
+    pub retry_budget: Duration,
+    /// Most attempts per call, counting the first and every redirect (at least 1 is always made).
+    /// Default `u32::MAX`: no cap, the budget alone bounds the call.
     pub max_attempts: u32,
-    /// The first backoff; it doubles after each one, up to `max_backoff`.
+    /// The first backoff; it doubles after each one, up to `max_backoff`, and each is jittered
+    /// (a random point in its upper half) so clients failing together do not retry in lockstep.
     pub backoff: Duration,
     /// The longest single backoff.
     pub max_backoff: Duration,
@@ -46,7 +59,8 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             request_timeout: Duration::from_secs(5),
-            max_attempts: 8,
+            retry_budget: Duration::from_secs(10),
+            max_attempts: u32::MAX,
             backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(2),
@@ -314,7 +328,8 @@ impl Client {
     }
 
     /// Runs `rpc` with `request` along `route` until it succeeds, fails in a way retrying cannot
-    /// fix, or `max_attempts` attempts were made.
+    /// fix, the retry budget is spent or `max_attempts` attempts were made. Every attempt sends the
+    /// same `request`, so a write keeps its request id across all of them.
     async fn call<Req, Resp, Rpc, Fut>(&self, route: Route<'_>, request: Req, rpc: Rpc) -> Result<Resp>
     where
         Req: Clone,
@@ -325,21 +340,37 @@ impl Client {
         let options = &self.inner.options;
         if let Route::Exactly(endpoint) = route {
             let endpoint = normalize(endpoint)?;
-            return self.attempt(&endpoint, &request, &rpc).await.map_err(Failure::into_single_node_error);
+            let started = Instant::now();
+            return self
+                .attempt(&endpoint, &request, &rpc, options.request_timeout)
+                .await
+                .map_err(|failure| failure.into_single_node_error(started.elapsed()));
         }
+        let started = Instant::now();
+        let deadline = started.checked_add(options.retry_budget);
         let max_attempts = options.max_attempts.max(1);
+        let mut attempts = 0;
         let mut redirect_to: Option<String> = None;
         let mut last_failed: Option<String> = None;
         let mut backoffs = 0;
-        let mut last_cause = String::new();
         let mut previous_was_redirect = false;
-        for attempt in 1..=max_attempts {
+        let last_cause = loop {
+            attempts += 1;
             let endpoint = match (redirect_to.take(), route) {
                 (Some(leader), _) => leader,
                 (None, Route::Leader) => routing.leader_or_next(last_failed.as_deref()),
                 (None, _) => routing.next(last_failed.as_deref()),
             };
-            let failure = match self.attempt(&endpoint, &request, &rpc).await {
+            // No attempt runs past the budget; only the first may have the whole request timeout
+            // when the budget is zero.
+            let left = deadline.map_or(options.request_timeout, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            let timeout = match options.request_timeout.min(left) {
+                Duration::ZERO if attempts == 1 => options.request_timeout,
+                timeout => timeout,
+            };
+            let failure = match self.attempt(&endpoint, &request, &rpc, timeout).await {
                 Ok(response) => {
                     if let Route::Leader = route {
                         routing.set_leader(&endpoint);
@@ -349,30 +380,57 @@ impl Client {
                 Err(Failure::Fatal(error)) => return Err(error),
                 Err(failure) => failure,
             };
+            // Whatever went wrong, this node is not serving as leader for us right now: a failed
+            // node, a node shutting down, a follower without a leader, or one that is unreachable.
             routing.forget_leader(&endpoint);
-            let wait = match failure {
+            let (cause, wait) = match failure {
                 Failure::Redirect { leader, cause } => {
-                    last_cause = cause;
                     routing.learn(&leader);
-                    redirect_to = Some(leader);
-                    // Follow a redirect at once, but two in a row mean the nodes' views of the
-                    // leader disagree (an election is settling): wait before asking again.
-                    std::mem::replace(&mut previous_was_redirect, true)
+                    if routing.is_unreachable(&leader) {
+                        // The node named as leader refused a connection moments ago: the node
+                        // redirecting here has not yet noticed that the leader is gone (it will
+                        // once an election timeout passes). Ask the others, after a backoff,
+                        // instead of bouncing between the two.
+                        previous_was_redirect = false;
+                        (format!("{cause} (not followed: {leader} was unreachable moments ago)"), true)
+                    } else {
+                        redirect_to = Some(leader);
+                        // Follow a redirect at once, but two in a row mean the nodes' views of the
+                        // leader disagree (an election is settling): wait before asking again.
+                        (cause, std::mem::replace(&mut previous_was_redirect, true))
+                    }
                 }
-                Failure::Retry { cause, .. } => {
-                    last_cause = cause;
+                Failure::Retry { cause, unreachable, .. } => {
+                    if unreachable {
+                        routing.mark_unreachable(&endpoint);
+                    }
                     previous_was_redirect = false;
-                    true
+                    (cause, true)
                 }
                 Failure::Fatal(_) => unreachable!("returned above"),
             };
             last_failed = Some(endpoint);
-            if wait && attempt < max_attempts {
-                tokio::time::sleep(backoff_delay(options.backoff, options.max_backoff, backoffs)).await;
+            if attempts >= max_attempts {
+                break cause;
+            }
+            let delay = if wait {
+                backoff_delay(options.backoff, options.max_backoff, backoffs)
+            } else {
+                Duration::ZERO
+            };
+            // A retry whose backoff would end past the budget could not run anyway: give up now
+            // rather than sleep first.
+            if let Some(deadline) = deadline
+                && Instant::now() + delay >= deadline
+            {
+                break cause;
+            }
+            if wait {
+                tokio::time::sleep(delay).await;
                 backoffs += 1;
             }
-        }
-        Err(ClientError::Unavailable { attempts: max_attempts, last: last_cause })
+        };
+        Err(ClientError::Unavailable { attempts, elapsed: started.elapsed(), last: last_cause })
     }
 
     /// One attempt at `endpoint`, bounded by the per-attempt timeout.
@@ -381,6 +439,7 @@ impl Client {
         endpoint: &str,
         request: &Req,
         rpc: &Rpc,
+        timeout: Duration,
     ) -> std::result::Result<Resp, Failure>
     where
         Req: Clone,
@@ -389,10 +448,20 @@ impl Client {
     {
         let channel = self.inner.routing.channel(endpoint).map_err(Failure::Fatal)?;
         let kv = KvClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let timeout = self.inner.options.request_timeout;
+        let routing = &self.inner.routing;
         match tokio::time::timeout(timeout, rpc(kv, tonic::Request::new(request.clone()))).await {
-            Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) => Err(classify(endpoint, &status)),
+            Ok(Ok(response)) => {
+                routing.mark_reachable(endpoint);
+                Ok(response.into_inner())
+            }
+            Ok(Err(status)) => {
+                let failure = classify(endpoint, &status);
+                if !matches!(failure, Failure::Retry { unreachable: true, .. }) {
+                    // The node answered: whatever it said, it is up.
+                    routing.mark_reachable(endpoint);
+                }
+                Err(failure)
+            }
             Err(_elapsed) => Err(timed_out(endpoint, timeout)),
         }
     }

@@ -10,14 +10,16 @@ pub enum ClientError {
     /// Never retried: the same request would be rejected again.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// No node served the request within the allowed attempts. `last` is the cause of the last
-    /// failed attempt. A write that failed this way may still have been applied (for example after
-    /// a deadline was exceeded); calling again issues a new request id, so read first if applying
-    /// it twice would matter.
-    #[error("gave up after {attempts} attempt(s); last error: {last}")]
+    /// No node served the request within the retry budget (or the allowed attempts). `last` is the
+    /// cause of the last failed attempt. A write that failed this way may still have been applied
+    /// (for example after a deadline was exceeded); calling again issues a new request id, so read
+    /// first if applying it twice would matter.
+    #[error("gave up after {attempts} attempt(s) in {} ms; last error: {last}", elapsed.as_millis())]
     Unavailable {
         /// How many attempts were made.
         attempts: u32,
+        /// How long the call took, attempts and backoffs together.
+        elapsed: std::time::Duration,
         /// The cause of the last failed attempt.
         last: String,
     },

@@ -1,6 +1,9 @@
 //! The onekv client library: a `Client` handle that finds the leader, follows redirects and retries
-//! with bounded attempts and backoff, giving every write a request id that its retries reuse so
-//! the server applies it at most once.
+//! with jittered exponential backoff for a bounded time that outlasts an election
+//! (`ClientOptions::retry_budget`), giving every write a request id that its retries reuse so the
+//! server applies it at most once. A node that answers UNAVAILABLE (no leader known, shutting
+//! down, or failed) is forgotten as leader and another one is asked; a node that refused a
+//! connection is, for a short while, not trusted as the target of a redirect.
 //!
 //! Owns: talking to a cluster over the `Kv` gRPC service (`onekv-proto`): connections, leader
 //! discovery, retries, request ids. Does not own: anything about server internals (it knows only

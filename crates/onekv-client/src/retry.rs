@@ -2,7 +2,12 @@
 //!
 //! Owns: the mapping from a failed attempt to "follow the redirect", "back off and try another
 //! node" or "give up now", and the backoff schedule. Does not own: choosing the node (that is
-//! `routing`) or running the attempts (that is `client`).
+//! `routing`) or running the attempts within the retry budget (that is `client`).
+//!
+//! UNAVAILABLE covers every "this node cannot serve you, another may": no leader known yet, the
+//! node is shutting down, or its replica has failed (a storage failure; such a node stays up but
+//! takes no part in Raft, and names no leader). All of them mean: forget this node as leader and
+//! try another after a backoff.
 
 use std::error::Error as _;
 use std::time::Duration;
@@ -30,19 +35,24 @@ pub(crate) enum Failure {
         /// The node was not reached or did not answer at all (as opposed to answering with an
         /// error status).
         transport: bool,
+        /// The connection to the node failed (refused, reset, broken): the node is probably down,
+        /// so for a short while redirects naming it are not followed (`routing`). A node that was
+        /// reached but did not answer in time is not marked: it may only be slow.
+        unreachable: bool,
     },
     /// Retrying cannot help.
     Fatal(ClientError),
 }
 
 impl Failure {
-    /// The error to report when there is only one node to ask and so no retry.
-    pub(crate) fn into_single_node_error(self) -> ClientError {
+    /// The error to report when there is only one node to ask and so no retry; the attempt took
+    /// `elapsed`.
+    pub(crate) fn into_single_node_error(self, elapsed: Duration) -> ClientError {
         match self {
             Failure::Redirect { cause, .. } => ClientError::Server(cause),
-            Failure::Retry { cause, transport: true } => ClientError::Transport(cause),
-            Failure::Retry { cause, transport: false } => {
-                ClientError::Unavailable { attempts: 1, last: cause }
+            Failure::Retry { cause, transport: true, .. } => ClientError::Transport(cause),
+            Failure::Retry { cause, transport: false, .. } => {
+                ClientError::Unavailable { attempts: 1, elapsed, last: cause }
             }
             Failure::Fatal(error) => error,
         }
@@ -51,7 +61,11 @@ impl Failure {
 
 /// An attempt that got no answer within the per-attempt timeout.
 pub(crate) fn timed_out(endpoint: &str, timeout: Duration) -> Failure {
-    Failure::Retry { cause: format!("{endpoint}: no answer within {timeout:?}"), transport: true }
+    Failure::Retry {
+        cause: format!("{endpoint}: no answer within {timeout:?}"),
+        transport: true,
+        unreachable: false,
+    }
 }
 
 /// Decides what a failed attempt at `endpoint` means.
@@ -62,18 +76,18 @@ pub(crate) fn classify(endpoint: &str, status: &Status) -> Failure {
     // them, because the request may not have reached the node (and writes carry request ids, so a
     // duplicate is harmless).
     if status.source().is_some() {
-        return Failure::Retry { cause, transport: true };
+        return Failure::Retry { cause, transport: true, unreachable: true };
     }
     match status.code() {
         Code::InvalidArgument => Failure::Fatal(ClientError::InvalidArgument(status.message().to_string())),
         Code::FailedPrecondition => match leader_address(status) {
             Some(leader) if leader != endpoint => Failure::Redirect { leader, cause },
             // Not the leader and no (other) leader known: an election is probably under way.
-            _ => Failure::Retry { cause, transport: false },
+            _ => Failure::Retry { cause, transport: false, unreachable: false },
         },
         // CANCELLED is what a tonic server answers when its own request timeout expires.
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
-            Failure::Retry { cause, transport: false }
+            Failure::Retry { cause, transport: false, unreachable: false }
         }
         _ => Failure::Fatal(ClientError::Server(cause)),
     }
@@ -152,7 +166,19 @@ mod tests {
         assert!(matches!(classify("a:1", &not_leader(Some("a:1"))), Failure::Retry { .. }));
         assert!(matches!(classify("a:1", &not_leader(Some("https://x:1"))), Failure::Retry { .. }));
         assert!(matches!(classify("a:1", &Status::unavailable("no leader")), Failure::Retry { .. }));
+        // A failed node: retried elsewhere, and its text is kept for the caller.
+        assert!(matches!(
+            classify("a:1", &Status::unavailable("this node failed and no longer serves (storage failure: disk)")),
+            Failure::Retry { cause, transport: false, unreachable: false } if cause.contains("storage failure: disk")
+        ));
         assert!(matches!(classify("a:1", &Status::deadline_exceeded("slow")), Failure::Retry { .. }));
+        // A failure on this side of the connection carries its cause as the source.
+        let refused =
+            Status::from_error(Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)));
+        assert!(matches!(
+            classify("a:1", &refused),
+            Failure::Retry { transport: true, unreachable: true, .. }
+        ));
         assert!(matches!(
             classify("a:1", &Status::internal("disk")),
             Failure::Fatal(ClientError::Server(message)) if message == "a:1: Internal: disk"

@@ -1,5 +1,5 @@
-//! Which node to ask: the known endpoints, the cached leader, round-robin order, and one lazily
-//! created gRPC channel per endpoint.
+//! Which node to ask: the known endpoints, the cached leader, round-robin order, which endpoints
+//! refused a connection moments ago, and one lazily created gRPC channel per endpoint.
 //!
 //! Owns: the mutable routing state shared by every clone of a `Client`. Does not own: the retry
 //! policy (that is `retry`), or anything about what the requests mean.
@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
@@ -42,6 +42,13 @@ fn uri(address: &str) -> String {
     format!("http://{address}")
 }
 
+/// How long an endpoint that could not be reached stays suspect: it is not chosen round-robin
+/// while another endpoint is not suspect, and redirects naming it are not followed. Long enough to
+/// cover the moments after a leader dies, while followers still name it (until the election that
+/// follows, one or two election timeouts); short enough that a restarted node is used again soon.
+/// Every new refusal starts the period again.
+pub(crate) const UNREACHABLE_MEMORY: Duration = Duration::from_secs(2);
+
 /// How channels are configured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ChannelSettings {
@@ -63,7 +70,17 @@ struct State {
     leader: Option<String>,
     /// Round-robin cursor into `known`.
     next: usize,
+    /// Endpoints that could not be reached (connection refused or broken), and when that was last
+    /// seen. Entries older than [`UNREACHABLE_MEMORY`] no longer count; an endpoint that answers
+    /// anything is removed.
+    unreachable: HashMap<String, Instant>,
     channels: HashMap<String, Channel>,
+}
+
+impl State {
+    fn is_unreachable(&self, endpoint: &str, now: Instant) -> bool {
+        self.unreachable.get(endpoint).is_some_and(|since| now.duration_since(*since) < UNREACHABLE_MEMORY)
+    }
 }
 
 impl Routing {
@@ -71,7 +88,13 @@ impl Routing {
     pub(crate) fn new(endpoints: Vec<String>, settings: ChannelSettings) -> Routing {
         Routing {
             settings,
-            state: Mutex::new(State { known: endpoints, leader: None, next: 0, channels: HashMap::new() }),
+            state: Mutex::new(State {
+                known: endpoints,
+                leader: None,
+                next: 0,
+                unreachable: HashMap::new(),
+                channels: HashMap::new(),
+            }),
         }
     }
 
@@ -115,6 +138,24 @@ impl Routing {
         }
     }
 
+    /// Remembers that `endpoint` could not be reached just now (see [`UNREACHABLE_MEMORY`]).
+    pub(crate) fn mark_unreachable(&self, endpoint: &str) {
+        self.lock().unreachable.insert(endpoint.to_string(), Instant::now());
+    }
+
+    /// Forgets that `endpoint` could not be reached: it answered.
+    pub(crate) fn mark_reachable(&self, endpoint: &str) {
+        let mut state = self.lock();
+        if !state.unreachable.is_empty() {
+            state.unreachable.remove(endpoint);
+        }
+    }
+
+    /// Whether `endpoint` could not be reached within the last [`UNREACHABLE_MEMORY`].
+    pub(crate) fn is_unreachable(&self, endpoint: &str) -> bool {
+        self.lock().is_unreachable(endpoint, Instant::now())
+    }
+
     /// The cached leader unless it is `avoid`, else the next endpoint in round-robin order.
     pub(crate) fn leader_or_next(&self, avoid: Option<&str>) -> String {
         {
@@ -128,20 +169,23 @@ impl Routing {
         self.next(avoid)
     }
 
-    /// The next endpoint in round-robin order, skipping `avoid` when there is any other choice.
+    /// The next endpoint in round-robin order, preferring one that is neither `avoid` nor
+    /// recently unreachable, then one that is not `avoid`; with no other choice, `avoid` itself.
     pub(crate) fn next(&self, avoid: Option<&str>) -> String {
         let mut state = self.lock();
+        let now = Instant::now();
         let count = state.known.len();
-        for _ in 0..count {
-            let candidate = state.next % count;
-            state.next = state.next.wrapping_add(1);
-            if Some(state.known[candidate].as_str()) != avoid || count == 1 {
-                return state.known[candidate].clone();
-            }
-        }
-        // Unreachable with at least one endpoint (`Client::new` guarantees that), but the only
-        // endpoint is a correct answer anyway.
-        state.known[0].clone()
+        let start = state.next;
+        let order: Vec<usize> = (0..count).map(|step| start.wrapping_add(step) % count).collect();
+        let pick = order
+            .iter()
+            .copied()
+            .find(|&i| Some(state.known[i].as_str()) != avoid && !state.is_unreachable(&state.known[i], now))
+            .or_else(|| order.iter().copied().find(|&i| Some(state.known[i].as_str()) != avoid))
+            // Only `avoid` is known (`Client::new` guarantees at least one endpoint).
+            .unwrap_or(start % count);
+        state.next = pick.wrapping_add(1);
+        state.known[pick].clone()
     }
 
     /// The channel to `endpoint` (normalized), created on first use. Creating it does not connect:
@@ -207,6 +251,33 @@ mod tests {
         assert_eq!(routing.leader().as_deref(), Some("b:1"));
         routing.forget_leader("b:1");
         assert_eq!(routing.leader(), None);
+    }
+
+    #[test]
+    fn round_robin_passes_over_unreachable_endpoints_while_there_is_another_choice() {
+        let routing = routing(&["a:1", "b:1", "c:1"]);
+        routing.mark_unreachable("b:1");
+        assert!(routing.is_unreachable("b:1"));
+        assert_eq!(routing.next(None), "a:1");
+        assert_eq!(routing.next(None), "c:1");
+        assert_eq!(routing.next(None), "a:1");
+        // Avoiding the only reachable one leaves the unreachable ones, in order.
+        routing.mark_unreachable("c:1");
+        assert_eq!(routing.next(Some("a:1")), "b:1");
+        // An answer clears the mark.
+        routing.mark_reachable("b:1");
+        assert!(!routing.is_unreachable("b:1"));
+        assert_eq!(routing.next(Some("a:1")), "b:1");
+        let single = self::routing(&["a:1"]);
+        single.mark_unreachable("a:1");
+        assert_eq!(single.next(Some("a:1")), "a:1");
+    }
+
+    #[test]
+    fn an_unreachable_mark_expires() {
+        let routing = routing(&["a:1"]);
+        routing.lock().unreachable.insert("a:1".into(), Instant::now() - UNREACHABLE_MEMORY);
+        assert!(!routing.is_unreachable("a:1"));
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The client's retry, redirect and request-id behaviour against tiny fake `Kv` servers on
 //! 127.0.0.1 (no real onekv node): each fake answers from a script of statuses, then succeeds, and
-//! records every request id and consistency level it saw.
+//! records every request id and consistency level it saw. Elections are played by switching what
+//! the fakes answer after a delay.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -147,6 +149,39 @@ async fn serve(fake: &Arc<Fake>) -> String {
     address.to_string()
 }
 
+/// An address that accepts connections and drops each at once, as a node dying under its clients
+/// would; returns `host:port` and the count of connections it took.
+async fn dropping_address() -> (String, Arc<AtomicU32>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let accepted = Arc::new(AtomicU32::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    (address, accepted)
+}
+
+/// After `delay`, sets what `fake` answers from then on (`None`: OK), as an election's outcome.
+fn after(delay: Duration, fake: &Arc<Fake>, step: Option<Step>) {
+    let fake = Arc::clone(fake);
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        *fake.always.lock().unwrap() = step;
+    });
+}
+
+/// What a node whose replica failed answers (the server's `failed_node_status`).
+fn failed_node() -> Status {
+    Status::unavailable(
+        "this node failed and no longer serves (storage failure: appending Raft entries: No space left \
+         on device (os error 28)); retry on another member",
+    )
+}
+
 /// An address nothing listens on: bound, then released.
 async fn dead_address() -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -158,6 +193,7 @@ async fn dead_address() -> String {
 fn fast_options() -> ClientOptions {
     ClientOptions {
         request_timeout: Duration::from_secs(2),
+        retry_budget: Duration::from_secs(5),
         max_attempts: 8,
         backoff: Duration::from_millis(5),
         max_backoff: Duration::from_millis(20),
@@ -336,7 +372,7 @@ async fn giving_up_reports_the_attempts_and_the_last_cause() {
         let client = client(&[&address], ClientOptions { max_attempts: 3, ..fast_options() });
 
         match client.put(b"k", b"v").await {
-            Err(ClientError::Unavailable { attempts, last }) => {
+            Err(ClientError::Unavailable { attempts, last, .. }) => {
                 assert_eq!(attempts, 3);
                 assert!(last.contains("stopping") && last.contains(&address), "{last}");
             }
@@ -348,7 +384,9 @@ async fn giving_up_reports_the_attempts_and_the_last_cause() {
         let dead = dead_address().await;
         let client = self::client(&[&dead], ClientOptions { max_attempts: 2, ..fast_options() });
         match client.get(b"k").await {
-            Err(ClientError::Unavailable { attempts: 2, last }) => assert!(last.contains(&dead), "{last}"),
+            Err(ClientError::Unavailable { attempts: 2, last, .. }) => {
+                assert!(last.contains(&dead), "{last}")
+            }
             other => panic!("expected Unavailable, got {other:?}"),
         }
     })
@@ -466,4 +504,148 @@ fn new_rejects_empty_and_malformed_endpoint_lists() {
     ));
     let client = Client::new(vec!["http://a:1".into(), "a:1".into(), "b:2".into()], ClientOptions::default());
     assert_eq!(client.unwrap().endpoints(), ["a:1", "b:2"]);
+}
+
+/// Issue 13, finding 4: the cached leader's storage fails. It answers UNAVAILABLE with the failure
+/// and no leader hint, and the followers keep naming it until they elect another leader (1–2 s with
+/// the default election timeout). The default client forgets it, rides out the election, succeeds
+/// on the new leader with the same request id, and sends the failed node nothing more.
+#[tokio::test]
+async fn a_leader_whose_storage_failed_is_left_for_the_new_leader() {
+    bounded(async {
+        let old = Fake::new(1, vec![]);
+        let follower = Fake::new(2, vec![]);
+        let new = Fake::new(3, vec![]);
+        let old_address = serve(&old).await;
+        let follower_address = serve(&follower).await;
+        let new_address = serve(&new).await;
+        let client = client(&[&old_address, &follower_address, &new_address], ClientOptions::default());
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        assert_eq!(client.cached_leader().as_deref(), Some(old_address.as_str()));
+
+        *old.always.lock().unwrap() = Some(Step::Fail(failed_node));
+        *follower.always.lock().unwrap() = Some(Step::NotLeader(Some(old_address.clone())));
+        *new.always.lock().unwrap() = Some(Step::NotLeader(Some(old_address.clone())));
+        let election = Duration::from_millis(1500);
+        after(election, &follower, Some(Step::NotLeader(Some(new_address.clone()))));
+        after(election, &new, None);
+        let old_calls = old.calls();
+        let started = Instant::now();
+        assert_eq!(client.put(b"k", b"v2").await.unwrap(), 42);
+        let took = started.elapsed();
+        assert!(took >= election && took < Duration::from_secs(6), "{took:?}");
+        assert_eq!(client.cached_leader().as_deref(), Some(new_address.as_str()));
+        let id = *new.ids().last().unwrap();
+        let mut ids = old.ids()[old_calls as usize..].to_vec();
+        ids.extend(follower.ids());
+        assert!(ids.iter().all(|seen| *seen == id), "every retry reuses the request id: {ids:?} vs {id:?}");
+
+        let old_calls = old.calls();
+        client.put(b"k", b"v3").await.unwrap();
+        client.get(b"k").await.unwrap();
+        assert_eq!(old.calls(), old_calls, "the failed node gets no more traffic");
+    })
+    .await;
+}
+
+/// Issue 13, finding 5: the leader was killed and both followers still name it until they elect a
+/// new one. The default client (8 attempts over 0.3-0.6 s before) keeps trying for its retry budget,
+/// so an election of 1.5 s costs no error.
+#[tokio::test]
+async fn the_default_client_rides_out_an_election() {
+    bounded(async {
+        let dead = dead_address().await;
+        let one = Fake::new(1, vec![]);
+        let two = Fake::new(2, vec![]);
+        let one_address = serve(&one).await;
+        let two_address = serve(&two).await;
+        *one.always.lock().unwrap() = Some(Step::NotLeader(Some(dead.clone())));
+        *two.always.lock().unwrap() = Some(Step::NotLeader(Some(dead.clone())));
+        let election = Duration::from_millis(1500);
+        after(election, &one, Some(Step::NotLeader(Some(two_address.clone()))));
+        after(election, &two, None);
+        let client = client(&[&dead, &one_address, &two_address], ClientOptions::default());
+
+        let started = Instant::now();
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        let took = started.elapsed();
+        assert!(took >= election && took < Duration::from_secs(6), "{took:?}");
+        let mut ids = one.ids();
+        ids.extend(two.ids());
+        assert!(ids.iter().all(|id| *id == ids[0] && id.is_some()), "{ids:?}");
+        assert_eq!(client.cached_leader().as_deref(), Some(two_address.as_str()));
+    })
+    .await;
+}
+
+/// A follower that names a dead leader is not believed over and over: once the named node's
+/// connection failed, redirects to it are not followed for a while and the other nodes are asked.
+#[tokio::test]
+async fn redirects_to_a_node_that_refused_are_not_followed_again_and_again() {
+    bounded(async {
+        let (dying, accepted) = dropping_address().await;
+        let one = Fake::new(1, vec![]);
+        let two = Fake::new(2, vec![]);
+        let one_address = serve(&one).await;
+        let two_address = serve(&two).await;
+        *one.always.lock().unwrap() = Some(Step::NotLeader(Some(dying.clone())));
+        *two.always.lock().unwrap() = Some(Step::NotLeader(Some(dying.clone())));
+        let election = Duration::from_millis(800);
+        after(election, &one, Some(Step::NotLeader(Some(two_address.clone()))));
+        after(election, &two, None);
+        let options = ClientOptions { max_attempts: u32::MAX, ..fast_options() };
+        let client = client(&[&one_address, &two_address], options);
+
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        // Dozens of attempts were made (5-20 ms apart); the dying node was dialled once, not once
+        // every other attempt.
+        assert!(one.calls() + two.calls() > 10, "{} + {}", one.calls(), two.calls());
+        let dials = accepted.load(Ordering::SeqCst);
+        assert!((1..=2).contains(&dials), "the dying node was dialled {dials} times");
+    })
+    .await;
+}
+
+/// The retry budget is a time: many more attempts than the old count of 8 fit in it, the call
+/// gives up when it is spent (not much before, never much after), and a stalled attempt is cut
+/// short at its end.
+#[tokio::test]
+async fn the_retry_budget_bounds_a_call_in_time() {
+    bounded(async {
+        let node = Fake::new(1, vec![]);
+        *node.always.lock().unwrap() = Some(Step::Fail(|| Status::unavailable("no leader yet")));
+        let address = serve(&node).await;
+        let budget = Duration::from_millis(800);
+        let options = ClientOptions { retry_budget: budget, max_attempts: u32::MAX, ..fast_options() };
+        let client = client(&[&address], options.clone());
+
+        let started = Instant::now();
+        let result = client.put(b"k", b"v").await;
+        let took = started.elapsed();
+        match result {
+            Err(ClientError::Unavailable { attempts, elapsed, last }) => {
+                assert!(
+                    attempts > 8 && attempts == node.calls(),
+                    "{attempts} attempts, {} calls",
+                    node.calls()
+                );
+                assert!(elapsed <= took && last.contains("no leader yet"), "{elapsed:?} {last}");
+            }
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        // Gives up once the next backoff (at most 20 ms) would end past the budget (the upper bound
+        // leaves room for a loaded machine).
+        assert!(
+            took >= budget - Duration::from_millis(100) && took <= budget + Duration::from_secs(1),
+            "{took:?}"
+        );
+
+        // An attempt that hangs is cut at the end of the budget, not at its own 2 s timeout.
+        *node.always.lock().unwrap() = Some(Step::Stall(Duration::from_secs(10)));
+        let started = Instant::now();
+        assert!(matches!(client.get(b"k").await, Err(ClientError::Unavailable { .. })));
+        let took = started.elapsed();
+        assert!(took >= budget && took < budget + Duration::from_secs(1), "{took:?}");
+    })
+    .await;
 }

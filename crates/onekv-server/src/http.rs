@@ -8,8 +8,10 @@
 //!   write amplification and recent throughput;
 //! - `GET /cluster.json` — this node's status and every other member's, gathered over gRPC
 //!   (`Kv.Status`) with a short timeout; a member that does not answer is shown as down;
-//! - `GET /healthz` — `200 ok` while the replica can serve, `503` with the reason after a storage
-//!   failure.
+//! - `GET /healthz` — `200 ok` while the replica can serve, `503` with the failure text once
+//!   `ReplicaStatus::failure` is set (a failed replica stays up so status and metrics show why,
+//!   but takes no part in Raft and sends every client elsewhere: see `docs/failover.md`), so a
+//!   load balancer or supervisor takes the node out of rotation.
 //!
 //! Owns the routes and the JSON shape. Does not own the metrics themselves (`metrics`) nor the
 //! node's lifecycle ([`crate::serve`] binds, starts and stops this endpoint with the gRPC server).
@@ -189,9 +191,14 @@ async fn metrics_text<B: Backend>(State(state): State<Arc<HttpState<B>>>) -> Res
 async fn healthz<B: Backend>(State(state): State<Arc<HttpState<B>>>) -> Response {
     match state.backend.status().failure {
         None => (StatusCode::OK, "ok\n").into_response(),
-        Some(failure) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("storage failure: {failure}\n")).into_response()
-        }
+        Some(failure) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "failed: storage failure: {failure}; this node takes no part in Raft and serves no \
+                 client until it is restarted\n"
+            ),
+        )
+            .into_response(),
     }
 }
 

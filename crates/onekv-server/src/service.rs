@@ -183,6 +183,30 @@ impl<B: Backend> KvService<B> {
         replica_error_status(error, &self.members)
     }
 
+    /// Refuses a stale read on a failed replica. Its copy stopped at the failure and falls further
+    /// behind for as long as it stays up, so it is no longer a copy worth reading, even stale. (A
+    /// linearizable read needs no check: the failed replica refuses its read barrier.)
+    fn refuse_if_failed(&self) -> Result<(), Status> {
+        match self.backend.status().failure {
+            Some(failure) => Err(failed_node_status(&failure)),
+            None => Ok(()),
+        }
+    }
+
+    /// The gRPC status for an error of a local read (`get`, `scan`). Unlike a proposal, a read can
+    /// fail on one bad value while the replica as a whole still serves: that is INTERNAL (asking
+    /// another member would only be redirected back here). Only once the replica has failed is it
+    /// the failed-node answer that sends the client elsewhere.
+    fn status_of_read(&self, error: ReplicaError) -> Status {
+        match error {
+            ReplicaError::Storage(message) => match self.backend.status().failure {
+                Some(failure) => failed_node_status(&failure),
+                None => Status::internal(ReplicaError::Storage(message).to_string()),
+            },
+            error => self.status_of(error),
+        }
+    }
+
     fn read_key(&self, key: &[u8], consistency: i32) -> Result<Consistency, Status> {
         let consistency = Consistency::try_from(consistency)
             .map_err(|_| Status::invalid_argument(format!("unknown consistency {consistency}")))?;
@@ -219,8 +243,21 @@ pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> St
             "dropped before commit ({message}); retrying with the same request id is safe"
         )),
         ReplicaError::Stopping => Status::unavailable("the node is shutting down"),
-        error @ (ReplicaError::Storage(_) | ReplicaError::Open(_)) => Status::internal(error.to_string()),
+        // Only a replica that has failed answers a proposal or a read barrier with a storage
+        // error. It no longer takes part in Raft (the others elect a leader without it), so the
+        // client must stop treating it as the leader and ask another member: UNAVAILABLE, with
+        // the failure for the operator and deliberately no leader hint (this node's idea of the
+        // leader is frozen at the moment it failed, possibly itself).
+        ReplicaError::Storage(failure) => failed_node_status(&failure),
+        error @ ReplicaError::Open(_) => Status::internal(error.to_string()),
     }
+}
+
+/// The answer of a node whose replica has failed: UNAVAILABLE naming the failure, no leader hint.
+pub fn failed_node_status(failure: &str) -> Status {
+    Status::unavailable(format!(
+        "this node failed and no longer serves (storage failure: {failure}); retry on another member"
+    ))
 }
 
 /// The largest request the limits admit, as a gRPC message (a batch, or a compare-and-swap carrying
@@ -270,11 +307,12 @@ impl<B: Backend> Kv for KvService<B> {
         self.observed("get", async move {
             let request = request.into_inner();
             let consistency = self.read_key(&request.key, request.consistency)?;
-            if consistency == Consistency::Linearizable {
-                self.read_barrier().await?;
+            match consistency {
+                Consistency::Linearizable => self.read_barrier().await?,
+                Consistency::Stale => self.refuse_if_failed()?,
             }
             // One index lookup and one pread of the value: short enough to run here.
-            let value = self.backend.get(&request.key).map_err(|error| self.status_of(error))?;
+            let value = self.backend.get(&request.key).map_err(|error| self.status_of_read(error))?;
             Ok(Response::new(match value {
                 Some(value) => GetResponse { found: true, value },
                 None => GetResponse { found: false, value: Vec::new() },
@@ -392,8 +430,9 @@ impl<B: Backend> Kv for KvService<B> {
                 }
                 limit => limit,
             };
-            if consistency == Consistency::Linearizable {
-                self.read_barrier().await?;
+            match consistency {
+                Consistency::Linearizable => self.read_barrier().await?,
+                Consistency::Stale => self.refuse_if_failed()?,
             }
             // A scan may read megabytes through many preads: keep it off the async workers.
             let backend = Arc::clone(&self.backend);
@@ -407,7 +446,7 @@ impl<B: Backend> Kv for KvService<B> {
             })
             .await
             .map_err(|error| Status::internal(format!("scan failed: {error}")))?
-            .map_err(|error| self.status_of(error))?;
+            .map_err(|error| self.status_of_read(error))?;
             let pairs = pairs.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
             Ok(Response::new(ScanResponse { pairs, more }))
         })

@@ -266,7 +266,7 @@ async fn replica_errors_map_to_the_documented_codes() {
         (ReplicaError::InvalidArgument("bad".into()), Code::InvalidArgument),
         (ReplicaError::Dropped("leader changed".into()), Code::Unavailable),
         (ReplicaError::Stopping, Code::Unavailable),
-        (ReplicaError::Storage("disk".into()), Code::Internal),
+        (ReplicaError::Storage("disk".into()), Code::Unavailable),
         (ReplicaError::Open("no".into()), Code::Internal),
     ];
     let (backend, service) = service();
@@ -275,6 +275,91 @@ async fn replica_errors_map_to_the_documented_codes() {
         let status = service.put(put(b"k", b"v")).await.unwrap_err();
         assert_eq!(status.code(), code, "{error:?}");
     }
+}
+
+#[tokio::test]
+async fn a_failed_replica_answers_unavailable_with_the_failure_and_no_leader_hint() {
+    let (backend, service) = service();
+    let failure = "appending Raft entries: No space left on device";
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::Storage(failure.into())));
+    *backend.barrier_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::Storage(failure.into())));
+    let write = service.put(put(b"k", b"v")).await.unwrap_err();
+    let read =
+        service.get(Request::new(GetRequest { key: b"k".to_vec(), consistency: 0 })).await.unwrap_err();
+    for status in [write, read] {
+        // UNAVAILABLE is what makes the client forget this node as leader and ask another one.
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().contains(failure), "{}", status.message());
+        assert!(status.metadata().get(onekv_proto::LEADER_ID_METADATA).is_none());
+        assert!(status.metadata().get(onekv_proto::LEADER_ADDR_METADATA).is_none());
+    }
+
+    // A read that fails on one value while the replica still serves stays INTERNAL: another
+    // member would only send the client back here.
+    *backend.get_error.lock().unwrap() = Some(ReplicaError::Storage("checksum mismatch".into()));
+    let stale = || Request::new(GetRequest { key: b"k".to_vec(), consistency: Consistency::Stale.into() });
+    let status = service.get(stale()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    // Once the replica has failed, its frozen copy is not read even stale, and a read error that
+    // races with the failure is the failed-node answer too.
+    backend.status.lock().unwrap().failure = Some(failure.into());
+    let status = service.get(stale()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains(failure), "{}", status.message());
+    *backend.get_error.lock().unwrap() = None;
+    let status = service.get(stale()).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let scan = ScanRequest { start: vec![], end: vec![], limit: 0, reverse: false, consistency: 1 };
+    let status = service.scan(Request::new(scan)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains(failure), "{}", status.message());
+}
+
+/// Serves a `Kv` service over `backend` on a fresh port of 127.0.0.1; returns `host:port`.
+async fn serve_kv(backend: &Arc<FakeBackend>) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let service = KvService::new(Arc::clone(backend), &config()).into_server();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+    address
+}
+
+/// Issue 13, finding 4: a leader whose storage failed kept every client, because its INTERNAL
+/// answer was final for the client. Now the real client, talking to the real service, moves on.
+#[tokio::test]
+async fn the_client_leaves_a_leader_whose_storage_failed() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let failing = Arc::new(FakeBackend::default());
+        let healthy = Arc::new(FakeBackend::default());
+        let failing_address = serve_kv(&failing).await;
+        let healthy_address = serve_kv(&healthy).await;
+        let options = onekv_client::ClientOptions {
+            backoff: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(20),
+            ..onekv_client::ClientOptions::default()
+        };
+        let client =
+            onekv_client::Client::new(vec![failing_address.clone(), healthy_address.clone()], options)
+                .unwrap();
+        client.put(b"k", b"v").await.unwrap();
+        assert_eq!(client.cached_leader().as_deref(), Some(failing_address.as_str()));
+
+        // Its disk fills: the replica fails every request from now on.
+        let failure = "appending Raft entries: No space left on device (os error 28)";
+        failing.status.lock().unwrap().failure = Some(failure.into());
+        *failing.propose_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::Storage(failure.into())));
+        *failing.barrier_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::Storage(failure.into())));
+        assert_eq!(client.put(b"k", b"v2").await.unwrap(), 7, "served by the healthy node");
+        assert_eq!(client.cached_leader().as_deref(), Some(healthy_address.as_str()));
+        let failing_calls = failing.calls().len();
+        client.put(b"k", b"v3").await.unwrap();
+        client.get(b"k").await.unwrap();
+        assert_eq!(failing.calls().len(), failing_calls, "the failed node gets no more traffic");
+        assert_eq!(healthy.calls(), ["propose", "propose", "barrier", "get"]);
+    })
+    .await
+    .expect("the test exceeded its time bound");
 }
 
 #[tokio::test]

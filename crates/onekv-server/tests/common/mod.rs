@@ -30,6 +30,8 @@ pub struct FakeBackend {
     pub barrier_answer: Mutex<Answer<()>>,
     pub data: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
     pub status: Mutex<ReplicaStatus>,
+    /// When set, `get` fails with this error.
+    pub get_error: Mutex<Option<ReplicaError>>,
     /// Every call, in order: "step", "propose", "barrier", "get", "scan".
     pub calls: Mutex<Vec<&'static str>>,
     pub stepped: Mutex<Vec<Message>>,
@@ -46,6 +48,7 @@ impl Default for FakeBackend {
             barrier_answer: Mutex::new(Answer::Now(Ok(()))),
             data: Mutex::default(),
             status: Mutex::default(),
+            get_error: Mutex::default(),
             calls: Mutex::default(),
             stepped: Mutex::default(),
             proposed: Mutex::default(),
@@ -89,6 +92,9 @@ impl Backend for FakeBackend {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         self.calls.lock().unwrap().push("get");
+        if let Some(error) = self.get_error.lock().unwrap().clone() {
+            return Err(error);
+        }
         Ok(self.data.lock().unwrap().get(key).cloned())
     }
 

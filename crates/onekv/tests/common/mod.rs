@@ -68,15 +68,15 @@ pub fn tail(path: &Path, count: usize) -> String {
     lines[lines.len().saturating_sub(count)..].join("\n")
 }
 
-/// Client options for tests: attempts short enough that a dead node is skipped quickly, and
-/// enough of them to ride out an election.
+/// Client options for tests: attempts short enough that a dead node is skipped quickly, and a
+/// retry budget (the default's) that rides out an election.
 pub fn test_client_options() -> ClientOptions {
     ClientOptions {
         request_timeout: Duration::from_secs(3),
-        max_attempts: 12,
         backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(500),
         connect_timeout: Duration::from_secs(1),
+        ..ClientOptions::default()
     }
 }
 

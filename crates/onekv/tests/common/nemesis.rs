@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 pub fn workload_client_options() -> ClientOptions {
     ClientOptions {
         request_timeout: Duration::from_millis(1000),
+        retry_budget: Duration::from_secs(5),
         max_attempts: 5,
         backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(300),
