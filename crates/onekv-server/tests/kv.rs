@@ -309,7 +309,14 @@ async fn a_failed_replica_answers_unavailable_with_the_failure_and_no_leader_hin
     *backend.get_error.lock().unwrap() = None;
     let status = service.get(stale()).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    let scan = ScanRequest { start: vec![], end: vec![], limit: 0, reverse: false, consistency: 1 };
+    let scan = ScanRequest {
+        start: vec![],
+        end: vec![],
+        limit: 0,
+        reverse: false,
+        consistency: 1,
+        keys_only: false,
+    };
     let status = service.scan(Request::new(scan)).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(status.message().contains(failure), "{}", status.message());
