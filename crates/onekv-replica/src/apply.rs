@@ -80,7 +80,7 @@ impl Applier {
                 }
             }
             let value_log = state.second_log.as_ref().expect("separated mode has a value log");
-            let locators = value_log.append(
+            let locators = value_log.append_in_parts(
                 &values.iter().map(|(kind, payload)| (*kind, payload.as_slice())).collect::<Vec<_>>(),
             );
             let locators = locators.map_err(|e| storage(format!("writing the value log: {e}")))?;
@@ -150,7 +150,9 @@ impl Applier {
         if !wal.is_empty() {
             let data_wal = state.second_log.as_ref().expect("classic mode has a data WAL");
             data_wal
-                .append(&wal.iter().map(|payload| (records::APPLIED, payload.as_slice())).collect::<Vec<_>>())
+                .append_in_parts(
+                    &wal.iter().map(|payload| (records::APPLIED, payload.as_slice())).collect::<Vec<_>>(),
+                )
                 .map_err(|e| storage(format!("writing the data WAL: {e}")))?;
         }
         Ok(results)
@@ -246,11 +248,14 @@ impl Applier {
         payloads.push(records::encode_snapshot_meta(&meta));
         let mut kinds = vec![records::SNAP_CHUNK; payloads.len() - 1];
         kinds.push(records::SNAP_META);
-        // One append: a chunk set and its metadata become durable together, in order.
+        // In order, in as many group commits as the size needs: the snapshot counts at recovery
+        // only once its metadata record, which comes last, is durable after all its chunks.
         let locators = self
             .state
             .raft_log
-            .append(&kinds.iter().zip(&payloads).map(|(k, p)| (*k, p.as_slice())).collect::<Vec<_>>())
+            .append_in_parts(
+                &kinds.iter().zip(&payloads).map(|(k, p)| (*k, p.as_slice())).collect::<Vec<_>>(),
+            )
             .map_err(|e| storage(format!("writing a snapshot: {e}")))?;
         Ok(locators[..locators.len() - 1].to_vec())
     }
@@ -286,7 +291,9 @@ impl Applier {
             } else {
                 let value_log = state.second_log.as_ref().expect("separated mode has a value log");
                 value_log
-                    .append(&values.iter().map(|v| (records::VALUE, v.as_slice())).collect::<Vec<_>>())
+                    .append_in_parts(
+                        &values.iter().map(|v| (records::VALUE, v.as_slice())).collect::<Vec<_>>(),
+                    )
                     .map_err(|e| storage(format!("writing the value log: {e}")))?
             };
             for (i, (key, span)) in keys.into_iter().enumerate() {

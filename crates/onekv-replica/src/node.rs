@@ -546,6 +546,16 @@ impl NodeLoop {
     }
 
     fn lost_leadership(&mut self) {
+        // Proposals still waiting may commit under the new leader, or be replaced; this node will
+        // not learn which until entries at their indexes are applied, which may be never if no
+        // write follows. Their callers retry with the same request id, which the window makes
+        // safe, and the new leader answers them.
+        for (index, (term, done)) in std::mem::take(&mut self.proposals) {
+            done(Err(ReplicaError::Dropped(format!(
+                "leadership lost while entry {index} of term {term} was pending; it may still commit: \
+                 retry with the same request id"
+            ))));
+        }
         let leader = self.not_leader();
         for done in self.reads_unsent.drain(..) {
             done(Err(leader.clone()));

@@ -26,6 +26,9 @@ const SIMULATED_UNIX_MS: u64 = 1_600_000_000_000;
 /// dropped and the client retries): bounds the leader's memory and each turn under overload.
 const MAX_UNCOMMITTED_BYTES: u64 = 64 << 20;
 
+/// Append messages (each up to `max_size_per_msg`, 1 MiB) in flight to one follower.
+const MAX_INFLIGHT_APPENDS: usize = 32;
+
 /// Committed entry bytes handed to one apply batch.
 const MAX_COMMITTED_BYTES_PER_READY: u64 = 16 << 20;
 
@@ -243,7 +246,9 @@ impl Replica {
             heartbeat_tick: config.heartbeat_ticks,
             applied: store.applied_index,
             max_size_per_msg: 1 << 20,
-            max_inflight_msgs: 256,
+            // At most this many append messages of up to 1 MiB in flight to one follower: bounds
+            // what a leader reads from its log and holds in memory for a follower catching up.
+            max_inflight_msgs: MAX_INFLIGHT_APPENDS,
             max_uncommitted_size: MAX_UNCOMMITTED_BYTES,
             max_committed_size_per_ready: MAX_COMMITTED_BYTES_PER_READY,
             check_quorum: true,
