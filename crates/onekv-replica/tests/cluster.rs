@@ -392,13 +392,6 @@ fn a_retried_request_id_is_recognised_after_restarts_and_on_every_replica() {
     cluster.shutdown();
 }
 
-/// Proposes `command` to the leader and waits for its answer.
-fn propose_once(cluster: &Cluster, id: RequestId, command: Command) -> Result<Outcome, ReplicaError> {
-    let (tx, rx) = mpsc::channel();
-    cluster.replica(cluster.leader()).propose(id, command, Box::new(move |r| tx.send(r).unwrap()));
-    rx.recv_timeout(Duration::from_secs(30)).expect("a reply")
-}
-
 fn mib(i: usize) -> Vec<u8> {
     value(i, 1 << 20)
 }
