@@ -160,7 +160,7 @@ impl Replica {
         driven: bool,
     ) -> Result<(Replica, NodeLoop), ReplicaError> {
         let dir = &config.data_dir;
-        std::fs::create_dir_all(dir)
+        crate::identity::create_dir_all_synced(dir)
             .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
         crate::identity::check_or_create(dir, config.node_id, config.storage)?;
         let started = Instant::now();
