@@ -118,6 +118,15 @@ pub struct ReplicaConfig {
 }
 
 impl ReplicaConfig {
+    /// The sizes `segment_bytes` may take (inclusive): a segment must hold the largest log record
+    /// the replica writes (the log's default record limit, 16 MiB, plus the segment's and the
+    /// record's headers), and the log addresses at most 1 GiB in a segment. The log's own rule, so
+    /// configuration layers report what opening the log would refuse.
+    pub const SEGMENT_BYTES_RANGE: (u64, u64) = (
+        onekv_log::LogConfig::min_segment_bytes(onekv_log::DEFAULT_MAX_RECORD_BYTES),
+        onekv_log::MAX_SEGMENT_BYTES,
+    );
+
     /// A configuration with default tuning for `node_id` in a cluster of `voters`.
     pub fn new(node_id: u64, voters: Vec<u64>, data_dir: impl Into<PathBuf>) -> Self {
         ReplicaConfig {

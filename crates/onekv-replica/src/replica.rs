@@ -92,7 +92,12 @@ impl ReplicaConfig {
     }
 
     fn log_config(&self) -> LogConfig {
-        LogConfig { segment_size_bytes: self.segment_bytes, ..LogConfig::default() }
+        // The record limit is the default one, which `SEGMENT_BYTES_RANGE` is computed from.
+        LogConfig {
+            segment_size_bytes: self.segment_bytes,
+            max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
+            ..LogConfig::default()
+        }
     }
 }
 

@@ -36,8 +36,9 @@ mod bounds {
     pub const MAX_SCAN_PAIRS: usize = 1_000_000;
     /// Memtable budget of one index tree.
     pub const MEMTABLE_BYTES: (u64, u64) = (64 << 10, 16 << 30);
-    /// Size of one log segment file.
-    pub const SEGMENT_BYTES: (u64, u64) = (1 << 20, 16 << 30);
+    /// Size of one log segment file: the log's own rule (a segment holds the largest record, at
+    /// most 1 GiB), 16 MiB + 52 bytes..=1 GiB.
+    pub const SEGMENT_BYTES: (u64, u64) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
     /// Raft's logical clock.
     pub const TICK_MS: (u64, u64) = (1, 10_000);
     /// A client request's budget.
@@ -162,8 +163,9 @@ pub struct IndexConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
-    /// Size of one log segment file, in bytes; at least twice `limits.max_batch_bytes` so the largest
-    /// write's Raft entry fits in one segment. Default 67108864 (64 MiB).
+    /// Size of one log segment file, in bytes: 16777268 (16 MiB + 52, the largest log record and
+    /// its framing) ..= 1073741824 (1 GiB), and at least twice `limits.max_batch_bytes` so the
+    /// largest write's Raft entry fits in one segment. Default 67108864 (64 MiB).
     pub segment_bytes: u64,
 }
 

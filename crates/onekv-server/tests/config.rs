@@ -260,6 +260,28 @@ fn every_rule_is_enforced_and_names_its_field() {
 }
 
 #[test]
+fn the_segment_size_range_is_the_log_s_own() {
+    // The log needs a segment to hold its largest record (16 MiB) and the framing around it: 16 MiB
+    // (which once passed as "at least 1 MiB" and was refused only when the log opened) is below.
+    let (min, max) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
+    assert_eq!(min, (16 << 20) + 52);
+    assert_eq!(max, 1 << 30);
+    assert_rejected(|c| c.log.segment_bytes = 16 << 20, "log.segment_bytes", "16777268..=1073741824");
+    assert_rejected(|c| c.log.segment_bytes = min - 1, "log.segment_bytes", "range");
+    assert_rejected(|c| c.log.segment_bytes = 2 << 30, "log.segment_bytes", "range");
+    for accepted in [min, max] {
+        let mut config = valid();
+        config.log.segment_bytes = accepted;
+        config.validate().unwrap_or_else(|error| panic!("segment_bytes = {accepted}: {error}"));
+    }
+    // And the log itself agrees at both ends.
+    for (size, ok) in [(min - 1, false), (min, true), (max, true), (max + 1, false)] {
+        let config = onekv_log::LogConfig { segment_size_bytes: size, ..onekv_log::LogConfig::default() };
+        assert_eq!(config.validate().is_ok(), ok, "segment_size_bytes = {size}");
+    }
+}
+
+#[test]
 fn every_problem_is_reported_at_once() {
     let mut config = valid();
     config.node_id = 0;
