@@ -50,6 +50,11 @@ impl StorageMode {
     }
 }
 
+/// Largest snapshot a replica builds, in bytes of snapshot data (every key and value, framed). A
+/// snapshot travels whole in one Raft message, so this also sizes the largest message a peer
+/// legitimately sends (the server's peer message limit is derived from it).
+pub const MAX_SNAPSHOT_BYTES: usize = 200 << 20;
+
 /// Bounds on what one request may carry. Anything over a bound is rejected with
 /// [`ReplicaError::InvalidArgument`] before it reaches Raft.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -61,7 +61,7 @@ impl RaftStore {
             entries: VecDeque::new(),
             applied_index: 0,
             applied_term: 0,
-            max_snapshot_bytes: 200 << 20,
+            max_snapshot_bytes: crate::MAX_SNAPSHOT_BYTES,
         }
     }
 
