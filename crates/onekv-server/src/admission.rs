@@ -112,7 +112,7 @@ impl Admission {
             )));
         };
         let (parts, mut body) = request.into_parts();
-        let (peeked, length) = peek_message_length(&mut body).await?;
+        let Peek { frames, length, ended } = peek_message_length(&mut body).await?;
         if let Some(length) = length
             && length > self.max_message_bytes
         {
@@ -136,7 +136,7 @@ impl Admission {
             }
         };
         let permit = Permits { _count: permit, _bytes: bytes };
-        let body = Body::new(Peeked { peeked: peeked.into_iter().collect(), rest: body, rest_done: false });
+        let body = Body::new(Peeked { peeked: frames.into_iter().collect(), rest: body, rest_done: ended });
         Ok((http::Request::from_parts(parts, body), permit))
     }
 }
@@ -147,14 +147,23 @@ struct Permits {
     _bytes: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-/// Reads the body until the first message's frame header is in: returns the frames read (to be
-/// replayed) and the message length, or `None` if the body ended first (tonic then reports it).
-async fn peek_message_length(body: &mut Body) -> Result<(Vec<Frame<Bytes>>, Option<usize>), Status> {
+/// What reading the start of a body found.
+struct Peek {
+    /// The frames read, to be replayed.
+    frames: Vec<Frame<Bytes>>,
+    /// The first message's length, or `None` if the body ended first (tonic then reports it).
+    length: Option<usize>,
+    /// Whether the body has ended (it is not polled again).
+    ended: bool,
+}
+
+/// Reads the body until the first message's frame header is in.
+async fn peek_message_length(body: &mut Body) -> Result<Peek, Status> {
     let mut frames = Vec::new();
     let mut header = BytesMut::new();
     while header.len() < GRPC_HEADER_BYTES {
         match poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
-            None => return Ok((frames, None)),
+            None => return Ok(Peek { frames, length: None, ended: true }),
             Some(Err(status)) => return Err(status),
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
@@ -164,13 +173,14 @@ async fn peek_message_length(body: &mut Body) -> Result<(Vec<Frame<Bytes>>, Opti
                 let trailers = frame.is_trailers();
                 frames.push(frame);
                 if trailers {
-                    return Ok((frames, None));
+                    // Trailers end a body.
+                    return Ok(Peek { frames, length: None, ended: true });
                 }
             }
         }
     }
-    let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
-    Ok((frames, Some(length as usize)))
+    let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    Ok(Peek { frames, length: Some(length), ended: false })
 }
 
 /// A request body whose first frames were read to peek at the message length: replays them, then
@@ -281,5 +291,58 @@ where
             drop(permit);
             response
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body yielding the given chunks one frame at a time.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl http_body::Body for Chunks {
+        type Data = Bytes;
+        type Error = Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+            Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
+        }
+    }
+
+    fn body(chunks: &[&'static [u8]]) -> Body {
+        Body::new(Chunks(chunks.iter().map(|chunk| Bytes::from_static(chunk)).collect()))
+    }
+
+    async fn read_all(mut body: Body) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            bytes.extend_from_slice(frame.unwrap().data_ref().unwrap());
+        }
+        bytes
+    }
+
+    #[tokio::test]
+    async fn a_header_split_across_frames_is_read_and_every_byte_replayed() {
+        let mut original = body(&[b"\x00\x00", b"\x00\x00\x05he", b"llo"]);
+        let peek = peek_message_length(&mut original).await.unwrap();
+        assert_eq!(peek.length, Some(5));
+        assert!(!peek.ended);
+        let replayed =
+            Body::new(Peeked { peeked: peek.frames.into_iter().collect(), rest: original, rest_done: false });
+        assert_eq!(read_all(replayed).await, b"\x00\x00\x00\x00\x05hello");
+    }
+
+    #[tokio::test]
+    async fn a_body_too_short_for_a_header_has_no_length_and_is_replayed_as_is() {
+        let mut original = body(&[b"\x00\x01"]);
+        let peek = peek_message_length(&mut original).await.unwrap();
+        assert_eq!((peek.length, peek.ended), (None, true));
+        let replayed =
+            Body::new(Peeked { peeked: peek.frames.into_iter().collect(), rest: original, rest_done: true });
+        assert_eq!(read_all(replayed).await, b"\x00\x01");
     }
 }
