@@ -95,6 +95,11 @@ impl LocalCluster {
         }
         drop(listeners);
         let mut cluster = LocalCluster { nodes: Vec::new(), dir };
+        // The nodes authenticate each other with one secret, as `onekv cluster start` sets up.
+        let secret_path = cluster.dir.path().join("cluster.secret");
+        onekv_server::PeerSecret::generate()
+            .write_new(&secret_path)
+            .map_err(|error| ClusterError::Config(format!("{error:#}")))?;
         for member in &members {
             let node_dir = cluster.dir.path().join(format!("node{}", member.id));
             fs::create_dir_all(&node_dir).map_err(io_error(format!("creating {}", node_dir.display())))?;
@@ -103,6 +108,7 @@ impl LocalCluster {
                 listen: member.address.clone(),
                 data_dir: node_dir.join("data"),
                 storage,
+                peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
                 ..ServerConfig::default()
             };

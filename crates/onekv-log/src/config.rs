@@ -4,6 +4,13 @@ use crate::LogError;
 use crate::record::RECORD_HEADER_LEN;
 use crate::segment::SEGMENT_HEADER_LEN;
 
+/// Largest segment: offsets within a segment are `u32`.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+/// Smallest segment at all, whatever the record limit.
+pub const MIN_SEGMENT_BYTES: u64 = 4096;
+/// The default [`LogConfig::max_record_bytes`].
+pub const DEFAULT_MAX_RECORD_BYTES: u32 = 16 << 20;
+
 /// Sizes and limits of one log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogConfig {
@@ -24,7 +31,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         Self {
             segment_size_bytes: 64 << 20,
-            max_record_bytes: 16 << 20,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             max_write_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
         }
@@ -32,17 +39,27 @@ impl Default for LogConfig {
 }
 
 impl LogConfig {
+    /// The smallest segment that holds a record of `max_record_bytes`: its payload and framing
+    /// after the segment's header (and at least [`MIN_SEGMENT_BYTES`]). The one definition of the
+    /// minimum that [`LogConfig::validate`] enforces and configuration layers above report.
+    pub const fn min_segment_bytes(max_record_bytes: u32) -> u64 {
+        let largest = (SEGMENT_HEADER_LEN + RECORD_HEADER_LEN) as u64 + max_record_bytes as u64;
+        if largest > MIN_SEGMENT_BYTES { largest } else { MIN_SEGMENT_BYTES }
+    }
+
     /// Checks the values against each other; an error names the first one that is off.
     pub fn validate(&self) -> Result<(), LogError> {
         let bad = |msg: String| Err(LogError::Config(msg));
-        if !(4096..=1 << 30).contains(&self.segment_size_bytes) {
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_size_bytes) {
             return bad(format!(
-                "segment_size_bytes = {} is outside 4096..=1073741824",
+                "segment_size_bytes = {} is outside {MIN_SEGMENT_BYTES}..={MAX_SEGMENT_BYTES}",
                 self.segment_size_bytes
             ));
         }
         let largest = (SEGMENT_HEADER_LEN + RECORD_HEADER_LEN) as u64 + u64::from(self.max_record_bytes);
-        if self.max_record_bytes == 0 || largest > self.segment_size_bytes {
+        if self.max_record_bytes == 0
+            || Self::min_segment_bytes(self.max_record_bytes) > self.segment_size_bytes
+        {
             return bad(format!(
                 "max_record_bytes = {} must be at least 1 and, with {} bytes of framing, fit in a \
                  segment of {} bytes",

@@ -26,7 +26,7 @@ pub mod segment;
 mod stats;
 mod writer;
 
-pub use config::{LogConfig, OpenOptions};
+pub use config::{DEFAULT_MAX_RECORD_BYTES, LogConfig, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES, OpenOptions};
 pub use error::{LogError, Result};
 pub use iter::{LogEntry, LogIter};
 pub use locator::Locator;

@@ -50,6 +50,11 @@ impl StorageMode {
     }
 }
 
+/// Largest snapshot a replica builds, in bytes of snapshot data (every key and value, framed). A
+/// snapshot travels whole in one Raft message, so this also sizes the largest message a peer
+/// legitimately sends (the server's peer message limit is derived from it).
+pub const MAX_SNAPSHOT_BYTES: usize = 200 << 20;
+
 /// Bounds on what one request may carry. Anything over a bound is rejected with
 /// [`ReplicaError::InvalidArgument`] before it reaches Raft.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,7 +115,8 @@ pub struct ReplicaConfig {
     /// Flush the index at least this often while entries are applied.
     pub flush_every: Duration,
     /// Largest snapshot this node builds for a follower, in bytes of keys and values (a snapshot
-    /// travels in one message until streaming snapshots exist).
+    /// travels in one message until streaming snapshots exist); at most [`MAX_SNAPSHOT_BYTES`],
+    /// which is what peers accept.
     pub max_snapshot_bytes: usize,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot).
@@ -126,6 +132,15 @@ pub struct ReplicaConfig {
 }
 
 impl ReplicaConfig {
+    /// The sizes `segment_bytes` may take (inclusive): a segment must hold the largest log record
+    /// the replica writes (the log's default record limit, 16 MiB, plus the segment's and the
+    /// record's headers), and the log addresses at most 1 GiB in a segment. The log's own rule, so
+    /// configuration layers report what opening the log would refuse.
+    pub const SEGMENT_BYTES_RANGE: (u64, u64) = (
+        onekv_log::LogConfig::min_segment_bytes(onekv_log::DEFAULT_MAX_RECORD_BYTES),
+        onekv_log::MAX_SEGMENT_BYTES,
+    );
+
     /// A configuration with default tuning for `node_id` in a cluster of `voters`.
     pub fn new(node_id: u64, voters: Vec<u64>, data_dir: impl Into<PathBuf>) -> Self {
         ReplicaConfig {
@@ -140,7 +155,7 @@ impl ReplicaConfig {
             memtable_bytes: 16 << 20,
             flush_every_entries: 100_000,
             flush_every: Duration::from_secs(300),
-            max_snapshot_bytes: 200 << 20,
+            max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
             index_compaction: true,

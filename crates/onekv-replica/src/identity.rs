@@ -11,13 +11,49 @@
 //! storage=onelog
 //! crc32c=1a2b3c4d
 //! ```
+//!
+//! A crash while the file is first written can leave `IDENTITY.tmp` and no `IDENTITY`: the
+//! directory was never used (nothing is written before the identity exists), so the leftover is
+//! removed and, if nothing else is there, the directory is set up as new.
+//!
+//! Also owns [`create_dir_all_synced`], which makes the data directory durable: creating a
+//! directory is an entry in its parent, lost on power failure until the parent is fsynced.
 
 use crate::{ReplicaError, StorageMode};
 use std::fs;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const FILE: &str = "IDENTITY";
+const TMP_FILE: &str = "IDENTITY.tmp";
+
+/// Creates `dir` and every missing ancestor, like [`fs::create_dir_all`], then fsyncs the parent
+/// of each directory it created, so the new entries survive a power failure. Returns the
+/// directories it synced (parents first), for tests.
+pub(crate) fn create_dir_all_synced(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    // The ancestors that do not exist yet, deepest first; `create_dir_all` makes them.
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .filter(|ancestor| !ancestor.as_os_str().is_empty())
+        .take_while(|ancestor| !ancestor.exists())
+        .collect();
+    fs::create_dir_all(dir)?;
+    let mut synced = Vec::new();
+    for created in missing.iter().rev() {
+        // The parent of a relative single component ("data") is "", the working directory.
+        let parent = match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        sync_dir(parent)?;
+        synced.push(parent.to_path_buf());
+    }
+    Ok(synced)
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
 
 /// Checks the identity of `dir` against `node_id` and `storage`, writing it if the directory is new.
 pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) -> Result<(), ReplicaError> {
@@ -49,6 +85,20 @@ pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) ->
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let tmp = dir.join(TMP_FILE);
+            match fs::remove_file(&tmp) {
+                Ok(()) => {
+                    // A first start died while writing the identity; nothing else was written
+                    // yet, so the directory is still new (if anything else is there, the check
+                    // below refuses it as before).
+                    tracing::warn!(path = %tmp.display(), "removed a half-written identity file left by a crash");
+                    sync_dir(dir).map_err(|e| open_err("syncing the directory of", e))?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(ReplicaError::Open(format!("removing the leftover {}: {e}", tmp.display())));
+                }
+            }
             if fs::read_dir(dir).map_err(|e| open_err("listing", e))?.next().is_some() {
                 return Err(ReplicaError::Open(format!(
                     "{} is not empty but has no {FILE} file: refusing to use a directory onekv did not create",
@@ -56,14 +106,11 @@ pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) ->
                 )));
             }
             let text = render(node_id, storage);
-            let tmp = dir.join(format!("{FILE}.tmp"));
             let mut file = fs::File::create(&tmp).map_err(|e| open_err("creating", e))?;
             file.write_all(text.as_bytes()).map_err(|e| open_err("writing", e))?;
             file.sync_all().map_err(|e| open_err("syncing", e))?;
             fs::rename(&tmp, &path).map_err(|e| open_err("renaming to", e))?;
-            fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| open_err("syncing the directory of", e))?;
+            sync_dir(dir).map_err(|e| open_err("syncing the directory of", e))?;
             Ok(())
         }
         Err(e) => Err(open_err("reading", e)),
@@ -118,6 +165,35 @@ mod tests {
         assert!(
             check_or_create(dir.path(), 3, StorageMode::OneLog).unwrap_err().to_string().contains("damaged")
         );
+    }
+
+    #[test]
+    fn a_leftover_temporary_identity_from_a_crashed_first_start_is_removed() {
+        // A crash after IDENTITY.tmp was created and before the rename.
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(TMP_FILE), b"onekv-data-dir=1\nnode_").unwrap();
+        check_or_create(dir.path(), 1, StorageMode::OneLog).unwrap();
+        assert!(!dir.path().join(TMP_FILE).exists());
+        check_or_create(dir.path(), 1, StorageMode::OneLog).unwrap();
+        // With something else beside it, the directory is still not onekv's: refused.
+        let foreign = tempfile::tempdir().unwrap();
+        fs::write(foreign.path().join(TMP_FILE), b"").unwrap();
+        fs::write(foreign.path().join("something"), b"x").unwrap();
+        let error = check_or_create(foreign.path(), 1, StorageMode::OneLog).unwrap_err();
+        assert!(error.to_string().contains("not empty"), "{error}");
+    }
+
+    #[test]
+    fn creating_the_data_directory_syncs_each_new_entry_s_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("a").join("b").join("data");
+        let synced = create_dir_all_synced(&dir).unwrap();
+        assert!(dir.is_dir());
+        let expected: Vec<PathBuf> =
+            vec![root.path().into(), root.path().join("a"), root.path().join("a").join("b")];
+        assert_eq!(synced, expected);
+        // Nothing new, nothing to sync.
+        assert!(create_dir_all_synced(&dir).unwrap().is_empty());
     }
 
     #[test]

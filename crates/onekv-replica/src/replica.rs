@@ -92,6 +92,9 @@ impl ReplicaConfig {
         if self.memtable_bytes == 0 {
             return bad("memtable_bytes must be positive");
         }
+        if self.max_snapshot_bytes == 0 || self.max_snapshot_bytes > crate::MAX_SNAPSHOT_BYTES {
+            return bad("max_snapshot_bytes must be between 1 and MAX_SNAPSHOT_BYTES (200 MiB)");
+        }
         if self.flush_every_entries == 0 || self.flush_every.is_zero() {
             return bad("flush_every_entries and flush_every must be positive");
         }
@@ -113,7 +116,12 @@ impl ReplicaConfig {
     }
 
     fn log_config(&self) -> LogConfig {
-        LogConfig { segment_size_bytes: self.segment_bytes, ..LogConfig::default() }
+        // The record limit is the default one, which `SEGMENT_BYTES_RANGE` is computed from.
+        LogConfig {
+            segment_size_bytes: self.segment_bytes,
+            max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
+            ..LogConfig::default()
+        }
     }
 }
 
@@ -186,7 +194,7 @@ impl Replica {
         driven: bool,
     ) -> Result<(Replica, NodeLoop), ReplicaError> {
         let dir = &config.data_dir;
-        std::fs::create_dir_all(dir)
+        crate::identity::create_dir_all_synced(dir)
             .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
         crate::identity::check_or_create(dir, config.node_id, config.storage)?;
         let started = Instant::now();

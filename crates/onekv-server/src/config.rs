@@ -6,9 +6,10 @@
 //! [`ReplicaConfig`]. Does not own the meaning of the tuning values (the replica does) nor how
 //! command-line flags override the file (the `onekv` binary does).
 //!
-//! Every field has a default except `node_id`, `listen`, `data_dir` and `members`, so a file (or a
-//! command line) needs only those four. The defaults of the tuning fields come from the replica's own
-//! defaults ([`ReplicaConfig::new`], [`Limits::default`]) so the two cannot drift apart.
+//! Every field has a default except `node_id`, `listen`, `data_dir`, `members` and (when there are
+//! other members) `peer_secret_file`, so a file (or a command line) needs only those. The defaults
+//! of the tuning fields come from the replica's own defaults ([`ReplicaConfig::new`],
+//! [`Limits::default`]) so the two cannot drift apart.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -36,14 +37,19 @@ mod bounds {
     pub const MAX_SCAN_PAIRS: usize = 1_000_000;
     /// Memtable budget of one index tree.
     pub const MEMTABLE_BYTES: (u64, u64) = (64 << 10, 16 << 30);
-    /// Size of one log segment file.
-    pub const SEGMENT_BYTES: (u64, u64) = (1 << 20, 16 << 30);
+    /// Size of one log segment file: the log's own rule (a segment holds the largest record, at
+    /// most 1 GiB), 16 MiB + 52 bytes..=1 GiB.
+    pub const SEGMENT_BYTES: (u64, u64) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
     /// Raft's logical clock.
     pub const TICK_MS: (u64, u64) = (1, 10_000);
     /// A client request's budget.
     pub const REQUEST_TIMEOUT_MS: (u64, u64) = (1, 600_000);
     /// Raft entries kept for lagging followers.
     pub const RAFT_LOG_KEEP_ENTRIES: (u64, u64) = (1, 1_000_000_000);
+    /// Client calls decoded and handled at once.
+    pub const MAX_CONCURRENT_REQUESTS: (u64, u64) = (1, 65_536);
+    /// Peer calls decoded and handled at once (their bytes are bounded on their own).
+    pub const MAX_CONCURRENT_PEER_CALLS: (u64, u64) = (1, 1024);
 }
 
 /// The whole configuration of one node, as read from its TOML file (see `docs/config-example.toml`).
@@ -76,6 +82,12 @@ pub struct ServerConfig {
     /// How long a client request may wait for its write to commit or its read barrier to complete,
     /// in milliseconds, before it fails with DEADLINE_EXCEEDED. Default 5000.
     pub request_timeout_ms: u64,
+    /// File holding the cluster secret (hex; `onekv cluster start` writes one of 32 random bytes,
+    /// mode 0600), the same on every member: peers send it with every Raft message and a node
+    /// refuses messages without it. In a file, a relative path is resolved against the file's own
+    /// directory. Required when there are other members; unset on a single node, which then
+    /// accepts no peer calls at all.
+    pub peer_secret_file: Option<PathBuf>,
     /// Every voting member, this node included, as `[[members]]` tables. Required. Used to create
     /// the cluster, to address peers, and to name the leader in not-leader errors.
     pub members: Vec<MemberConfig>,
@@ -148,7 +160,21 @@ pub struct LimitsConfig {
     /// Most key and value bytes one scan returns; at least `max_key_bytes + max_value_bytes` so the
     /// largest pair always fits. Default 4194304 (4 MiB).
     pub max_scan_bytes: usize,
+    /// Most client (`Kv`) calls decoded and handled at once (a call waiting for its write to commit
+    /// counts); more are refused at once with UNAVAILABLE, which clients retry with backoff.
+    /// Bounds the memory requests hold, each up to about `max_batch_bytes`. Default 512.
+    pub max_concurrent_requests: usize,
+    /// Most peer (`Peer`) calls decoded and handled at once; more are refused (UNAVAILABLE; the
+    /// sender backs off and Raft retransmits). Every peer sends one call at a time, so the number
+    /// of other members is enough. Whatever the count, the messages being handled hold at most
+    /// about 400 MiB (two whole snapshots). Default 16.
+    pub max_concurrent_peer_calls: usize,
 }
+
+/// The default `limits.max_concurrent_requests`.
+pub const DEFAULT_MAX_CONCURRENT_REQUESTS: usize = 512;
+/// The default `limits.max_concurrent_peer_calls`.
+pub const DEFAULT_MAX_CONCURRENT_PEER_CALLS: usize = 16;
 
 /// `[index]`: the key index.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,8 +188,9 @@ pub struct IndexConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {
-    /// Size of one log segment file, in bytes; at least twice `limits.max_batch_bytes` so the largest
-    /// write's Raft entry fits in one segment. Default 67108864 (64 MiB).
+    /// Size of one log segment file, in bytes: 16777268 (16 MiB + 52, the largest log record and
+    /// its framing) ..= 1073741824 (1 GiB), and at least twice `limits.max_batch_bytes` so the
+    /// largest write's Raft entry fits in one segment. Default 67108864 (64 MiB).
     pub segment_bytes: u64,
 }
 
@@ -184,6 +211,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::new(),
             storage: StorageMode::default(),
             request_timeout_ms: 5000,
+            peer_secret_file: None,
             members: Vec::new(),
             raft: RaftConfig::default(),
             limits: LimitsConfig::default(),
@@ -220,6 +248,9 @@ impl From<&Limits> for LimitsConfig {
             max_batch_bytes: limits.max_batch_bytes,
             max_scan_pairs: limits.max_scan_pairs,
             max_scan_bytes: limits.max_scan_bytes,
+            // Not the replica's: bounds of the gRPC services.
+            max_concurrent_requests: DEFAULT_MAX_CONCURRENT_REQUESTS,
+            max_concurrent_peer_calls: DEFAULT_MAX_CONCURRENT_PEER_CALLS,
         }
     }
 }
@@ -327,6 +358,12 @@ impl ServerConfig {
             .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         let mut config = ServerConfig::parse(&text)
             .map_err(|message| ConfigError::Parse { path: path.to_path_buf(), message })?;
+        if let Some(secret) = &config.peer_secret_file
+            && secret.is_relative()
+            && !secret.as_os_str().is_empty()
+        {
+            config.peer_secret_file = Some(path.parent().unwrap_or(Path::new("")).join(secret));
+        }
         if config.data_dir.is_relative() && !config.data_dir.as_os_str().is_empty() {
             let base = path.parent().unwrap_or(Path::new(""));
             config.data_dir = if config.data_dir == Path::new(".") {
@@ -430,6 +467,20 @@ impl ServerConfig {
             }
         }
 
+        match &self.peer_secret_file {
+            Some(path) if path.as_os_str().is_empty() => {
+                problem("peer_secret_file", "is empty; name the file holding the cluster secret".into())
+            }
+            None if self.members.iter().any(|member| member.id != self.node_id) => problem(
+                "peer_secret_file",
+                "is missing; with other members, peers must prove they belong to the cluster: name a \
+                 file holding the cluster secret, the same on every member (`onekv cluster start` \
+                 writes one; or `openssl rand -hex 32 > FILE; chmod 600 FILE`)"
+                    .into(),
+            ),
+            _ => {}
+        }
+
         let raft = &self.raft;
         check_range(&mut problem, "raft.tick_ms", raft.tick_ms, bounds::TICK_MS);
         if raft.heartbeat_ticks == 0 {
@@ -477,6 +528,18 @@ impl ServerConfig {
             as_u64(limits.max_scan_pairs),
             (1, as_u64(bounds::MAX_SCAN_PAIRS)),
         );
+        check_range(
+            &mut problem,
+            "limits.max_concurrent_requests",
+            as_u64(limits.max_concurrent_requests),
+            bounds::MAX_CONCURRENT_REQUESTS,
+        );
+        check_range(
+            &mut problem,
+            "limits.max_concurrent_peer_calls",
+            as_u64(limits.max_concurrent_peer_calls),
+            bounds::MAX_CONCURRENT_PEER_CALLS,
+        );
         let largest_pair = limits.max_key_bytes.saturating_add(limits.max_value_bytes);
         for (field, value) in [
             ("limits.max_batch_bytes", limits.max_batch_bytes),
@@ -519,6 +582,11 @@ impl ServerConfig {
         }
 
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
+    }
+
+    /// Reads the cluster secret `peer_secret_file` names; `None` when it names none.
+    pub fn peer_secret(&self) -> anyhow::Result<Option<crate::auth::PeerSecret>> {
+        self.peer_secret_file.as_deref().map(crate::auth::PeerSecret::load).transpose()
     }
 
     /// The request budget as a duration.

@@ -5,6 +5,9 @@
 //! - [`config`]: the TOML configuration file, its defaults and validation;
 //! - [`service`]: the client API (`Kv`), request limits and the error-to-status mapping;
 //! - [`peer`]: the `Peer` service that feeds Raft messages from other members to the replica;
+//! - [`auth`]: the cluster secret that peers prove membership with;
+//! - [`admission`]: per-service bounds on calls at once and message size, checked before a
+//!   call's body is decoded;
 //! - [`transport`]: the [`onekv_replica::Transport`] that sends this node's Raft messages;
 //! - [`backend`]: the trait through which the services use the replica (a fake in tests);
 //! - [`metrics`]: Prometheus metrics (requests, Raft, log, index, disk), documented in
@@ -17,6 +20,8 @@
 //! (`onekv-proto`), process concerns such as signals and logging setup (the `onekv` binary), or
 //! retries and leader discovery (the client).
 
+pub mod admission;
+pub mod auth;
 pub mod backend;
 pub mod config;
 pub mod http;
@@ -36,6 +41,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
+pub use auth::PeerSecret;
 pub use backend::Backend;
 pub use config::ServerConfig;
 pub use peer::PeerService;
@@ -65,6 +71,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// `onekv node N serving on ADDR (storage MODE, data DIR)`.
 pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     config.validate()?;
+    // Read before anything is bound or opened, so a missing or bad secret file stops the start.
+    let secret = config.peer_secret()?;
     // Binding before opening the replica reports a busy port at once, not after recovery.
     let listener = TcpListener::bind(&config.listen)
         .await
@@ -89,7 +97,8 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
     };
 
     let peers = config.members.iter().map(|member| (member.id, member.address.clone()));
-    let transport = Arc::new(GrpcTransport::start(config.node_id, peers, TransportOptions::default()));
+    let options = TransportOptions { secret: secret.clone(), ..TransportOptions::default() };
+    let transport = Arc::new(GrpcTransport::start(config.node_id, peers, options));
     let replica_config = config.to_replica_config();
     let replica_transport: Arc<dyn Transport> = Arc::clone(&transport) as Arc<dyn Transport>;
     // Opening recovers the log and the index: blocking work of unbounded length.
@@ -145,7 +154,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         let _ = stop_http.send(());
         let _ = stop_resp.send(());
     };
-    let served = serve_backend(listener, &config, Arc::clone(&replica), shutdown).await;
+    let served = serve_with_secret(listener, &config, Arc::clone(&replica), secret, shutdown).await;
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
         None => Ok(()),
@@ -191,22 +200,42 @@ fn resp_context(config: &ServerConfig, resp_address: &str) -> anyhow::Result<one
 
 /// Serves the `Kv` and `Peer` services over `backend` on `listener` until `shutdown` completes,
 /// then refuses new `Kv` requests (UNAVAILABLE) while `Peer` keeps serving, waits (bounded by the
-/// request timeout plus a grace period) for the `Kv` requests in flight, and stops accepting. The
-/// Prints the ready line. [`serve`] calls this with the replica; tests and
-/// tools may call it with another [`Backend`].
+/// request timeout plus a grace period) for the `Kv` requests in flight, and stops accepting.
+/// Prints the ready line. The `Peer` service accepts calls carrying the secret in
+/// `peer_secret_file` (read here) and no others; without one, none. [`serve`] does this with the
+/// replica; tests and tools may call it with another [`Backend`].
 pub async fn serve_backend<B: Backend>(
     listener: TcpListener,
     config: &ServerConfig,
     backend: Arc<B>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let secret = config.peer_secret()?;
+    serve_with_secret(listener, config, backend, secret, shutdown).await
+}
+
+async fn serve_with_secret<B: Backend>(
+    listener: TcpListener,
+    config: &ServerConfig,
+    backend: Arc<B>,
+    secret: Option<PeerSecret>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let address = listener.local_addr().context("cannot read the listening address")?;
+    if secret.is_none() {
+        if config.members.iter().any(|member| member.id != config.node_id) {
+            // Validation refuses this; only a caller that skipped it gets here.
+            tracing::warn!("no peer_secret_file: the Peer service refuses every call, so no peer is heard");
+        } else {
+            tracing::info!("no peer_secret_file (a single member): the Peer service refuses every call");
+        }
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let drain = service::Drain::default();
     let server = Server::builder()
         .tcp_nodelay(true)
         .add_service(KvService::new(Arc::clone(&backend), config).with_drain(drain.clone()).into_server())
-        .add_service(PeerService::new(backend, config).into_server())
+        .add_service(PeerService::new(backend, config).with_secret(secret).into_server())
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
             let _ = stopped.await;
         });

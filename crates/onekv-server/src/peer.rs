@@ -2,8 +2,11 @@
 //!
 //! Owns decoding each message (rust-protobuf bytes, see `onekv.proto`) and checking it was meant
 //! for this node and comes from a member, before handing it to the replica. A whole batch is checked
-//! before any of it is stepped, so a malformed batch changes nothing. Does not own sending (that is
-//! [`crate::transport`]) nor what Raft does with the messages.
+//! before any of it is stepped, so a malformed batch changes nothing. [`PeerService::into_server`]
+//! puts the cluster-secret check ([`crate::auth::PeerAuth`]) and the service's own bounds
+//! ([`crate::admission`]: calls at once, message size) in front, so an unauthenticated call is
+//! refused before its body is read. Does not own sending (that is [`crate::transport`]) nor what
+//! Raft does with the messages.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,14 +17,27 @@ use onekv_proto::{
 };
 use onekv_replica::Message;
 use protobuf::Message as _;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use crate::admission::{Admission, Admitted};
+use crate::auth::{PeerAuth, PeerSecret};
 use crate::backend::Backend;
 use crate::config::ServerConfig;
 
-/// Largest `PeerMessages` the peer service accepts and the transport sends: snapshots may be tens
-/// of MiB, and the bound keeps one peer from making this node allocate without limit.
-pub const MAX_PEER_MESSAGE_BYTES: usize = 256 << 20;
+/// Room in a peer message beyond a snapshot's data: the snapshot's metadata, the Raft message's
+/// other fields and the call's framing.
+const PEER_MESSAGE_FRAMING: usize = 1 << 20;
+
+/// Largest `PeerMessages` the peer service reads and the transport sends: what the largest
+/// legitimate message needs, a whole snapshot ([`onekv_replica::MAX_SNAPSHOT_BYTES`]) with its
+/// framing. Raft entries are smaller (one write is at most `limits.max_batch_bytes`, at most
+/// 128 MiB, and an append carries at most 1 MiB of entries beyond its first).
+pub const MAX_PEER_MESSAGE_BYTES: usize = onekv_replica::MAX_SNAPSHOT_BYTES + PEER_MESSAGE_FRAMING;
+
+/// Bytes of peer messages read and handled at once: two whole snapshots, so one snapshot never
+/// keeps the small messages (heartbeats, appends) out.
+pub const PEER_BYTES_IN_FLIGHT: usize = 2 * MAX_PEER_MESSAGE_BYTES;
 
 /// Batches above this many bytes are decoded on a blocking thread rather than an async worker.
 const DECODE_INLINE_BYTES: usize = 1 << 20;
@@ -31,21 +47,52 @@ pub struct PeerService<B> {
     backend: Arc<B>,
     node_id: u64,
     members: Arc<HashSet<u64>>,
+    secret: Option<PeerSecret>,
+    max_concurrent_calls: usize,
 }
 
+/// The `Peer` service as served: the secret check, then the bounds, then the service.
+pub type PeerServerStack<B> = InterceptedService<Admitted<PeerServer<PeerService<B>>>, PeerAuth>;
+
 impl<B: Backend> PeerService<B> {
-    /// A service for the node `config` describes, over `backend`.
+    /// A service for the node `config` describes, over `backend`. It accepts no call until given
+    /// the cluster secret ([`PeerService::with_secret`]).
     pub fn new(backend: Arc<B>, config: &ServerConfig) -> Self {
         PeerService {
             backend,
             node_id: config.node_id,
             members: Arc::new(config.members.iter().map(|member| member.id).collect()),
+            secret: None,
+            max_concurrent_calls: config.limits.max_concurrent_peer_calls,
         }
     }
 
-    /// The tonic server for this service, admitting messages up to [`MAX_PEER_MESSAGE_BYTES`].
-    pub fn into_server(self) -> PeerServer<Self> {
-        PeerServer::new(self).max_decoding_message_size(MAX_PEER_MESSAGE_BYTES)
+    /// Accepts calls that carry `secret` (`None`: accepts none).
+    pub fn with_secret(mut self, secret: Option<PeerSecret>) -> Self {
+        self.secret = secret;
+        self
+    }
+
+    /// The tonic server for this service: calls without the cluster secret are refused
+    /// (UNAUTHENTICATED) before their body is read; at most `limits.max_concurrent_peer_calls`
+    /// are decoded and handled at once, holding at most [`PEER_BYTES_IN_FLIGHT`] bytes of messages
+    /// (more are refused, UNAVAILABLE: the transport backs off and Raft retransmits what matters);
+    /// messages over [`MAX_PEER_MESSAGE_BYTES`] are refused.
+    pub fn into_server(self) -> PeerServerStack<B> {
+        let auth = PeerAuth::new(self.secret.clone());
+        let admission = Admission::new(
+            self.max_concurrent_calls,
+            "limits.max_concurrent_peer_calls",
+            MAX_PEER_MESSAGE_BYTES,
+            |length| {
+                Status::invalid_argument(format!(
+                    "a peer message of {length} bytes is over the largest a peer sends                      ({MAX_PEER_MESSAGE_BYTES} bytes)"
+                ))
+            },
+        )
+        .with_bytes_budget(PEER_BYTES_IN_FLIGHT);
+        let server = PeerServer::new(self).max_decoding_message_size(MAX_PEER_MESSAGE_BYTES);
+        InterceptedService::new(Admitted::new(server, admission), auth)
     }
 }
 

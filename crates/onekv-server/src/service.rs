@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
+use crate::admission::{Admission, Admitted};
 use crate::backend::Backend;
 use crate::config::{MemberConfig, ServerConfig};
 
@@ -40,6 +41,7 @@ pub struct KvService<B> {
     limits: Limits,
     request_timeout: Duration,
     drain: Drain,
+    max_concurrent: usize,
 }
 
 /// Lets a stopping node refuse new client requests while those in flight finish, without stopping
@@ -102,6 +104,7 @@ impl<B: Backend> KvService<B> {
             limits: config.limits.to_limits(),
             request_timeout: config.request_timeout(),
             drain: Drain::default(),
+            max_concurrent: config.limits.max_concurrent_requests,
         }
     }
 
@@ -112,11 +115,22 @@ impl<B: Backend> KvService<B> {
     }
 
     /// The tonic server for this service, with message size limits that admit every request and
-    /// response the configured limits allow (tonic's 4 MiB default would not), and no more.
-    pub fn into_server(self) -> KvServer<Self> {
+    /// response the configured limits allow (tonic's 4 MiB default would not), and no more, behind
+    /// its admission ([`crate::admission`]): at most `limits.max_concurrent_requests` calls at once
+    /// (more are refused, UNAVAILABLE, which clients retry with backoff), and a request over
+    /// [`max_request_bytes`] refused before it is read with INVALID_ARGUMENT naming the limits (not
+    /// tonic's OUT_OF_RANGE).
+    pub fn into_server(self) -> Admitted<KvServer<Self>> {
         let decoding = max_request_bytes(&self.limits);
         let encoding = max_response_bytes(&self.limits);
-        KvServer::new(self).max_decoding_message_size(decoding).max_encoding_message_size(encoding)
+        let limits = self.limits.clone();
+        let admission =
+            Admission::new(self.max_concurrent, "limits.max_concurrent_requests", decoding, move |length| {
+                request_too_large(&limits, length)
+            });
+        let server =
+            KvServer::new(self).max_decoding_message_size(decoding).max_encoding_message_size(encoding);
+        Admitted::new(server, admission)
     }
 
     /// Runs one request's handling and records it in the request metrics (protocol `grpc`).
@@ -266,6 +280,18 @@ pub fn max_request_bytes(limits: &Limits) -> usize {
     let batch = limits.max_batch_bytes + limits.max_batch_ops * FRAMING_PER_ITEM;
     let cas = limits.max_key_bytes + 2 * limits.max_value_bytes + 3 * FRAMING_PER_ITEM;
     batch.max(cas) + FRAMING_FIXED
+}
+
+/// The refusal of a request of `length` bytes, over [`max_request_bytes`]: no field of it can be
+/// within the limits, and the message names them.
+fn request_too_large(limits: &Limits, length: usize) -> Status {
+    Status::invalid_argument(format!(
+        "request is {length} bytes, over the largest the limits allow ({} bytes): values are at most \
+         limits.max_value_bytes = {}, a write's keys and values at most limits.max_batch_bytes = {}",
+        max_request_bytes(limits),
+        limits.max_value_bytes,
+        limits.max_batch_bytes
+    ))
 }
 
 /// The largest response the limits allow, as a gRPC message (a full scan, or one value).

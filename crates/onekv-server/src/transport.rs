@@ -6,7 +6,8 @@
 //! and never blocks: when a peer's queue is full (by count or by bytes) or the peer is unknown, the
 //! message is dropped and counted, because Raft retransmits whatever matters. Does not own
 //! receiving (that is [`crate::peer`]) nor any ordering or delivery guarantee beyond "in order, at
-//! most once, per peer".
+//! most once, per peer". Every call carries the cluster secret ([`crate::auth`]) when the node has
+//! one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use protobuf::Message as _;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::auth::{PEER_SECRET_METADATA, PeerSecret};
 use crate::peer::MAX_PEER_MESSAGE_BYTES;
 
 /// Tuning of the transport; [`TransportOptions::default`] suits a cluster on one network.
@@ -41,6 +43,8 @@ pub struct TransportOptions {
     pub backoff_min: Duration,
     /// Longest wait between attempts.
     pub backoff_max: Duration,
+    /// The cluster secret sent with every call (`None`: sent without, and refused by any peer).
+    pub secret: Option<PeerSecret>,
 }
 
 impl Default for TransportOptions {
@@ -54,6 +58,7 @@ impl Default for TransportOptions {
             call_timeout: Duration::from_secs(30),
             backoff_min: Duration::from_millis(50),
             backoff_max: Duration::from_secs(2),
+            secret: None,
         }
     }
 }
@@ -293,7 +298,11 @@ impl PeerTask {
                 )
             }
         };
-        match connected.send(PeerMessages { from: self.node_id, messages: batch }).await {
+        let mut request = tonic::Request::new(PeerMessages { from: self.node_id, messages: batch });
+        if let Some(secret) = &self.options.secret {
+            request.metadata_mut().insert(PEER_SECRET_METADATA, secret.metadata_value());
+        }
+        match connected.send(request).await {
             Ok(_) => Ok(()),
             Err(status) => {
                 if matches!(

@@ -48,6 +48,8 @@ fn the_documented_example_parses_validates_and_matches_the_defaults() {
     assert_eq!(config.members.len(), 3);
     // A relative data_dir is resolved against the file's directory.
     assert_eq!(config.data_dir, example_path().parent().unwrap().join("node1"));
+    // So is the secret file.
+    assert_eq!(config.peer_secret_file, Some(example_path().parent().unwrap().join("cluster.secret")));
     // Every tuning value the example spells out is the default.
     let defaults = ServerConfig::default();
     assert_eq!(config.storage, defaults.storage);
@@ -76,12 +78,13 @@ fn defaults_are_the_replicas() {
 }
 
 #[test]
-fn a_minimal_file_needs_only_the_four_required_fields() {
+fn a_minimal_file_needs_only_the_required_fields() {
     let config = ServerConfig::parse(
         r#"
         node_id = 2
         listen = "0.0.0.0:7002"
         data_dir = "/var/lib/onekv"
+        peer_secret_file = "/etc/onekv/cluster.secret"
         members = [{ id = 1, address = "a:7001" }, { id = 2, address = "b:7002" }]
         "#,
     )
@@ -89,6 +92,57 @@ fn a_minimal_file_needs_only_the_four_required_fields() {
     config.validate().unwrap();
     assert_eq!(config.member_address(1), Some("a:7001"));
     assert_eq!(config.member_address(3), None);
+    // A single node has no peers and needs no secret.
+    let single = ServerConfig::parse(
+        r#"
+        node_id = 1
+        listen = "0.0.0.0:7001"
+        data_dir = "/var/lib/onekv"
+        members = [{ id = 1, address = "a:7001" }]
+        "#,
+    )
+    .unwrap();
+    single.validate().unwrap();
+}
+
+#[test]
+fn other_members_need_a_peer_secret_file() {
+    let mut config = valid();
+    config.peer_secret_file = None;
+    assert_eq!(problem_fields(&config), ["peer_secret_file"]);
+    let message = config.validate().unwrap_err().to_string();
+    assert!(message.contains("onekv cluster start"), "says where a secret comes from: {message}");
+    config.peer_secret_file = Some(PathBuf::new());
+    assert_eq!(problem_fields(&config), ["peer_secret_file"]);
+    // In a file, a relative path is the file's neighbour.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("onekv.toml");
+    let mut text = valid();
+    text.peer_secret_file = Some("secrets/cluster".into());
+    std::fs::write(&path, text.to_toml()).unwrap();
+    let loaded = ServerConfig::load(&path).unwrap();
+    assert_eq!(loaded.peer_secret_file, Some(dir.path().join("secrets/cluster")));
+    // Reading it: a missing or malformed file is an error naming it; a good one is the secret.
+    let error = format!("{:#}", loaded.peer_secret().unwrap_err());
+    assert!(error.contains("secrets/cluster") && error.contains("peer_secret_file"), "{error}");
+    std::fs::create_dir(dir.path().join("secrets")).unwrap();
+    std::fs::write(dir.path().join("secrets/cluster"), "not hex at all, not at all\n").unwrap();
+    let error = format!("{:#}", loaded.peer_secret().unwrap_err());
+    assert!(error.contains("hex digits"), "{error}");
+    assert!(!error.contains("not hex at all"), "never echoes the file: {error}");
+    std::fs::write(dir.path().join("secrets/cluster"), format!("{}\n", "ab".repeat(32))).unwrap();
+    assert!(loaded.peer_secret().unwrap().is_some());
+}
+
+#[test]
+fn concurrency_bounds_are_checked() {
+    assert_rejected(|c| c.limits.max_concurrent_requests = 0, "limits.max_concurrent_requests", "range");
+    assert_rejected(|c| c.limits.max_concurrent_peer_calls = 0, "limits.max_concurrent_peer_calls", "range");
+    assert_rejected(
+        |c| c.limits.max_concurrent_peer_calls = 1 << 20,
+        "limits.max_concurrent_peer_calls",
+        "range",
+    );
 }
 
 #[test]
@@ -100,6 +154,7 @@ fn every_field_reaches_the_replica_config() {
         data_dir = "/data/n3"
         storage = "classic"
         request_timeout_ms = 1234
+        peer_secret_file = "/etc/onekv/secret"
         [[members]]
         id = 3
         address = "127.0.0.1:9003"
@@ -118,6 +173,8 @@ fn every_field_reaches_the_replica_config() {
         max_batch_bytes = 5000
         max_scan_pairs = 50
         max_scan_bytes = 6000
+        max_concurrent_requests = 9
+        max_concurrent_peer_calls = 2
         [index]
         memtable_bytes = 1048576
         [log]
@@ -148,6 +205,7 @@ fn every_field_reaches_the_replica_config() {
     assert_eq!(replica.memtable_bytes, 1 << 20);
     assert_eq!(replica.segment_bytes, 32 << 20);
     assert_eq!(config.request_timeout(), Duration::from_millis(1234));
+    assert_eq!((config.limits.max_concurrent_requests, config.limits.max_concurrent_peer_calls), (9, 2));
 }
 
 #[test]
@@ -257,6 +315,28 @@ fn every_rule_is_enforced_and_names_its_field() {
     assert_rejected(|c| c.index.memtable_bytes = 1, "index.memtable_bytes", "range");
     assert_rejected(|c| c.log.segment_bytes = 1, "log.segment_bytes", "range");
     assert_rejected(|c| c.log.segment_bytes = 6 << 20, "log.segment_bytes", "twice limits.max_batch_bytes");
+}
+
+#[test]
+fn the_segment_size_range_is_the_log_s_own() {
+    // The log needs a segment to hold its largest record (16 MiB) and the framing around it: 16 MiB
+    // (which once passed as "at least 1 MiB" and was refused only when the log opened) is below.
+    let (min, max) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
+    assert_eq!(min, (16 << 20) + 52);
+    assert_eq!(max, 1 << 30);
+    assert_rejected(|c| c.log.segment_bytes = 16 << 20, "log.segment_bytes", "16777268..=1073741824");
+    assert_rejected(|c| c.log.segment_bytes = min - 1, "log.segment_bytes", "range");
+    assert_rejected(|c| c.log.segment_bytes = 2 << 30, "log.segment_bytes", "range");
+    for accepted in [min, max] {
+        let mut config = valid();
+        config.log.segment_bytes = accepted;
+        config.validate().unwrap_or_else(|error| panic!("segment_bytes = {accepted}: {error}"));
+    }
+    // And the log itself agrees at both ends.
+    for (size, ok) in [(min - 1, false), (min, true), (max, true), (max + 1, false)] {
+        let config = onekv_log::LogConfig { segment_size_bytes: size, ..onekv_log::LogConfig::default() };
+        assert_eq!(config.validate().is_ok(), ok, "segment_size_bytes = {size}");
+    }
 }
 
 #[test]

@@ -85,6 +85,19 @@ fn every_configuration_key_is_documented_and_nothing_else() {
     assert!(unknown.is_empty(), "docs/config.md documents keys the configuration does not have: {unknown:?}");
 }
 
+#[test]
+fn the_documented_segment_size_range_is_the_enforced_one() {
+    let (min, max) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
+    let range = format!("{min}..={max}");
+    let config = doc("config.md");
+    let row = config.lines().find(|line| line.starts_with("| `log.segment_bytes`")).expect("a row");
+    assert!(row.contains(&range), "docs/config.md should give the range {range}: {row}");
+    let example = doc("config-example.toml");
+    for bound in [min, max] {
+        assert!(example.contains(&bound.to_string()), "docs/config-example.toml should name {bound}");
+    }
+}
+
 /// The metric names a Prometheus text exposition declares (`# TYPE name kind`).
 fn served_names(text: &str) -> BTreeSet<String> {
     text.lines()

@@ -447,6 +447,8 @@ async fn serve_backend_over_tcp_and_stop_gracefully() {
         let address = listener.local_addr().unwrap();
         let backend = Arc::new(FakeBackend::default());
         let mut config = common::three_node_config(Path::new("/unused"));
+        let secret_dir = tempfile::tempdir().unwrap();
+        let secret = common::with_secret_file(&mut config, secret_dir.path());
         config.request_timeout_ms = 2000;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn({
@@ -486,12 +488,12 @@ async fn serve_backend_over_tcp_and_stop_gracefully() {
         message.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
         (message.from, message.to, message.term) = (2, 1, 5);
         let mut peer = PeerClient::connect(format!("http://{address}")).await.unwrap();
-        peer.send(PeerMessages {
+        let mut request = Request::new(PeerMessages {
             from: 2,
             messages: vec![protobuf::Message::write_to_bytes(&message).unwrap()],
-        })
-        .await
-        .expect("the Peer service keeps serving while the node drains");
+        });
+        request.metadata_mut().insert(onekv_server::auth::PEER_SECRET_METADATA, secret.metadata_value());
+        peer.send(request).await.expect("the Peer service keeps serving while the node drains");
         assert_eq!(backend.stepped.lock().unwrap().len(), 1, "the message reached the replica");
 
         let result = in_flight.await.unwrap();
@@ -517,4 +519,99 @@ async fn serve_refuses_an_invalid_config_before_touching_data() {
     let message = format!("{error:#}");
     assert!(message.contains("raft.election_ticks"), "{message}");
     assert!(!data_dir.exists(), "the data directory was not created");
+}
+
+/// Serves `backend` with `config` on a free port; returns the address and the server task (which
+/// stops when the returned sender is used or dropped).
+async fn serve_on_tcp(
+    config: ServerConfig,
+    backend: Arc<FakeBackend>,
+) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    // These tests use no peer; the configuration's secret file does not exist.
+    let mut config = config;
+    config.peer_secret_file = None;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        onekv_server::serve_backend(listener, &config, backend, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    (address, stop, server)
+}
+
+/// A put whose value is over tonic's 4 MiB (and over the largest request the limits allow) is
+/// refused before it is read, with INVALID_ARGUMENT naming the limits, as a slightly oversized
+/// value is, not with tonic's bare OUT_OF_RANGE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_put_is_invalid_argument_naming_the_limit() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let backend = Arc::new(FakeBackend::default());
+        let config = common::three_node_config(Path::new("/unused"));
+        let limits = config.limits.to_limits();
+        let (address, _stop, _server) = serve_on_tcp(config, Arc::clone(&backend)).await;
+        let mut client = KvClient::connect(format!("http://{address}")).await.unwrap();
+        let put = |len: usize| PutRequest { key: b"k".to_vec(), value: vec![1; len], request_id: None };
+
+        // Over max_value_bytes but within what the transport reads: the service's own check.
+        let status = client.put(put(limits.max_value_bytes + 1)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("limits.max_value_bytes"), "{}", status.message());
+
+        // Over the largest request the limits allow (about 4 MiB): refused from the frame header.
+        let largest = onekv_server::service::max_request_bytes(&limits);
+        for len in [largest + 1, 5 << 20, 64 << 20] {
+            let status = client.put(put(len)).await.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument, "a {len}-byte value: {status:?}");
+            for named in ["limits.max_value_bytes", "limits.max_batch_bytes", &largest.to_string()] {
+                assert!(status.message().contains(named), "{named} in {}", status.message());
+            }
+        }
+        assert!(backend.proposed.lock().unwrap().is_empty(), "nothing oversized was proposed");
+
+        // The connection still serves.
+        client.put(put(10)).await.expect("a small put after the refusals");
+    })
+    .await
+    .unwrap();
+}
+
+/// At most `limits.max_concurrent_requests` client calls are handled at once: one more is refused
+/// at once (UNAVAILABLE, which clients retry, naming the bound) and never reaches the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_calls_beyond_the_bound_are_refused() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let backend = Arc::new(FakeBackend::default());
+        *backend.propose_answer.lock().unwrap() = Answer::Hold;
+        let mut config = common::three_node_config(Path::new("/unused"));
+        config.limits.max_concurrent_requests = 2;
+        config.request_timeout_ms = 1000;
+        let (address, _stop, _server) = serve_on_tcp(config, Arc::clone(&backend)).await;
+        let client = KvClient::connect(format!("http://{address}")).await.unwrap();
+        let put = |i: u8| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client.put(PutRequest { key: vec![b'k', i], value: b"v".to_vec(), request_id: None }).await
+            })
+        };
+        let held = [put(0), put(1)];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while backend.proposed.lock().unwrap().len() < 2 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let status = put(2).await.unwrap().unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("limits.max_concurrent_requests = 2"), "{}", status.message());
+        assert_eq!(backend.proposed.lock().unwrap().len(), 2, "the refused call reached nothing");
+        for call in held {
+            assert_eq!(call.await.unwrap().unwrap_err().code(), Code::DeadlineExceeded);
+        }
+        // Their permits are back.
+        *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome { index: 9, cas: None }));
+        put(3).await.unwrap().expect("admitted again");
+    })
+    .await
+    .unwrap();
 }

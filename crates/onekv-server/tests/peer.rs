@@ -1,18 +1,26 @@
-//! The `Peer` service: decoding never panics, and only messages for this node from members reach
-//! the replica.
+//! The `Peer` service: only calls carrying the cluster secret are read, at most a bounded number at
+//! once; decoding never panics, and only messages for this node from members reach the replica.
 
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use common::FakeBackend;
-use onekv_proto::{PeerMessages, peer_server::Peer};
+use onekv_proto::peer_client::PeerClient;
+use onekv_proto::peer_server::PeerServer;
+use onekv_proto::{PeerAck, PeerMessages, peer_server::Peer};
 use onekv_replica::Message;
-use onekv_server::PeerService;
+use onekv_server::admission::{Admission, Admitted};
+use onekv_server::auth::PEER_SECRET_METADATA;
+use onekv_server::config::{MemberConfig, ServerConfig};
+use onekv_server::{PeerSecret, PeerService};
 use proptest::prelude::*;
 use protobuf::Message as _;
 use raft::eraftpb::{Entry, MessageType};
-use tonic::{Code, Request};
+use tokio::sync::{Semaphore, mpsc};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Code, Request, Response, Status};
 
 fn service() -> (Arc<FakeBackend>, PeerService<FakeBackend>) {
     let backend = Arc::new(FakeBackend::default());
@@ -141,4 +149,234 @@ proptest! {
             }
         }
     }
+}
+
+/// Serves `config` (node 1) over `backend` on a free port with the real server; returns its address
+/// and the sender that stops it.
+async fn serve(
+    config: ServerConfig,
+    backend: Arc<FakeBackend>,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        onekv_server::serve_backend(listener, &config, backend, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    (address, stop)
+}
+
+/// A one-message batch from node 2 to node 1, carrying `secret` (raw metadata text) if given.
+fn call(secret: Option<&str>, payload: usize) -> Request<PeerMessages> {
+    let mut big = message(2, 1);
+    big.entries[0].data = vec![9u8; payload].into();
+    let mut request = Request::new(PeerMessages { from: 2, messages: vec![encoded(&big)] });
+    if let Some(secret) = secret {
+        request.metadata_mut().insert(PEER_SECRET_METADATA, secret.parse().unwrap());
+    }
+    request
+}
+
+fn secret_text(secret: &PeerSecret) -> String {
+    secret.metadata_value().to_str().unwrap().to_string()
+}
+
+/// Without the cluster secret, or with another one, a call is refused (UNAUTHENTICATED) and nothing
+/// reaches the replica, even a well-formed message from a member; with it, the message is stepped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_calls_need_the_cluster_secret() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = common::three_node_config(&dir.path().join("data"));
+        let secret = common::with_secret_file(&mut config, dir.path());
+        let backend = Arc::new(FakeBackend::default());
+        let (address, _stop) = serve(config, Arc::clone(&backend)).await;
+        let mut peer = PeerClient::connect(format!("http://{address}")).await.unwrap();
+
+        let other = secret_text(&PeerSecret::generate());
+        let right = secret_text(&secret);
+        let truncated = &right[..right.len() - 1];
+        for (what, presented) in
+            [("no secret", None), ("another secret", Some(other.as_str())), ("a prefix", Some(truncated))]
+        {
+            let status = peer.send(call(presented, 3)).await.unwrap_err();
+            assert_eq!(status.code(), Code::Unauthenticated, "{what}: {status:?}");
+            // Refused from the headers: a body over the message limit is not even read.
+            let status = peer.send(call(presented, 8 << 20)).await.unwrap_err();
+            assert_eq!(status.code(), Code::Unauthenticated, "{what}, large: {status:?}");
+        }
+        assert!(backend.calls().is_empty(), "nothing reached the replica: {:?}", backend.calls());
+
+        peer.send(call(Some(&right), 3)).await.expect("the right secret is accepted");
+        assert_eq!(backend.stepped.lock().unwrap().len(), 1);
+        // Upper-case hex is the same secret to the file parser, but the wire form is exact.
+        let status = peer.send(call(Some(&right.to_uppercase()), 3)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated);
+    })
+    .await
+    .unwrap();
+}
+
+/// A node without a secret (a single member: validation requires one otherwise) accepts no peer
+/// call at all, whatever it carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_secret_no_peer_call_is_accepted() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let config = ServerConfig {
+            node_id: 1,
+            listen: "127.0.0.1:7001".into(),
+            data_dir: "/unused".into(),
+            members: vec![MemberConfig { id: 1, address: "127.0.0.1:7001".into() }],
+            ..ServerConfig::default()
+        };
+        config.validate().expect("a single member needs no secret");
+        let backend = Arc::new(FakeBackend::default());
+        let (address, _stop) = serve(config, Arc::clone(&backend)).await;
+        let mut peer = PeerClient::connect(format!("http://{address}")).await.unwrap();
+        // Even a message "from" this node itself, which the member check would let through.
+        let mut request = Request::new(PeerMessages { from: 1, messages: vec![encoded(&message(1, 1))] });
+        request
+            .metadata_mut()
+            .insert(PEER_SECRET_METADATA, secret_text(&PeerSecret::generate()).parse().unwrap());
+        let status = peer.send(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+        assert!(status.message().contains("no peer secret"), "{}", status.message());
+        assert!(backend.calls().is_empty());
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn the_peer_message_limit_is_what_a_snapshot_needs() {
+    let limit = onekv_server::peer::MAX_PEER_MESSAGE_BYTES;
+    assert!(limit > onekv_replica::MAX_SNAPSHOT_BYTES);
+    assert!(limit <= onekv_replica::MAX_SNAPSHOT_BYTES + (1 << 20), "was 256 MiB for a 200 MiB snapshot");
+}
+
+/// A `Peer` server whose calls each wait at a gate, reporting when they start (after decoding).
+struct GatedPeer {
+    gate: Arc<Semaphore>,
+    started: mpsc::UnboundedSender<()>,
+}
+
+#[tonic::async_trait]
+impl Peer for GatedPeer {
+    async fn send(&self, _request: Request<PeerMessages>) -> Result<Response<PeerAck>, Status> {
+        let _ = self.started.send(());
+        self.gate.acquire().await.unwrap().forget();
+        Ok(Response::new(PeerAck {}))
+    }
+}
+
+/// Serves a gated `Peer` server behind `admission`; returns a client, the gate and the starts.
+async fn gated(
+    admission: Admission,
+) -> (PeerClient<tonic::transport::Channel>, Arc<Semaphore>, mpsc::UnboundedReceiver<()>, Arc<Admission>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let (started, starts) = mpsc::unbounded_channel();
+    let served = Admitted::new(PeerServer::new(GatedPeer { gate: Arc::clone(&gate), started }), admission);
+    let counts = Arc::clone(served.admission());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(served)
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let peer = PeerClient::connect(format!("http://{address}")).await.unwrap();
+    (peer, gate, starts, counts)
+}
+
+fn too_large(length: usize) -> Status {
+    Status::invalid_argument(format!("{length} bytes"))
+}
+
+/// The admission the `Peer` service is served behind: with a bound of 2, of five concurrent calls
+/// two are decoded and handled, and the others are refused at once (UNAVAILABLE, naming the bound)
+/// without being read, rather than queued behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_calls_beyond_the_bound_are_refused_not_decoded() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let admission = Admission::new(
+            2,
+            "limits.max_concurrent_peer_calls",
+            onekv_server::peer::MAX_PEER_MESSAGE_BYTES,
+            too_large,
+        );
+        let (peer, gate, mut starts, counts) = gated(admission).await;
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                let mut peer = peer.clone();
+                tokio::spawn(async move { peer.send(call(None, 1 << 20)).await })
+            })
+            .collect();
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(5), starts.recv())
+                .await
+                .expect("a call starts")
+                .unwrap();
+        }
+        assert_eq!(counts.max_concurrent(), 2);
+        assert_eq!(counts.in_flight(), 2);
+        gate.add_permits(2);
+        let mut completed = 0;
+        for call in calls {
+            match call.await.unwrap() {
+                Ok(_) => completed += 1,
+                Err(status) => {
+                    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                    let message = status.message();
+                    assert!(message.contains("limits.max_concurrent_peer_calls = 2"), "{message}");
+                }
+            }
+        }
+        assert_eq!(completed, 2, "two were handled, three refused");
+        assert!(starts.try_recv().is_err(), "no refused call reached the handler");
+        assert_eq!(counts.in_flight(), 0);
+        // Once the permits are back, calls get in again.
+        gate.add_permits(1);
+        peer.clone().send(call(None, 10)).await.expect("a call after the others finished");
+    })
+    .await
+    .unwrap();
+}
+
+/// With a bytes budget, a large message in flight leaves room for small ones, but not for another
+/// message that would overflow the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_message_bytes_in_flight_are_bounded() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let admission = Admission::new(16, "limits.max_concurrent_peer_calls", 3 << 20, too_large)
+            .with_bytes_budget(5 << 20);
+        let (peer, gate, mut starts, counts) = gated(admission).await;
+        let big = tokio::spawn({
+            let mut peer = peer.clone();
+            async move { peer.send(call(None, 5 << 19)).await }
+        });
+        tokio::time::timeout(Duration::from_secs(5), starts.recv())
+            .await
+            .expect("the big call starts")
+            .unwrap();
+        assert!(counts.bytes_in_flight() >= 5 << 19);
+        let status = peer.clone().send(call(None, 5 << 19)).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable, "a second big one does not fit: {status:?}");
+        let status = peer.clone().send(call(None, 7 << 19)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "over the largest message: {status:?}");
+        let small = tokio::spawn({
+            let mut peer = peer.clone();
+            async move { peer.send(call(None, 100)).await }
+        });
+        tokio::time::timeout(Duration::from_secs(5), starts.recv()).await.expect("a small one fits").unwrap();
+        gate.add_permits(2);
+        big.await.unwrap().unwrap();
+        small.await.unwrap().unwrap();
+        assert_eq!(counts.bytes_in_flight(), 0);
+    })
+    .await
+    .unwrap();
 }

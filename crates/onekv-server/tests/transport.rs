@@ -311,7 +311,8 @@ async fn close_stops_delivery() {
     .unwrap();
 }
 
-/// The transport and the real `Peer` service agree: messages arrive decoded and checked.
+/// The transport and the real `Peer` service agree: messages arrive decoded and checked, carrying
+/// the cluster secret; a transport with another secret (or none) gets nothing through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_reach_the_peer_service() {
     tokio::time::timeout(TEST_TIMEOUT, async {
@@ -322,12 +323,26 @@ async fn messages_reach_the_peer_service() {
         let mut config = common::three_node_config(std::path::Path::new("/unused"));
         config.node_id = 2;
         config.members[1].address = address.to_string();
+        let secret = onekv_server::PeerSecret::generate();
         tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(PeerService::new(Arc::clone(&backend), &config).into_server())
+                .add_service(
+                    PeerService::new(Arc::clone(&backend), &config)
+                        .with_secret(Some(secret.clone()))
+                        .into_server(),
+                )
                 .serve_with_incoming(TcpIncoming::from(listener)),
         );
-        let transport = GrpcTransport::start(1, [(2, address.to_string())], fast_options());
+        for wrong in [None, Some(onekv_server::PeerSecret::generate())] {
+            let options = TransportOptions { secret: wrong, ..fast_options() };
+            let outsider = GrpcTransport::start(1, [(2, address.to_string())], options);
+            outsider.send(vec![heartbeat(2, 0)]);
+            wait_for(&outsider, "refusal", |s| s.dropped_send_failed == 1).await;
+            outsider.close();
+        }
+        assert!(backend.stepped.lock().unwrap().is_empty(), "no message without the secret got through");
+        let with_secret = || TransportOptions { secret: Some(secret.clone()), ..fast_options() };
+        let transport = GrpcTransport::start(1, [(2, address.to_string())], with_secret());
         let mut snapshot = heartbeat(2, 1);
         snapshot.set_msg_type(MessageType::MsgSnapshot);
         snapshot.mut_snapshot().data = vec![5u8; 20 << 20].into();
@@ -342,7 +357,7 @@ async fn messages_reach_the_peer_service() {
         // A message the service refuses (addressed to node 3) is counted as failed, not retried.
         let mut wrong = heartbeat(2, 7);
         wrong.to = 3;
-        let misrouted = GrpcTransport::start(1, [(3, address.to_string())], fast_options());
+        let misrouted = GrpcTransport::start(1, [(3, address.to_string())], with_secret());
         misrouted.send(vec![wrong]);
         wait_for(&misrouted, "refusal", |s| s.dropped_send_failed == 1).await;
         assert_eq!(backend.stepped.lock().unwrap().len(), 2);

@@ -1,7 +1,9 @@
 //! `onekv cluster ...`: a local cluster of `onekv server` child processes.
 //!
-//! Owns the cluster's directory layout (`DIR/nodeI/` holds node I's `onekv.toml`, its `server.log`
-//! and its data in `data/`), writing those configurations on first start and checking them on restart, and
+//! Owns the cluster's directory layout (`DIR/cluster.secret` holds the cluster secret the nodes
+//! authenticate each other with, generated once, mode 0600; `DIR/nodeI/` holds node I's
+//! `onekv.toml`, its `server.log` and its data in `data/`), writing those configurations on first
+//! start and checking them on restart, and
 //! the lifetime of the children: they are stopped (SIGTERM, then SIGKILL after 10 s) on every exit
 //! path of this process, including errors and panics (a drop guard), and each child also asks the
 //! kernel for SIGTERM should this process die without running its guard (`--parent-pid`).
@@ -16,12 +18,14 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use onekv_server::ServerConfig;
 use onekv_server::config::{MemberConfig, StorageMode};
+use onekv_server::{PeerSecret, ServerConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// The name of each node's configuration file inside its directory.
 const CONFIG_FILE: &str = "onekv.toml";
+/// The name of the cluster secret file inside the cluster directory.
+const SECRET_FILE: &str = "cluster.secret";
 /// The name of each node's log (its stdout and stderr) inside its directory.
 const LOG_FILE: &str = "server.log";
 /// The default `--http-base-port` is this far above `--base-port`.
@@ -88,6 +92,8 @@ struct PlannedNode {
     http_flag: Option<String>,
     /// `--resp-listen` for the child, when the RESP address comes from `--resp-base-port`.
     resp_flag: Option<String>,
+    /// `--peer-secret-file` for the child, when its file names none (written before secrets).
+    secret_flag: Option<PathBuf>,
 }
 
 fn start(args: &StartArgs) -> anyhow::Result<()> {
@@ -191,6 +197,7 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
     let node_dir = |id: u64| dir.join(format!("node{id}"));
     let existing: Vec<u64> = (1..=count).filter(|&id| node_dir(id).join(CONFIG_FILE).exists()).collect();
     if existing.is_empty() {
+        cluster_secret(dir)?;
         let members: Vec<MemberConfig> = (1..=count)
             .map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", u64::from(base_port) + id) })
             .collect();
@@ -203,6 +210,8 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
                 // subdirectory, because the replica refuses a non-empty directory it did not create
                 // (this one holds the configuration and the log).
                 data_dir: PathBuf::from("data"),
+                // Relative to the file too: the one secret of the cluster directory.
+                peer_secret_file: Some(Path::new("..").join(SECRET_FILE)),
                 storage,
                 members: members.clone(),
                 ..ServerConfig::default()
@@ -219,6 +228,7 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
                 config,
                 http_flag: None,
                 resp_flag: None,
+                secret_flag: None,
             });
         }
         return Ok(nodes);
@@ -237,7 +247,15 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
     for id in 1..=count {
         let dir = node_dir(id);
         let config_path = dir.join(CONFIG_FILE);
-        let config = ServerConfig::load(&config_path)?;
+        let mut config = ServerConfig::load(&config_path)?;
+        // A cluster created before nodes authenticated each other: give it a secret now, through
+        // the flag, so its files (and any edits in them) stay as they are.
+        let mut secret_flag = None;
+        if config.peer_secret_file.is_none() && config.members.len() > 1 {
+            let path = cluster_secret(dir.parent().unwrap_or(Path::new(".")))?;
+            config.peer_secret_file = Some(path.clone());
+            secret_flag = Some(path);
+        }
         config.validate().with_context(|| format!("in {}", config_path.display()))?;
         check_existing(&config_path, &config, id, count, storage)?;
         if let Some(first) = nodes.first().map(|node: &PlannedNode| &node.config)
@@ -249,7 +267,23 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
                 config_path.display()
             );
         }
-        nodes.push(PlannedNode { id, dir, config_path, config, http_flag: None, resp_flag: None });
+        nodes.push(PlannedNode {
+            id,
+            dir,
+            config_path,
+            config,
+            http_flag: None,
+            resp_flag: None,
+            secret_flag,
+        });
+    }
+    if nodes.iter().any(|node| node.secret_flag.is_some()) {
+        println!(
+            "note: the configurations in {} name no peer_secret_file; the nodes use {} (add \
+             peer_secret_file = \"../{SECRET_FILE}\" to each onekv.toml to make it permanent)",
+            dir.display(),
+            dir.join(SECRET_FILE).display()
+        );
     }
     let expected_port = u64::from(base_port) + 1;
     if !nodes[0].config.listen.ends_with(&format!(":{expected_port}")) {
@@ -259,6 +293,18 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
         );
     }
     Ok(nodes)
+}
+
+/// The cluster secret file `DIR/cluster.secret`: made (32 random bytes as hex, mode 0600) unless it
+/// exists, checked if it does. Returns its path.
+fn cluster_secret(dir: &Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join(SECRET_FILE);
+    if path.exists() {
+        PeerSecret::load(&path)?;
+    } else {
+        PeerSecret::generate().write_new(&path)?;
+    }
+    Ok(path)
 }
 
 /// Gives node I the HTTP address 127.0.0.1:(`base` + I) unless its file sets one; `base` 0: none
@@ -451,6 +497,11 @@ impl Children {
             .arg(std::process::id().to_string())
             .args(node.http_flag.iter().flat_map(|address| ["--http-listen", address.as_str()]))
             .args(node.resp_flag.iter().flat_map(|address| ["--resp-listen", address.as_str()]))
+            .args(
+                node.secret_flag
+                    .iter()
+                    .flat_map(|path| [Path::new("--peer-secret-file").as_os_str(), path.as_os_str()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr))
@@ -553,6 +604,52 @@ mod tests {
         // A restart with other ports reuses the files (their addresses win).
         let again = plan(dir.path(), 3, 18000, StorageMode::OneLog).unwrap();
         assert_eq!(again[2].config.listen, "127.0.0.1:17003");
+    }
+
+    #[test]
+    fn first_start_makes_one_secret_every_node_uses_and_restart_keeps_it() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        let path = dir.path().join(SECRET_FILE);
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let secret = PeerSecret::load(&path).unwrap();
+        for node in &nodes {
+            assert_eq!(node.config.peer_secret_file, Some(node.dir.join("..").join(SECRET_FILE)));
+            assert_eq!(node.config.peer_secret().unwrap(), Some(secret.clone()));
+            assert!(node.secret_flag.is_none());
+        }
+        let again = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        assert_eq!(again[1].config.peer_secret().unwrap(), Some(secret.clone()));
+        assert_eq!(PeerSecret::load(&path).unwrap(), secret, "the secret is made once");
+        // Another cluster directory, another secret.
+        let other = tempfile::tempdir().unwrap();
+        plan(other.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        assert_ne!(PeerSecret::load(&other.path().join(SECRET_FILE)).unwrap(), secret);
+    }
+
+    #[test]
+    fn a_cluster_made_before_secrets_gets_one_through_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        fs::remove_file(dir.path().join(SECRET_FILE)).unwrap();
+        for id in 1..=3 {
+            let path = dir.path().join(format!("node{id}")).join(CONFIG_FILE);
+            let text = fs::read_to_string(&path).unwrap();
+            let old: String = text
+                .lines()
+                .filter(|line| !line.starts_with("peer_secret_file"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            fs::write(&path, old).unwrap();
+        }
+        let nodes = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        let path = dir.path().join(SECRET_FILE);
+        for node in &nodes {
+            assert_eq!(node.secret_flag.as_deref(), Some(path.as_path()));
+            node.config.validate().unwrap();
+        }
+        assert!(PeerSecret::load(&path).is_ok());
     }
 
     #[test]

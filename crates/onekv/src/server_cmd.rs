@@ -33,6 +33,10 @@ pub struct Args {
     /// Every voting member, this node included.
     #[arg(long, value_name = "ID=HOST:PORT,...")]
     members: Option<String>,
+    /// File holding the cluster secret (hex, the same on every member), required with other
+    /// members: peers prove they belong to the cluster with it.
+    #[arg(long, value_name = "FILE")]
+    peer_secret_file: Option<PathBuf>,
     /// Address of the HTTP endpoint: metrics at /metrics, the status page at / [default: off].
     #[arg(long, value_name = "HOST:PORT")]
     http_listen: Option<String>,
@@ -73,6 +77,9 @@ impl Args {
         }
         if let Some(members) = &self.members {
             config.members = parse_members(members)?;
+        }
+        if let Some(peer_secret_file) = &self.peer_secret_file {
+            config.peer_secret_file = Some(peer_secret_file.clone());
         }
         if let Some(http_listen) = &self.http_listen {
             config.http_listen = Some(http_listen.clone());

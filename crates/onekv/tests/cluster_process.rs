@@ -304,18 +304,46 @@ fn bad_input_is_rejected_and_the_node_keeps_serving() {
         client.put(&[b'k'; 64], &[b'v'; 1024]).await.expect("a put at the limits");
         let ops = (0..4).map(|i| (format!("batch-{i}").into_bytes(), Some(b"v".to_vec()))).collect();
         client.batch(ops).await.expect("a batch at the limit");
+        // A value over the largest request the node reads at all (about 4 MiB): still
+        // INVALID_ARGUMENT naming the limits (was tonic's OUT_OF_RANGE).
+        let message = invalid_argument("a 5 MiB value", client.put(b"k", &vec![b'v'; 5 << 20]).await);
+        assert!(message.contains("limits.max_value_bytes = 1024"), "{message}");
+        assert!(message.contains("limits.max_batch_bytes"), "{message}");
 
         // Raw bytes that are not a Raft message, on the Peer service of the leader.
         let leader = cluster.leader().await;
         let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
         let mut peer =
             PeerClient::connect(format!("http://{}", cluster.endpoint(leader))).await.expect("connecting");
+        // Without the cluster secret, or with another, nothing is even read: a well-formed vote
+        // request of a high term from a member would otherwise depose the leader.
+        let mut vote = raft::eraftpb::Message::default();
+        vote.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
+        (vote.from, vote.to, vote.term, vote.index, vote.log_term) = (follower, leader, 1_000, 1 << 40, 999);
+        let forged = || PeerMessages {
+            from: follower,
+            messages: vec![protobuf::Message::write_to_bytes(&vote).expect("encoding")],
+        };
+        let status = peer.send(forged()).await.expect_err("a call without the secret must be refused");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        let mut wrong = tonic::Request::new(forged());
+        let other = onekv_server::PeerSecret::generate();
+        wrong.metadata_mut().insert(onekv_server::auth::PEER_SECRET_METADATA, other.metadata_value());
+        let status = peer.send(wrong).await.expect_err("another secret must be refused");
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        // With the secret, the service's own checks run.
+        let secret = cluster.peer_secret();
+        let with_secret = |batch: PeerMessages| {
+            let mut request = tonic::Request::new(batch);
+            request.metadata_mut().insert(onekv_server::auth::PEER_SECRET_METADATA, secret.metadata_value());
+            request
+        };
         let garbage = PeerMessages { from: follower, messages: vec![vec![0xff; 16]] };
-        let status = peer.send(garbage).await.expect_err("garbage must be rejected");
+        let status = peer.send(with_secret(garbage)).await.expect_err("garbage must be rejected");
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains("does not decode"), "{status:?}");
         let stranger = PeerMessages { from: 99, messages: vec![Vec::new()] };
-        let status = peer.send(stranger).await.expect_err("a non-member must be rejected");
+        let status = peer.send(with_secret(stranger)).await.expect_err("a non-member must be rejected");
         assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 
         // The node still serves, and is still the leader (the garbage changed nothing).

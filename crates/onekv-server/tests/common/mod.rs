@@ -126,13 +126,24 @@ impl Backend for FakeBackend {
     }
 }
 
-/// A valid three-node configuration for node 1, with its data under `data_dir`.
+/// A valid three-node configuration for node 1, with its data under `data_dir`. Its
+/// `peer_secret_file` (beside `data_dir`) does not exist: see [`with_secret_file`].
 pub fn three_node_config(data_dir: &std::path::Path) -> ServerConfig {
     ServerConfig {
         node_id: 1,
         listen: "127.0.0.1:7001".into(),
         data_dir: data_dir.to_path_buf(),
+        peer_secret_file: Some(data_dir.with_file_name("peer-secret")),
         members: (1..=3).map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", 7000 + id) }).collect(),
         ..ServerConfig::default()
     }
+}
+
+/// Writes a new cluster secret into a file in `dir` and points `config` at it.
+pub fn with_secret_file(config: &mut ServerConfig, dir: &std::path::Path) -> onekv_server::PeerSecret {
+    let secret = onekv_server::PeerSecret::generate();
+    let path = dir.join("peer-secret");
+    secret.write_new(&path).expect("writing the secret file");
+    config.peer_secret_file = Some(path);
+    secret
 }

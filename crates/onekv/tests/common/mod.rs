@@ -127,6 +127,9 @@ impl TestCluster {
             .zip(1..=count)
             .map(|(port, id)| MemberConfig { id, address: format!("127.0.0.1:{port}") })
             .collect();
+        // One cluster secret, as `onekv cluster start` makes.
+        let secret_path = dir.path().join("cluster.secret");
+        onekv_server::PeerSecret::generate().write_new(&secret_path).expect("writing the cluster secret");
         let mut nodes = Vec::new();
         for member in &members {
             let node_dir = dir.path().join(format!("node{}", member.id));
@@ -135,6 +138,7 @@ impl TestCluster {
                 node_id: member.id,
                 listen: member.address.clone(),
                 data_dir: node_dir.join("data"),
+                peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
                 ..ServerConfig::default()
             };
@@ -177,6 +181,11 @@ impl TestCluster {
         let status = node.child.as_mut()?.try_wait().expect("polling a node")?;
         node.child = None;
         Some(status.code())
+    }
+
+    /// The cluster secret the nodes share.
+    pub fn peer_secret(&self) -> onekv_server::PeerSecret {
+        onekv_server::PeerSecret::load(&self.dir.path().join("cluster.secret")).expect("the cluster secret")
     }
 
     /// Every node id, down or not.
