@@ -28,8 +28,8 @@
 //! This module does not own the loop (`node` calls [`on_tick`]), the refusal of proposals (the
 //! handle in `replica` asks [`DiskSpace::alarm`]) nor what a storage failure does (`node`).
 
-use crate::node::NodeLoop;
 use crate::DiskStatus;
+use crate::node::NodeLoop;
 use raft::StateRole;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -102,7 +102,13 @@ impl DiskSpace {
     /// when usable space would stay at or above `min_free_bytes`, removed if `reserve_bytes` is 0.
     /// Never fails: a node whose disk is full must still start (to serve reads and to recover once
     /// space is freed), so trouble with the reserve is logged and shown in status instead.
-    pub fn open(dir: &Path, min_free_bytes: u64, reserve_bytes: u64, interval: Duration, probe: Probe) -> Self {
+    pub fn open(
+        dir: &Path,
+        min_free_bytes: u64,
+        reserve_bytes: u64,
+        interval: Duration,
+        probe: Probe,
+    ) -> Self {
         let disk = DiskSpace {
             dir: dir.to_path_buf(),
             min_free_bytes,
@@ -445,7 +451,8 @@ mod tests {
         let available = Arc::new(AtomicU64::new(500 * MIB));
         let calls = Arc::new(AtomicU64::new(0));
         let interval = Duration::from_millis(250);
-        let disk = DiskSpace::open(dir.path(), 100 * MIB, 0, interval, fake(available.clone(), calls.clone()));
+        let disk =
+            DiskSpace::open(dir.path(), 100 * MIB, 0, interval, fake(available.clone(), calls.clone()));
         let opened = calls.load(Ordering::SeqCst);
         let start = Instant::now();
         assert!(disk.refresh(start));
@@ -471,7 +478,13 @@ mod tests {
         let available = Arc::new(AtomicU64::new(500 * MIB));
         let calls = Arc::new(AtomicU64::new(0));
         let open = || {
-            DiskSpace::open(dir.path(), 100 * MIB, 2 * MIB, Duration::ZERO, fake(available.clone(), calls.clone()))
+            DiskSpace::open(
+                dir.path(),
+                100 * MIB,
+                2 * MIB,
+                Duration::ZERO,
+                fake(available.clone(), calls.clone()),
+            )
         };
         let disk = open();
         assert_eq!(fs::metadata(&path).unwrap().len(), 2 * MIB);

@@ -158,7 +158,10 @@ fn describe_state_metrics() {
     describe_gauge!("onekv_write_amplification", "Engine write amplification: bytes written per user byte.");
     describe_gauge!("onekv_disk_bytes", Bytes, "Bytes on disk per component of the data directory.");
     describe_gauge!("onekv_disk_free_bytes", Bytes, "Free bytes on the data directory's file system.");
-    describe_gauge!("onekv_disk_full_alarm", "1 while the disk-full alarm is raised (writes refused), else 0.");
+    describe_gauge!(
+        "onekv_disk_full_alarm",
+        "1 while the disk-full alarm is raised (writes refused), else 0."
+    );
     describe_gauge!("onekv_disk_reserve_bytes", Bytes, "Bytes of disk reserve held (0 once given up).");
 }
 
