@@ -34,6 +34,6 @@ mod snapshot;
 mod state;
 
 pub use api::*;
-pub use maintenance::{CrashHook, CrashPoint};
 pub use disk_space::RESERVE_FILE;
+pub use maintenance::{CrashHook, CrashPoint};
 pub use replica::{DrivenLoop, Replica};
