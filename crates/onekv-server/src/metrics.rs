@@ -284,6 +284,26 @@ mod tests {
     use onekv_replica::LogStatus;
 
     #[test]
+    fn the_disk_full_alarm_and_the_free_space_are_gauges() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeMetrics::new(1, dir.path());
+        let mut status = ReplicaStatus::default();
+        status.disk.free_bytes = 12345;
+        status.disk.reserve_bytes = 678;
+        let text = node.render(&status);
+        for line in ["onekv_disk_full_alarm 0", "onekv_disk_free_bytes 12345", "onekv_disk_reserve_bytes 678"]
+        {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        status.disk.alarm = Some("below min_free_bytes".into());
+        status.disk.reserve_bytes = 0;
+        let text = node.render(&status);
+        for line in ["onekv_disk_full_alarm 1", "onekv_disk_reserve_bytes 0"] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
     fn fsync_buckets_become_a_cumulative_histogram() {
         let mut stats = LogStats { fsyncs: 3, fsync_us_total: 1_000_005, ..LogStats::default() };
         stats.fsync_buckets[0] = 1;
