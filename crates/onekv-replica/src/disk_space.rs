@@ -43,8 +43,9 @@ pub const RESERVE_FILE: &str = "RESERVED";
 /// Where the reserve is built before it is renamed into place, so a crash while creating it never
 /// leaves a short reserve that looks complete.
 const RESERVE_TMP: &str = "RESERVED.tmp";
-/// How often at most the free space is read: often enough that the alarm trips well before a
-/// threshold of tens of MiB is used up at a few hundred MB/s, rarely enough to cost nothing.
+/// How often at most the free space is read: a disk written at 400 MB/s loses 100 MB between two
+/// readings, well inside the default threshold of 256 MiB; and a `statvfs` four times a second
+/// costs nothing.
 pub(crate) const CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// Bytes written at a time where the reserve is filled with real bytes.
 const FILL_CHUNK: usize = 1 << 20;
