@@ -109,7 +109,12 @@ fn parse_write_bytes(text: &str) -> Option<u64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
-/// Bytes allocated on disk under `dir` (as `du` counts them: 512-byte blocks of every file).
+/// A node's disk reserve (`onekv_replica::RESERVE_FILE`): space set aside for a full disk, not data,
+/// so it is no part of space amplification.
+const RESERVE_FILE: &str = "RESERVED";
+
+/// Bytes allocated on disk under `dir` (as `du` counts them: 512-byte blocks of every file), but for
+/// an onekv node's disk reserve.
 pub fn disk_usage(dir: &Path) -> io::Result<u64> {
     let mut total = 0;
     for entry in fs::read_dir(dir)? {
@@ -125,7 +130,7 @@ pub fn disk_usage(dir: &Path) -> io::Result<u64> {
                 Err(error) if error.kind() == io::ErrorKind::NotFound => 0,
                 other => other?,
             };
-        } else {
+        } else if entry.file_name() != RESERVE_FILE {
             total += metadata.blocks() * 512;
         }
     }
@@ -294,6 +299,8 @@ mod tests {
         fs::create_dir(dir.path().join("sub")).unwrap();
         fs::write(dir.path().join("a"), vec![1u8; 10_000]).unwrap();
         fs::write(dir.path().join("sub/b"), vec![1u8; 10_000]).unwrap();
+        // A node's disk reserve is not data.
+        fs::write(dir.path().join(RESERVE_FILE), vec![1u8; 100_000]).unwrap();
         let usage = disk_usage(dir.path()).unwrap();
         // Allocated blocks: at least the bytes written, at most a few blocks more.
         assert!((20_000..=20_000 + 4 * 8192).contains(&usage), "{usage}");

@@ -129,6 +129,13 @@ pub struct ReplicaConfig {
     /// Whether index trees are compacted after flushes (off only to measure write amplification
     /// "before any compaction", as the papers do).
     pub index_compaction: bool,
+    /// Below this many usable bytes on the data directory's file system the "disk full" alarm is
+    /// raised: a leader refuses new writes with [`ReplicaError::DiskFull`] and hands leadership
+    /// away; reads go on. 0 disables the alarm.
+    pub min_free_bytes: u64,
+    /// Size of the reserve file kept in the data directory and deleted when the disk is nearly full
+    /// or the replica fails, so flushes, the last hard state and recovery find room. 0: none.
+    pub reserve_bytes: u64,
 }
 
 impl ReplicaConfig {
@@ -160,6 +167,8 @@ impl ReplicaConfig {
             segment_bytes: 64 << 20,
             index_compaction: true,
             snapshot_timeout: Duration::from_secs(30),
+            min_free_bytes: 256 << 20,
+            reserve_bytes: 64 << 20,
         }
     }
 }
@@ -252,6 +261,10 @@ pub enum ReplicaError {
     /// The configuration or the data directory cannot be used.
     #[error("cannot open: {0}")]
     Open(String),
+    /// The leader's disk is nearly full (its "disk full" alarm is raised): new writes are refused
+    /// until space is freed, while leadership moves to a node with room. Reads go on.
+    #[error("disk full: {0}")]
+    DiskFull(String),
 }
 
 /// A snapshot of a replica's state, for `status` and tests.
@@ -310,6 +323,8 @@ pub struct ReplicaStatus {
     pub snapshot: Option<String>,
     /// Request ids in the window of recent requests.
     pub request_ids: u64,
+    /// The data directory's disk: free space, the reserve, the "disk full" alarm.
+    pub disk: DiskStatus,
 }
 
 /// How far a follower is, as its leader sees it.
@@ -324,6 +339,23 @@ pub struct FollowerStatus {
     pub state: String,
     /// Whether it answered the leader recently.
     pub active: bool,
+}
+
+/// The disk of a replica's data directory in a [`ReplicaStatus`], as of the last check (at most a
+/// fraction of a second old).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskStatus {
+    /// Bytes the file system still has for the node (0 before the first check, or when unmonitored).
+    pub free_bytes: u64,
+    /// Size of the file system.
+    pub total_bytes: u64,
+    /// The alarm threshold ([`ReplicaConfig::min_free_bytes`]; 0: no alarm).
+    pub min_free_bytes: u64,
+    /// Bytes of reserve held now: the configured size, or 0 once given up (or not created for lack
+    /// of space; it is created at the next open when space allows).
+    pub reserve_bytes: u64,
+    /// Why writes are refused, while the "disk full" alarm is raised.
+    pub alarm: Option<String>,
 }
 
 /// One of a replica's logs in a [`ReplicaStatus`].

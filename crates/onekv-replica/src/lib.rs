@@ -7,6 +7,8 @@
 //!   entry and hard state of that turn;
 //! - applying committed entries into the index (`apply`) and recovery directed by consensus
 //!   (`recovery`);
+//! - what the replica does about a filling disk: the "disk full" alarm, the reserve file and
+//!   handing leadership away (`disk_space`);
 //! - the storage modes (`onelog`, `separated`, `classic`, see [`StorageMode`]) and crash points for
 //!   tests ([`failpoints`]).
 //!
@@ -16,6 +18,7 @@
 mod api;
 mod apply;
 pub mod codec;
+mod disk_space;
 pub mod failpoints;
 mod identity;
 pub mod local;
@@ -31,5 +34,6 @@ mod snapshot;
 mod state;
 
 pub use api::*;
+pub use disk_space::RESERVE_FILE;
 pub use maintenance::{CrashHook, CrashPoint};
 pub use replica::{DrivenLoop, Replica};

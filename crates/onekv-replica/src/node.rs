@@ -106,6 +106,8 @@ pub(crate) struct NodeLoop {
     pub clock: WallClock,
     /// When the index was last sealed for a flush.
     pub last_flush: Option<Instant>,
+    /// The "disk full" alarm and the disk reserve (`disk_space`).
+    pub disk: Arc<crate::disk_space::DiskSpace>,
 }
 
 /// Wall-clock milliseconds for proposals, read from the turn's `now` (never a clock of the
@@ -216,6 +218,9 @@ impl NodeLoop {
                 break;
             }
             next = self.inbox.try_recv().ok();
+        }
+        if tick {
+            crate::disk_space::on_tick(self, now); // free space, reserve, leadership hand-off
         }
         if self.failed.is_some() {
             return Turn::Continue;
@@ -807,6 +812,7 @@ impl NodeLoop {
             followers: self.follower_status(),
             snapshot: store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe(),
             request_ids: self.state.requests().len() as u64,
+            disk: self.disk.status(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

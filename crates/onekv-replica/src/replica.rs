@@ -2,6 +2,7 @@
 //! handle callers use.
 
 use crate::apply::Applier;
+use crate::disk_space::DiskSpace;
 use crate::node::{Input, NodeLoop, SHARD, SHUTDOWN_WAIT, Shared};
 use crate::raft_store::RaftStore;
 use crate::state::{self, State};
@@ -68,6 +69,8 @@ struct Inner {
     state: std::sync::RwLock<Option<Arc<State>>>,
     limits: Limits,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The "disk full" alarm the write path checks.
+    disk: Arc<DiskSpace>,
 }
 
 impl ReplicaConfig {
@@ -197,6 +200,17 @@ impl Replica {
         crate::identity::create_dir_all_synced(dir)
             .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
         crate::identity::check_or_create(dir, config.node_id, config.storage)?;
+        // Before anything else writes: the reserve must be taken while there is room for it.
+        let disk = Arc::new(match driven {
+            true => DiskSpace::disabled(dir),
+            false => DiskSpace::open(
+                dir,
+                config.min_free_bytes,
+                config.reserve_bytes,
+                crate::disk_space::CHECK_INTERVAL,
+                Box::new(crate::disk_space::statvfs),
+            ),
+        });
         let started = Instant::now();
 
         let names = config.storage.log_names();
@@ -307,6 +321,7 @@ impl Replica {
             crashed: false,
             clock: crate::node::WallClock::system(),
             last_flush: None,
+            disk: disk.clone(),
         };
         let replica = Replica {
             inner: Arc::new(Inner {
@@ -315,6 +330,7 @@ impl Replica {
                 state: std::sync::RwLock::new(Some(state)),
                 limits,
                 thread: Mutex::new(None),
+                disk,
             }),
         };
         Ok((replica, node_loop))
@@ -342,10 +358,18 @@ impl Replica {
         self.send(Input::Step(message));
     }
 
-    /// Proposes `command` (leader only); `done` runs once it is applied here, or fails.
+    /// Proposes `command` (leader only); `done` runs once it is applied here, or fails. While the
+    /// disk is nearly full it fails at once with [`ReplicaError::DiskFull`].
     pub fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
         if let Err(err) = self.inner.limits.check(&command) {
             return done(Err(err));
+        }
+        // A leader in "disk full" alarm refuses writes at once; a follower still redirects, so
+        // clients find the leader that took over.
+        if let Some(alarm) = self.inner.disk.alarm()
+            && self.inner.shared.status.lock().unwrap_or_else(|e| e.into_inner()).role == "leader"
+        {
+            return done(Err(ReplicaError::DiskFull(alarm)));
         }
         self.send(Input::Propose { request_id, command, done });
     }

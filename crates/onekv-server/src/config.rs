@@ -50,6 +50,10 @@ mod bounds {
     pub const MAX_CONCURRENT_REQUESTS: (u64, u64) = (1, 65_536);
     /// Peer calls decoded and handled at once (their bytes are bounded on their own).
     pub const MAX_CONCURRENT_PEER_CALLS: (u64, u64) = (1, 1024);
+    /// The "disk full" threshold (0: no alarm).
+    pub const MIN_FREE_BYTES: (u64, u64) = (0, 1 << 40);
+    /// The disk reserve (0: none).
+    pub const RESERVE_BYTES: (u64, u64) = (0, 64 << 30);
 }
 
 /// The whole configuration of one node, as read from its TOML file (see `docs/config-example.toml`).
@@ -99,6 +103,8 @@ pub struct ServerConfig {
     pub index: IndexConfig,
     /// The node's log.
     pub log: LogConfig,
+    /// What the node does as its disk fills.
+    pub disk: DiskConfig,
 }
 
 /// How log lines are written.
@@ -194,6 +200,21 @@ pub struct LogConfig {
     pub segment_bytes: u64,
 }
 
+/// `[disk]`: what the node does as its data directory's disk fills (see `docs/design/replica.md`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DiskConfig {
+    /// Below this many free bytes (the reserve aside) the "disk full" alarm is raised: the leader
+    /// refuses new writes with RESOURCE_EXHAUSTED and hands leadership to another node; reads go on;
+    /// the alarm clears by itself once space is freed. 0 disables the alarm. Default 268435456
+    /// (256 MiB).
+    pub min_free_bytes: u64,
+    /// Size of the reserve file (`DATA_DIR/RESERVED`), deleted when free space falls below half of
+    /// `min_free_bytes` or the node fails, so flushes and recovery still find room; re-created at
+    /// the next start when space allows. 0: no reserve. Default 67108864 (64 MiB).
+    pub reserve_bytes: u64,
+}
+
 /// The replica's defaults, the single source of every tuning default here.
 fn replica_defaults() -> ReplicaConfig {
     ReplicaConfig::new(0, Vec::new(), PathBuf::new())
@@ -217,6 +238,7 @@ impl Default for ServerConfig {
             limits: LimitsConfig::default(),
             index: IndexConfig::default(),
             log: LogConfig::default(),
+            disk: DiskConfig::default(),
         }
     }
 }
@@ -272,6 +294,13 @@ impl LimitsConfig {
 impl Default for IndexConfig {
     fn default() -> Self {
         IndexConfig { memtable_bytes: replica_defaults().memtable_bytes }
+    }
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        let defaults = replica_defaults();
+        DiskConfig { min_free_bytes: defaults.min_free_bytes, reserve_bytes: defaults.reserve_bytes }
     }
 }
 
@@ -560,6 +589,8 @@ impl ServerConfig {
 
         check_range(&mut problem, "index.memtable_bytes", self.index.memtable_bytes, bounds::MEMTABLE_BYTES);
         check_range(&mut problem, "log.segment_bytes", self.log.segment_bytes, bounds::SEGMENT_BYTES);
+        check_range(&mut problem, "disk.min_free_bytes", self.disk.min_free_bytes, bounds::MIN_FREE_BYTES);
+        check_range(&mut problem, "disk.reserve_bytes", self.disk.reserve_bytes, bounds::RESERVE_BYTES);
         let needed = as_u64(limits.max_batch_bytes).saturating_mul(2);
         if self.log.segment_bytes < needed {
             problem(
@@ -614,6 +645,8 @@ impl ServerConfig {
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
         config.segment_bytes = self.log.segment_bytes;
+        config.min_free_bytes = self.disk.min_free_bytes;
+        config.reserve_bytes = self.disk.reserve_bytes;
         config
     }
 }

@@ -96,6 +96,10 @@ pub struct MemberView {
     pub storage: String,
     /// The storage failure that stopped its writes, if any.
     pub failure: String,
+    /// Why its "disk full" alarm is raised, if it is.
+    pub disk_alarm: String,
+    /// Free bytes on its data directory's file system.
+    pub disk_free_bytes: u64,
 }
 
 /// The body of `/cluster.json`.
@@ -265,6 +269,8 @@ fn local_view<B>(state: &HttpState<B>, status: &ReplicaStatus) -> MemberView {
         write_amplification: write_amplification(status),
         storage: status.storage.name().to_string(),
         failure: status.failure.clone().unwrap_or_default(),
+        disk_alarm: status.disk.alarm.clone().unwrap_or_default(),
+        disk_free_bytes: status.disk.free_bytes,
     }
 }
 
@@ -285,6 +291,8 @@ fn remote_view(id: u64, address: String, status: onekv_proto::StatusResponse) ->
         write_amplification: status.write_amplification,
         storage: status.storage_mode,
         failure: status.failure,
+        disk_alarm: status.disk_alarm,
+        disk_free_bytes: status.disk_free_bytes,
     }
 }
 

@@ -157,6 +157,12 @@ fn describe_state_metrics() {
     describe_counter!("onekv_user_bytes_total", Bytes, "Key and value bytes applied on this node.");
     describe_gauge!("onekv_write_amplification", "Engine write amplification: bytes written per user byte.");
     describe_gauge!("onekv_disk_bytes", Bytes, "Bytes on disk per component of the data directory.");
+    describe_gauge!("onekv_disk_free_bytes", Bytes, "Free bytes on the data directory's file system.");
+    describe_gauge!(
+        "onekv_disk_full_alarm",
+        "1 while the disk-full alarm is raised (writes refused), else 0."
+    );
+    describe_gauge!("onekv_disk_reserve_bytes", Bytes, "Bytes of disk reserve held (0 once given up).");
 }
 
 /// Copies `status` into the current (local) recorder.
@@ -195,6 +201,9 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_bytes_written_total").absolute(status.bytes_written);
     counter!("onekv_user_bytes_total").absolute(status.user_bytes);
     gauge!("onekv_write_amplification").set(write_amplification(status));
+    gauge!("onekv_disk_free_bytes").set(count(status.disk.free_bytes));
+    gauge!("onekv_disk_full_alarm").set(if status.disk.alarm.is_some() { 1.0 } else { 0.0 });
+    gauge!("onekv_disk_reserve_bytes").set(count(status.disk.reserve_bytes));
     for (component, bytes) in disk {
         gauge!("onekv_disk_bytes", "component" => component.clone()).set(count(*bytes));
     }
@@ -232,9 +241,9 @@ fn render_fsync_histograms(text: &mut String, status: &ReplicaStatus) {
     text.push('\n');
 }
 
-/// Bytes on disk under each top-level entry of the data directory (`log`, `index`, ...); files at
-/// the top level (the identity file) count as `other`. Statistics only: unreadable entries count
-/// as nothing.
+/// Bytes on disk under each top-level entry of the data directory (`log`, `index`, ...); the disk
+/// reserve counts as `reserve`, other files at the top level (the identity file) as `other`.
+/// Statistics only: unreadable entries count as nothing.
 pub fn disk_usage(data_dir: &Path) -> Vec<(String, u64)> {
     let mut usage: Vec<(String, u64)> = Vec::new();
     let mut other = 0;
@@ -244,7 +253,11 @@ pub fn disk_usage(data_dir: &Path) -> Vec<(String, u64)> {
         if kind.is_dir() {
             usage.push((entry.file_name().to_string_lossy().into_owned(), dir_bytes(&entry.path())));
         } else if kind.is_file() {
-            other += entry.metadata().map_or(0, |meta| meta.len());
+            let bytes = entry.metadata().map_or(0, |meta| meta.len());
+            match entry.file_name() == onekv_replica::RESERVE_FILE {
+                true => usage.push(("reserve".to_string(), bytes)),
+                false => other += bytes,
+            }
         }
     }
     usage.sort();
@@ -269,6 +282,26 @@ mod tests {
     use super::*;
     use onekv_log::LogStats;
     use onekv_replica::LogStatus;
+
+    #[test]
+    fn the_disk_full_alarm_and_the_free_space_are_gauges() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeMetrics::new(1, dir.path());
+        let mut status = ReplicaStatus::default();
+        status.disk.free_bytes = 12345;
+        status.disk.reserve_bytes = 678;
+        let text = node.render(&status);
+        for line in ["onekv_disk_full_alarm 0", "onekv_disk_free_bytes 12345", "onekv_disk_reserve_bytes 678"]
+        {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        status.disk.alarm = Some("below min_free_bytes".into());
+        status.disk.reserve_bytes = 0;
+        let text = node.render(&status);
+        for line in ["onekv_disk_full_alarm 1", "onekv_disk_reserve_bytes 0"] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
 
     #[test]
     fn fsync_buckets_become_a_cumulative_histogram() {
@@ -300,7 +333,16 @@ mod tests {
         std::fs::write(dir.path().join("log/sub/b"), [0u8; 5]).unwrap();
         std::fs::write(dir.path().join("index/t"), [0u8; 7]).unwrap();
         std::fs::write(dir.path().join("IDENTITY"), [0u8; 3]).unwrap();
+        std::fs::write(dir.path().join(onekv_replica::RESERVE_FILE), [0u8; 4]).unwrap();
         let usage = disk_usage(dir.path());
-        assert_eq!(usage, vec![("index".to_string(), 7), ("log".to_string(), 15), ("other".to_string(), 3)]);
+        assert_eq!(
+            usage,
+            vec![
+                ("index".to_string(), 7),
+                ("log".to_string(), 15),
+                ("reserve".to_string(), 4),
+                ("other".to_string(), 3)
+            ]
+        );
     }
 }

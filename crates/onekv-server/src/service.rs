@@ -264,6 +264,8 @@ pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> St
         // leader is frozen at the moment it failed, possibly itself).
         ReplicaError::Storage(failure) => failed_node_status(&failure),
         error @ ReplicaError::Open(_) => Status::internal(error.to_string()),
+        // The message starts "disk full: " and says why; the leader is handing leadership away.
+        error @ ReplicaError::DiskFull(_) => Status::resource_exhausted(error.to_string()),
     }
 }
 
@@ -515,6 +517,8 @@ impl<B: Backend> Kv for KvService<B> {
                     })
                     .collect(),
                 snapshot: status.snapshot.unwrap_or_default(),
+                disk_free_bytes: status.disk.free_bytes,
+                disk_alarm: status.disk.alarm.unwrap_or_default(),
             }))
         })
         .await

@@ -615,3 +615,13 @@ async fn client_calls_beyond_the_bound_are_refused() {
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn a_disk_full_refusal_is_resource_exhausted_and_says_disk_full() {
+    let (backend, service) = service();
+    let refusal = ReplicaError::DiskFull("/data has 10 bytes free, below min_free_bytes = 100".into());
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Err(refusal));
+    let status = service.put(put(b"k", b"v")).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().starts_with("disk full: /data has 10 bytes free"), "{}", status.message());
+}

@@ -239,6 +239,9 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
                     )?;
                 }
                 out.write_all(lagging_followers(status).as_bytes())?;
+                if !status.disk_alarm.is_empty() {
+                    writeln!(out, "node {} disk full: {}", status.node_id, status.disk_alarm)?;
+                }
             }
             if statuses.iter().all(|(_, result)| result.is_err()) {
                 anyhow::bail!("no node answered");
@@ -312,10 +315,12 @@ fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> 
             Ok(status) => Ok([
                 status.node_id.to_string(),
                 endpoint.clone(),
-                if status.failure.is_empty() {
-                    status.role.clone()
-                } else {
+                if !status.failure.is_empty() {
                     format!("{} (FAILED)", status.role)
+                } else if !status.disk_alarm.is_empty() {
+                    format!("{} (DISK FULL)", status.role)
+                } else {
+                    status.role.clone()
                 },
                 if status.leader_id == 0 { "-".to_string() } else { status.leader_id.to_string() },
                 status.term.to_string(),
