@@ -123,6 +123,10 @@ pub struct ReplicaConfig {
     /// Whether index trees are compacted after flushes (off only to measure write amplification
     /// "before any compaction", as the papers do).
     pub index_compaction: bool,
+    /// Bytes per second the background scrub reads to verify every stored value's checksum (so
+    /// damage is found before a read or a snapshot build hits it); 0 disables the scrub. Never
+    /// runs in a simulation (driven mode), whose outcome must not depend on a thread's timing.
+    pub scrub_bytes_per_sec: u64,
 }
 
 impl ReplicaConfig {
@@ -145,6 +149,7 @@ impl ReplicaConfig {
             segment_bytes: 64 << 20,
             index_compaction: true,
             snapshot_timeout: Duration::from_secs(30),
+            scrub_bytes_per_sec: 8 << 20,
         }
     }
 }
@@ -237,6 +242,20 @@ pub enum ReplicaError {
     /// The configuration or the data directory cannot be used.
     #[error("cannot open: {0}")]
     Open(String),
+    /// This node's stored copy of `key`'s value is damaged (it does not match its checksum): the
+    /// bytes at `position` in its log changed after they were written. Only this key's reads on
+    /// this node fail; other replicas hold their own copies.
+    #[error(
+        "the stored value of key {:?} at log position {position} is damaged on this node (it does not match its checksum)",
+        String::from_utf8_lossy(key)
+    )]
+    Corrupt {
+        /// The key whose value is damaged.
+        key: Vec<u8>,
+        /// Where the damaged value starts in the log locators point into (`log`, or `values` in
+        /// separated mode).
+        position: u64,
+    },
 }
 
 /// A snapshot of a replica's state, for `status` and tests.
@@ -295,6 +314,28 @@ pub struct ReplicaStatus {
     pub snapshot: Option<String>,
     /// Request ids in the window of recent requests.
     pub request_ids: u64,
+    /// Distinct stored values found damaged (not matching their checksum) since the replica
+    /// started, by reads, snapshot builds and the scrub.
+    pub corrupt_values: u64,
+    /// The background scrub's progress.
+    pub scrub: ScrubStatus,
+}
+
+/// What the background scrub has verified, for status and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubStatus {
+    /// Whether a scrub runs (`scrub_bytes_per_sec` > 0 and not a simulation).
+    pub enabled: bool,
+    /// Full passes over the shard's values finished since the replica started.
+    pub passes: u64,
+    /// Values verified since the replica started, in finished and current passes.
+    pub values_checked: u64,
+    /// When the last full pass finished, in milliseconds since the Unix epoch (0: none yet).
+    pub last_pass_finished_unix_ms: u64,
+    /// Values the last full pass verified.
+    pub last_pass_values: u64,
+    /// Damaged values the last full pass found.
+    pub last_pass_corrupt: u64,
 }
 
 /// How far a follower is, as its leader sees it.

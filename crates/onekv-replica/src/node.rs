@@ -106,6 +106,8 @@ pub(crate) struct NodeLoop {
     pub clock: WallClock,
     /// When the index was last sealed for a flush.
     pub last_flush: Option<Instant>,
+    /// The background scrub verifying stored values.
+    pub scrub: crate::scrub::Scrub,
 }
 
 /// Wall-clock milliseconds for proposals, read from the turn's `now` (never a clock of the
@@ -164,6 +166,7 @@ impl NodeLoop {
         self.fail_everything(|| ReplicaError::Stopping);
         // Nothing may hold the index open once the loop has ended.
         self.maintenance.stop();
+        self.scrub.stop();
         self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).stop();
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.publish_status();
@@ -797,6 +800,8 @@ impl NodeLoop {
             followers: self.follower_status(),
             snapshot: store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe(),
             request_ids: self.state.requests().len() as u64,
+            corrupt_values: self.state.corruption.count(),
+            scrub: self.scrub.status(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -214,6 +214,7 @@ impl Replica {
             entry_tree,
             user_bytes: AtomicU64::new(0),
             requests: Mutex::new(requests),
+            corruption: Default::default(),
         });
         let snapshots =
             crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
@@ -269,6 +270,8 @@ impl Replica {
         let limits = config.limits.clone();
         let maintenance = crate::maintenance::Maintenance::new(!driven, config.index_compaction)
             .map_err(ReplicaError::Open)?;
+        let scrub = crate::scrub::Scrub::start(state.clone(), config.scrub_bytes_per_sec, !driven)
+            .map_err(ReplicaError::Open)?;
         let node_loop = NodeLoop {
             config,
             raw,
@@ -294,6 +297,7 @@ impl Replica {
             crashed: false,
             clock: crate::node::WallClock::system(),
             last_flush: None,
+            scrub,
         };
         let replica = Replica {
             inner: Arc::new(Inner {

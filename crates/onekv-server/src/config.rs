@@ -165,6 +165,9 @@ pub struct LogConfig {
     /// Size of one log segment file, in bytes; at least twice `limits.max_batch_bytes` so the largest
     /// write's Raft entry fits in one segment. Default 67108864 (64 MiB).
     pub segment_bytes: u64,
+    /// Bytes per second the background scrub reads to verify stored values' checksums; 0 turns
+    /// it off. Default 8388608 (8 MiB/s).
+    pub scrub_bytes_per_sec: u64,
 }
 
 /// The replica's defaults, the single source of every tuning default here.
@@ -246,7 +249,10 @@ impl Default for IndexConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { segment_bytes: replica_defaults().segment_bytes }
+        LogConfig {
+            segment_bytes: replica_defaults().segment_bytes,
+            scrub_bytes_per_sec: replica_defaults().scrub_bytes_per_sec,
+        }
     }
 }
 
@@ -546,6 +552,7 @@ impl ServerConfig {
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
         config.segment_bytes = self.log.segment_bytes;
+        config.scrub_bytes_per_sec = self.log.scrub_bytes_per_sec;
         config
     }
 }

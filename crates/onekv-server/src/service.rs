@@ -219,6 +219,8 @@ pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> St
             "dropped before commit ({message}); retrying with the same request id is safe"
         )),
         ReplicaError::Stopping => Status::unavailable("the node is shutting down"),
+        // This node's copy of one value is damaged; the node and its other keys are fine.
+        error @ ReplicaError::Corrupt { .. } => Status::data_loss(error.to_string()),
         error @ (ReplicaError::Storage(_) | ReplicaError::Open(_)) => Status::internal(error.to_string()),
     }
 }
@@ -450,6 +452,15 @@ impl<B: Backend> Kv for KvService<B> {
                     })
                     .collect(),
                 snapshot: status.snapshot.unwrap_or_default(),
+                corrupt_values: status.corrupt_values,
+                scrub: Some(onekv_proto::ScrubProgress {
+                    enabled: status.scrub.enabled,
+                    passes: status.scrub.passes,
+                    values_checked: status.scrub.values_checked,
+                    last_pass_finished_unix_ms: status.scrub.last_pass_finished_unix_ms,
+                    last_pass_values: status.scrub.last_pass_values,
+                    last_pass_corrupt: status.scrub.last_pass_corrupt,
+                }),
             }))
         })
         .await

@@ -277,6 +277,41 @@ async fn replica_errors_map_to_the_documented_codes() {
     }
 }
 
+/// A damaged stored value is DATA_LOSS naming the key and the position, not a node-wide failure.
+#[test]
+fn a_damaged_value_is_data_loss() {
+    let error = ReplicaError::Corrupt { key: b"k1".to_vec(), position: 4096 };
+    let status = onekv_server::service::replica_error_status(error, &config().members);
+    assert_eq!(status.code(), Code::DataLoss);
+    assert!(status.message().contains("\"k1\"") && status.message().contains("4096"), "{}", status.message());
+}
+
+#[tokio::test]
+async fn status_reports_damaged_values_and_the_scrub() {
+    let (backend, service) = service();
+    *backend.status.lock().unwrap() = ReplicaStatus {
+        corrupt_values: 2,
+        scrub: onekv_replica::ScrubStatus {
+            enabled: true,
+            passes: 3,
+            values_checked: 30,
+            last_pass_finished_unix_ms: 1_700_000_000_000,
+            last_pass_values: 10,
+            last_pass_corrupt: 1,
+        },
+        ..ReplicaStatus::default()
+    };
+    let status = service.status(Request::new(StatusRequest {})).await.unwrap().into_inner();
+    assert_eq!(status.corrupt_values, 2);
+    let scrub = status.scrub.unwrap();
+    assert!(scrub.enabled);
+    assert_eq!(
+        (scrub.passes, scrub.values_checked, scrub.last_pass_finished_unix_ms),
+        (3, 30, 1_700_000_000_000)
+    );
+    assert_eq!((scrub.last_pass_values, scrub.last_pass_corrupt), (10, 1));
+}
+
 #[tokio::test]
 async fn a_write_that_does_not_commit_in_time_is_deadline_exceeded() {
     let (backend, service) = service();
