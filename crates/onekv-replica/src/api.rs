@@ -317,6 +317,8 @@ pub struct ReplicaStatus {
     /// Distinct stored values found damaged (not matching their checksum) since the replica
     /// started, by reads, snapshot builds and the scrub.
     pub corrupt_values: u64,
+    /// Damaged values replaced by another replica's healthy copy since the replica started.
+    pub repaired_values: u64,
     /// The background scrub's progress.
     pub scrub: ScrubStatus,
 }

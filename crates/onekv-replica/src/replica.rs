@@ -225,6 +225,9 @@ impl Replica {
         let recovered = crate::recovery::recover(&raft_log, &mut store, &mut applier, &mut entry_tree_seqno)?;
         // Counting starts after recovery: replayed entries are not new user bytes.
         state.user_bytes.store(0, Ordering::Relaxed);
+        // Replayed repair requests were answered when first applied; offering copies again would
+        // only propose repairs nobody needs.
+        applier.take_offers();
         tracing::info!(
             node = config.node_id,
             scan_from = recovered.scan_from,
@@ -298,6 +301,7 @@ impl Replica {
             clock: crate::node::WallClock::system(),
             last_flush: None,
             scrub,
+            repairs: BTreeMap::new(),
         };
         let replica = Replica {
             inner: Arc::new(Inner {

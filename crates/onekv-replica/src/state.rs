@@ -73,14 +73,39 @@ const MAX_REMEMBERED_CORRUPT: usize = 100_000;
 pub(crate) struct Corruption {
     /// Distinct damaged values found.
     found: AtomicU64,
+    /// Damaged values replaced by a healthy copy from another replica.
+    repaired: AtomicU64,
     /// Their positions in the value log.
     seen: Mutex<BTreeSet<u64>>,
+    /// Newly found damaged values, `(key, position)`, for the loop to ask a repair of.
+    found_keys: Mutex<Vec<(Vec<u8>, u64)>>,
 }
 
 impl Corruption {
     /// Distinct damaged values found since the replica started.
     pub fn count(&self) -> u64 {
         self.found.load(Ordering::Relaxed)
+    }
+
+    /// Damaged values repaired since the replica started.
+    pub fn repaired_count(&self) -> u64 {
+        self.repaired.load(Ordering::Relaxed)
+    }
+
+    /// Takes the damaged values found since the last call.
+    pub fn take_found(&self) -> Vec<(Vec<u8>, u64)> {
+        std::mem::take(&mut *self.found_keys.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Records that `key`'s damaged value at `damaged` was replaced by a healthy copy.
+    pub fn repaired(&self, key: &[u8], damaged: Locator, index: u64) {
+        self.repaired.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            position = damaged.position,
+            key = %String::from_utf8_lossy(key),
+            index,
+            "a damaged stored value was repaired with another replica's copy"
+        );
     }
 
     /// Records that the value of `key` at `locator` in the log `log` is damaged: logs and counts
@@ -94,6 +119,11 @@ impl Corruption {
             seen.insert(locator.position);
         }
         drop(seen);
+        let mut found_keys = self.found_keys.lock().unwrap_or_else(|e| e.into_inner());
+        if found_keys.len() < MAX_REMEMBERED_CORRUPT {
+            found_keys.push((key.to_vec(), locator.position));
+        }
+        drop(found_keys);
         let found = self.found.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::error!(
             log,
@@ -101,7 +131,7 @@ impl Corruption {
             len = locator.len,
             key = %String::from_utf8_lossy(key),
             found,
-            "a stored value is damaged: {why}; reads of this key fail on this node until it is written again"
+            "a stored value is damaged: {why}; reads of this key fail on this node until another replica's copy repairs it"
         );
     }
 }

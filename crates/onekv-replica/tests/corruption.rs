@@ -2,12 +2,14 @@
 //! value is flipped in a replica's log file after Raft has compacted its entry away, as bit rot or a
 //! misdirected write would do.
 //!
-//! - Reads of that key on that node fail with the distinct [`ReplicaError::Corrupt`] naming the key
-//!   and the position; the damage is counted once however often it is read; other keys and other
-//!   nodes keep serving.
-//! - A leader holding the damage keeps leading and serving; its snapshot builds for a lagging
-//!   follower fail with a status naming the damage, and succeed once the key is repaired.
-//! - The background scrub finds a damaged value nobody read, at a bounded rate.
+//! - The read that finds the damage fails with the distinct [`ReplicaError::Corrupt`] naming the key
+//!   and the position; the node asks the others for their copy through Raft and takes it, after
+//!   which the key is served again; other keys and other nodes keep serving throughout.
+//! - With no healthy copy anywhere, that key's reads fail every time, the damage is counted once
+//!   however often it is read, nothing stops, and a new write of the key ends it.
+//! - A leader holding the damage keeps leading and serving; its snapshot build for a lagging
+//!   follower fails with a status naming the damage, and the next succeeds once it is repaired.
+//! - The background scrub finds a damaged value nobody read, at a bounded rate, and it is repaired.
 
 use onekv_replica::local::Router;
 use onekv_replica::{
@@ -180,51 +182,104 @@ fn status(cluster: &Cluster, id: u64) -> ReplicaStatus {
     cluster.replica(id).status()
 }
 
-#[test]
-fn a_damaged_value_fails_only_its_key_with_a_distinct_error_and_is_counted_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, 0);
-    let damaged_value = value("damaged", 2000);
-    let written = cluster.put("damaged", &damaged_value);
-    cluster.put("healthy", b"fine");
-    let last = fill(&mut cluster, "filler", 100);
-    let leader = cluster.leader();
-    for id in 1..=3 {
+/// Writes a value with a unique marker, then enough more that every node flushes its index and
+/// compacts its Raft log past it; returns the value.
+fn write_below_the_recovery_point(cluster: &mut Cluster, key: &str, len: usize) -> Vec<u8> {
+    let value = value(key, len);
+    let written = cluster.put(key, &value);
+    let last = fill(cluster, &format!("{key}-filler"), 100);
+    for id in cluster.ids.clone() {
         cluster.wait_applied(id, last);
-        let status = status(&cluster, id);
+        let status = status(cluster, id);
         assert!(status.first_index > written, "node {id}'s Raft log still holds the entry: {status:?}");
     }
+    value
+}
+
+#[test]
+fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_repaired_from_a_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, 0);
+    cluster.put("healthy", b"fine");
+    let damaged_value = write_below_the_recovery_point(&mut cluster, "damaged", 2000);
+    let leader = cluster.leader();
     damage(&cluster.dir(leader).join("log"), &damaged_value);
 
-    // The leader's reads of that key fail with the distinct error, every time, naming the key.
-    for _ in 0..5 {
-        match cluster.read_on(leader, "damaged") {
-            Err(ReplicaError::Corrupt { key, position }) => {
-                assert_eq!(key, b"damaged");
-                assert!(position > 0);
-            }
-            other => panic!("expected a corrupt-value error, got {other:?}"),
+    // The read that finds the damage fails with the distinct error, naming the key.
+    match cluster.read_on(leader, "damaged") {
+        Err(ReplicaError::Corrupt { key, position }) => {
+            assert_eq!(key, b"damaged");
+            assert!(position > 0);
         }
+        other => panic!("expected a corrupt-value error, got {other:?}"),
     }
-    let message = cluster.read_on(leader, "damaged").unwrap_err().to_string();
-    assert!(message.contains("damaged") && message.contains("checksum"), "{message}");
-    // A scan over it fails the same way; one that does not touch it is served.
-    assert!(matches!(
-        cluster.replica(leader).scan(b"d", Some(b"e"), 0, false),
-        Err(ReplicaError::Corrupt { .. })
-    ));
-    // Counted once per damaged value, not per read.
+    // The leader asks the others for their copy through Raft and takes it: the key is served
+    // again, from this node's own log, with the value every replica holds.
+    wait_for("the leader's copy is repaired", || status(&cluster, leader).repaired_values == 1);
+    assert_eq!(cluster.read_on(leader, "damaged").unwrap(), Some(damaged_value.clone()));
     let leader_status = status(&cluster, leader);
     assert_eq!(leader_status.corrupt_values, 1, "{leader_status:?}");
     assert!(leader_status.failure.is_none(), "{leader_status:?}");
-    // Everything else is served: other keys, writes, and the other nodes' copies of that key.
-    assert_eq!(cluster.read_on(leader, "healthy").unwrap().as_deref(), Some(&b"fine"[..]));
-    let after = cluster.put("after", b"damage");
     assert_eq!(cluster.leader(), leader, "the damage cost the leader its leadership");
+    // Everything else was served throughout, and the other replicas' state did not change.
+    assert_eq!(cluster.read_on(leader, "healthy").unwrap().as_deref(), Some(&b"fine"[..]));
+    let after = cluster.put("after", b"repair");
     for id in (1..=3).filter(|id| *id != leader) {
         cluster.wait_applied(id, after);
         assert_eq!(cluster.replica(id).get(b"damaged").unwrap(), Some(damaged_value.clone()), "node {id}");
-        assert_eq!(status(&cluster, id).corrupt_values, 0);
+        let status = status(&cluster, id);
+        assert_eq!((status.corrupt_values, status.repaired_values), (0, 0), "node {id}: {status:?}");
+    }
+    cluster.shutdown();
+}
+
+#[test]
+fn a_value_damaged_on_every_replica_fails_its_key_everywhere_counted_once_until_rewritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, 0);
+    cluster.put("healthy", b"fine");
+    let damaged_value = write_below_the_recovery_point(&mut cluster, "everywhere", 2000);
+    for id in 1..=3 {
+        damage(&cluster.dir(id).join("log"), &damaged_value);
+    }
+    let leader = cluster.leader();
+    // No replica holds a healthy copy: every read fails, every time, with the distinct error.
+    for _ in 0..5 {
+        let read = cluster.read_on(leader, "everywhere");
+        assert!(matches!(&read, Err(ReplicaError::Corrupt { key, .. }) if key == b"everywhere"), "{read:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let message = cluster.read_on(leader, "everywhere").unwrap_err().to_string();
+    assert!(message.contains("damaged") && message.contains("checksum"), "{message}");
+    // A scan over it fails the same way; one that does not touch it is served.
+    assert!(matches!(
+        cluster.replica(leader).scan(b"ev", Some(b"ew"), 0, false),
+        Err(ReplicaError::Corrupt { .. })
+    ));
+    assert_eq!(cluster.replica(leader).scan(b"h", Some(b"i"), 0, false).unwrap().0.len(), 1);
+    // A compare-and-swap over it is refused on the leader instead of stopping it.
+    let cas = Command::Cas {
+        key: b"everywhere".to_vec(),
+        expected: Some(damaged_value.clone()),
+        new: Some(b"swapped".to_vec()),
+    };
+    assert!(matches!(cluster.propose(cas), Err(ReplicaError::Corrupt { .. })));
+    // The followers find their damage too (they answered the repair requests with nothing).
+    for id in (1..=3).filter(|id| *id != leader) {
+        assert!(matches!(cluster.replica(id).get(b"everywhere"), Err(ReplicaError::Corrupt { .. })));
+    }
+    for id in 1..=3 {
+        let status = status(&cluster, id);
+        // Counted once per damaged value however often it was read.
+        assert_eq!((status.corrupt_values, status.repaired_values), (1, 0), "node {id}: {status:?}");
+        assert!(status.failure.is_none(), "node {id}: {status:?}");
+    }
+    assert_eq!(cluster.leader(), leader);
+    // A new write of the key replaces the damaged value everywhere.
+    let rewritten = cluster.put("everywhere", b"rewritten");
+    for id in 1..=3 {
+        cluster.wait_applied(id, rewritten);
+        assert_eq!(cluster.replica(id).get(b"everywhere").unwrap().as_deref(), Some(&b"rewritten"[..]));
     }
     cluster.shutdown();
 }
@@ -233,9 +288,7 @@ fn a_damaged_value_fails_only_its_key_with_a_distinct_error_and_is_counted_once(
 fn a_leader_with_a_damaged_value_keeps_serving_and_builds_snapshots_once_it_is_repaired() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, 0);
-    let damaged_value = value("snapshotted", 3000);
-    cluster.put("snapshotted", &damaged_value);
-    fill(&mut cluster, "filler", 50);
+    let damaged_value = write_below_the_recovery_point(&mut cluster, "snapshotted", 3000);
     let leader = cluster.leader();
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
     cluster.stop(lagging);
@@ -244,55 +297,59 @@ fn a_leader_with_a_damaged_value_keeps_serving_and_builds_snapshots_once_it_is_r
     fill(&mut cluster, "more", 100);
     cluster.open(lagging);
 
-    // The leader cannot build a snapshot with the damaged value in it: status says why, and it
-    // keeps leading and serving meanwhile.
+    // The first build meets the damaged value and fails, saying why; the leader keeps leading
+    // and serving.
     wait_for("the leader reports the failed snapshot build", || {
         status(&cluster, leader).snapshot.is_some_and(|s| s.contains("failed") && s.contains("snapshotted"))
     });
     let leader_status = status(&cluster, leader);
     assert!(leader_status.failure.is_none(), "{leader_status:?}");
-    assert!(leader_status.corrupt_values >= 1, "{leader_status:?}");
+    assert_eq!(leader_status.corrupt_values, 1, "{leader_status:?}");
     let served = cluster.put("still", b"serving");
-    assert_eq!(cluster.leader(), leader);
     assert_eq!(cluster.read_on(leader, "still").unwrap().as_deref(), Some(&b"serving"[..]));
-    assert!(
-        status(&cluster, lagging).applied_index < served,
-        "the lagging node caught up without a snapshot"
-    );
 
-    // Writing the key again repairs it: the next build succeeds and the lagging node catches up.
-    let repaired = cluster.put("snapshotted", b"rewritten");
-    cluster.wait_applied(lagging, repaired);
-    assert_eq!(cluster.replica(lagging).get(b"snapshotted").unwrap().as_deref(), Some(&b"rewritten"[..]));
+    // The build reported the damage, the third node's copy repairs it, the next build succeeds
+    // and the lagging node catches up, with the original value.
+    cluster.wait_applied(lagging, served);
+    assert_eq!(cluster.leader(), leader);
+    assert_eq!(status(&cluster, leader).repaired_values, 1);
+    assert_eq!(cluster.replica(lagging).get(b"snapshotted").unwrap(), Some(damaged_value.clone()));
     assert_eq!(cluster.replica(lagging).get(b"more0050").unwrap(), Some(value("more50", 64)));
-    assert_eq!(cluster.read_on(leader, "snapshotted").unwrap().as_deref(), Some(&b"rewritten"[..]));
+    assert_eq!(cluster.read_on(leader, "snapshotted").unwrap(), Some(damaged_value));
     cluster.shutdown();
 }
 
 #[test]
-fn the_scrub_finds_a_damaged_value_nobody_read() {
+fn the_scrub_finds_a_damaged_value_nobody_read_and_it_is_repaired() {
     for mode in [StorageMode::OneLog, StorageMode::Separated] {
         let dir = tempfile::tempdir().unwrap();
-        let mut cluster = Cluster::start(dir.path(), 1, mode, 8 << 20);
-        let unread = value("unread", 5000);
-        cluster.put("unread", &unread);
-        let last = fill(&mut cluster, "filler", 100);
-        cluster.wait_applied(1, last);
-        let before = status(&cluster, 1).scrub;
+        let mut cluster = Cluster::start(dir.path(), 3, mode, 8 << 20);
+        let unread = write_below_the_recovery_point(&mut cluster, "unread", 5000);
+        let leader = cluster.leader();
+        let follower = (1..=3).find(|id| *id != leader).unwrap();
+        let before = status(&cluster, follower).scrub;
         assert!(before.enabled);
         // In separated mode the value log's copy is the one reads verify; damage that one.
         let log = if mode == StorageMode::Separated { "values" } else { "log" };
-        damage(&cluster.dir(1).join(log), &unread);
-        // No read: the scrub finds it within a pass or two.
+        damage(&cluster.dir(follower).join(log), &unread);
+        // Nobody reads it: the follower's scrub finds it, and a healthy copy repairs it.
         wait_for("the scrub finds the damage", || {
-            let status = status(&cluster, 1);
+            let status = status(&cluster, follower);
             status.scrub.last_pass_corrupt >= 1 && status.scrub.passes > before.passes
         });
-        let status = status(&cluster, 1);
+        wait_for("the repair", || status(&cluster, follower).repaired_values == 1);
+        let status = status(&cluster, follower);
         assert_eq!(status.corrupt_values, 1, "{mode:?}: {status:?}");
         assert!(status.scrub.last_pass_values >= 101, "{mode:?}: {status:?}");
         assert!(status.scrub.last_pass_finished_unix_ms > 1_600_000_000_000, "{mode:?}: {status:?}");
         assert!(status.failure.is_none());
+        assert_eq!(cluster.replica(follower).get(b"unread").unwrap(), Some(unread), "{mode:?}");
+        // The next full pass finds nothing.
+        let passes = status.scrub.passes;
+        wait_for("a clean pass", || {
+            let scrub = self::status(&cluster, follower).scrub;
+            scrub.passes > passes && scrub.last_pass_corrupt == 0
+        });
         cluster.shutdown();
     }
 }

@@ -162,6 +162,11 @@ fn describe_state_metrics() {
         Count,
         "Distinct stored values found damaged (checksum mismatch) by reads, snapshot builds and the scrub."
     );
+    describe_counter!(
+        "onekv_repaired_values_total",
+        Count,
+        "Damaged values replaced by another replica's healthy copy."
+    );
     describe_counter!("onekv_scrub_passes_total", Count, "Full passes of the background scrub.");
     describe_counter!("onekv_scrub_values_checked_total", Count, "Values the background scrub verified.");
     describe_gauge!(
@@ -211,6 +216,7 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
         gauge!("onekv_disk_bytes", "component" => component.clone()).set(count(*bytes));
     }
     counter!("onekv_corrupt_values_total").absolute(status.corrupt_values);
+    counter!("onekv_repaired_values_total").absolute(status.repaired_values);
     counter!("onekv_scrub_passes_total").absolute(status.scrub.passes);
     counter!("onekv_scrub_values_checked_total").absolute(status.scrub.values_checked);
     gauge!("onekv_scrub_last_pass_timestamp_seconds")

@@ -286,11 +286,35 @@ fn a_damaged_value_is_data_loss() {
     assert!(status.message().contains("\"k1\"") && status.message().contains("4096"), "{}", status.message());
 }
 
+/// A read that meets a damaged value waits for the replica's repair and is served; without one
+/// within half the request timeout it answers DATA_LOSS.
+#[tokio::test]
+async fn a_read_of_a_damaged_value_waits_for_its_repair() {
+    let (backend, service) = service();
+    backend.data.lock().unwrap().insert(b"k".to_vec(), b"healthy".to_vec());
+    let corrupt = || ReplicaError::Corrupt { key: b"k".to_vec(), position: 1 };
+    backend.get_errors.lock().unwrap().extend([corrupt(), corrupt(), corrupt()]);
+    let get =
+        || Request::new(GetRequest { key: b"k".to_vec(), consistency: Consistency::Linearizable as i32 });
+    let response = service.get(get()).await.unwrap().into_inner();
+    assert_eq!((response.found, response.value.as_slice()), (true, &b"healthy"[..]));
+    assert_eq!(backend.calls.lock().unwrap().iter().filter(|call| **call == "get").count(), 4);
+
+    // Never repaired: DATA_LOSS once half the 200 ms request timeout has passed.
+    backend.get_errors.lock().unwrap().extend((0..1000).map(|_| corrupt()));
+    let started = Instant::now();
+    let status = service.get(get()).await.unwrap_err();
+    assert_eq!(status.code(), Code::DataLoss, "{status:?}");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(100) && waited < Duration::from_secs(2), "{waited:?}");
+}
+
 #[tokio::test]
 async fn status_reports_damaged_values_and_the_scrub() {
     let (backend, service) = service();
     *backend.status.lock().unwrap() = ReplicaStatus {
         corrupt_values: 2,
+        repaired_values: 1,
         scrub: onekv_replica::ScrubStatus {
             enabled: true,
             passes: 3,
@@ -302,7 +326,7 @@ async fn status_reports_damaged_values_and_the_scrub() {
         ..ReplicaStatus::default()
     };
     let status = service.status(Request::new(StatusRequest {})).await.unwrap().into_inner();
-    assert_eq!(status.corrupt_values, 2);
+    assert_eq!((status.corrupt_values, status.repaired_values), (2, 1));
     let scrub = status.scrub.unwrap();
     assert!(scrub.enabled);
     assert_eq!(

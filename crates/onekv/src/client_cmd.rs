@@ -317,8 +317,8 @@ fn damaged_values(status: &StatusResponse) -> String {
         _ => "its scrub is off".to_string(),
     };
     format!(
-        "node {} found {} damaged stored value(s) (their keys answer DATA_LOSS there; see its log for keys and positions); {scrub}\n",
-        status.node_id, status.corrupt_values
+        "node {} found {} damaged stored value(s) and repaired {} from other replicas (a key answers DATA_LOSS there until repaired; see its log for keys and positions); {scrub}\n",
+        status.node_id, status.corrupt_values, status.repaired_values
     )
 }
 
@@ -455,6 +455,7 @@ mod tests {
         let mut status = StatusResponse { node_id: 2, ..Default::default() };
         assert_eq!(damaged_values(&status), "");
         status.corrupt_values = 3;
+        status.repaired_values = 1;
         status.scrub = Some(onekv_proto::ScrubProgress {
             enabled: true,
             passes: 1,
@@ -463,7 +464,7 @@ mod tests {
             ..Default::default()
         });
         let line = damaged_values(&status);
-        assert!(line.starts_with("node 2 found 3 damaged stored value(s)"), "{line}");
+        assert!(line.starts_with("node 2 found 3 damaged stored value(s) and repaired 1"), "{line}");
         assert!(line.contains("checked 40 values and found 2 damaged"), "{line}");
     }
 
