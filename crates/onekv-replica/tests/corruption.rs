@@ -27,6 +27,8 @@ struct Cluster {
     ids: Vec<u64>,
     mode: StorageMode,
     scrub_bytes_per_sec: u64,
+    /// Log segment size (the default when `None`).
+    segment_bytes: Option<u64>,
     next_seq: u64,
 }
 
@@ -38,6 +40,7 @@ impl Cluster {
             ids: (1..=nodes).collect(),
             mode,
             scrub_bytes_per_sec,
+            segment_bytes: None,
             next_seq: 1,
         };
         for id in cluster.ids.clone() {
@@ -61,6 +64,9 @@ impl Cluster {
         config.raft_log_keep_entries = 5;
         config.snapshot_timeout = Duration::from_secs(1);
         config.scrub_bytes_per_sec = self.scrub_bytes_per_sec;
+        if let Some(bytes) = self.segment_bytes {
+            config.segment_bytes = bytes;
+        }
         let replica = Replica::open(config, self.router.clone()).expect("open");
         self.router.add(id, replica);
     }
@@ -147,8 +153,8 @@ fn value(name: &str, len: usize) -> Vec<u8> {
 }
 
 /// Flips one byte inside the copy of `value` in the segment files of the log directory `log`
-/// (past its marker, so the marker still finds it); returns the byte's position in its file.
-fn damage(log: &Path, value: &[u8]) -> u64 {
+/// (past its marker, so the marker still finds it); returns the segment file it damaged.
+fn damage(log: &Path, value: &[u8]) -> PathBuf {
     let marker = &value[..value.iter().position(|&b| b == b'>').unwrap() + 1];
     let mut found = Vec::new();
     for entry in std::fs::read_dir(log).unwrap() {
@@ -166,7 +172,7 @@ fn damage(log: &Path, value: &[u8]) -> u64 {
     let mut byte = [0u8];
     file.read_exact_at(&mut byte, position as u64).unwrap();
     file.write_at(&[byte[0] ^ 0x5a], position as u64).unwrap();
-    position as u64
+    path
 }
 
 /// Enough writes that every node flushes its index and Raft compacts the entries before them.
@@ -201,9 +207,29 @@ fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_rep
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, 0);
     cluster.put("healthy", b"fine");
-    let damaged_value = write_below_the_recovery_point(&mut cluster, "damaged", 2000);
+    let damaged_value = value("damaged", 2000);
+    cluster.put("damaged", &damaged_value);
+    // The smallest segments the log allows (16 MiB and its framing), then more than one of them
+    // written: the damaged record ends in a sealed segment, which the log does not read at open,
+    // so the leader can restart after the repair.
+    for id in 1..=3 {
+        cluster.stop(id);
+    }
+    cluster.segment_bytes = Some((16 << 20) + 52);
+    for id in 1..=3 {
+        cluster.open(id);
+    }
+    for i in 0..17 {
+        cluster.put(&format!("large{i:02}"), &value(&format!("large{i}"), 1 << 20));
+    }
+    let last = fill(&mut cluster, "filler", 100);
+    for id in 1..=3 {
+        cluster.wait_applied(id, last);
+    }
     let leader = cluster.leader();
-    damage(&cluster.dir(leader).join("log"), &damaged_value);
+    let damaged = damage(&cluster.dir(leader).join("log"), &damaged_value);
+    let newest = std::fs::read_dir(cluster.dir(leader).join("log")).unwrap().map(|e| e.unwrap().path()).max();
+    assert_ne!(Some(damaged), newest, "the damaged record is in the segment being written");
 
     // The read that finds the damage fails with the distinct error, naming the key.
     match cluster.read_on(leader, "damaged") {
@@ -230,6 +256,11 @@ fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_rep
         let status = status(&cluster, id);
         assert_eq!((status.corrupt_values, status.repaired_values), (0, 0), "node {id}: {status:?}");
     }
+    // The repair is a Raft entry like any write: the repaired copy survives a restart.
+    cluster.stop(leader);
+    cluster.open(leader);
+    cluster.wait_applied(leader, after);
+    assert_eq!(cluster.replica(leader).get(b"damaged").unwrap(), Some(damaged_value));
     cluster.shutdown();
 }
 
