@@ -322,9 +322,10 @@ impl NodeLoop {
                 // A compare-and-swap over a value known damaged here cannot be evaluated here:
                 // applying it would stop this replica. It waits for the repair instead.
                 if let Command::Cas { key, .. } = &command
-                    && let Some((position, ..)) = self.repairs.get(key)
+                    && let Some(&(position, ..)) = self.repairs.get(key)
+                    && self.still_damaged(key, position)
                 {
-                    return done(Err(ReplicaError::Corrupt { key: key.clone(), position: *position }));
+                    return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
                 }
                 let data = crate::codec::encode(request_id, self.clock.ms(now), &command);
                 let before = self.raw.raft.raft_log.last_index();
@@ -391,16 +392,7 @@ impl NodeLoop {
                 continue;
             }
             // Repaired, rewritten or deleted since: the damaged bytes are no longer read.
-            let still_damaged = match self.state.tree.get(&key) {
-                Ok(Some(stored)) => matches!(
-                    onekv_index::IndexValue::decode(&stored),
-                    Ok(onekv_index::IndexValue::Locator(locator)) if locator.position == position
-                ),
-                Ok(None) => false,
-                // The index failing is not the repair's to report; ask again later.
-                Err(_) => true,
-            };
-            if !still_damaged {
+            if !self.still_damaged(&key, position) {
                 self.repairs.remove(&key);
                 continue;
             }
@@ -410,6 +402,20 @@ impl NodeLoop {
             }
             self.repairs.insert(key, (position, Some(now), times.saturating_add(1)));
             asked += 1;
+        }
+    }
+
+    /// Whether `key` still points at the damaged value at `position` (not repaired, rewritten or
+    /// deleted since).
+    fn still_damaged(&self, key: &[u8], position: u64) -> bool {
+        match self.state.tree.get(key) {
+            Ok(Some(stored)) => matches!(
+                onekv_index::IndexValue::decode(&stored),
+                Ok(onekv_index::IndexValue::Locator(locator)) if locator.position == position
+            ),
+            Ok(None) => false,
+            // The index failing is not the repair's to report: assume the damage is still there.
+            Err(_) => true,
         }
     }
 

@@ -243,6 +243,13 @@ fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_rep
     // again, from this node's own log, with the value every replica holds.
     wait_for("the leader's copy is repaired", || status(&cluster, leader).repaired_values == 1);
     assert_eq!(cluster.read_on(leader, "damaged").unwrap(), Some(damaged_value.clone()));
+    // A compare-and-swap over the repaired key is evaluated again (it was refused while damaged).
+    let cas = Command::Cas {
+        key: b"damaged".to_vec(),
+        expected: Some(damaged_value.clone()),
+        new: Some(damaged_value.clone()),
+    };
+    assert!(cluster.propose(cas).unwrap().cas.unwrap().swapped);
     let leader_status = status(&cluster, leader);
     assert_eq!(leader_status.corrupt_values, 1, "{leader_status:?}");
     assert!(leader_status.failure.is_none(), "{leader_status:?}");
