@@ -136,6 +136,10 @@ pub struct ReplicaConfig {
     /// Size of the reserve file kept in the data directory and deleted when the disk is nearly full
     /// or the replica fails, so flushes, the last hard state and recovery find room. 0: none.
     pub reserve_bytes: u64,
+    /// Bytes per second the background scrub reads to verify every stored value's checksum (so
+    /// damage is found before a read or a snapshot build hits it); 0 disables the scrub. Never
+    /// runs in a simulation (driven mode), whose outcome must not depend on a thread's timing.
+    pub scrub_bytes_per_sec: u64,
 }
 
 impl ReplicaConfig {
@@ -169,6 +173,7 @@ impl ReplicaConfig {
             snapshot_timeout: Duration::from_secs(30),
             min_free_bytes: 256 << 20,
             reserve_bytes: 64 << 20,
+            scrub_bytes_per_sec: 8 << 20,
         }
     }
 }
@@ -265,6 +270,20 @@ pub enum ReplicaError {
     /// until space is freed, while leadership moves to a node with room. Reads go on.
     #[error("disk full: {0}")]
     DiskFull(String),
+    /// This node's stored copy of `key`'s value is damaged (it does not match its checksum): the
+    /// bytes at `position` in its log changed after they were written. Only this key's reads on
+    /// this node fail; other replicas hold their own copies.
+    #[error(
+        "the stored value of key {:?} at log position {position} is damaged on this node (it does not match its checksum)",
+        String::from_utf8_lossy(key)
+    )]
+    Corrupt {
+        /// The key whose value is damaged.
+        key: Vec<u8>,
+        /// Where the damaged value starts in the log locators point into (`log`, or `values` in
+        /// separated mode).
+        position: u64,
+    },
 }
 
 /// A snapshot of a replica's state, for `status` and tests.
@@ -325,6 +344,30 @@ pub struct ReplicaStatus {
     pub request_ids: u64,
     /// The data directory's disk: free space, the reserve, the "disk full" alarm.
     pub disk: DiskStatus,
+    /// Distinct stored values found damaged (not matching their checksum) since the replica
+    /// started, by reads, snapshot builds and the scrub.
+    pub corrupt_values: u64,
+    /// Damaged values replaced by another replica's healthy copy since the replica started.
+    pub repaired_values: u64,
+    /// The background scrub's progress.
+    pub scrub: ScrubStatus,
+}
+
+/// What the background scrub has verified, for status and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubStatus {
+    /// Whether a scrub runs (`scrub_bytes_per_sec` > 0 and not a simulation).
+    pub enabled: bool,
+    /// Full passes over the shard's values finished since the replica started.
+    pub passes: u64,
+    /// Values verified since the replica started, in finished and current passes.
+    pub values_checked: u64,
+    /// When the last full pass finished, in milliseconds since the Unix epoch (0: none yet).
+    pub last_pass_finished_unix_ms: u64,
+    /// Values the last full pass verified.
+    pub last_pass_values: u64,
+    /// Damaged values the last full pass found.
+    pub last_pass_corrupt: u64,
 }
 
 /// How far a follower is, as its leader sees it.

@@ -11,6 +11,11 @@
 //!
 //! A command whose request id is in the window of recent ids (`requests`) is not applied again: it
 //! gets the outcome of its first application.
+//!
+//! Repairs of damaged values go through here too (see `docs/design/replica.md`): a repair request
+//! makes every replica whose copy of the key is healthy offer it ([`Applier::take_offers`], which
+//! the loop proposes), and a repair replaces the key's value only on a replica whose current copy
+//! is damaged, so the logical state, the same on every replica, never changes.
 
 use crate::codec::{self, DecodedCommand, ValueSpan};
 use crate::records;
@@ -36,6 +41,8 @@ pub(crate) struct Applied {
 pub(crate) struct Applier {
     pub state: Arc<State>,
     shard: u64,
+    /// Healthy copies `(key, value)` this replica offers in answer to repair requests it applied.
+    offers: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -46,7 +53,12 @@ enum Placement {
 
 impl Applier {
     pub fn new(state: Arc<State>, shard: u64) -> Self {
-        Applier { state, shard }
+        Applier { state, shard, offers: Vec::new() }
+    }
+
+    /// Takes the healthy copies to propose as repairs (the loop proposes them after applying).
+    pub fn take_offers(&mut self) -> Vec<(Vec<u8>, Vec<u8>)> {
+        std::mem::take(&mut self.offers)
     }
 
     /// Applies `entries` (committed, durable, in index order; `locators[i]` is the payload locator
@@ -114,6 +126,14 @@ impl Applier {
             // before deduplication decides whether the command takes effect.
             let placements: Vec<Placement> =
                 value_spans(&decoded.command).into_iter().map(&mut place).collect();
+            if let DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } = decoded.command {
+                // Replicas' own commands: no request id, no reply.
+                state.requests().on_entry(entry.index, decoded.time_ms, None);
+                self.apply_repair(entry, &decoded.command, placements)?;
+                state.tree.publish(state::last_seqno(entry.index));
+                results.push(Applied { index: entry.index, term: entry.term, outcome: None });
+                continue;
+            }
             let request_id = decoded.request_id;
             let previous = state.requests().lookup(request_id);
             let outcome = match previous {
@@ -158,6 +178,56 @@ impl Applier {
         Ok(results)
     }
 
+    /// Applies a repair request (offer this replica's copy if healthy) or a repair (take the copy
+    /// if this replica's is damaged).
+    fn apply_repair(
+        &mut self,
+        entry: &Entry,
+        command: &DecodedCommand<'_>,
+        placements: Vec<Placement>,
+    ) -> Result<(), ReplicaError> {
+        let state = self.state.clone();
+        let (key, repair) = match command {
+            DecodedCommand::RepairRequest { key } => (*key, None),
+            DecodedCommand::Repair { key, value } => (*key, Some(*value)),
+            _ => unreachable!("only repairs come here"),
+        };
+        let current = state.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))?;
+        let Some(current) = current else {
+            return Ok(()); // deleted since: nothing to offer or repair
+        };
+        let locator = match IndexValue::decode(&current).map_err(|e| storage(format!("index value: {e}")))? {
+            IndexValue::Locator(locator) => locator,
+            // Inline values (classic mode) are never reported damaged here.
+            IndexValue::Inline(_) => return Ok(()),
+        };
+        let read = state.read_value(key, locator);
+        match (repair, read) {
+            (None, Ok(value)) => self.offers.push((key.to_vec(), value)),
+            // Damaged here too: this replica asks for a copy itself (reading reported it).
+            (None, Err(ReplicaError::Corrupt { .. })) => {}
+            // Healthy: the same value (nothing to do), or the key changed since the copy was
+            // read (the repair is stale). Either way this replica changes nothing.
+            (Some(_), Ok(_)) => {}
+            // Damaged, and the copy has the damaged value's length: the copy was read from the
+            // same version (a later write of the key would have replaced the damaged locator
+            // here, as everywhere), so taking it keeps this replica's state the others'.
+            (Some(span), Err(ReplicaError::Corrupt { .. })) if span.len as u64 == locator.len => {
+                let stored = match placements.into_iter().next() {
+                    Some(Placement::Locator(new)) => IndexValue::Locator(new),
+                    Some(Placement::Inline) => IndexValue::Inline(span.value(&entry.data).to_vec()),
+                    None => unreachable!("a repair carries one value"),
+                };
+                state.tree.insert(key, &stored.encode(), state::seqno(entry.index, 0));
+                state.corruption.repaired(key, locator, entry.index);
+            }
+            // Damaged, but a copy of another version: not this one's to take.
+            (Some(_), Err(ReplicaError::Corrupt { .. })) => {}
+            (_, Err(error)) => return Err(error),
+        }
+        Ok(())
+    }
+
     fn apply_command(
         &mut self,
         entry: &Entry,
@@ -195,6 +265,9 @@ impl Applier {
                     effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
                 }
                 Outcome { index: entry.index, cas: None }
+            }
+            DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
+                unreachable!("repairs are applied by apply_repair")
             }
             DecodedCommand::Cas { key, expected, new } => {
                 let current = state.get(key)?;
@@ -329,7 +402,9 @@ impl Applier {
 /// too (same request id, same command).
 fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8]) -> Outcome {
     let cas = match command {
-        DecodedCommand::Write(_) => None,
+        DecodedCommand::Write(_) | DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
+            None
+        }
         DecodedCommand::Cas { new, .. } => {
             Some(CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) })
         }
@@ -342,5 +417,7 @@ fn value_spans(command: &DecodedCommand<'_>) -> Vec<ValueSpan> {
     match command {
         DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect(),
         DecodedCommand::Cas { new, .. } => new.iter().copied().collect(),
+        DecodedCommand::RepairRequest { .. } => Vec::new(),
+        DecodedCommand::Repair { value, .. } => vec![*value],
     }
 }

@@ -16,6 +16,8 @@
 //! tag 1 (write) body = count:u32 op*count
 //!     op   = kind:u8 (1 put, 2 delete) key_len:u32 key [value]   (value only for put)
 //! tag 2 (cas) body   = key_len:u32 key has_expected:u8 [expected_len:u32 expected] has_new:u8 [value]
+//! tag 3 (repair request) body = key_len:u32 key            (client and seq are 0)
+//! tag 4 (repair) body         = key_len:u32 key value      (client and seq are 0)
 //! value    = len:u32 crc32c(bytes):u32 bytes        (the locator covers crc32c and bytes)
 //! ```
 //!
@@ -31,6 +33,8 @@ const VERSION: u8 = 2;
 const VERSION_WITHOUT_TIME: u8 = 1;
 const TAG_WRITE: u8 = 1;
 const TAG_CAS: u8 = 2;
+const TAG_REPAIR_REQUEST: u8 = 3;
+const TAG_REPAIR: u8 = 4;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 
@@ -77,6 +81,22 @@ pub enum DecodedCommand<'a> {
         expected: Option<&'a [u8]>,
         /// The value to set (`None`: delete), as a span like a put's.
         new: Option<ValueSpan>,
+    },
+    /// A replica found its copy of `key`'s value damaged and asks for a healthy one: every replica
+    /// whose copy is healthy answers with a [`DecodedCommand::Repair`]. Proposed by replicas, never
+    /// by clients.
+    RepairRequest {
+        /// The key whose value is damaged somewhere.
+        key: &'a [u8],
+    },
+    /// A healthy copy of `key`'s value: a replica whose current copy is damaged (and of the same
+    /// length) takes it; every other replica changes nothing. Proposed by replicas, never by
+    /// clients.
+    Repair {
+        /// The key.
+        key: &'a [u8],
+        /// The value, as a span like a put's.
+        value: ValueSpan,
     },
 }
 
@@ -145,6 +165,30 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
     out
 }
 
+/// Encodes a replica's request for a healthy copy of `key`'s value
+/// ([`DecodedCommand::RepairRequest`]).
+pub fn encode_repair_request(time_ms: u64, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + key.len());
+    out.push(VERSION);
+    out.push(TAG_REPAIR_REQUEST);
+    push_request_id(&mut out, RequestId::default());
+    out.extend_from_slice(&time_ms.to_le_bytes());
+    push_bytes(&mut out, key);
+    out
+}
+
+/// Encodes a healthy copy of `key`'s value offered for repair ([`DecodedCommand::Repair`]).
+pub fn encode_repair(time_ms: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(40 + key.len() + value.len());
+    out.push(VERSION);
+    out.push(TAG_REPAIR);
+    push_request_id(&mut out, RequestId::default());
+    out.extend_from_slice(&time_ms.to_le_bytes());
+    push_bytes(&mut out, key);
+    push_value(&mut out, value);
+    out
+}
+
 /// Key and value bytes a command carries (the user payload, for write amplification).
 pub fn encoded_payload_len(command: &Command) -> usize {
     match command {
@@ -198,6 +242,11 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
                 _ => return Err(CodecError("bad new-value flag")),
             };
             DecodedCommand::Cas { key, expected, new }
+        }
+        TAG_REPAIR_REQUEST => DecodedCommand::RepairRequest { key: r.bytes()? },
+        TAG_REPAIR => {
+            let key = r.bytes()?;
+            DecodedCommand::Repair { key, value: r.value()? }
         }
         _ => return Err(CodecError("unknown command tag")),
     };
@@ -317,6 +366,21 @@ mod tests {
         assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"hello");
         assert_eq!(ops[1], DecodedOp { key: b"b", value: None });
         assert_eq!(ops[2].value.unwrap().value(&data), b"");
+    }
+
+    #[test]
+    fn repair_commands_round_trip() {
+        let data = encode_repair_request(7, b"k");
+        let decoded = decode(&data).unwrap();
+        assert_eq!(decoded.command, DecodedCommand::RepairRequest { key: b"k" });
+        assert_eq!((decoded.request_id, decoded.time_ms), (RequestId::default(), 7));
+        let data = encode_repair(8, b"key", b"value");
+        let DecodedCommand::Repair { key, value } = decode(&data).unwrap().command else { panic!() };
+        assert_eq!(key, b"key");
+        assert_eq!(verify_stored_value(&data[value.offset..value.offset + value.len]).unwrap(), b"value");
+        for cut in 0..data.len() {
+            assert!(decode(&data[..cut]).is_err(), "a repair cut at {cut} decoded");
+        }
     }
 
     #[test]

@@ -10,7 +10,10 @@
 //! - what the replica does about a filling disk: the "disk full" alarm, the reserve file and
 //!   handing leadership away (`disk_space`);
 //! - the storage modes (`onelog`, `separated`, `classic`, see [`StorageMode`]) and crash points for
-//!   tests ([`failpoints`]).
+//!   tests ([`failpoints`]);
+//! - finding damaged values: every read verifies the value's checksum and reports damage as
+//!   [`ReplicaError::Corrupt`] (`state`), and a background scrub verifies every value at a bounded
+//!   rate (`scrub`).
 //!
 //! It does not own the network (the caller passes a [`Transport`] and feeds peer messages to
 //! [`Replica::step`]), the wire format, configuration files or processes: those are the server's.
@@ -29,6 +32,7 @@ pub mod records;
 mod recovery;
 mod replica;
 mod requests;
+mod scrub;
 mod slog_bridge;
 mod snapshot;
 mod state;

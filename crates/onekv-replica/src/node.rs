@@ -108,7 +108,16 @@ pub(crate) struct NodeLoop {
     pub last_flush: Option<Instant>,
     /// The "disk full" alarm and the disk reserve (`disk_space`).
     pub disk: Arc<crate::disk_space::DiskSpace>,
+    /// The background scrub verifying stored values.
+    pub scrub: crate::scrub::Scrub,
+    /// Damaged values of this replica waiting for a healthy copy: key → (damaged position, when
+    /// the copy was last asked for, times asked).
+    pub repairs: BTreeMap<Vec<u8>, (u64, Option<Instant>, u32)>,
 }
+
+/// Repair requests proposed per turn at most (many damaged values are asked for a few at a time,
+/// so they cannot crowd out client writes).
+const REPAIRS_PER_TURN: usize = 16;
 
 /// Wall-clock milliseconds for proposals, read from the turn's `now` (never a clock of the
 /// loop's own, so a simulation stays a function of its seed): anchored at the first turn.
@@ -166,6 +175,7 @@ impl NodeLoop {
         self.fail_everything(|| ReplicaError::Stopping);
         // Nothing may hold the index open once the loop has ended.
         self.maintenance.stop();
+        self.scrub.stop();
         self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).stop();
         self.shared.stopped.store(true, Ordering::SeqCst);
         self.publish_status();
@@ -229,6 +239,7 @@ impl NodeLoop {
             self.raw.tick();
             self.retry_lost_snapshots(now);
         }
+        self.propose_repairs(now);
         self.send_read_index();
         if let Err(err) = self.on_ready(now) {
             self.fail(err.to_string());
@@ -313,6 +324,14 @@ impl NodeLoop {
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader()));
                 }
+                // A compare-and-swap over a value known damaged here cannot be evaluated here:
+                // applying it would stop this replica. It waits for the repair instead.
+                if let Command::Cas { key, .. } = &command
+                    && let Some(&(position, ..)) = self.repairs.get(key)
+                    && self.still_damaged(key, position)
+                {
+                    return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
+                }
                 let data = crate::codec::encode(request_id, self.clock.ms(now), &command);
                 let before = self.raw.raft.raft_log.last_index();
                 match self.raw.propose(Vec::new(), data) {
@@ -343,6 +362,65 @@ impl NodeLoop {
                 self.reads_unsent.push(done);
             }
             Input::Shutdown => unreachable!("handled by the loop"),
+        }
+    }
+
+    /// Proposes repairs (through Raft, so every replica sees them in the same order): this
+    /// replica's healthy copies offered in answer to repair requests it applied, and requests for
+    /// a healthy copy of each value found damaged here. On a follower raft-rs forwards the proposal
+    /// to the leader; a proposal lost on the way (or refused: no leader yet) is asked again after
+    /// an election timeout while the damaged value is still the key's current one.
+    fn propose_repairs(&mut self, now: Instant) {
+        for (key, value) in self.applier.take_offers() {
+            let data = crate::codec::encode_repair(self.clock.ms(now), &key, &value);
+            if let Err(err) = self.raw.propose(Vec::new(), data) {
+                tracing::debug!(%err, "offering a copy for repair was refused");
+            }
+        }
+        for (key, position) in self.state.corruption.take_found() {
+            self.repairs.insert(key, (position, None, 0));
+        }
+        if self.repairs.is_empty() {
+            return;
+        }
+        let election = self.config.tick * self.config.election_ticks as u32;
+        let mut asked = 0;
+        let keys: Vec<Vec<u8>> = self.repairs.keys().cloned().collect();
+        for key in keys {
+            if asked >= REPAIRS_PER_TURN {
+                break;
+            }
+            let (position, last, times) = self.repairs[&key];
+            // One election timeout, doubling up to 64 of them: no replica may hold a healthy copy.
+            let retry = election * (1u32 << times.saturating_sub(1).min(6));
+            if last.is_some_and(|at| now.saturating_duration_since(at) < retry) {
+                continue;
+            }
+            // Repaired, rewritten or deleted since: the damaged bytes are no longer read.
+            if !self.still_damaged(&key, position) {
+                self.repairs.remove(&key);
+                continue;
+            }
+            let data = crate::codec::encode_repair_request(self.clock.ms(now), &key);
+            if let Err(err) = self.raw.propose(Vec::new(), data) {
+                tracing::debug!(%err, "asking for a copy of a damaged value was refused; asking again later");
+            }
+            self.repairs.insert(key, (position, Some(now), times.saturating_add(1)));
+            asked += 1;
+        }
+    }
+
+    /// Whether `key` still points at the damaged value at `position` (not repaired, rewritten or
+    /// deleted since).
+    fn still_damaged(&self, key: &[u8], position: u64) -> bool {
+        match self.state.tree.get(key) {
+            Ok(Some(stored)) => matches!(
+                onekv_index::IndexValue::decode(&stored),
+                Ok(onekv_index::IndexValue::Locator(locator)) if locator.position == position
+            ),
+            Ok(None) => false,
+            // The index failing is not the repair's to report: assume the damage is still there.
+            Err(_) => true,
         }
     }
 
@@ -813,6 +891,9 @@ impl NodeLoop {
             snapshot: store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe(),
             request_ids: self.state.requests().len() as u64,
             disk: self.disk.status(),
+            corrupt_values: self.state.corruption.count(),
+            repaired_values: self.state.corruption.repaired_count(),
+            scrub: self.scrub.status(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -239,6 +239,7 @@ impl Replica {
             entry_tree,
             user_bytes: AtomicU64::new(0),
             requests: Mutex::new(requests),
+            corruption: Default::default(),
         });
         let snapshots =
             crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
@@ -249,6 +250,9 @@ impl Replica {
         let recovered = crate::recovery::recover(&raft_log, &mut store, &mut applier, &mut entry_tree_seqno)?;
         // Counting starts after recovery: replayed entries are not new user bytes.
         state.user_bytes.store(0, Ordering::Relaxed);
+        // Replayed repair requests were answered when first applied; offering copies again would
+        // only propose repairs nobody needs.
+        applier.take_offers();
         tracing::info!(
             node = config.node_id,
             scan_from = recovered.scan_from,
@@ -296,6 +300,8 @@ impl Replica {
         let limits = config.limits.clone();
         let maintenance = crate::maintenance::Maintenance::new(!driven, config.index_compaction)
             .map_err(ReplicaError::Open)?;
+        let scrub = crate::scrub::Scrub::start(state.clone(), config.scrub_bytes_per_sec, !driven)
+            .map_err(ReplicaError::Open)?;
         let node_loop = NodeLoop {
             config,
             raw,
@@ -322,6 +328,8 @@ impl Replica {
             clock: crate::node::WallClock::system(),
             last_flush: None,
             disk: disk.clone(),
+            scrub,
+            repairs: BTreeMap::new(),
         };
         let replica = Replica {
             inner: Arc::new(Inner {

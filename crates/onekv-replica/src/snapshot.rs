@@ -238,7 +238,7 @@ impl Build {
                 self.view.range(&start, None, PAGE + 1, false).map_err(|e| format!("index scan: {e}"))?;
             let mut last_key = None;
             for (key, stored) in page.iter().skip(usize::from(!first)).take(PAGE) {
-                let value = self.state.resolve(stored).map_err(|e| format!("key {key:?}: {e}"))?;
+                let value = self.state.resolve(key, stored).map_err(|e| e.to_string())?;
                 records::push_snapshot_pair(&mut out, key, &value);
                 if out.len() > self.max_bytes {
                     return Err(format!(

@@ -1,15 +1,19 @@
 //! The replicated state of one shard as stored on this node: the index tree and the logs its
 //! entries point into, per storage mode.
 //!
-//! This module owns reads (get, scan; `snapshot` builds on them) and the byte-level placement of values:
-//! which log a locator refers to, and verifying a value when it is read back. Writing the state
-//! (applying committed entries) is `apply`'s job; this module only offers the primitives.
+//! This module owns reads (get, scan; `snapshot` and `scrub` build on them) and the byte-level
+//! placement of values: which log a locator refers to, and verifying a value when it is read back.
+//! A value that does not match its checksum is damage on this node's disk: it is logged once per
+//! value with its position, counted ([`Corruption`]), and answered as [`ReplicaError::Corrupt`] so
+//! callers can tell it from a failed disk. Writing the state (applying committed entries) is
+//! `apply`'s job; this module only offers the primitives.
 
 use crate::codec;
 use crate::requests::RequestWindow;
 use crate::{ReplicaError, StorageMode};
 use onekv_index::{Index, IndexValue, Tree};
 use onekv_log::{Locator, Log};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -54,6 +58,82 @@ pub(crate) struct State {
     /// The window of recent request ids, kept in `tree` (used by the loop thread only; the lock is
     /// uncontended).
     pub requests: Mutex<RequestWindow>,
+    /// Damaged values found so far.
+    pub corruption: Corruption,
+}
+
+/// Damaged values remembered per position, so a hot damaged key logs one error and counts once
+/// rather than once per read. Past this many the set stops growing (its memory stays bounded);
+/// further new positions are still logged and counted, and then a re-read of one of them may be
+/// counted again.
+const MAX_REMEMBERED_CORRUPT: usize = 100_000;
+
+/// The damaged values this node's reads have found since it started.
+#[derive(Default)]
+pub(crate) struct Corruption {
+    /// Distinct damaged values found.
+    found: AtomicU64,
+    /// Damaged values replaced by a healthy copy from another replica.
+    repaired: AtomicU64,
+    /// Their positions in the value log.
+    seen: Mutex<BTreeSet<u64>>,
+    /// Newly found damaged values, `(key, position)`, for the loop to ask a repair of.
+    found_keys: Mutex<Vec<(Vec<u8>, u64)>>,
+}
+
+impl Corruption {
+    /// Distinct damaged values found since the replica started.
+    pub fn count(&self) -> u64 {
+        self.found.load(Ordering::Relaxed)
+    }
+
+    /// Damaged values repaired since the replica started.
+    pub fn repaired_count(&self) -> u64 {
+        self.repaired.load(Ordering::Relaxed)
+    }
+
+    /// Takes the damaged values found since the last call.
+    pub fn take_found(&self) -> Vec<(Vec<u8>, u64)> {
+        std::mem::take(&mut *self.found_keys.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Records that `key`'s damaged value at `damaged` was replaced by a healthy copy.
+    pub fn repaired(&self, key: &[u8], damaged: Locator, index: u64) {
+        self.repaired.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            position = damaged.position,
+            key = %String::from_utf8_lossy(key),
+            index,
+            "a damaged stored value was repaired with another replica's copy"
+        );
+    }
+
+    /// Records that the value of `key` at `locator` in the log `log` is damaged: logs and counts
+    /// it the first time this position is seen.
+    fn report(&self, log: &str, key: &[u8], locator: Locator, why: &str) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(&locator.position) {
+            return;
+        }
+        if seen.len() < MAX_REMEMBERED_CORRUPT {
+            seen.insert(locator.position);
+        }
+        drop(seen);
+        let mut found_keys = self.found_keys.lock().unwrap_or_else(|e| e.into_inner());
+        if found_keys.len() < MAX_REMEMBERED_CORRUPT {
+            found_keys.push((key.to_vec(), locator.position));
+        }
+        drop(found_keys);
+        let found = self.found.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::error!(
+            log,
+            position = locator.position,
+            len = locator.len,
+            key = %String::from_utf8_lossy(key),
+            found,
+            "a stored value is damaged: {why}; reads of this key fail on this node until another replica's copy repairs it"
+        );
+    }
 }
 
 impl State {
@@ -70,21 +150,27 @@ impl State {
         }
     }
 
-    /// Resolves an index value to the value bytes, verifying them.
-    pub fn resolve(&self, stored: &[u8]) -> Result<Vec<u8>, ReplicaError> {
+    /// Resolves `key`'s index value to the value bytes, verifying them.
+    pub fn resolve(&self, key: &[u8], stored: &[u8]) -> Result<Vec<u8>, ReplicaError> {
         match IndexValue::decode(stored).map_err(|e| storage(format!("index value: {e}")))? {
             IndexValue::Inline(bytes) => Ok(bytes),
-            IndexValue::Locator(locator) => self.read_value(locator),
+            IndexValue::Locator(locator) => self.read_value(key, locator),
         }
     }
 
-    /// Reads a stored value (`crc || bytes`) by locator: one positional read of exactly its bytes.
-    pub fn read_value(&self, locator: Locator) -> Result<Vec<u8>, ReplicaError> {
+    /// Reads `key`'s stored value (`crc || bytes`) by locator: one positional read of exactly its
+    /// bytes. Bytes that do not match their checksum are reported and answered as
+    /// [`ReplicaError::Corrupt`]; a failed read stays a storage failure.
+    pub fn read_value(&self, key: &[u8], locator: Locator) -> Result<Vec<u8>, ReplicaError> {
         let mut stored = self
             .value_log()
             .read(locator)
             .map_err(|e| storage(format!("reading value at {locator}: {e}")))?;
-        codec::verify_stored_value(&stored).map_err(|e| storage(format!("value at {locator}: {e}")))?;
+        if let Err(e) = codec::verify_stored_value(&stored) {
+            let log = self.mode.log_names().last().copied().unwrap_or("log");
+            self.corruption.report(log, key, locator, e.0);
+            return Err(ReplicaError::Corrupt { key: key.to_vec(), position: locator.position });
+        }
         stored.drain(..codec::STORED_VALUE_PREFIX);
         Ok(stored)
     }
@@ -92,7 +178,7 @@ impl State {
     /// The current value of `key` as applied here.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         match self.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))? {
-            Some(stored) => self.resolve(&stored).map(Some),
+            Some(stored) => self.resolve(key, &stored).map(Some),
             None => Ok(None),
         }
     }
@@ -115,7 +201,7 @@ impl State {
         let mut bytes = 0usize;
         let total = found.len();
         for (i, (key, stored)) in found.into_iter().enumerate() {
-            let value = if keys_only { Vec::new() } else { self.resolve(&stored)? };
+            let value = if keys_only { Vec::new() } else { self.resolve(&key, &stored)? };
             bytes += key.len() + value.len();
             out.push((key, value));
             if bytes >= max_bytes && i + 1 < total {

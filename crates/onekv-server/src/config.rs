@@ -198,6 +198,9 @@ pub struct LogConfig {
     /// its framing) ..= 1073741824 (1 GiB), and at least twice `limits.max_batch_bytes` so the
     /// largest write's Raft entry fits in one segment. Default 67108864 (64 MiB).
     pub segment_bytes: u64,
+    /// Bytes per second the background scrub reads to verify stored values' checksums; 0 turns
+    /// it off. Default 8388608 (8 MiB/s).
+    pub scrub_bytes_per_sec: u64,
 }
 
 /// `[disk]`: what the node does as its data directory's disk fills (see `docs/design/replica.md`).
@@ -306,7 +309,10 @@ impl Default for DiskConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { segment_bytes: replica_defaults().segment_bytes }
+        LogConfig {
+            segment_bytes: replica_defaults().segment_bytes,
+            scrub_bytes_per_sec: replica_defaults().scrub_bytes_per_sec,
+        }
     }
 }
 
@@ -647,6 +653,7 @@ impl ServerConfig {
         config.segment_bytes = self.log.segment_bytes;
         config.min_free_bytes = self.disk.min_free_bytes;
         config.reserve_bytes = self.disk.reserve_bytes;
+        config.scrub_bytes_per_sec = self.log.scrub_bytes_per_sec;
         config
     }
 }

@@ -163,6 +163,23 @@ fn describe_state_metrics() {
         "1 while the disk-full alarm is raised (writes refused), else 0."
     );
     describe_gauge!("onekv_disk_reserve_bytes", Bytes, "Bytes of disk reserve held (0 once given up).");
+    describe_counter!(
+        "onekv_corrupt_values_total",
+        Count,
+        "Distinct stored values found damaged (checksum mismatch) by reads, snapshot builds and the scrub."
+    );
+    describe_counter!(
+        "onekv_repaired_values_total",
+        Count,
+        "Damaged values replaced by another replica's healthy copy."
+    );
+    describe_counter!("onekv_scrub_passes_total", Count, "Full passes of the background scrub.");
+    describe_counter!("onekv_scrub_values_checked_total", Count, "Values the background scrub verified.");
+    describe_gauge!(
+        "onekv_scrub_last_pass_timestamp_seconds",
+        Seconds,
+        "Unix time the scrub's last full pass finished (0: none yet)."
+    );
 }
 
 /// Copies `status` into the current (local) recorder.
@@ -207,6 +224,12 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     for (component, bytes) in disk {
         gauge!("onekv_disk_bytes", "component" => component.clone()).set(count(*bytes));
     }
+    counter!("onekv_corrupt_values_total").absolute(status.corrupt_values);
+    counter!("onekv_repaired_values_total").absolute(status.repaired_values);
+    counter!("onekv_scrub_passes_total").absolute(status.scrub.passes);
+    counter!("onekv_scrub_values_checked_total").absolute(status.scrub.values_checked);
+    gauge!("onekv_scrub_last_pass_timestamp_seconds")
+        .set(status.scrub.last_pass_finished_unix_ms as f64 / 1e3);
 }
 
 /// Bytes written to disk per user byte applied (0 before any user byte).

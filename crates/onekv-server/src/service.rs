@@ -32,6 +32,11 @@ const PROTOCOL: &str = "grpc";
 const FRAMING_PER_ITEM: usize = 32;
 /// Fixed slack on gRPC message limits for request ids, flags and headers.
 const FRAMING_FIXED: usize = 64 << 10;
+/// The longest a read that met a value damaged on this node waits for the replica to repair it
+/// from another replica's copy (a few Raft round trips) before answering DATA_LOSS.
+const REPAIR_WAIT_MAX: Duration = Duration::from_secs(2);
+/// How often such a read looks again.
+const REPAIR_POLL: Duration = Duration::from_millis(20);
 
 /// The client API over a [`Backend`] (in production, a `Replica`).
 pub struct KvService<B> {
@@ -193,6 +198,24 @@ impl<B: Backend> KvService<B> {
     }
 
     /// The gRPC status for a replica error, as `onekv.proto`'s header comment specifies.
+    /// Reads `key`. A value damaged on this node is repaired from another replica's copy, so
+    /// rather than fail at once the read looks again until it is (up to half the request timeout,
+    /// at most [`REPAIR_WAIT_MAX`]): the client is then served the healthy replicas' value. A
+    /// later read than the first attempt is still linearizable: it happens after the barrier and
+    /// before the answer.
+    async fn get_repaired(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Status> {
+        let deadline = Instant::now() + (self.request_timeout / 2).min(REPAIR_WAIT_MAX);
+        loop {
+            // One index lookup and one pread of the value: short enough to run here.
+            match self.backend.get(key) {
+                Err(ReplicaError::Corrupt { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(REPAIR_POLL).await
+                }
+                other => return other.map_err(|error| self.status_of_read(error)),
+            }
+        }
+    }
+
     fn status_of(&self, error: ReplicaError) -> Status {
         replica_error_status(error, &self.members)
     }
@@ -266,6 +289,8 @@ pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> St
         error @ ReplicaError::Open(_) => Status::internal(error.to_string()),
         // The message starts "disk full: " and says why; the leader is handing leadership away.
         error @ ReplicaError::DiskFull(_) => Status::resource_exhausted(error.to_string()),
+        // This node's copy of one value is damaged; the node and its other keys are fine.
+        error @ ReplicaError::Corrupt { .. } => Status::data_loss(error.to_string()),
     }
 }
 
@@ -339,8 +364,7 @@ impl<B: Backend> Kv for KvService<B> {
                 Consistency::Linearizable => self.read_barrier().await?,
                 Consistency::Stale => self.refuse_if_failed()?,
             }
-            // One index lookup and one pread of the value: short enough to run here.
-            let value = self.backend.get(&request.key).map_err(|error| self.status_of_read(error))?;
+            let value = self.get_repaired(&request.key).await?;
             Ok(Response::new(match value {
                 Some(value) => GetResponse { found: true, value },
                 None => GetResponse { found: false, value: Vec::new() },
@@ -519,6 +543,16 @@ impl<B: Backend> Kv for KvService<B> {
                 snapshot: status.snapshot.unwrap_or_default(),
                 disk_free_bytes: status.disk.free_bytes,
                 disk_alarm: status.disk.alarm.unwrap_or_default(),
+                corrupt_values: status.corrupt_values,
+                repaired_values: status.repaired_values,
+                scrub: Some(onekv_proto::ScrubProgress {
+                    enabled: status.scrub.enabled,
+                    passes: status.scrub.passes,
+                    values_checked: status.scrub.values_checked,
+                    last_pass_finished_unix_ms: status.scrub.last_pass_finished_unix_ms,
+                    last_pass_values: status.scrub.last_pass_values,
+                    last_pass_corrupt: status.scrub.last_pass_corrupt,
+                }),
             }))
         })
         .await

@@ -277,6 +277,65 @@ async fn replica_errors_map_to_the_documented_codes() {
     }
 }
 
+/// A damaged stored value is DATA_LOSS naming the key and the position, not a node-wide failure.
+#[test]
+fn a_damaged_value_is_data_loss() {
+    let error = ReplicaError::Corrupt { key: b"k1".to_vec(), position: 4096 };
+    let status = onekv_server::service::replica_error_status(error, &config().members);
+    assert_eq!(status.code(), Code::DataLoss);
+    assert!(status.message().contains("\"k1\"") && status.message().contains("4096"), "{}", status.message());
+}
+
+/// A read that meets a damaged value waits for the replica's repair and is served; without one
+/// within half the request timeout it answers DATA_LOSS.
+#[tokio::test]
+async fn a_read_of_a_damaged_value_waits_for_its_repair() {
+    let (backend, service) = service();
+    backend.data.lock().unwrap().insert(b"k".to_vec(), b"healthy".to_vec());
+    let corrupt = || ReplicaError::Corrupt { key: b"k".to_vec(), position: 1 };
+    backend.get_errors.lock().unwrap().extend([corrupt(), corrupt(), corrupt()]);
+    let get =
+        || Request::new(GetRequest { key: b"k".to_vec(), consistency: Consistency::Linearizable as i32 });
+    let response = service.get(get()).await.unwrap().into_inner();
+    assert_eq!((response.found, response.value.as_slice()), (true, &b"healthy"[..]));
+    assert_eq!(backend.calls.lock().unwrap().iter().filter(|call| **call == "get").count(), 4);
+
+    // Never repaired: DATA_LOSS once half the 200 ms request timeout has passed.
+    backend.get_errors.lock().unwrap().extend((0..1000).map(|_| corrupt()));
+    let started = Instant::now();
+    let status = service.get(get()).await.unwrap_err();
+    assert_eq!(status.code(), Code::DataLoss, "{status:?}");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(100) && waited < Duration::from_secs(2), "{waited:?}");
+}
+
+#[tokio::test]
+async fn status_reports_damaged_values_and_the_scrub() {
+    let (backend, service) = service();
+    *backend.status.lock().unwrap() = ReplicaStatus {
+        corrupt_values: 2,
+        repaired_values: 1,
+        scrub: onekv_replica::ScrubStatus {
+            enabled: true,
+            passes: 3,
+            values_checked: 30,
+            last_pass_finished_unix_ms: 1_700_000_000_000,
+            last_pass_values: 10,
+            last_pass_corrupt: 1,
+        },
+        ..ReplicaStatus::default()
+    };
+    let status = service.status(Request::new(StatusRequest {})).await.unwrap().into_inner();
+    assert_eq!((status.corrupt_values, status.repaired_values), (2, 1));
+    let scrub = status.scrub.unwrap();
+    assert!(scrub.enabled);
+    assert_eq!(
+        (scrub.passes, scrub.values_checked, scrub.last_pass_finished_unix_ms),
+        (3, 30, 1_700_000_000_000)
+    );
+    assert_eq!((scrub.last_pass_values, scrub.last_pass_corrupt), (10, 1));
+}
+
 #[tokio::test]
 async fn a_failed_replica_answers_unavailable_with_the_failure_and_no_leader_hint() {
     let (backend, service) = service();

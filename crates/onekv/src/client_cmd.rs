@@ -242,6 +242,7 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
                 if !status.disk_alarm.is_empty() {
                     writeln!(out, "node {} disk full: {}", status.node_id, status.disk_alarm)?;
                 }
+                out.write_all(damaged_values(status).as_bytes())?;
             }
             if statuses.iter().all(|(_, result)| result.is_err()) {
                 anyhow::bail!("no node answered");
@@ -302,6 +303,26 @@ fn lagging_followers(status: &StatusResponse) -> String {
         out.push_str(&format!("leader {} snapshot: {}\n", status.node_id, status.snapshot));
     }
     out
+}
+
+/// A line about the damaged values a node found (reads, snapshot builds, its scrub) and its last
+/// scrub pass; empty when it found none.
+fn damaged_values(status: &StatusResponse) -> String {
+    if status.corrupt_values == 0 {
+        return String::new();
+    }
+    let scrub = match &status.scrub {
+        Some(scrub) if scrub.enabled && scrub.passes > 0 => format!(
+            "its last scrub pass checked {} values and found {} damaged",
+            scrub.last_pass_values, scrub.last_pass_corrupt
+        ),
+        Some(scrub) if scrub.enabled => "its first scrub pass is under way".to_string(),
+        _ => "its scrub is off".to_string(),
+    };
+    format!(
+        "node {} found {} damaged stored value(s) and repaired {} from other replicas (a key answers DATA_LOSS there until repaired; see its log for keys and positions); {scrub}\n",
+        status.node_id, status.corrupt_values, status.repaired_values
+    )
 }
 
 /// The `status` table: a header, then one row per endpoint; an unreachable node shows its error
@@ -432,6 +453,24 @@ mod tests {
         assert_eq!(lines[2], "-   127.0.0.1:7002  error: transport error: refused");
         // Columns line up: the role starts at the same offset in the header and the row.
         assert_eq!(lines[0].find("ROLE"), lines[1].find("leader"));
+    }
+
+    #[test]
+    fn damaged_values_are_reported_with_the_scrub() {
+        let mut status = StatusResponse { node_id: 2, ..Default::default() };
+        assert_eq!(damaged_values(&status), "");
+        status.corrupt_values = 3;
+        status.repaired_values = 1;
+        status.scrub = Some(onekv_proto::ScrubProgress {
+            enabled: true,
+            passes: 1,
+            last_pass_values: 40,
+            last_pass_corrupt: 2,
+            ..Default::default()
+        });
+        let line = damaged_values(&status);
+        assert!(line.starts_with("node 2 found 3 damaged stored value(s) and repaired 1"), "{line}");
+        assert!(line.contains("checked 40 values and found 2 damaged"), "{line}");
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct FakeBackend {
     pub stepped: Mutex<Vec<Message>>,
     pub proposed: Mutex<Vec<(RequestId, Command)>>,
     pub scans: Mutex<Vec<ScanCall>>,
+    /// Errors `get` answers first, one per call, before reading `data`.
+    pub get_errors: Mutex<std::collections::VecDeque<ReplicaError>>,
     held_proposals: Mutex<Vec<Done<Outcome>>>,
     held_barriers: Mutex<Vec<Done<()>>>,
 }
@@ -53,6 +55,7 @@ impl Default for FakeBackend {
             stepped: Mutex::default(),
             proposed: Mutex::default(),
             scans: Mutex::default(),
+            get_errors: Mutex::default(),
             held_proposals: Mutex::default(),
             held_barriers: Mutex::default(),
         }
@@ -92,6 +95,9 @@ impl Backend for FakeBackend {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         self.calls.lock().unwrap().push("get");
+        if let Some(error) = self.get_errors.lock().unwrap().pop_front() {
+            return Err(error);
+        }
         if let Some(error) = self.get_error.lock().unwrap().clone() {
             return Err(error);
         }
