@@ -542,3 +542,37 @@ fn a_snapshot_too_large_to_build_backs_off_and_shows_in_status() {
     no_failures(&cluster);
     cluster.shutdown();
 }
+
+/// Finding 8 of issue 13: entries that write little or nothing (compare-and-swaps that fail) still
+/// flush the index, by entry count and by age, so the replay after a crash, Raft's in-memory log
+/// and the request window stay bounded. Before, only a full 16 MiB memtable flushed.
+#[test]
+fn the_index_flushes_on_entry_count_and_age_even_when_little_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |config: &mut ReplicaConfig| {
+        config.flush_every_entries = 50;
+        config.raft_log_keep_entries = 10;
+    };
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, tweak);
+    let cas = || Command::Cas { key: b"k".to_vec(), expected: Some(b"never".to_vec()), new: None };
+    for _ in 0..200 {
+        let outcome = cluster.propose(cas()).unwrap();
+        assert!(!outcome.cas.unwrap().swapped);
+    }
+    let status = cluster.replica(1).status();
+    assert!(status.flushed_index >= 150, "flushed only up to {}: {status:?}", status.flushed_index);
+    assert!(status.first_index > 100, "Raft's log was not compacted: {status:?}");
+    cluster.shutdown();
+
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |config: &mut ReplicaConfig| config.flush_every = Duration::from_millis(300);
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, tweak);
+    cluster.put("a", b"1");
+    let written = cluster.replica(1).status().applied_index;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.replica(1).status().flushed_index < written {
+        assert!(Instant::now() < deadline, "no flush by age: {:?}", cluster.replica(1).status());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cluster.shutdown();
+}
