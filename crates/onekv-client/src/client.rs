@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
-    ScanRequest, StatusRequest, StatusResponse,
+    ScanRequest, ScanResponse, StatusRequest, StatusResponse,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -245,15 +245,7 @@ impl Client {
         limit: u32,
         reverse: bool,
     ) -> Result<ScanPage> {
-        let request = ScanRequest {
-            start: start.to_vec(),
-            end: end.map(<[u8]>::to_vec).unwrap_or_default(),
-            limit,
-            reverse,
-            consistency: Consistency::Linearizable.into(),
-            keys_only: false,
-        };
-        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await?;
+        let response = self.scan_call(start, end, limit, reverse, false).await?;
         Ok(ScanPage {
             pairs: response.pairs.into_iter().map(|pair| (pair.key, pair.value)).collect(),
             more: response.more,
@@ -270,17 +262,29 @@ impl Client {
         limit: u32,
         reverse: bool,
     ) -> Result<KeyPage> {
+        let response = self.scan_call(start, end, limit, reverse, true).await?;
+        // A node that predates `keys_only` sends the values anyway; they are dropped here.
+        Ok(KeyPage { keys: response.pairs.into_iter().map(|pair| pair.key).collect(), more: response.more })
+    }
+
+    /// One linearizable scan call to the leader.
+    async fn scan_call(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: u32,
+        reverse: bool,
+        keys_only: bool,
+    ) -> Result<ScanResponse> {
         let request = ScanRequest {
             start: start.to_vec(),
             end: end.map(<[u8]>::to_vec).unwrap_or_default(),
             limit,
             reverse,
             consistency: Consistency::Linearizable.into(),
-            keys_only: true,
+            keys_only,
         };
-        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await?;
-        // A node that predates `keys_only` sends the values anyway; they are dropped here.
-        Ok(KeyPage { keys: response.pairs.into_iter().map(|pair| pair.key).collect(), more: response.more })
+        self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.
