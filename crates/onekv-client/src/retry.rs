@@ -89,9 +89,18 @@ pub(crate) fn classify(endpoint: &str, status: &Status) -> Failure {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => {
             Failure::Retry { cause, transport: false, unreachable: false }
         }
+        // A leader whose disk is nearly full refuses the write before proposing it and hands
+        // leadership to a node with room within moments: ask again (elsewhere) within the budget.
+        Code::ResourceExhausted if status.message().starts_with(DISK_FULL_PREFIX) => {
+            Failure::Retry { cause, transport: false, unreachable: false }
+        }
         _ => Failure::Fatal(ClientError::Server(cause)),
     }
 }
+
+/// How a node's "disk full" refusal (RESOURCE_EXHAUSTED) begins; other RESOURCE_EXHAUSTED answers
+/// are not retried.
+const DISK_FULL_PREFIX: &str = "disk full: ";
 
 /// The leader address a not-leader error names, if it names a usable one.
 fn leader_address(status: &Status) -> Option<String> {
@@ -172,6 +181,15 @@ mod tests {
             Failure::Retry { cause, transport: false, unreachable: false } if cause.contains("storage failure: disk")
         ));
         assert!(matches!(classify("a:1", &Status::deadline_exceeded("slow")), Failure::Retry { .. }));
+        // A leader in its disk-full alarm is handing leadership away: retried; other exhaustion not.
+        assert!(matches!(
+            classify("a:1", &Status::resource_exhausted("disk full: /data has 10 bytes free")),
+            Failure::Retry { transport: false, .. }
+        ));
+        assert!(matches!(
+            classify("a:1", &Status::resource_exhausted("too many requests")),
+            Failure::Fatal(ClientError::Server(_))
+        ));
         // A failure on this side of the connection carries its cause as the source.
         let refused =
             Status::from_error(Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)));
