@@ -28,7 +28,7 @@ use rand::Rng as _;
 
 use crate::commands::{self, CommandSpec, parse_set_options};
 use crate::pattern::Pattern;
-use crate::protocol::{ParserLimits, Reply};
+use crate::protocol::{ParserLimits, Protocol, Reply};
 
 /// Reads one MGET or EXISTS keeps in flight at once.
 const GET_MANY_CONCURRENCY: usize = 32;
@@ -49,7 +49,7 @@ const MAX_REPLY_BYTES: usize = 64 << 20;
 /// closed: a client that stops reading must not hold its task and its queued replies forever.
 /// Generous, so only a client that truly stopped reading (or whose network died) is cut off.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The Redis version whose RESP2 behaviour the front end follows (reported by INFO and HELLO,
+/// The Redis version whose behaviour the front end follows (reported by INFO and HELLO,
 /// because client libraries gate features on it).
 pub const REDIS_COMPATIBLE_VERSION: &str = "7.0.0";
 
@@ -156,6 +156,25 @@ impl std::fmt::Debug for RespContext {
 pub struct Session {
     id: u64,
     name: Option<Vec<u8>>,
+    protocol: Protocol,
+    /// The client's address, for CLIENT INFO.
+    peer: Option<std::net::SocketAddr>,
+    /// What CLIENT SETINFO said: the library's name and version.
+    lib_name: Vec<u8>,
+    lib_version: Vec<u8>,
+}
+
+impl Session {
+    /// The reply encoding this connection chose with `HELLO` (RESP2 until then).
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// This session, for a client at `peer` (reported by CLIENT INFO).
+    pub fn with_peer(mut self, peer: std::net::SocketAddr) -> Session {
+        self.peer = Some(peer);
+        self
+    }
 }
 
 /// A command's reply, and whether the connection closes after it (QUIT).
@@ -251,7 +270,14 @@ impl RespContext {
 
     /// A new connection's state, with a fresh client id.
     pub fn new_session(&self) -> Session {
-        Session { id: self.shared.next_client_id.fetch_add(1, Ordering::Relaxed), name: None }
+        Session {
+            id: self.shared.next_client_id.fetch_add(1, Ordering::Relaxed),
+            name: None,
+            protocol: Protocol::Resp2,
+            peer: None,
+            lib_name: Vec::new(),
+            lib_version: Vec::new(),
+        }
     }
 
     /// Runs one command (`args` is never empty: the parser skips empty requests) and records its
@@ -730,24 +756,40 @@ impl RespContext {
         Ok(Reply::Array(vec![Reply::text(next.to_string()), Reply::Array(keys)]))
     }
 
+    /// `HELLO [protover [AUTH username password] [SETNAME clientname]]`. Like Redis, every option is
+    /// checked before anything changes, and the reply is in the protocol just chosen. onekv has no
+    /// users or passwords, which is Redis's default user without a password: `AUTH default <any
+    /// password>` succeeds, any other user name is refused with Redis's `WRONGPASS` error.
     fn hello(&self, session: &mut Session, args: &[Vec<u8>]) -> Outcome {
+        let mut protocol = session.protocol;
         if let Some(version) = args.get(1) {
-            match parse_integer(version) {
-                Some(2) => {}
+            protocol = match parse_integer(version) {
+                Some(2) => Protocol::Resp2,
+                Some(3) => Protocol::Resp3,
                 Some(_) => {
                     return Err(Reply::Error("NOPROTO sorry, this protocol version is not supported".into()));
                 }
                 None => return Err(Reply::err("Protocol version is not an integer or out of range")),
-            }
+            };
         }
+        let mut name = None;
         let mut options = args.iter().skip(2);
         while let Some(option) = options.next() {
             match option.to_ascii_uppercase().as_slice() {
                 b"SETNAME" => {
-                    let name = options.next().ok_or_else(|| Reply::err("syntax error"))?;
-                    session.name = Some(check_client_name(name)?);
+                    let value = options.next().ok_or_else(|| Reply::err("syntax error"))?;
+                    name = Some(check_client_name(value)?);
                 }
-                b"AUTH" => return Err(Reply::err("AUTH is not supported: onekv has no users or passwords")),
+                b"AUTH" => {
+                    let (Some(user), Some(_password)) = (options.next(), options.next()) else {
+                        return Err(Reply::err("syntax error"));
+                    };
+                    if user.as_slice() != b"default" {
+                        return Err(Reply::Error(
+                            "WRONGPASS invalid username-password pair or user is disabled.".into(),
+                        ));
+                    }
+                }
                 _ => {
                     return Err(Reply::err(format!(
                         "Syntax error in HELLO option '{}'",
@@ -756,21 +798,18 @@ impl RespContext {
                 }
             }
         }
-        Ok(Reply::Array(vec![
-            Reply::text("server"),
-            Reply::text("onekv"),
-            Reply::text("version"),
-            Reply::text(REDIS_COMPATIBLE_VERSION),
-            Reply::text("proto"),
-            Reply::Integer(2),
-            Reply::text("id"),
-            Reply::Integer(i64::try_from(session.id).unwrap_or(i64::MAX)),
-            Reply::text("mode"),
-            Reply::text("standalone"),
-            Reply::text("role"),
-            Reply::text("master"),
-            Reply::text("modules"),
-            Reply::Array(Vec::new()),
+        if let Some(name) = name {
+            session.name = Some(name).filter(|name| !name.is_empty());
+        }
+        session.protocol = protocol;
+        Ok(Reply::map([
+            ("server", Reply::text("onekv")),
+            ("version", Reply::text(REDIS_COMPATIBLE_VERSION)),
+            ("proto", Reply::Integer(protocol.version())),
+            ("id", Reply::Integer(i64::try_from(session.id).unwrap_or(i64::MAX))),
+            ("mode", Reply::text("standalone")),
+            ("role", Reply::text("master")),
+            ("modules", Reply::Array(Vec::new())),
         ]))
     }
 
@@ -803,11 +842,10 @@ impl RespContext {
                 let mut reply = Vec::new();
                 for (name, value) in self.config_parameters() {
                     if patterns.iter().any(|pattern| pattern.matches(name.as_bytes())) {
-                        reply.push(Reply::text(name));
-                        reply.push(Reply::text(value));
+                        reply.push((name, Reply::text(value)));
                     }
                 }
-                Ok(Reply::Array(reply))
+                Ok(Reply::map(reply))
             }
             b"GET" => Err(wrong_arity("config|get")),
             b"SET" => Err(Reply::err("CONFIG SET is not supported: configure onekv in the node's TOML file")),
@@ -892,7 +930,8 @@ impl RespContext {
                 }
             }
         }
-        Ok(Reply::Bulk(text.into_bytes()))
+        // Plain text, which Redis sends as a verbatim string in RESP3 (a bulk string in RESP2).
+        Ok(Reply::Verbatim(text))
     }
 }
 
@@ -905,7 +944,38 @@ fn client_command(session: &mut Session, args: &[Vec<u8>]) -> Outcome {
         }
         (b"GETNAME", 2) => Ok(Reply::optional(session.name.clone())),
         (b"ID", 2) => Ok(Reply::Integer(i64::try_from(session.id).unwrap_or(i64::MAX))),
-        (b"SETNAME" | b"GETNAME" | b"ID", _) => {
+        (b"SETINFO", 4) => {
+            let value = &args[3];
+            if value.iter().any(|&byte| !(b'!'..=b'~').contains(&byte)) {
+                return Err(Reply::err(format!(
+                    "{} cannot contain spaces, newlines or special characters.",
+                    String::from_utf8_lossy(&args[2])
+                )));
+            }
+            match args[2].to_ascii_lowercase().as_slice() {
+                b"lib-name" => session.lib_name = value.clone(),
+                b"lib-ver" => session.lib_version = value.clone(),
+                _ => {
+                    return Err(Reply::err(format!(
+                        "Unrecognized option '{}'",
+                        String::from_utf8_lossy(&args[2])
+                    )));
+                }
+            }
+            Ok(Reply::ok())
+        }
+        (b"INFO", 2) => {
+            let peer = session.peer.map(|peer| peer.to_string()).unwrap_or_default();
+            Ok(Reply::Verbatim(format!(
+                "id={} addr={peer} name={} resp={} lib-name={} lib-ver={}\n",
+                session.id,
+                String::from_utf8_lossy(session.name.as_deref().unwrap_or_default()),
+                session.protocol.version(),
+                String::from_utf8_lossy(&session.lib_name),
+                String::from_utf8_lossy(&session.lib_version),
+            )))
+        }
+        (b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO", _) => {
             Err(wrong_arity(&format!("client|{}", String::from_utf8_lossy(&args[1]).to_ascii_lowercase())))
         }
         _ => Err(unknown_subcommand(&args[1], "CLIENT")),
@@ -946,23 +1016,18 @@ fn command_command(args: &[Vec<u8>]) -> Outcome {
             };
             let mut reply = Vec::new();
             for spec in specs {
-                reply.push(Reply::text(spec.name));
                 let mut doc = vec![
-                    Reply::text("summary"),
-                    Reply::text(spec.summary),
-                    Reply::text("since"),
-                    Reply::text(spec.since),
-                    Reply::text("group"),
-                    Reply::text(spec.group),
+                    ("summary", Reply::text(spec.summary)),
+                    ("since", Reply::text(spec.since)),
+                    ("group", Reply::text(spec.group)),
                 ];
                 let arguments = argument_docs(commands::syntax(spec.name));
                 if !arguments.is_empty() {
-                    doc.push(Reply::text("arguments"));
-                    doc.push(Reply::Array(arguments));
+                    doc.push(("arguments", Reply::Array(arguments)));
                 }
-                reply.push(Reply::Array(doc));
+                reply.push((spec.name, Reply::map(doc)));
             }
-            Ok(Reply::Array(reply))
+            Ok(Reply::map(reply))
         }
         _ => Err(unknown_subcommand(subcommand, "COMMAND")),
     }
@@ -1000,10 +1065,7 @@ fn argument_doc(item: &str) -> Reply {
         None => (item, false),
     };
     let mut fields = Vec::new();
-    let mut field = |name: &str, value: Reply| {
-        fields.push(Reply::text(name));
-        fields.push(value);
-    };
+    let mut field = |name: &'static str, value: Reply| fields.push((name, value));
     let is_token = |word: &str| word.chars().all(|c| c.is_ascii_uppercase());
     if let Some(block) = item.strip_prefix('(').and_then(|inner| inner.strip_suffix(')')) {
         field("name", Reply::text(block.replace(' ', "_")));
@@ -1033,7 +1095,7 @@ fn argument_doc(item: &str) -> Reply {
     if !flags.is_empty() {
         field("flags", Reply::Array(flags));
     }
-    Reply::Array(fields)
+    Reply::map(fields)
 }
 
 /// `COMMAND INFO`'s ten-element description of a command (Redis 7's layout).
@@ -1184,14 +1246,24 @@ mod tests {
     #[test]
     fn argument_docs_follow_redis_layout() {
         let text = |s: &str| Reply::text(s);
-        assert_eq!(
-            argument_docs("key"),
-            vec![Reply::Array(vec![text("name"), text("key"), text("type"), text("key")])]
-        );
+        assert_eq!(argument_docs("key"), vec![Reply::map([("name", text("key")), ("type", text("key"))])]);
         let set = argument_docs(commands::syntax("set"));
         assert_eq!(set.len(), 5);
+        let token = |name: &str, token: &str| {
+            Reply::map([("name", text(name)), ("type", text("pure-token")), ("token", text(token))])
+        };
         assert_eq!(
             set[2],
+            Reply::map([
+                ("name", text("nx_xx")),
+                ("type", text("oneof")),
+                ("arguments", Reply::Array(vec![token("nx", "NX"), token("xx", "XX")])),
+                ("flags", Reply::Array(vec![Reply::Simple("optional".into())])),
+            ])
+        );
+        // In RESP2 the maps are flat arrays, as Redis sends them.
+        assert_eq!(
+            set[2].to_bytes(Protocol::Resp2),
             Reply::Array(vec![
                 text("name"),
                 text("nx_xx"),
@@ -1219,31 +1291,28 @@ mod tests {
                 text("flags"),
                 Reply::Array(vec![Reply::Simple("optional".into())]),
             ])
+            .to_bytes(Protocol::Resp2)
         );
         let scan = argument_docs(commands::syntax("scan"));
         assert_eq!(
             scan[1],
-            Reply::Array(vec![
-                text("name"),
-                text("pattern"),
-                text("type"),
-                text("string"),
-                text("token"),
-                text("MATCH"),
-                text("flags"),
-                Reply::Array(vec![Reply::Simple("optional".into())]),
+            Reply::map([
+                ("name", text("pattern")),
+                ("type", text("string")),
+                ("token", text("MATCH")),
+                ("flags", Reply::Array(vec![Reply::Simple("optional".into())])),
             ])
         );
         let mset = argument_docs(commands::syntax("mset"));
-        let Reply::Array(fields) = &mset[0] else { panic!() };
-        assert_eq!(fields[..4], [text("name"), text("key_value"), text("type"), text("block")]);
-        assert_eq!(fields[6..], [text("flags"), Reply::Array(vec![Reply::Simple("multiple".into())])]);
+        let Reply::Map(fields) = &mset[0] else { panic!() };
+        assert_eq!(fields[..2], [(text("name"), text("key_value")), (text("type"), text("block"))]);
+        assert_eq!(fields[3], (text("flags"), Reply::Array(vec![Reply::Simple("multiple".into())])));
         // Every documented command's syntax parses into named, typed arguments.
         for spec in commands::COMMANDS {
             for doc in argument_docs(commands::syntax(spec.name)) {
-                let Reply::Array(fields) = doc else { panic!() };
-                assert_eq!(fields[0], text("name"), "{}", spec.name);
-                assert_eq!(fields[2], text("type"), "{}", spec.name);
+                let Reply::Map(fields) = doc else { panic!() };
+                assert_eq!(fields[0].0, text("name"), "{}", spec.name);
+                assert_eq!(fields[1].0, text("type"), "{}", spec.name);
             }
         }
     }
@@ -1337,22 +1406,10 @@ mod tests {
         assert_eq!(run(&context, s, &["CLIENT", "GETNAME"]), Reply::text("bench"));
         assert!(run(&context, s, &["CLIENT", "SETNAME", "a b"]).is_error());
         assert_eq!(
-            run(&context, s, &["HELLO", "3"]),
-            Reply::Error("NOPROTO sorry, this protocol version is not supported".into())
-        );
-        let Reply::Array(hello) = run(&context, s, &["HELLO", "2", "SETNAME", "x"]) else { panic!() };
-        assert_eq!(hello[4..6], [Reply::text("proto"), Reply::Integer(2)]);
-        assert_eq!(run(&context, s, &["CLIENT", "GETNAME"]), Reply::text("x"));
-        assert_eq!(
             run(&context, s, &["CONFIG", "GET", "save", "APPENDONLY"]),
-            Reply::Array(vec![
-                Reply::text("appendonly"),
-                Reply::text("yes"),
-                Reply::text("save"),
-                Reply::text("")
-            ])
+            Reply::map([("appendonly", Reply::text("yes")), ("save", Reply::text(""))])
         );
-        assert_eq!(run(&context, s, &["CONFIG", "GET", "nothing*"]), Reply::Array(Vec::new()));
+        assert_eq!(run(&context, s, &["CONFIG", "GET", "nothing*"]), Reply::Map(Vec::new()));
         assert_eq!(run(&context, s, &["COMMAND", "COUNT"]), Reply::Integer(commands::COMMANDS.len() as i64));
         let Reply::Array(info) = run(&context, s, &["COMMAND", "INFO", "get", "nope"]) else { panic!() };
         assert_eq!(info[1], Reply::NilArray);
@@ -1365,8 +1422,67 @@ mod tests {
         assert_eq!(run(&context, s, &["STRLEN", &too_long]), Reply::Integer(0));
         assert_eq!(run(&context, s, &["EXISTS", "", &too_long]), Reply::Integer(0));
         assert_eq!(run(&context, s, &["MGET", ""]), Reply::Array(vec![Reply::Nil]));
-        let Reply::Array(docs) = run(&context, s, &["COMMAND", "DOCS"]) else { panic!() };
-        assert_eq!(docs.len(), 2 * commands::COMMANDS.len());
+        let Reply::Map(docs) = run(&context, s, &["COMMAND", "DOCS"]) else { panic!() };
+        assert_eq!(docs.len(), commands::COMMANDS.len());
+    }
+
+    #[test]
+    fn hello_chooses_the_protocol() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        let id = Reply::Integer(i64::try_from(s.id).unwrap());
+        let hello = |proto: i64| {
+            Reply::map([
+                ("server", Reply::text("onekv")),
+                ("version", Reply::text(REDIS_COMPATIBLE_VERSION)),
+                ("proto", Reply::Integer(proto)),
+                ("id", id.clone()),
+                ("mode", Reply::text("standalone")),
+                ("role", Reply::text("master")),
+                ("modules", Reply::Array(Vec::new())),
+            ])
+        };
+        assert_eq!(s.protocol(), Protocol::Resp2);
+        assert_eq!(run(&context, s, &["HELLO"]), hello(2));
+        assert_eq!(run(&context, s, &["HELLO", "3"]), hello(3));
+        assert_eq!(s.protocol(), Protocol::Resp3);
+        assert_eq!(run(&context, s, &["HELLO"]), hello(3));
+        for bad in ["1", "4", "-1"] {
+            assert_eq!(
+                run(&context, s, &["HELLO", bad]),
+                Reply::Error("NOPROTO sorry, this protocol version is not supported".into())
+            );
+        }
+        assert!(run(&context, s, &["HELLO", "x"]).is_error());
+        assert_eq!(s.protocol(), Protocol::Resp3);
+        // A failing option changes nothing.
+        assert_eq!(
+            run(&context, s, &["HELLO", "2", "SETNAME", "y", "AUTH", "alice", "pw"]),
+            Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".into())
+        );
+        assert!(run(&context, s, &["HELLO", "2", "AUTH", "default"]).is_error());
+        assert!(run(&context, s, &["HELLO", "2", "SETNAME"]).is_error());
+        assert!(run(&context, s, &["HELLO", "2", "BOGUS"]).is_error());
+        assert_eq!(s.protocol(), Protocol::Resp3);
+        assert_eq!(run(&context, s, &["CLIENT", "GETNAME"]), Reply::Nil);
+        // The default user has no password: any password is accepted.
+        assert_eq!(
+            run(&context, s, &["HELLO", "2", "AUTH", "default", "anything", "SETNAME", "x"]),
+            hello(2)
+        );
+        assert_eq!(s.protocol(), Protocol::Resp2);
+        assert_eq!(run(&context, s, &["CLIENT", "GETNAME"]), Reply::text("x"));
+        assert_eq!(run(&context, s, &["CLIENT", "SETINFO", "lib-name", "redis-py"]), Reply::ok());
+        assert_eq!(run(&context, s, &["CLIENT", "SETINFO", "LIB-VER", "8.0.0"]), Reply::ok());
+        assert!(run(&context, s, &["CLIENT", "SETINFO", "lib-name", "a b"]).is_error());
+        assert!(run(&context, s, &["CLIENT", "SETINFO", "other", "x"]).is_error());
+        assert!(run(&context, s, &["CLIENT", "SETINFO", "lib-name"]).is_error());
+        assert_eq!(run(&context, s, &["CLIENT", "ID"]), id);
+        assert_eq!(
+            run(&context, s, &["CLIENT", "INFO"]),
+            Reply::Verbatim(format!("id={} addr= name=x resp=2 lib-name=redis-py lib-ver=8.0.0\n", s.id))
+        );
     }
 
     #[test]

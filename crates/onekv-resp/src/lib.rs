@@ -1,4 +1,4 @@
-//! The RESP2 (Redis serialization protocol) front end of a onekv node, so redis-cli,
+//! The RESP2/RESP3 (Redis serialization protocol) front end of a onekv node, so redis-cli,
 //! redis-benchmark and Redis client libraries work against onekv unmodified.
 //!
 //! Owns:
@@ -22,5 +22,5 @@ pub mod protocol;
 pub mod server;
 
 pub use exec::{DEFAULT_WRITE_TIMEOUT, RespContext, RespSettings};
-pub use protocol::{ParserLimits, ProtocolError, Reply, RequestParser};
+pub use protocol::{ParserLimits, Protocol, ProtocolError, Reply, RequestParser};
 pub use server::serve_resp;

@@ -1,5 +1,5 @@
-//! The RESP2 wire format: an incremental request parser with hard size limits, and the reply
-//! encoder.
+//! The RESP wire format: an incremental request parser with hard size limits, and the reply
+//! encoder (RESP2 and RESP3).
 //!
 //! Owns: turning bytes from a client into commands (argument vectors) and replies into bytes.
 //! Requests come in Redis's two forms: multibulk (`*2\r\n$3\r\nGET\r\n$1\r\nk\r\n`, what every
@@ -64,8 +64,9 @@ enum State {
     Payload { remaining: usize, len: usize },
 }
 
-/// An incremental RESP2 request parser. Feed it the connection's input buffer; it consumes
-/// complete pieces and keeps partial state, so input may be split at any byte.
+/// An incremental request parser (requests are the same in RESP2 and RESP3). Feed it the
+/// connection's input buffer; it consumes complete pieces and keeps partial state, so input may be
+/// split at any byte.
 #[derive(Debug)]
 pub struct RequestParser {
     limits: ParserLimits,
@@ -330,7 +331,29 @@ fn hex(digit: u8) -> u8 {
     }
 }
 
-/// One RESP2 reply.
+/// The reply encoding a connection has chosen with `HELLO`: RESP2 until it asks for RESP3.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// RESP2, every connection's protocol at first.
+    #[default]
+    Resp2,
+    /// RESP3 (`HELLO 3`): typed nulls, maps and verbatim strings.
+    Resp3,
+}
+
+impl Protocol {
+    /// The version number `HELLO` and `CLIENT INFO` report.
+    pub fn version(self) -> i64 {
+        match self {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        }
+    }
+}
+
+/// One reply, encoded for the connection's [`Protocol`]. The RESP3-only shapes have a RESP2 form,
+/// the one Redis uses: a map is a flat array of keys and values, a null is `$-1` or `*-1`, a
+/// verbatim string a bulk string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
     /// `+text`: a status such as `OK` or `PONG`.
@@ -341,12 +364,16 @@ pub enum Reply {
     Integer(i64),
     /// `$len` and the bytes.
     Bulk(Vec<u8>),
-    /// `$-1`: the null bulk string (an absent key).
+    /// The null bulk string (an absent key): `$-1` in RESP2, `_` in RESP3.
     Nil,
     /// `*n` and the elements.
     Array(Vec<Reply>),
-    /// `*-1`: the null array.
+    /// The null array: `*-1` in RESP2, `_` in RESP3.
     NilArray,
+    /// A map: `%n` and the pairs in RESP3, a flat array of `2n` elements in RESP2.
+    Map(Vec<(Reply, Reply)>),
+    /// Plain text: `=len` and `txt:` before it in RESP3, a bulk string in RESP2.
+    Verbatim(String),
 }
 
 impl Reply {
@@ -370,47 +397,75 @@ impl Reply {
         value.map_or(Reply::Nil, Reply::Bulk)
     }
 
+    /// A map whose keys are texts.
+    pub fn map<'a>(pairs: impl IntoIterator<Item = (&'a str, Reply)>) -> Reply {
+        Reply::Map(pairs.into_iter().map(|(key, value)| (Reply::text(key), value)).collect())
+    }
+
     /// Whether this is an error reply.
     pub fn is_error(&self) -> bool {
         matches!(self, Reply::Error(_))
     }
 
-    /// Appends the wire form of the reply to `out`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// Appends the wire form of the reply in `protocol` to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>, protocol: Protocol) {
+        let resp3 = protocol == Protocol::Resp3;
         match self {
             Reply::Simple(text) => line(out, b'+', text),
             Reply::Error(text) => line(out, b'-', text),
-            Reply::Integer(n) => {
-                out.push(b':');
-                out.extend_from_slice(n.to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
-            }
+            Reply::Integer(n) => header(out, b':', &n.to_string()),
             Reply::Bulk(bytes) => {
-                out.push(b'$');
-                out.extend_from_slice(bytes.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
+                header(out, b'$', &bytes.len().to_string());
                 out.extend_from_slice(bytes);
                 out.extend_from_slice(b"\r\n");
             }
+            Reply::Nil | Reply::NilArray if resp3 => out.extend_from_slice(b"_\r\n"),
             Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(items) => {
-                out.push(b'*');
-                out.extend_from_slice(items.len().to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
+                header(out, b'*', &items.len().to_string());
                 for item in items {
-                    item.encode(out);
+                    item.encode(out, protocol);
                 }
             }
-            Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
+            Reply::Map(pairs) => {
+                if resp3 {
+                    header(out, b'%', &pairs.len().to_string());
+                } else {
+                    header(out, b'*', &(2 * pairs.len()).to_string());
+                }
+                for (key, value) in pairs {
+                    key.encode(out, protocol);
+                    value.encode(out, protocol);
+                }
+            }
+            Reply::Verbatim(text) if resp3 => {
+                header(out, b'=', &(text.len() + 4).to_string());
+                out.extend_from_slice(b"txt:");
+                out.extend_from_slice(text.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Verbatim(text) => {
+                header(out, b'$', &text.len().to_string());
+                out.extend_from_slice(text.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
         }
     }
 
-    /// The wire form of the reply.
-    pub fn to_bytes(&self) -> Vec<u8> {
+    /// The wire form of the reply in `protocol`.
+    pub fn to_bytes(&self, protocol: Protocol) -> Vec<u8> {
         let mut out = Vec::new();
-        self.encode(&mut out);
+        self.encode(&mut out, protocol);
         out
     }
+}
+
+/// A type marker, a number and CRLF: `*3\r\n`, `:7\r\n`, ...
+fn header(out: &mut Vec<u8>, marker: u8, number: &str) {
+    out.push(marker);
+    out.extend_from_slice(number.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// A status or error line: CR and LF would end it early, so they become spaces (as Redis does).
@@ -582,9 +637,38 @@ mod tests {
             Reply::Array(Vec::new()),
         ]);
         assert_eq!(
-            reply.to_bytes(),
+            reply.to_bytes(Protocol::Resp2),
             b"*7\r\n+OK\r\n-ERR bad  thing\r\n:-3\r\n$4\r\na\r\nb\r\n$-1\r\n*-1\r\n*0\r\n".to_vec()
         );
+        // RESP3 changes only the nulls here.
+        assert_eq!(
+            reply.to_bytes(Protocol::Resp3),
+            b"*7\r\n+OK\r\n-ERR bad  thing\r\n:-3\r\n$4\r\na\r\nb\r\n_\r\n_\r\n*0\r\n".to_vec()
+        );
+    }
+
+    #[test]
+    fn resp3_types_have_their_resp2_forms() {
+        let map = Reply::map([("a", Reply::Integer(1)), ("b", Reply::Nil)]);
+        assert_eq!(map.to_bytes(Protocol::Resp3), b"%2\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n_\r\n".to_vec());
+        assert_eq!(map.to_bytes(Protocol::Resp2), b"*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n$-1\r\n".to_vec());
+        assert_eq!(Reply::Map(Vec::new()).to_bytes(Protocol::Resp3), b"%0\r\n".to_vec());
+        assert_eq!(Reply::Map(Vec::new()).to_bytes(Protocol::Resp2), b"*0\r\n".to_vec());
+        // Nested: a map inside an array inside a map.
+        let nested = Reply::map([("m", Reply::Array(vec![Reply::map([("k", Reply::NilArray)])]))]);
+        assert_eq!(
+            nested.to_bytes(Protocol::Resp3),
+            b"%1\r\n$1\r\nm\r\n*1\r\n%1\r\n$1\r\nk\r\n_\r\n".to_vec()
+        );
+        assert_eq!(
+            nested.to_bytes(Protocol::Resp2),
+            b"*2\r\n$1\r\nm\r\n*1\r\n*2\r\n$1\r\nk\r\n*-1\r\n".to_vec()
+        );
+        let verbatim = Reply::Verbatim("id=1 resp=3\n".into());
+        assert_eq!(verbatim.to_bytes(Protocol::Resp3), b"=16\r\ntxt:id=1 resp=3\n\r\n".to_vec());
+        assert_eq!(verbatim.to_bytes(Protocol::Resp2), b"$12\r\nid=1 resp=3\n\r\n".to_vec());
+        assert_eq!(Protocol::default(), Protocol::Resp2);
+        assert_eq!((Protocol::Resp2.version(), Protocol::Resp3.version()), (2, 3));
     }
 
     proptest::proptest! {
@@ -611,7 +695,7 @@ mod tests {
             let mut wire = Vec::new();
             for command in &commands {
                 let reply = Reply::Array(command.iter().cloned().map(Reply::Bulk).collect());
-                reply.encode(&mut wire);
+                reply.encode(&mut wire, Protocol::Resp2);
             }
             let split = split.min(wire.len());
             let parsed = parse_pieces(&[&wire[..split], &wire[split..]]).unwrap();

@@ -41,9 +41,10 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// The reply to a connection over the limit.
 const TOO_MANY_CLIENTS: &[u8] = b"-ERR max number of clients reached\r\n";
 
-/// Serves RESP2 on `listener` until `shutdown` completes, then stops accepting, lets each
-/// connection finish its current command (bounded by a grace period) and closes them. Errors
-/// accepting a connection are logged and do not stop the server.
+/// Serves RESP2 and RESP3 (each connection chooses with `HELLO`) on `listener` until `shutdown`
+/// completes, then stops accepting, lets each connection finish its current command (bounded by a
+/// grace period) and closes them. Errors accepting a connection are logged and do not stop the
+/// server.
 pub async fn serve_resp(
     listener: TcpListener,
     ctx: RespContext,
@@ -81,7 +82,7 @@ pub async fn serve_resp(
                 let stopped = stopped.clone();
                 connections.spawn(async move {
                     ctx.stats().connected.fetch_add(1, Ordering::Relaxed);
-                    match serve_connection(stream, &ctx, stopped).await {
+                    match serve_connection(stream, peer, &ctx, stopped).await {
                         Ok(()) => {}
                         Err(Ended::WriteTimeout(timeout)) => {
                             ctx.stats().write_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -146,6 +147,7 @@ async fn write_all(stream: &mut TcpStream, mut bytes: &[u8], timeout: Duration) 
 /// malformed input, stops reading its replies, or the server stops.
 async fn serve_connection(
     mut stream: TcpStream,
+    peer: std::net::SocketAddr,
     ctx: &RespContext,
     mut stopped: watch::Receiver<bool>,
 ) -> Result<(), Ended> {
@@ -153,7 +155,7 @@ async fn serve_connection(
     // A zero timeout would close every connection at its first reply.
     let write_timeout = ctx.settings().write_timeout.max(Duration::from_millis(1));
     let mut parser = RequestParser::new(ctx.parser_limits());
-    let mut session = ctx.new_session();
+    let mut session = ctx.new_session().with_peer(peer);
     let mut input = BytesMut::with_capacity(READ_BYTES);
     let mut output: Vec<u8> = Vec::with_capacity(READ_BYTES);
     loop {
@@ -193,11 +195,12 @@ async fn serve_connection(
                     }
                 }
                 for reply in execute_reads(ctx, &session, run).await? {
-                    reply.encode(&mut output);
+                    reply.encode(&mut output, session.protocol());
                 }
             } else {
                 let executed = ctx.execute(&mut session, args).await;
-                executed.reply.encode(&mut output);
+                // In the protocol after the command: HELLO answers in the one it chose.
+                executed.reply.encode(&mut output, session.protocol());
                 if executed.close {
                     return write_all(&mut stream, &output, write_timeout).await;
                 }
@@ -208,7 +211,7 @@ async fn serve_connection(
             }
         }
         if let Some(error) = malformed {
-            Reply::err(&error).encode(&mut output);
+            Reply::err(&error).encode(&mut output, session.protocol());
             return write_all(&mut stream, &output, write_timeout).await;
         }
         if !output.is_empty() {

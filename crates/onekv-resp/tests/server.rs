@@ -2,8 +2,8 @@
 //! (PING, ECHO, CLIENT, ...) are sent, so the client inside never needs to reach anyone.
 //!
 //! Checks pipelined replies in order (multibulk and inline, written a byte at a time), a protocol
-//! error closing only its own connection, the connection limit, QUIT, shutdown, and the write
-//! timeout closing a connection whose client stopped reading.
+//! error closing only its own connection, the connection limit, QUIT, shutdown, the write timeout
+//! closing a connection whose client stopped reading, and HELLO switching between RESP2 and RESP3.
 
 use std::time::{Duration, Instant};
 
@@ -206,4 +206,42 @@ async fn read_bulk(stream: &mut TcpStream) -> String {
         assert!(read > 0, "the connection closed mid-reply");
         received.extend_from_slice(&buffer[..read]);
     }
+}
+
+#[tokio::test]
+async fn hello_switches_the_connection_between_resp2_and_resp3() {
+    let (address, _stop, _task) = start(8).await;
+    let mut stream = TcpStream::connect(&address).await.unwrap();
+    let hello = |proto: u8, map: &str| {
+        format!(
+            "{map}$6\r\nserver\r\n$5\r\nonekv\r\n$7\r\nversion\r\n$5\r\n7.0.0\r\n$5\r\nproto\r\n:{proto}\r\n\
+             $2\r\nid\r\n:1\r\n$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n\
+             $7\r\nmodules\r\n*0\r\n"
+        )
+    };
+    // RESP3: a map, and nulls as `_` (the empty key reads as absent without asking the cluster).
+    stream
+        .write_all(b"HELLO 3\r\nGET \"\"\r\nMGET \"\"\r\nCONFIG GET port\r\nCLIENT SETINFO lib-name t\r\nHELLO 4\r\n")
+        .await
+        .unwrap();
+    let port = address.rsplit_once(':').unwrap().1;
+    let expected = format!(
+        "{}_\r\n*1\r\n_\r\n%1\r\n$4\r\nport\r\n${}\r\n{port}\r\n+OK\r\n\
+         -NOPROTO sorry, this protocol version is not supported\r\n",
+        hello(3, "%7\r\n"),
+        port.len()
+    );
+    let received = read_exactly(&mut stream, expected.len()).await;
+    assert_eq!(String::from_utf8_lossy(&received), expected);
+    stream.write_all(b"CLIENT INFO\r\n").await.unwrap();
+    let received = String::from_utf8(read_exactly(&mut stream, 8).await).unwrap();
+    assert!(received.starts_with("=") && received.contains("txt:id=1 addr=127.0.0.1:"), "{received}");
+    // Back to RESP2: the HELLO reply is a flat array, the null a `$-1`.
+    let mut stream = TcpStream::connect(&address).await.unwrap();
+    stream.write_all(b"HELLO 3\r\nHELLO 2\r\nGET \"\"\r\nMGET \"\"\r\n").await.unwrap();
+    let first = hello(3, "%7\r\n").replace(":1\r\n$4", ":2\r\n$4");
+    let expected =
+        format!("{first}{}$-1\r\n*1\r\n$-1\r\n", hello(2, "*14\r\n").replace(":1\r\n$4", ":2\r\n$4"));
+    let received = read_exactly(&mut stream, expected.len()).await;
+    assert_eq!(String::from_utf8_lossy(&received), expected);
 }

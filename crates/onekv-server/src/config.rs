@@ -68,7 +68,7 @@ pub struct ServerConfig {
     /// Address of the node's HTTP endpoint, `host:port`: Prometheus metrics (`GET /metrics`), the
     /// status page (`GET /`), `GET /cluster.json` and `GET /healthz`. Unset: no HTTP endpoint.
     pub http_listen: Option<String>,
-    /// Address of the node's Redis-protocol (RESP2) front end, `host:port`, for redis-cli,
+    /// Address of the node's Redis-protocol (RESP2/RESP3) front end, `host:port`, for redis-cli,
     /// redis-benchmark and Redis client libraries (see `docs/redis.md`). Unset: no RESP front end.
     pub resp_listen: Option<String>,
     /// Least severe log level written: `error`, `warn`, `info`, `debug` or `trace`. Unset: `info`.

@@ -40,7 +40,7 @@ pub struct Args {
     /// Address of the HTTP endpoint: metrics at /metrics, the status page at / [default: off].
     #[arg(long, value_name = "HOST:PORT")]
     http_listen: Option<String>,
-    /// Address to serve the Redis protocol (RESP2) on, for redis-cli and Redis clients.
+    /// Address to serve the Redis protocol (RESP2/RESP3) on, for redis-cli and Redis clients.
     #[arg(long, value_name = "HOST:PORT")]
     resp_listen: Option<String>,
     /// Log filter: a level (error, warn, info, debug, trace) or a filter such as

@@ -5,7 +5,8 @@
 //! Checks every reply of a scripted `redis-cli` session on a follower (so every command is routed
 //! to the leader), that the leader and the gRPC API see the same data, a paged `--scan`, and that
 //! `redis-benchmark -t ping,set,get,incr,mset` finishes without an error against a follower and
-//! the leader, with INCR's counter equal to the number of increments it sent.
+//! the leader, with INCR's counter equal to the number of increments it sent. A raw connection
+//! checks RESP3 replies after `HELLO 3` (nulls, maps) and RESP2 again after `HELLO 2`.
 //!
 //! A second test checks that DBSIZE, INFO keyspace and SCAN count and list keys without reading
 //! values: with every value damaged on disk they still answer, page after page.
@@ -57,6 +58,18 @@ async fn redis_cli(port: u16, args: &[&str]) -> String {
         .expect("running redis-cli");
     assert!(output.status.success(), "redis-cli {args:?} failed: {output:?}");
     String::from_utf8(output.stdout).expect("redis-cli output is UTF-8")
+}
+
+/// Reads from `stream` until what arrived ends with `suffix`; returns it all.
+async fn read_until(stream: &mut tokio::net::TcpStream, suffix: &[u8]) -> String {
+    let mut received = Vec::new();
+    while !received.ends_with(suffix) {
+        let mut buffer = [0u8; 4096];
+        let read = stream.read(&mut buffer).await.unwrap();
+        assert!(read > 0, "the connection closed after {}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buffer[..read]);
+    }
+    String::from_utf8(received).unwrap()
 }
 
 /// Runs every `(command, expected output)` of `script` through redis-cli on `port`.
@@ -208,6 +221,27 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
         stream.write_all(pipeline.as_bytes()).await.unwrap();
         let expected = "+OK\r\n$1\r\n1\r\n$-1\r\n:1\r\n+OK\r\n$2\r\n22\r\n:1\r\n:1\r\n:2\r\n$1\r\n2\r\n$2\r\n22\r\n\
             *2\r\n$2\r\n22\r\n$1\r\n2\r\n";
+        let mut received = vec![0u8; expected.len()];
+        stream.read_exact(&mut received).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&received), expected);
+
+        // RESP3 after HELLO 3 (what redis-py 8 sends first): maps, and nulls as `_`; HELLO 2
+        // switches back.
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port_of(follower))).await.unwrap();
+        stream.write_all(b"HELLO 3\r\n").await.unwrap();
+        let hello = read_until(&mut stream, b"$7\r\nmodules\r\n*0\r\n").await;
+        assert!(
+            hello.starts_with("%7\r\n$6\r\nserver\r\n$5\r\nonekv\r\n") && hello.contains("proto\r\n:3\r\n")
+        );
+        let pipeline = "GET r3:missing\r\nSET r3:k v\r\nGET r3:k\r\nMGET r3:k r3:missing\r\nSET r3:k w NX\r\n\
+            SET r3:k x GET\r\nSET r3:missing y XX GET\r\nGETDEL r3:missing\r\nCONFIG GET appendonly\r\nHELLO 2\r\n";
+        stream.write_all(pipeline.as_bytes()).await.unwrap();
+        let expected = "_\r\n+OK\r\n$1\r\nv\r\n*2\r\n$1\r\nv\r\n_\r\n_\r\n$1\r\nv\r\n_\r\n_\r\n\
+            %1\r\n$10\r\nappendonly\r\n$3\r\nyes\r\n*14\r\n";
+        let received = read_until(&mut stream, b"$7\r\nmodules\r\n*0\r\n").await;
+        assert!(received.starts_with(expected), "{received}");
+        stream.write_all(b"GET r3:missing\r\nGET r3:k\r\nCONFIG GET appendonly\r\n").await.unwrap();
+        let expected = "$-1\r\n$1\r\nx\r\n*2\r\n$10\r\nappendonly\r\n$3\r\nyes\r\n";
         let mut received = vec![0u8; expected.len()];
         stream.read_exact(&mut received).await.unwrap();
         assert_eq!(String::from_utf8_lossy(&received), expected);
