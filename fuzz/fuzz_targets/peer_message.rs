@@ -25,13 +25,15 @@ fuzz_target!(|data: &[u8]| {
         let Ok(batch) = PeerMessages::decode(rest) else { return };
         batch
     } else {
-        PeerMessages { from: 2, messages: vec![rest.to_vec()] }
+        PeerMessages { from: 2, messages: vec![rest.to_vec()], shards: vec![1] }
     };
     let members: HashSet<u64> = [1, 2, 3].into_iter().collect();
     if let Ok(messages) = decode_batch(&batch, NODE_ID, &members) {
         assert!(members.contains(&batch.from));
         assert_eq!(messages.len(), batch.messages.len());
-        for message in &messages {
+        assert_eq!(batch.shards.len(), batch.messages.len());
+        for ((shard, message), sent) in messages.iter().zip(&batch.shards) {
+            assert_eq!(shard, sent);
             assert_eq!(message.to, NODE_ID);
             assert!(members.contains(&message.from));
         }

@@ -25,6 +25,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(entry.data_offset + entry.data.len(), data.len());
         let _ = codec::decode(entry.data);
     }
+    for kind in 1..=u8::MAX {
+        if let Some(kind) = onekv_log::RecordKind::new(kind) {
+            let _ = records::record_shard(kind, data);
+        }
+    }
     let _ = records::decode_hard_state(data);
     let _ = records::decode_snapshot_chunk(data);
     let _ = records::decode_snapshot_meta(data);

@@ -22,27 +22,46 @@ use crate::local_etcd::LocalEtcd;
 use crate::runner::{RunConfig, RunError, RunReport, live_bytes, run_phases};
 use crate::target::OnekvTarget;
 
-/// One system in a comparison: onekv in a storage mode, or etcd.
+/// One system in a comparison: onekv in a storage mode with a number of shards, or etcd.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contender {
-    /// A onekv cluster in this storage mode.
-    Onekv(StorageMode),
+    /// A onekv cluster in this storage mode, its keys split into `shards` shards (leaders spread
+    /// over the nodes).
+    Onekv {
+        /// The storage mode.
+        mode: StorageMode,
+        /// Shards of the cluster.
+        shards: u32,
+    },
     /// An etcd cluster with its default (fsync per commit) durability.
     Etcd,
 }
 
 impl Contender {
-    /// `etcd`, or the storage mode's name.
-    pub fn name(self) -> &'static str {
+    /// `etcd`, the storage mode's name (the default shard count), or `MODE:SHARDS`.
+    pub fn name(self) -> String {
         match self {
-            Contender::Onekv(mode) => mode.name(),
-            Contender::Etcd => "etcd",
+            Contender::Onekv { mode, shards } if shards == onekv_placement::DEFAULT_SHARDS => {
+                mode.name().to_string()
+            }
+            Contender::Onekv { mode, shards } => format!("{}:{shards}", mode.name()),
+            Contender::Etcd => "etcd".into(),
         }
     }
 
-    /// Parses a name as [`Contender::name`] spells it.
+    /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`.
     pub fn parse(name: &str) -> Option<Contender> {
-        if name == "etcd" { Some(Contender::Etcd) } else { StorageMode::parse(name).map(Contender::Onekv) }
+        if name == "etcd" {
+            return Some(Contender::Etcd);
+        }
+        let (mode, shards) = match name.split_once(':') {
+            Some((mode, shards)) => (mode, shards.parse().ok()?),
+            None => (name, onekv_placement::DEFAULT_SHARDS),
+        };
+        if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
+            return None;
+        }
+        Some(Contender::Onekv { mode: StorageMode::parse(mode)?, shards })
     }
 }
 
@@ -129,12 +148,12 @@ pub async fn compare(
             runs.push(run);
         }
     }
-    Ok(CompareReport { modes: config.modes.iter().map(|mode| mode.name().to_string()).collect(), runs })
+    Ok(CompareReport { modes: config.modes.iter().map(|mode| mode.name()).collect(), runs })
 }
 
 async fn run_one(config: &CompareConfig, mode: Contender, round: u32) -> Result<CompareRun, CompareError> {
     match mode {
-        Contender::Onekv(mode) => run_onekv(config, mode, round).await,
+        Contender::Onekv { mode, shards } => run_onekv(config, mode, shards, round).await,
         Contender::Etcd => run_etcd(config, round).await,
     }
 }
@@ -142,12 +161,14 @@ async fn run_one(config: &CompareConfig, mode: Contender, round: u32) -> Result<
 async fn run_onekv(
     config: &CompareConfig,
     mode: StorageMode,
+    shards: u32,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let cluster_error = |source| CompareError::Cluster { mode: mode.name().into(), round, source };
+    let name = Contender::Onekv { mode, shards }.name();
+    let cluster_error = |source| CompareError::Cluster { mode: name.clone(), round, source };
     // Dropped (nodes stopped, directory removed) on every path out of this function.
-    let mut cluster =
-        LocalCluster::start(&config.exe, config.dir.as_deref(), config.nodes, mode).map_err(cluster_error)?;
+    let mut cluster = LocalCluster::start(&config.exe, config.dir.as_deref(), config.nodes, mode, shards)
+        .map_err(cluster_error)?;
     cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
     let client = cluster.client(ClientOptions::default());
     let probes = cluster.probes();
@@ -157,7 +178,7 @@ async fn run_onekv(
     let after = amplification::snapshot(&client, &probes).await;
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
     cluster.stop();
-    Ok(CompareRun { mode: mode.name().into(), round, phases, nodes })
+    Ok(CompareRun { mode: name, round, phases, nodes })
 }
 
 async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, CompareError> {
@@ -349,12 +370,25 @@ mod tests {
 
     #[test]
     fn contenders_parse_as_they_are_named() {
-        for contender in
-            [Contender::Etcd, Contender::Onekv(StorageMode::OneLog), Contender::Onekv(StorageMode::Classic)]
-        {
-            assert_eq!(Contender::parse(contender.name()), Some(contender));
+        for contender in [
+            Contender::Etcd,
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16 },
+            Contender::Onekv { mode: StorageMode::Classic, shards: 16 },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 1 },
+        ] {
+            assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
         assert_eq!(Contender::parse("etcd3"), None);
+        assert_eq!(
+            Contender::parse("onelog:1"),
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 1 })
+        );
+        assert_eq!(
+            Contender::parse("onelog"),
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16 })
+        );
+        assert_eq!(Contender::parse("onelog:0"), None);
+        assert_eq!(Contender::parse("onelog:1025"), None);
     }
 
     #[test]

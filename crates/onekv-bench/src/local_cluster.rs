@@ -72,6 +72,7 @@ impl LocalCluster {
         parent: Option<&Path>,
         count: u64,
         storage: StorageMode,
+        shards: u32,
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
         let mut builder = tempfile::Builder::new();
@@ -110,6 +111,7 @@ impl LocalCluster {
                 storage,
                 peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
+                cluster: onekv_server::config::ClusterConfig { shards, replicas: None },
                 ..ServerConfig::default()
             };
             config.validate().map_err(|error| ClusterError::Config(error.to_string()))?;
@@ -165,8 +167,8 @@ impl LocalCluster {
         Client::new(self.endpoints(), options).expect("the cluster's own endpoints are valid")
     }
 
-    /// Waits until a node says it leads and a majority name it in its term; fails if a node exits
-    /// or `timeout` passes (naming the end of each node's log).
+    /// Waits until every shard has a leader that a majority of its replicas name in its term; fails
+    /// if a node exits or `timeout` passes (naming the end of each node's log).
     pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<(), ClusterError> {
         let options = ClientOptions {
             request_timeout: Duration::from_secs(1),
@@ -176,7 +178,6 @@ impl LocalCluster {
         };
         let client = self.client(options);
         let deadline = Instant::now() + timeout;
-        let majority = self.nodes.len() / 2 + 1;
         loop {
             for node in &mut self.nodes {
                 if let Some(child) = &mut node.child
@@ -192,14 +193,25 @@ impl LocalCluster {
             }
             let statuses: Vec<_> =
                 client.status_all().await.into_iter().filter_map(|(_, status)| status.ok()).collect();
-            if let Some(leader) = statuses.iter().filter(|s| s.role == "leader").max_by_key(|s| s.term) {
-                let followers = statuses
+            // Every shard has a leader that a majority of its replicas follow (with one shard: the
+            // cluster's leader).
+            let shards = statuses.first().map_or(0, |s| s.shard_count.max(1));
+            let led = (1..=u64::from(shards)).all(|shard| {
+                let replicas: Vec<_> = statuses
                     .iter()
-                    .filter(|s| s.leader_id == leader.node_id && s.term == leader.term)
-                    .count();
-                if followers >= majority {
-                    return Ok(());
-                }
+                    .filter_map(|s| s.shards.iter().find(|r| r.shard == shard).map(|r| (s.node_id, r)))
+                    .collect();
+                let Some((leader, replica)) =
+                    replicas.iter().filter(|(_, r)| r.role == "leader").max_by_key(|(_, r)| r.term)
+                else {
+                    return false;
+                };
+                let majority = replica.voters.len() / 2 + 1;
+                replicas.iter().filter(|(_, r)| r.leader_id == *leader && r.term == replica.term).count()
+                    >= majority
+            });
+            if shards > 0 && led {
+                return Ok(());
             }
             if Instant::now() >= deadline {
                 let logs: Vec<String> = self

@@ -1,16 +1,20 @@
 //! The `Client` handle: one method per operation of the `Kv` service, each run through the retry
 //! loop, which is bounded in time (`ClientOptions::retry_budget`) so that it outlasts an election.
 //!
-//! Owns: request ids, the retry loop (which node to ask next, when to wait, when to give up) and
-//! the translation between the wire types and plain Rust values. Does not own: the routing state
-//! (`routing`) or the meaning of each status (`retry`).
+//! Owns: request ids, the retry loop (which node to ask next, when to wait, when to give up), the
+//! cluster map cache (which shard a key belongs to), fanning multi-shard operations out per shard
+//! and merging scans, and the translation between the wire types and plain Rust values. Does not
+//! own: the routing state (`routing`), the placement rules (`onekv-placement`) or the meaning of
+//! each status (`retry`).
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
@@ -113,17 +117,35 @@ struct Inner {
     endpoints: Vec<String>,
     options: ClientOptions,
     routing: Routing,
+    /// The cluster map, fetched from any node on first need and kept.
+    placement: Mutex<Option<Arc<Placement>>>,
     /// Random per client, so two clients' request ids never collide on the server.
     client_id: u64,
     /// The last `seq` handed out; 0 means "no id" on the wire, so ids start at 1.
     last_seq: AtomicU64,
 }
 
+/// The cluster map as the client uses it.
+struct Placement {
+    map: ClusterMap,
+}
+
+impl Placement {
+    /// A cluster that says nothing of shards (an older server): one shard, held by every node.
+    fn single_shard(nodes: &[u64]) -> Placement {
+        let nodes: Vec<u64> = if nodes.is_empty() { vec![1] } else { nodes.to_vec() };
+        let map =
+            ClusterMap::build(&nodes, 1, nodes.len().min(onekv_placement::MAX_REPLICAS as usize) as u32)
+                .expect("one shard on distinct, non-zero nodes always places");
+        Placement { map }
+    }
+}
+
 /// Which nodes may serve a call.
 #[derive(Debug, Clone, Copy)]
 enum Route<'a> {
-    /// The leader: start at the cached leader, follow redirects, cache whoever answers.
-    Leader,
+    /// The leader of a shard: start at its cached leader, follow redirects, cache whoever answers.
+    Leader(u64),
     /// Any node, round-robin.
     AnyNode,
     /// This node only, one attempt.
@@ -134,7 +156,7 @@ impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
             .field("endpoints", &self.inner.endpoints)
-            .field("leader", &self.inner.routing.leader())
+            .field("leader", &self.cached_leader())
             .field("client_id", &self.inner.client_id)
             .finish_non_exhaustive()
     }
@@ -158,6 +180,7 @@ impl Client {
         Ok(Client {
             inner: Arc::new(Inner {
                 routing: Routing::new(normalized.clone(), settings),
+                placement: Mutex::new(None),
                 endpoints: normalized,
                 options,
                 client_id: rand::random::<u64>().max(1),
@@ -172,15 +195,93 @@ impl Client {
         &self.inner.endpoints
     }
 
-    /// The endpoint that last answered as leader, if any.
+    /// The endpoint that last answered as leader of the lowest shard that has one, if any.
     pub fn cached_leader(&self) -> Option<String> {
-        self.inner.routing.leader()
+        let shards = self.placement_now().map_or(1, |placement| placement.map.shard_count());
+        (1..=u64::from(shards)).find_map(|shard| self.inner.routing.leader(shard))
     }
 
-    /// The value of `key`, read linearizably from the leader (`None`: absent).
+    /// The endpoint that last answered as leader of `shard`, if any.
+    pub fn cached_leader_of(&self, shard: u64) -> Option<String> {
+        self.inner.routing.leader(shard)
+    }
+
+    /// The cluster map: which shard each key belongs to and which nodes hold it. Fetched from any
+    /// node on first need (retried within the budget), then kept.
+    pub async fn cluster_map(&self) -> Result<ClusterMap> {
+        Ok(self.placement().await?.map.clone())
+    }
+
+    /// The shard `key` belongs to.
+    pub async fn shard_of(&self, key: &[u8]) -> Result<u64> {
+        Ok(self.placement().await?.map.shard_of_key(key))
+    }
+
+    fn placement_now(&self) -> Option<Arc<Placement>> {
+        self.inner.placement.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    async fn placement(&self) -> Result<Arc<Placement>> {
+        if let Some(placement) = self.placement_now() {
+            return Ok(placement);
+        }
+        // Each known node once, in order (leaving the round-robin cursor where it is); if none
+        // answers, retried within the budget like any call (the cluster may be starting).
+        let mut answered = None;
+        for endpoint in self.inner.routing.known() {
+            if let Ok(status) = self.status(&endpoint).await {
+                answered = Some(status);
+                break;
+            }
+        }
+        let status = match answered {
+            Some(status) => status,
+            None => {
+                self.call(Route::AnyNode, StatusRequest {}, |mut kv, r| async move { kv.status(r).await })
+                    .await?
+            }
+        };
+        let placement = match status.cluster_map.is_empty() {
+            true => {
+                let nodes: Vec<u64> = status.members.iter().map(|member| member.id).collect();
+                Placement::single_shard(&nodes)
+            }
+            false => Placement {
+                map: ClusterMap::decode(&status.cluster_map).map_err(|error| {
+                    ClientError::Server(format!("the cluster map does not decode: {error}"))
+                })?,
+            },
+        };
+        // Until a request of a shard is served, its primary (preferred leader) is asked first,
+        // when the client knows it at the address the node names (a node's view of its peers'
+        // addresses may not be the client's: a proxy, another network).
+        let known = self.inner.routing.known();
+        let addresses: HashMap<u64, String> = status
+            .members
+            .iter()
+            .filter_map(|member| normalize(&member.address).ok().map(|address| (member.id, address)))
+            .filter(|(_, address)| known.contains(address))
+            .collect();
+        for shard in &placement.map.shards {
+            if let Some(address) = shard.replicas.first().and_then(|primary| addresses.get(primary)) {
+                self.inner.routing.guess_leader(shard.id, address);
+            }
+        }
+        let placement = Arc::new(placement);
+        *self.inner.placement.lock().unwrap_or_else(|e| e.into_inner()) = Some(placement.clone());
+        Ok(placement)
+    }
+
+    /// The leader route of `key`'s shard.
+    async fn route_of(&self, key: &[u8]) -> Result<Route<'static>> {
+        Ok(Route::Leader(self.shard_of(key).await?))
+    }
+
+    /// The value of `key`, read linearizably from its shard's leader (`None`: absent).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let route = self.route_of(key).await?;
         let request = GetRequest { key: key.to_vec(), consistency: Consistency::Linearizable.into() };
-        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.get(r).await }).await?;
+        let response = self.call(route, request, |mut kv, r| async move { kv.get(r).await }).await?;
         Ok(response.found.then_some(response.value))
     }
 
@@ -195,40 +296,85 @@ impl Client {
 
     /// Sets `key` to `value`; returns the Raft log index it was applied at.
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        let route = self.route_of(key).await?;
         let request =
             PutRequest { key: key.to_vec(), value: value.to_vec(), request_id: Some(self.next_id()) };
-        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.put(r).await }).await?;
+        let response = self.call(route, request, |mut kv, r| async move { kv.put(r).await }).await?;
         Ok(response.index)
     }
 
     /// Deletes `key` (deleting an absent key succeeds); returns the Raft log index.
     pub async fn delete(&self, key: &[u8]) -> Result<u64> {
+        let route = self.route_of(key).await?;
         let request = DeleteRequest { key: key.to_vec(), request_id: Some(self.next_id()) };
-        let response =
-            self.call(Route::Leader, request, |mut kv, r| async move { kv.delete(r).await }).await?;
+        let response = self.call(route, request, |mut kv, r| async move { kv.delete(r).await }).await?;
         Ok(response.index)
     }
 
     /// Applies all `ops` atomically, in order: `(key, Some(value))` puts, `(key, None)` deletes.
-    /// Returns the Raft log index.
+    /// Returns the Raft log index. A batch is atomic within one shard: keys of several shards are
+    /// refused ([`ClientError::InvalidArgument`], naming them) before anything is sent. Give keys
+    /// that change together a common `{hash tag}`, or use [`Client::batch_per_shard`].
     pub async fn batch(&self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<u64> {
+        let placement = self.placement().await?;
+        let mut by_shard = split_by_shard(&placement.map, ops);
+        if by_shard.len() > 1 {
+            let shards: Vec<String> = by_shard.keys().map(u64::to_string).collect();
+            return Err(ClientError::InvalidArgument(format!(
+                "the batch's keys belong to shards {}: a batch is atomic within one shard only; give \
+                 related keys a common {{hash tag}} or use batch_per_shard",
+                shards.join(", ")
+            )));
+        }
+        let Some((shard, ops)) = by_shard.pop_first() else {
+            return Err(ClientError::InvalidArgument("batch has no operations".into()));
+        };
+        self.batch_in(shard, ops).await
+    }
+
+    /// Applies `ops` split by shard: the operations of each shard atomically and in their order,
+    /// the shards concurrently and independently (not atomic across shards: if one shard's part
+    /// fails, the others may have applied). For multi-key commands whose keys may lie anywhere
+    /// (MSET, DEL of many keys).
+    pub async fn batch_per_shard(&self, ops: Vec<BatchItem>) -> Result<()> {
+        let placement = self.placement().await?;
+        let parts = split_by_shard(&placement.map, ops);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (shard, ops) in parts {
+            let client = self.clone();
+            tasks.spawn(async move { client.batch_in(shard, ops).await });
+        }
+        let mut failure = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => failure = failure.or(Some(error)),
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => failure = failure.or(Some(ClientError::Transport("batch task cancelled".into()))),
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+
+    async fn batch_in(&self, shard: u64, ops: Vec<BatchItem>) -> Result<u64> {
         let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value }).collect();
         let request = BatchRequest { ops, request_id: Some(self.next_id()) };
         let response =
-            self.call(Route::Leader, request, |mut kv, r| async move { kv.batch(r).await }).await?;
+            self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.batch(r).await }).await?;
         Ok(response.index)
     }
 
     /// If `key` currently holds `expected` (`None`: the key must be absent), sets it to `new`
     /// (`None`: deletes it).
     pub async fn cas(&self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<CasResult> {
+        let route = self.route_of(key).await?;
         let request = CasRequest {
             key: key.to_vec(),
             expected: expected.map(<[u8]>::to_vec),
             new_value: new.map(<[u8]>::to_vec),
             request_id: Some(self.next_id()),
         };
-        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.cas(r).await }).await?;
+        let response = self.call(route, request, |mut kv, r| async move { kv.cas(r).await }).await?;
         Ok(CasResult {
             swapped: response.swapped,
             current: response.found.then_some(response.current),
@@ -237,7 +383,9 @@ impl Client {
     }
 
     /// Up to `limit` pairs (0: the node's maximum) with `start <= key < end` (`end` `None`: no end),
-    /// ascending, or descending from the last key below `end` if `reverse`. Linearizable.
+    /// ascending, or descending from the last key below `end` if `reverse`. Every shard is asked
+    /// (its leader, concurrently) and the ordered streams merged: linearizable per shard, not a
+    /// snapshot across shards.
     pub async fn scan(
         &self,
         start: &[u8],
@@ -267,7 +415,7 @@ impl Client {
         Ok(KeyPage { keys: response.pairs.into_iter().map(|pair| pair.key).collect(), more: response.more })
     }
 
-    /// One linearizable scan call to the leader.
+    /// One linearizable scan of every shard, merged into one page.
     async fn scan_call(
         &self,
         start: &[u8],
@@ -276,6 +424,8 @@ impl Client {
         reverse: bool,
         keys_only: bool,
     ) -> Result<ScanResponse> {
+        let placement = self.placement().await?;
+        let shards = placement.map.shard_count();
         let request = ScanRequest {
             start: start.to_vec(),
             end: end.map(<[u8]>::to_vec).unwrap_or_default(),
@@ -283,8 +433,28 @@ impl Client {
             reverse,
             consistency: Consistency::Linearizable.into(),
             keys_only,
+            shard: if shards == 1 { 0 } else { 1 },
         };
-        self.call(Route::Leader, request, |mut kv, r| async move { kv.scan(r).await }).await
+        if shards == 1 {
+            return self.call(Route::Leader(1), request, |mut kv, r| async move { kv.scan(r).await }).await;
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for shard in 1..=u64::from(shards) {
+            let client = self.clone();
+            let request = ScanRequest { shard, ..request.clone() };
+            tasks.spawn(async move {
+                client.call(Route::Leader(shard), request, |mut kv, r| async move { kv.scan(r).await }).await
+            });
+        }
+        let mut pages = Vec::with_capacity(shards as usize);
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(page) => pages.push(page?),
+                Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                Err(_) => return Err(ClientError::Transport("scan task cancelled".into())),
+            }
+        }
+        Ok(merge_pages(pages, limit, reverse))
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.
@@ -362,7 +532,7 @@ impl Client {
             attempts += 1;
             let endpoint = match (redirect_to.take(), route) {
                 (Some(leader), _) => leader,
-                (None, Route::Leader) => routing.leader_or_next(last_failed.as_deref()),
+                (None, Route::Leader(shard)) => routing.leader_or_next(shard, last_failed.as_deref()),
                 (None, _) => routing.next(last_failed.as_deref()),
             };
             // No attempt runs past the budget; only the first may have the whole request timeout
@@ -376,8 +546,8 @@ impl Client {
             };
             let failure = match self.attempt(&endpoint, &request, &rpc, timeout).await {
                 Ok(response) => {
-                    if let Route::Leader = route {
-                        routing.set_leader(&endpoint);
+                    if let Route::Leader(shard) = route {
+                        routing.set_leader(shard, &endpoint);
                     }
                     return Ok(response);
                 }
@@ -386,7 +556,9 @@ impl Client {
             };
             // Whatever went wrong, this node is not serving as leader for us right now: a failed
             // node, a node shutting down, a follower without a leader, or one that is unreachable.
-            routing.forget_leader(&endpoint);
+            if let Route::Leader(shard) = route {
+                routing.forget_leader(shard, &endpoint);
+            }
             let (cause, wait) = match failure {
                 Failure::Redirect { leader, cause } => {
                     routing.learn(&leader);
@@ -468,5 +640,97 @@ impl Client {
             }
             Err(_elapsed) => Err(timed_out(endpoint, timeout)),
         }
+    }
+}
+
+/// One operation of a batch: `(key, Some(value))` puts, `(key, None)` deletes.
+pub type BatchItem = (Vec<u8>, Option<Vec<u8>>);
+
+/// `ops` grouped by the shard of their keys, each group in its original order.
+fn split_by_shard(map: &ClusterMap, ops: Vec<BatchItem>) -> BTreeMap<u64, Vec<BatchItem>> {
+    let mut by_shard: BTreeMap<u64, Vec<_>> = BTreeMap::new();
+    for (key, value) in ops {
+        by_shard.entry(map.shard_of_key(&key)).or_default().push((key, value));
+    }
+    by_shard
+}
+
+/// Merges one page of each shard (each ordered, forward or `reverse`) into one ordered page of at
+/// most `limit` pairs (0: at most as many as the fullest shard page, which the node's maximum
+/// bounds). A shard that has more beyond its page bounds what may be returned: no pair past its
+/// last one, or a pair of that shard not yet read could belong before it. The next page starts
+/// after the last pair returned, as with one shard.
+fn merge_pages(pages: Vec<ScanResponse>, limit: u32, reverse: bool) -> ScanResponse {
+    let past = |a: &[u8], b: &[u8]| if reverse { a < b } else { a > b };
+    // The earliest "last pair" among pages that stopped early: nothing past it is known complete.
+    let mut bound: Option<Vec<u8>> = None;
+    let mut fullest = 0;
+    let mut more = false;
+    for page in &pages {
+        fullest = fullest.max(page.pairs.len());
+        if page.more {
+            more = true;
+            if let Some(last) = page.pairs.last()
+                && bound.as_ref().is_none_or(|bound| past(bound, &last.key))
+            {
+                bound = Some(last.key.clone());
+            }
+        }
+    }
+    let mut pairs: Vec<onekv_proto::KeyValue> = pages.into_iter().flat_map(|page| page.pairs).collect();
+    pairs.sort_by(|a, b| if reverse { b.key.cmp(&a.key) } else { a.key.cmp(&b.key) });
+    if let Some(bound) = &bound {
+        let keep = pairs.iter().take_while(|pair| !past(&pair.key, bound)).count();
+        pairs.truncate(keep);
+    }
+    let cap = if limit == 0 { fullest } else { limit as usize };
+    if pairs.len() > cap {
+        pairs.truncate(cap);
+        more = true;
+    }
+    ScanResponse { pairs, more }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use onekv_proto::KeyValue;
+
+    fn page(keys: &[&str], more: bool) -> ScanResponse {
+        ScanResponse {
+            pairs: keys.iter().map(|k| KeyValue { key: k.as_bytes().to_vec(), value: Vec::new() }).collect(),
+            more,
+        }
+    }
+
+    fn keys(page: &ScanResponse) -> Vec<String> {
+        page.pairs.iter().map(|p| String::from_utf8(p.key.clone()).unwrap()).collect()
+    }
+
+    #[test]
+    fn merged_pages_stop_where_a_shard_with_more_stopped() {
+        // Shard 1 stopped at "c" with more to come ("d" may be its next): nothing past "c".
+        let merged = merge_pages(vec![page(&["a", "c"], true), page(&["b", "e", "f"], false)], 10, false);
+        assert_eq!(keys(&merged), ["a", "b", "c"]);
+        assert!(merged.more);
+        // Complete pages merge whole, in order.
+        let merged = merge_pages(vec![page(&["a", "c"], false), page(&["b", "e"], false)], 10, false);
+        assert_eq!(keys(&merged), ["a", "b", "c", "e"]);
+        assert!(!merged.more);
+        // The limit cuts and says there is more.
+        let merged = merge_pages(vec![page(&["a", "c"], false), page(&["b", "e"], false)], 3, false);
+        assert_eq!(keys(&merged), ["a", "b", "c"]);
+        assert!(merged.more);
+    }
+
+    #[test]
+    fn reverse_pages_merge_newest_first() {
+        let merged = merge_pages(vec![page(&["e", "c"], true), page(&["d", "b", "a"], false)], 0, true);
+        assert_eq!(keys(&merged), ["e", "d", "c"]);
+        assert!(merged.more);
+        // Limit 0: no more than the fullest shard page.
+        let merged = merge_pages(vec![page(&["e", "c"], false), page(&["d", "b", "a"], false)], 0, true);
+        assert_eq!(keys(&merged), ["e", "d", "c"]);
+        assert!(merged.more);
     }
 }

@@ -66,8 +66,9 @@ pub(crate) struct Routing {
 struct State {
     /// The configured endpoints followed by leader addresses learnt from redirects, no duplicates.
     known: Vec<String>,
-    /// The endpoint that last served a leader-only request.
-    leader: Option<String>,
+    /// Per shard, the endpoint that last served a leader-only request of it (or, until one did,
+    /// the address of the shard's primary, its preferred leader).
+    leaders: HashMap<u64, String>,
     /// Round-robin cursor into `known`.
     next: usize,
     /// Endpoints that could not be reached (connection refused or broken), and when that was last
@@ -90,7 +91,7 @@ impl Routing {
             settings,
             state: Mutex::new(State {
                 known: endpoints,
-                leader: None,
+                leaders: HashMap::new(),
                 next: 0,
                 unreachable: HashMap::new(),
                 channels: HashMap::new(),
@@ -108,25 +109,31 @@ impl Routing {
         self.lock().known.clone()
     }
 
-    /// The cached leader, if any.
-    pub(crate) fn leader(&self) -> Option<String> {
-        self.lock().leader.clone()
+    /// The cached leader of `shard`, if any.
+    pub(crate) fn leader(&self, shard: u64) -> Option<String> {
+        self.lock().leaders.get(&shard).cloned()
     }
 
-    /// Remembers `endpoint` as the leader.
-    pub(crate) fn set_leader(&self, endpoint: &str) {
+    /// Remembers `endpoint` as the leader of `shard`.
+    pub(crate) fn set_leader(&self, shard: u64, endpoint: &str) {
         let mut state = self.lock();
-        if state.leader.as_deref() != Some(endpoint) {
-            state.leader = Some(endpoint.to_string());
+        if state.leaders.get(&shard).map(String::as_str) != Some(endpoint) {
+            state.leaders.insert(shard, endpoint.to_string());
         }
     }
 
-    /// Forgets the cached leader if it is `endpoint` (another task may already have found a newer one,
-    /// which must not be thrown away).
-    pub(crate) fn forget_leader(&self, endpoint: &str) {
+    /// Guesses `endpoint` as the leader of `shard` unless one is cached already (a shard's primary,
+    /// before any request of it was served).
+    pub(crate) fn guess_leader(&self, shard: u64, endpoint: &str) {
+        self.lock().leaders.entry(shard).or_insert_with(|| endpoint.to_string());
+    }
+
+    /// Forgets the cached leader of `shard` if it is `endpoint` (another task may already have
+    /// found a newer one, which must not be thrown away).
+    pub(crate) fn forget_leader(&self, shard: u64, endpoint: &str) {
         let mut state = self.lock();
-        if state.leader.as_deref() == Some(endpoint) {
-            state.leader = None;
+        if state.leaders.get(&shard).map(String::as_str) == Some(endpoint) {
+            state.leaders.remove(&shard);
         }
     }
 
@@ -156,11 +163,12 @@ impl Routing {
         self.lock().is_unreachable(endpoint, Instant::now())
     }
 
-    /// The cached leader unless it is `avoid`, else the next endpoint in round-robin order.
-    pub(crate) fn leader_or_next(&self, avoid: Option<&str>) -> String {
+    /// The cached leader of `shard` unless it is `avoid`, else the next endpoint in round-robin
+    /// order.
+    pub(crate) fn leader_or_next(&self, shard: u64, avoid: Option<&str>) -> String {
         {
             let state = self.lock();
-            if let Some(leader) = &state.leader
+            if let Some(leader) = state.leaders.get(&shard)
                 && Some(leader.as_str()) != avoid
             {
                 return leader.clone();
@@ -244,13 +252,19 @@ mod tests {
     #[test]
     fn leader_is_preferred_unless_avoided_and_forgotten_only_if_it_matches() {
         let routing = routing(&["a:1", "b:1"]);
-        routing.set_leader("b:1");
-        assert_eq!(routing.leader_or_next(None), "b:1");
-        assert_eq!(routing.leader_or_next(Some("b:1")), "a:1");
-        routing.forget_leader("a:1");
-        assert_eq!(routing.leader().as_deref(), Some("b:1"));
-        routing.forget_leader("b:1");
-        assert_eq!(routing.leader(), None);
+        routing.set_leader(1, "b:1");
+        assert_eq!(routing.leader_or_next(1, None), "b:1");
+        assert_eq!(routing.leader_or_next(1, Some("b:1")), "a:1");
+        routing.forget_leader(1, "a:1");
+        assert_eq!(routing.leader(1).as_deref(), Some("b:1"));
+        // Each shard has its own leader.
+        routing.guess_leader(2, "c:1");
+        routing.guess_leader(1, "c:1");
+        assert_eq!(routing.leader(2).as_deref(), Some("c:1"));
+        assert_eq!(routing.leader(1).as_deref(), Some("b:1"), "a guess never replaces a leader");
+        routing.forget_leader(1, "b:1");
+        assert_eq!(routing.leader(1), None);
+        assert_eq!(routing.leader(2).as_deref(), Some("c:1"));
     }
 
     #[test]

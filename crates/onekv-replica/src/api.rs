@@ -92,9 +92,10 @@ impl Default for Limits {
 pub struct ReplicaConfig {
     /// This node's id (non-zero).
     pub node_id: u64,
-    /// Ids of every voting member, this node included, when the cluster is first created. Ignored
-    /// once the data directory holds Raft state.
-    pub voters: Vec<u64>,
+    /// The shards this node holds a replica of, each with the ids of its voting members (this node
+    /// included) when the cluster is first created. The voters are ignored once the shard's Raft
+    /// state is on disk. At most [`MAX_SHARDS_PER_NODE`].
+    pub shards: Vec<ShardConfig>,
     /// Where the log(s) and the index live.
     pub data_dir: PathBuf,
     /// See [`StorageMode`]. Fixed when the data directory is created.
@@ -152,11 +153,12 @@ impl ReplicaConfig {
         onekv_log::MAX_SEGMENT_BYTES,
     );
 
-    /// A configuration with default tuning for `node_id` in a cluster of `voters`.
+    /// A configuration with default tuning for `node_id` holding one shard
+    /// ([`SINGLE_SHARD`]) replicated on `voters`.
     pub fn new(node_id: u64, voters: Vec<u64>, data_dir: impl Into<PathBuf>) -> Self {
         ReplicaConfig {
             node_id,
-            voters,
+            shards: vec![ShardConfig { id: SINGLE_SHARD, voters, primary: None }],
             data_dir: data_dir.into(),
             storage: StorageMode::default(),
             tick: Duration::from_millis(100),
@@ -176,6 +178,25 @@ impl ReplicaConfig {
             scrub_bytes_per_sec: 8 << 20,
         }
     }
+}
+
+/// Most shards one node holds a replica of.
+pub const MAX_SHARDS_PER_NODE: usize = 1024;
+
+/// The shard id [`ReplicaConfig::new`] gives a node's only shard (a cluster of one shard).
+pub const SINGLE_SHARD: u64 = 1;
+
+/// One shard a node holds a replica of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardConfig {
+    /// The shard's id (non-zero); every record of its group in the log carries it.
+    pub id: u64,
+    /// Its voting members when the cluster is created, this node included.
+    pub voters: Vec<u64>,
+    /// Its preferred leader (the placement's primary): a leader that is not the primary hands
+    /// leadership to it once the primary is caught up, so leaders stay spread over the nodes.
+    /// `None`: whoever wins an election keeps leading.
+    pub primary: Option<u64>,
 }
 
 /// A client's request id: a retried write with the same id is applied at most once while it is
@@ -291,6 +312,8 @@ pub enum ReplicaError {
 pub struct ReplicaStatus {
     /// This node.
     pub node_id: u64,
+    /// The shard this replica belongs to.
+    pub shard: u64,
     /// Voting members.
     pub voters: Vec<u64>,
     /// The leader this node knows of.
@@ -320,6 +343,9 @@ pub struct ReplicaStatus {
     /// Log records the recovery at open read: bounded by the recovery point of the last index
     /// flush, not by the size of the log.
     pub recovery_records: u64,
+    /// Committed entries the recovery at open replayed into this shard's index tree (those above
+    /// its flush flag).
+    pub recovery_replayed: u64,
     /// The storage failure that stopped this replica's writes, if one did: it then takes no part in
     /// replication until restarted (the log refuses every write after a failed fsync).
     pub failure: Option<String>,
@@ -351,6 +377,33 @@ pub struct ReplicaStatus {
     pub repaired_values: u64,
     /// The background scrub's progress.
     pub scrub: ScrubStatus,
+}
+
+impl ReplicaStatus {
+    /// The node as a whole, from the statuses of its replicas (ordered by shard): node-wide
+    /// figures (logs, index, disk, bytes written, failure) as any replica reports them, per-shard
+    /// counters summed, the flushed index the lowest flush flag (the node's global persistence
+    /// point, in each shard's own index space), and the Raft fields those of the first replica.
+    pub fn summarize(statuses: &[ReplicaStatus]) -> ReplicaStatus {
+        let Some(first) = statuses.first() else { return ReplicaStatus::default() };
+        let mut node = first.clone();
+        node.user_bytes = statuses.iter().map(|s| s.user_bytes).sum();
+        node.memtable_bytes = statuses.iter().map(|s| s.memtable_bytes).sum();
+        node.request_ids = statuses.iter().map(|s| s.request_ids).sum();
+        node.corrupt_values = statuses.iter().map(|s| s.corrupt_values).sum();
+        node.repaired_values = statuses.iter().map(|s| s.repaired_values).sum();
+        node.recovery_records = statuses.iter().map(|s| s.recovery_records).sum();
+        node.recovery_replayed = statuses.iter().map(|s| s.recovery_replayed).sum();
+        node.flushed_index = statuses.iter().map(|s| s.flushed_index).min().unwrap_or(0);
+        node.leader_changes = statuses.iter().map(|s| s.leader_changes).sum();
+        node.scrub.passes = statuses.iter().map(|s| s.scrub.passes).min().unwrap_or(0);
+        node.scrub.values_checked = statuses.iter().map(|s| s.scrub.values_checked).sum();
+        node.scrub.last_pass_values = statuses.iter().map(|s| s.scrub.last_pass_values).sum();
+        node.scrub.last_pass_corrupt = statuses.iter().map(|s| s.scrub.last_pass_corrupt).sum();
+        node.scrub.last_pass_finished_unix_ms =
+            statuses.iter().map(|s| s.scrub.last_pass_finished_unix_ms).min().unwrap_or(0);
+        node
+    }
 }
 
 /// What the background scrub has verified, for status and metrics.
@@ -415,8 +468,8 @@ pub struct LogStatus {
 /// Carries Raft messages to peers. Must not block: a transport that cannot keep up drops messages
 /// (Raft retransmits).
 pub trait Transport: Send + Sync + 'static {
-    /// Sends each message to the node `message.to`.
-    fn send(&self, messages: Vec<Message>);
+    /// Sends each message of `shard`'s group to the node `message.to`.
+    fn send(&self, shard: u64, messages: Vec<Message>);
 }
 
 /// Pairs a scan returned, and whether more remain in its range.

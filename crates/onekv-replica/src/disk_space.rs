@@ -29,7 +29,8 @@
 //! handle in `replica` asks [`DiskSpace::alarm`]) nor what a storage failure does (`node`).
 
 use crate::DiskStatus;
-use crate::node::NodeLoop;
+use crate::group::Group;
+use crate::node::NodeCtx;
 use raft::StateRole;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -358,40 +359,47 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// The loop's hook, on each tick: refreshes the free space, gives up the reserve once the replica
-/// has failed (it writes nothing more; the space lets the disk's other writers and a later recovery
-/// go on), and hands leadership away while the alarm is raised on a leader.
-pub(crate) fn on_tick(node: &mut NodeLoop, now: Instant) {
-    let disk = node.disk.clone();
+/// The loop's hook, on each tick: refreshes the free space, gives up the reserve once the node has
+/// failed (it writes nothing more; the space lets the disk's other writers and a later recovery go
+/// on), and hands leadership of every group this node leads away while the alarm is raised.
+pub(crate) fn on_tick<'a>(ctx: &mut NodeCtx, groups: impl Iterator<Item = &'a mut Group>, now: Instant) {
+    let disk = ctx.disk.clone();
     disk.refresh(now);
-    if node.failed.is_some() {
+    if ctx.failed.is_some() {
         disk.release_reserve("the replica failed");
         return;
     }
-    if node.raw.raft.state != StateRole::Leader || disk.alarm().is_none() {
+    if disk.alarm().is_none() {
         return;
     }
-    if node.raw.raft.lead_transferee.is_some() {
-        return;
+    let me = ctx.config.node_id;
+    let wait = ctx.config.tick.saturating_mul(ctx.config.election_ticks as u32);
+    let mut handing_off = false;
+    for group in groups {
+        if group.raw.raft.state != StateRole::Leader || group.raw.raft.lead_transferee.is_some() {
+            continue;
+        }
+        let voters = &group.raw.store().conf_state.voters;
+        let target = group
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, progress)| **id != me && voters.contains(id) && progress.recent_active)
+            // The most caught-up follower takes over soonest; ties go to the lowest id.
+            .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id);
+        let Some(target) = target else { continue };
+        // One hand-off round per election timeout for all groups.
+        if !handing_off {
+            if !disk.may_hand_off(now, wait) {
+                return;
+            }
+            handing_off = true;
+        }
+        tracing::warn!(shard = group.shard, to = target, "disk full: handing leadership to another node");
+        group.raw.transfer_leader(target);
     }
-    let me = node.config.node_id;
-    let voters = &node.raw.store().conf_state.voters;
-    let target = node
-        .raw
-        .raft
-        .prs()
-        .iter()
-        .filter(|(id, progress)| **id != me && voters.contains(id) && progress.recent_active)
-        // The most caught-up follower takes over soonest; ties go to the lowest id.
-        .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
-        .map(|(id, _)| *id);
-    let Some(target) = target else { return };
-    let wait = node.config.tick.saturating_mul(node.config.election_ticks as u32);
-    if !disk.may_hand_off(now, wait) {
-        return;
-    }
-    tracing::warn!(to = target, "disk full: handing leadership to another node");
-    node.raw.transfer_leader(target);
 }
 
 #[cfg(test)]

@@ -27,6 +27,10 @@ use std::path::{Path, PathBuf};
 const FILE: &str = "IDENTITY";
 const TMP_FILE: &str = "IDENTITY.tmp";
 
+/// The cluster map the server keeps in the data directory (`onekv-server`'s `cluster_map`): the
+/// one file that may be there before the identity, since it is written first.
+pub const CLUSTER_MAP_FILE: &str = "CLUSTER_MAP";
+
 /// Creates `dir` and every missing ancestor, like [`fs::create_dir_all`], then fsyncs the parent
 /// of each directory it created, so the new entries survive a power failure. Returns the
 /// directories it synced (parents first), for tests.
@@ -99,7 +103,16 @@ pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) ->
                     return Err(ReplicaError::Open(format!("removing the leftover {}: {e}", tmp.display())));
                 }
             }
-            if fs::read_dir(dir).map_err(|e| open_err("listing", e))?.next().is_some() {
+            let mut entries = fs::read_dir(dir).map_err(|e| open_err("listing", e))?;
+            let foreign = entries.try_fold(false, |found, entry| {
+                let entry = entry.map_err(|e| open_err("listing", e))?;
+                let name = entry.file_name();
+                let ours = name.to_str().is_some_and(|name| {
+                    name == CLUSTER_MAP_FILE || name == format!("{CLUSTER_MAP_FILE}.tmp")
+                });
+                Ok::<_, ReplicaError>(found || !ours)
+            })?;
+            if foreign {
                 return Err(ReplicaError::Open(format!(
                     "{} is not empty but has no {FILE} file: refusing to use a directory onekv did not create",
                     dir.display()
@@ -180,6 +193,19 @@ mod tests {
         fs::write(foreign.path().join(TMP_FILE), b"").unwrap();
         fs::write(foreign.path().join("something"), b"x").unwrap();
         let error = check_or_create(foreign.path(), 1, StorageMode::OneLog).unwrap_err();
+        assert!(error.to_string().contains("not empty"), "{error}");
+    }
+
+    #[test]
+    fn the_cluster_map_may_precede_the_identity_and_nothing_else_may() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(CLUSTER_MAP_FILE), b"map").unwrap();
+        check_or_create(dir.path(), 1, StorageMode::OneLog).unwrap();
+        assert!(dir.path().join(FILE).exists());
+        let other = tempfile::tempdir().unwrap();
+        fs::write(other.path().join(CLUSTER_MAP_FILE), b"map").unwrap();
+        fs::write(other.path().join("CLUSTER_MAP.old"), b"x").unwrap();
+        let error = check_or_create(other.path(), 1, StorageMode::OneLog).unwrap_err();
         assert!(error.to_string().contains("not empty"), "{error}");
     }
 

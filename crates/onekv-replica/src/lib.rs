@@ -1,10 +1,11 @@
-//! A replica of one shard: onekv's state machine replicated with Raft on the node's one log.
+//! A node's replicas of its shards: onekv's state machine replicated with Raft, one group per
+//! shard, all on the node's one log.
 //!
 //! This crate owns everything between a client command and the bytes on disk:
 //! - the command codec ([`codec`]), which reports where each value sits inside an encoded entry;
 //! - the replica's log records (`records`) and Raft's storage served from the log (`raft_store`);
-//! - the node loop (`node`): one thread drives Raft, one append and fsync per turn covers every
-//!   entry and hard state of that turn;
+//! - the node loop (`node`): one thread drives every shard's Raft group (`group`); one append
+//!   and fsync per turn covers every entry and hard state of every group in that turn;
 //! - applying committed entries into the index (`apply`) and recovery directed by consensus
 //!   (`recovery`);
 //! - what the replica does about a filling disk: the "disk full" alarm, the reserve file and
@@ -23,6 +24,7 @@ mod apply;
 pub mod codec;
 mod disk_space;
 pub mod failpoints;
+mod group;
 mod identity;
 pub mod local;
 mod maintenance;
@@ -39,5 +41,6 @@ mod state;
 
 pub use api::*;
 pub use disk_space::RESERVE_FILE;
+pub use identity::CLUSTER_MAP_FILE;
 pub use maintenance::{CrashHook, CrashPoint};
-pub use replica::{DrivenLoop, Replica};
+pub use replica::{DrivenLoop, Node, Replica};

@@ -1,8 +1,9 @@
 //! Replicas of one cluster inside one process, wired by an in-memory [`Transport`].
 //!
 //! For tests, the write-amplification benchmark and (later) the deterministic simulation: it
-//! exercises everything but the network. Delivery calls [`Replica::step`] on the receiver, which
-//! never blocks, so the sending loop is never held up by the receiving one.
+//! exercises everything but the network. Delivery calls [`crate::Node::step`] on the receiving
+//! node, which never blocks, so the sending loop is never held up by the receiving one. A node is
+//! added by any one of its replicas; messages of every shard reach it.
 
 use crate::{Message, Replica, Transport};
 use std::collections::HashMap;
@@ -41,7 +42,7 @@ impl Router {
         *self.drop_if.write().unwrap_or_else(|e| e.into_inner()) = filter;
     }
 
-    /// A node that currently believes it is the leader, if any.
+    /// A node that currently believes it is the leader of the added replicas' shard, if any.
     pub fn leader(&self) -> Option<u64> {
         let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
         replicas.iter().find(|(_, r)| r.status().role == "leader").map(|(id, _)| *id)
@@ -49,7 +50,7 @@ impl Router {
 }
 
 impl Transport for Router {
-    fn send(&self, messages: Vec<Message>) {
+    fn send(&self, shard: u64, messages: Vec<Message>) {
         let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
         if !replicas.contains_key(&messages.first().map_or(0, |m| m.from)) {
             return;
@@ -60,7 +61,7 @@ impl Transport for Router {
                 continue;
             }
             if let Some(replica) = replicas.get(&message.to) {
-                replica.step(message);
+                replica.node().step(shard, message);
             }
         }
     }

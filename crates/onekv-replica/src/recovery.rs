@@ -1,77 +1,165 @@
-//! Recovery directed by consensus (XLL §3.4.3): rebuild Raft's state from the log and replay into
-//! the index only what its flush flag says is missing.
+//! Recovery directed by consensus (XLL §3.4.3), per shard (PASV §5.4): rebuild each group's Raft
+//! state from the node's one log and replay into each shard's tree only what its own flush flag
+//! says is missing.
 //!
-//! 1. Scan the Raft log from the recovery point stored with the tree's flush flag (the record of the
-//!    first entry Raft still served at that flush; the whole log if there is none): ENTRY records
-//!    rebuild the index → locator map (a later
-//!    record at an index replaces that index and everything after it, as a new leader's append
-//!    did), HARD_STATE records give the latest term, vote and commit, and a complete snapshot
-//!    (chunks then metadata) resets the Raft log to its index.
-//! 2. If the newest snapshot is above the tree's flush flag, install it into the tree again from
-//!    its chunk records.
-//! 3. Replay committed entries from the flush flag + 1 up to the persisted commit index, never
-//!    further: an entry above it may not be committed.
+//! 1. Each shard's recovery point is stored with its tree's flush flag (the record of the first
+//!    entry Raft still served at that flush; the whole log if there is none). The log is scanned
+//!    **once**, from the lowest of them (the node's global persistence point), and each record goes
+//!    to the shard it names, counted only at or above that shard's own point: ENTRY records rebuild
+//!    the index → locator map (a later record at an index replaces that index and everything after
+//!    it, as a new leader's append did), HARD_STATE records give the latest term, vote and commit,
+//!    and a complete snapshot (chunks then metadata) resets the Raft log to its index.
+//! 2. Then every shard, on its own and in parallel with the others (at most
+//!    [`MAX_REPLAY_THREADS`]): if its newest snapshot is above its tree's flush flag, install it
+//!    into the tree again from its chunk records; replay committed entries from its flush flag + 1
+//!    up to its persisted commit index, never further (an entry above it may not be committed). A
+//!    shard whose tree was flushed up to its commit index replays nothing.
+//!
+//! Sequence numbers in the trees are derived from Raft indexes (`state::seqno`), so a replay
+//! writes exactly what the first application wrote.
 //!
 //! The log itself already cut a torn tail and refuses to open on corruption, so every record seen
 //! here was durable.
 
 use crate::apply::Applier;
-use crate::node::SHARD;
 use crate::raft_store::RaftStore;
 use crate::records::{self, HardStateRecord};
 use crate::state::storage;
 use crate::{ReplicaError, StorageMode};
 use onekv_log::{Locator, Log};
+use std::collections::BTreeMap;
 
 /// Entries replayed per batch.
 const REPLAY_BATCH: usize = 256;
 
-/// What recovery found, for the loop's start and for logs.
+/// Shards replayed at once at most.
+pub(crate) const MAX_REPLAY_THREADS: usize = 8;
+
+/// What recovery found for one shard, for the loop's start and for logs.
 #[derive(Debug, Default)]
 pub(crate) struct Recovered {
     pub hard_state: HardStateRecord,
-    /// Records scanned.
+    /// Records of this shard scanned (at or above its recovery point).
     pub records: u64,
     /// The tree's flush flag at open.
     pub flush_flag: u64,
     /// Entries replayed into the index.
     pub replayed: u64,
-    /// Log position the scan started at.
+    /// Log position this shard's recovery point names.
     pub scan_from: u64,
     /// Highest index whose ENTRY record was seen (classic mode re-inserts entries above the entry
     /// tree's flag).
     pub entries_seen: u64,
 }
 
-pub(crate) fn recover(
-    log: &Log,
-    store: &mut RaftStore,
-    applier: &mut Applier,
-    entry_tree_seqno: &mut u64,
-) -> Result<Recovered, ReplicaError> {
-    let mut recovered = Recovered::default();
-    let mut chunks: Vec<(u64, Locator)> = Vec::new();
-    let mut snapshot: Option<(u64, Vec<Locator>)> = None;
-    let mut scan_from = log.first_position();
-    let note = applier.state.tree.flush_note().unwrap_or_default();
-    if !note.is_empty() {
-        let point = records::decode_recovery_point(&note, SHARD)
-            .map_err(|e| storage(format!("the index's recovery point: {e}")))?;
+/// One shard being recovered: its Raft storage and applier (moved into its group afterwards).
+pub(crate) struct Recovering {
+    pub shard: u64,
+    pub store: RaftStore,
+    pub applier: Applier,
+    pub entry_tree_seqno: u64,
+    pub recovered: Recovered,
+    /// Snapshot chunks seen since the last complete snapshot: (snapshot index, locator).
+    chunks: Vec<(u64, Locator)>,
+    /// The newest complete snapshot: its index and chunk locators.
+    snapshot: Option<(u64, Vec<Locator>)>,
+}
+
+impl Recovering {
+    pub fn new(shard: u64, store: RaftStore, applier: Applier) -> Self {
+        Recovering {
+            shard,
+            store,
+            applier,
+            entry_tree_seqno: 0,
+            recovered: Recovered::default(),
+            chunks: Vec::new(),
+            snapshot: None,
+        }
+    }
+}
+
+/// What the one scan of the log did, for logs and benchmarks.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ScanReport {
+    /// Where the scan started: the lowest recovery point of all shards.
+    pub scan_from: u64,
+    /// Records read.
+    pub records: u64,
+}
+
+/// Recovers every shard in `shards` from `log`: one scan, then each shard's replay, in parallel.
+/// `full_replay` ignores the trees' flush flags (every shard replays from the start of what the
+/// log holds; for the partial-recovery benchmark only: the trees must have been cleared).
+pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport, ReplicaError> {
+    let mut scan_from = log.end_position();
+    for shard in shards.iter_mut() {
+        shard.recovery_point(log)?;
+        scan_from = scan_from.min(shard.recovered.scan_from);
+    }
+    let by_shard: BTreeMap<u64, usize> = shards.iter().enumerate().map(|(i, s)| (s.shard, i)).collect();
+    let mut report = ScanReport { scan_from, records: 0 };
+    for record in log.iter_from(scan_from) {
+        let record = record.map_err(|e| storage(format!("scanning the log: {e}")))?;
+        report.records += 1;
+        let shard = records::record_shard(record.kind, &record.payload).map_err(|e| {
+            storage(format!("record at log position {} does not decode: {e}", record.position))
+        })?;
+        // A record of a shard this node does not hold (any more) is skipped.
+        let Some(&i) = by_shard.get(&shard) else { continue };
+        let recovering = &mut shards[i];
+        if record.position < recovering.recovered.scan_from {
+            continue;
+        }
+        recovering.take(&record)?;
+    }
+    let threads = shards.len().clamp(1, MAX_REPLAY_THREADS);
+    let per_thread = shards.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = shards
+            .chunks_mut(per_thread.max(1))
+            .map(|chunk| scope.spawn(move || chunk.iter_mut().try_for_each(|shard| shard.replay(log))))
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().unwrap_or_else(|_| Err(storage("a replay thread panicked".into()))))
+            .collect::<Result<Vec<()>, ReplicaError>>()
+    })?;
+    Ok(report)
+}
+
+impl Recovering {
+    /// Reads the recovery point stored with the tree's flush flag.
+    fn recovery_point(&mut self, log: &Log) -> Result<(), ReplicaError> {
+        let store = &mut self.store;
+        let recovered = &mut self.recovered;
+        recovered.scan_from = log.first_position();
+        let note = self.applier.state.tree.flush_note().unwrap_or_default();
+        if note.is_empty() {
+            return Ok(());
+        }
+        let point = records::decode_recovery_point(&note, self.shard)
+            .map_err(|e| storage(format!("shard {}: the index's recovery point: {e}", self.shard)))?;
         store.snapshot_index = point.snapshot_index;
         store.snapshot_term = point.snapshot_term;
         store.conf_state.voters = point.voters;
         recovered.hard_state = point.hard_state;
-        scan_from = point.scan_from;
-        if scan_from < log.first_position() {
+        recovered.scan_from = point.scan_from;
+        if point.scan_from < log.first_position() {
             return Err(storage(format!(
-                "the index's recovery point is at log position {scan_from}, before the log's first position {}",
+                "shard {}: the index's recovery point is at log position {}, before the log's first position {}",
+                self.shard,
+                point.scan_from,
                 log.first_position()
             )));
         }
+        Ok(())
     }
-    recovered.scan_from = scan_from;
-    for record in log.iter_from(scan_from) {
-        let record = record.map_err(|e| storage(format!("scanning the log: {e}")))?;
+
+    /// Takes one record of this shard from the scan.
+    fn take(&mut self, record: &onekv_log::LogEntry) -> Result<(), ReplicaError> {
+        let store = &mut self.store;
+        let recovered = &mut self.recovered;
         recovered.records += 1;
         let bad = |e: crate::codec::CodecError| {
             storage(format!("record at log position {} does not decode: {e}", record.position))
@@ -79,12 +167,10 @@ pub(crate) fn recover(
         match record.kind {
             records::ENTRY => {
                 let entry = records::decode_entry(&record.payload).map_err(bad)?;
-                if entry.shard != SHARD {
-                    continue;
-                }
                 if entry.index > store.last() + 1 {
                     return Err(storage(format!(
-                        "entry {} at log position {} follows entry {}: the log has a hole",
+                        "shard {}: entry {} at log position {} follows entry {}: the log has a hole",
+                        self.shard,
                         entry.index,
                         record.position,
                         store.last()
@@ -98,119 +184,125 @@ pub(crate) fn recover(
                 // Terms and commit indexes only grow; the recovery point's hard state may be newer
                 // than a record that follows it in the log.
                 let current = &recovered.hard_state;
-                if hs.shard == SHARD && (hs.term, hs.commit) >= (current.term, current.commit) {
+                if (hs.term, hs.commit) >= (current.term, current.commit) {
                     recovered.hard_state = hs;
                 }
             }
             records::SNAP_CHUNK => {
-                let (shard, index, number) = records::decode_snapshot_chunk(&record.payload).map_err(bad)?;
-                if shard != SHARD {
-                    continue;
-                }
+                let (_, index, number) = records::decode_snapshot_chunk(&record.payload).map_err(bad)?;
                 if number == 0 {
-                    chunks.clear();
+                    self.chunks.clear();
                 }
-                chunks.push((index, record.locator));
+                self.chunks.push((index, record.locator));
             }
             records::SNAP_META => {
                 let meta = records::decode_snapshot_meta(&record.payload).map_err(bad)?;
-                if meta.shard != SHARD {
-                    continue;
-                }
                 let mine: Vec<Locator> =
-                    chunks.iter().filter(|(index, _)| *index == meta.index).map(|(_, l)| *l).collect();
+                    self.chunks.iter().filter(|(index, _)| *index == meta.index).map(|(_, l)| *l).collect();
                 if mine.len() != meta.chunks as usize {
                     return Err(storage(format!(
-                        "snapshot at index {} names {} chunks but {} precede it",
+                        "shard {}: snapshot at index {} names {} chunks but {} precede it",
+                        self.shard,
                         meta.index,
                         meta.chunks,
                         mine.len()
                     )));
                 }
-                chunks.clear();
+                self.chunks.clear();
                 store.apply_snapshot(meta.index, meta.term, meta.voters.clone());
-                snapshot = Some((meta.index, mine));
+                self.snapshot = Some((meta.index, mine));
             }
-            _ => {
+            kind => {
                 return Err(storage(format!(
                     "unknown record kind {} at log position {}",
-                    record.kind.get(),
+                    kind.get(),
                     record.position
                 )));
             }
         }
+        Ok(())
     }
 
-    // The snapshot raised the commit index in the store; the hard state record may be older.
-    let hs = &mut recovered.hard_state;
-    hs.shard = SHARD;
-    hs.commit = hs.commit.max(store.hard_state.commit);
-    hs.term = hs.term.max(store.hard_state.term);
-    store.hard_state.term = hs.term;
-    store.hard_state.vote = hs.vote;
-    store.hard_state.commit = hs.commit;
-    let commit = hs.commit;
+    /// After the scan: re-installs a snapshot the tree lacks and replays committed entries above
+    /// the tree's flush flag.
+    fn replay(&mut self, log: &Log) -> Result<(), ReplicaError> {
+        let shard = self.shard;
+        let store = &mut self.store;
+        let applier = &mut self.applier;
+        let recovered = &mut self.recovered;
+        // The snapshot raised the commit index in the store; the hard state record may be older.
+        let hs = &mut recovered.hard_state;
+        hs.shard = shard;
+        hs.commit = hs.commit.max(store.hard_state.commit);
+        hs.term = hs.term.max(store.hard_state.term);
+        store.hard_state.term = hs.term;
+        store.hard_state.vote = hs.vote;
+        store.hard_state.commit = hs.commit;
+        let commit = hs.commit;
 
-    let tree = applier.state.tree.clone();
-    let mut applied = tree.flush_flag().unwrap_or(0);
-    recovered.flush_flag = applied;
-    if applied > commit {
-        return Err(storage(format!(
-            "the index is flushed up to entry {applied} but the log commits only up to {commit}"
-        )));
-    }
-    if let Some((index, locators)) = snapshot
-        && index > applied
-    {
-        tracing::info!(index, "re-installing the snapshot into the index");
-        applier.install_snapshot(index, &locators)?;
-        applied = index;
-    }
-    if applied + 1 < store.first() {
-        return Err(storage(format!(
-            "the index is flushed up to entry {applied} but the log starts at entry {}",
-            store.first()
-        )));
-    }
-    if commit > store.last() {
-        return Err(storage(format!(
-            "the log commits entry {commit} but holds entries up to {}",
-            store.last()
-        )));
-    }
-
-    // Classic mode keeps entries in a tree too: put back those its flush did not cover.
-    if applier.state.mode == StorageMode::Classic {
-        let entry_tree = applier.state.entry_tree.clone().expect("classic mode has an entry tree");
-        *entry_tree_seqno = entry_tree.visible_seqno().max(*entry_tree_seqno);
-        let from = entry_tree.flush_flag().unwrap_or(0) + 1;
-        for index in from.max(store.first())..=store.last() {
-            let meta = store.meta(index).expect("within first..=last");
-            let (_, payload) =
-                log.read_record(meta.locator).map_err(|e| storage(format!("reading entry {index}: {e}")))?;
-            *entry_tree_seqno += 1;
-            entry_tree.insert(&index.to_be_bytes(), &payload, *entry_tree_seqno);
+        let tree = applier.state.tree.clone();
+        let mut applied = tree.flush_flag().unwrap_or(0);
+        recovered.flush_flag = applied;
+        if applied > commit {
+            return Err(storage(format!(
+                "shard {shard}: the index is flushed up to entry {applied} but the log commits only up to {commit}"
+            )));
         }
-        entry_tree.publish(*entry_tree_seqno);
-    }
-
-    let mut next = applied + 1;
-    while next <= commit {
-        let end = (next + REPLAY_BATCH as u64 - 1).min(commit);
-        let mut entries = Vec::with_capacity((end - next + 1) as usize);
-        let mut locators = Vec::with_capacity(entries.capacity());
-        for index in next..=end {
-            let entry =
-                store.read_entry(index).map_err(|e| storage(format!("replaying entry {index}: {e}")))?;
-            locators.push(store.meta(index).expect("read above").locator);
-            entries.push(entry);
+        if let Some((index, locators)) = self.snapshot.take()
+            && index > applied
+        {
+            tracing::info!(shard, index, "re-installing the snapshot into the index");
+            applier.install_snapshot(index, &locators)?;
+            applied = index;
         }
-        let results = applier.apply(&entries, &locators)?;
-        recovered.replayed += results.len() as u64;
-        next = end + 1;
+        if applied + 1 < store.first() {
+            return Err(storage(format!(
+                "shard {shard}: the index is flushed up to entry {applied} but the log starts at entry {}",
+                store.first()
+            )));
+        }
+        if commit > store.last() {
+            return Err(storage(format!(
+                "shard {shard}: the log commits entry {commit} but holds entries up to {}",
+                store.last()
+            )));
+        }
+
+        // Classic mode keeps entries in a tree too: put back those its flush did not cover.
+        if applier.state.mode == StorageMode::Classic {
+            let entry_tree = applier.state.entry_tree.clone().expect("classic mode has an entry tree");
+            self.entry_tree_seqno = entry_tree.visible_seqno().max(self.entry_tree_seqno);
+            let from = entry_tree.flush_flag().unwrap_or(0) + 1;
+            for index in from.max(store.first())..=store.last() {
+                let meta = store.meta(index).expect("within first..=last");
+                let (_, payload) = log
+                    .read_record(meta.locator)
+                    .map_err(|e| storage(format!("reading entry {index}: {e}")))?;
+                self.entry_tree_seqno += 1;
+                entry_tree.insert(&index.to_be_bytes(), &payload, self.entry_tree_seqno);
+            }
+            entry_tree.publish(self.entry_tree_seqno);
+        }
+
+        let mut next = applied + 1;
+        while next <= commit {
+            let end = (next + REPLAY_BATCH as u64 - 1).min(commit);
+            let mut entries = Vec::with_capacity((end - next + 1) as usize);
+            let mut locators = Vec::with_capacity(entries.capacity());
+            for index in next..=end {
+                let entry = store
+                    .read_entry(index)
+                    .map_err(|e| storage(format!("shard {shard}: replaying entry {index}: {e}")))?;
+                locators.push(store.meta(index).expect("read above").locator);
+                entries.push(entry);
+            }
+            let results = applier.apply(&entries, &locators)?;
+            recovered.replayed += results.len() as u64;
+            next = end + 1;
+        }
+        store.applied_index = commit.max(applied);
+        store.applied_term = raft::Storage::term(store, store.applied_index)
+            .map_err(|e| storage(format!("term of applied: {e}")))?;
+        Ok(())
     }
-    store.applied_index = commit.max(applied);
-    store.applied_term = raft::Storage::term(store, store.applied_index)
-        .map_err(|e| storage(format!("term of applied: {e}")))?;
-    Ok(recovered)
 }

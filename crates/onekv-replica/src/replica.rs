@@ -1,10 +1,12 @@
-//! Opening a replica (validate, open the logs and the index, recover, start the loop) and the
-//! handle callers use.
+//! Opening a node (validate, open the logs and the index, recover every shard, start the loop)
+//! and the handles callers use: [`Node`] for the node, [`Replica`] for one shard's replica on it.
 
 use crate::apply::Applier;
 use crate::disk_space::DiskSpace;
-use crate::node::{Input, NodeLoop, SHARD, SHUTDOWN_WAIT, Shared};
+use crate::group::{Group, GroupInput, GroupShared};
+use crate::node::{Input, NodeCtx, NodeLoop, SHUTDOWN_WAIT};
 use crate::raft_store::RaftStore;
+use crate::recovery::Recovering;
 use crate::state::{self, State};
 use crate::{
     Command, Done, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId, StorageMode,
@@ -16,7 +18,7 @@ use raft::eraftpb::Message;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -36,7 +38,7 @@ const MAX_COMMITTED_BYTES_PER_READY: u64 = 16 << 20;
 /// Inputs queued for the loop before new ones are refused.
 const INBOX_CAPACITY: usize = 65_536;
 
-/// The loop of a replica opened with [`Replica::open_driven`]: the caller takes its turns.
+/// The loop of a node opened with [`Node::open_driven`]: the caller takes its turns.
 /// Dropping it is a crash: nothing is failed or flushed, pending requests are never answered.
 pub struct DrivenLoop {
     node_loop: NodeLoop,
@@ -44,33 +46,41 @@ pub struct DrivenLoop {
 
 impl DrivenLoop {
     /// Takes one turn at time `now`: handles every queued input (peer messages, proposals, read
-    /// barriers), ticks Raft's clock once if `tick`, persists, sends, applies and answers.
-    /// Returns false once a shutdown was asked for.
+    /// barriers), ticks every group's Raft clock once if `tick`, persists, sends, applies and
+    /// answers. Returns false once a shutdown was asked for.
     pub fn turn(&mut self, now: Instant, tick: bool) -> bool {
         self.node_loop.drive(now, tick) == crate::node::Turn::Continue
     }
 
     /// Whether the crash hook crashed this node; it then does nothing more.
     pub fn crashed(&self) -> bool {
-        self.node_loop.crashed
+        self.node_loop.ctx.crashed
     }
 }
 
-/// A handle to a running replica. Cheap to clone; every method may be called from any thread.
+/// A handle to a running node: its loop, and a replica of each of its shards. Cheap to clone;
+/// every method may be called from any thread.
 #[derive(Clone)]
-pub struct Replica {
-    inner: Arc<Inner>,
+pub struct Node {
+    inner: Arc<NodeInner>,
 }
 
-struct Inner {
+struct NodeInner {
+    node_id: u64,
     inbox: SyncSender<Input>,
-    shared: Arc<Shared>,
-    /// Taken away at shutdown, so a stopped replica holds no files open even while handles remain.
-    state: std::sync::RwLock<Option<Arc<State>>>,
+    groups: BTreeMap<u64, Arc<GroupShared>>,
     limits: Limits,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The "disk full" alarm the write path checks.
     disk: Arc<DiskSpace>,
+}
+
+/// A handle to one shard's replica on a running node. Cheap to clone; every method may be called
+/// from any thread.
+#[derive(Clone)]
+pub struct Replica {
+    node: Node,
+    group: Arc<GroupShared>,
 }
 
 impl ReplicaConfig {
@@ -80,11 +90,23 @@ impl ReplicaConfig {
         if self.node_id == 0 {
             return bad("node_id must be non-zero");
         }
-        if !self.voters.contains(&self.node_id) {
-            return bad("voters must include node_id");
+        if self.shards.is_empty() || self.shards.len() > crate::MAX_SHARDS_PER_NODE {
+            return bad("a node holds between 1 and MAX_SHARDS_PER_NODE (1024) shards");
         }
-        if self.voters.contains(&0) {
-            return bad("voter ids must be non-zero");
+        let mut seen = std::collections::BTreeSet::new();
+        for shard in &self.shards {
+            if shard.id == 0 || !seen.insert(shard.id) {
+                return bad(&format!("shard ids must be non-zero and distinct (shard {})", shard.id));
+            }
+            if !shard.voters.contains(&self.node_id) {
+                return bad(&format!("the voters of shard {} must include node_id", shard.id));
+            }
+            if shard.voters.contains(&0) {
+                return bad(&format!("the voter ids of shard {} must be non-zero", shard.id));
+            }
+            if shard.primary.is_some_and(|primary| !shard.voters.contains(&primary)) {
+                return bad(&format!("the primary of shard {} must be one of its voters", shard.id));
+            }
         }
         if self.tick.is_zero() {
             return bad("tick must be positive");
@@ -128,10 +150,11 @@ impl ReplicaConfig {
     }
 }
 
-impl Replica {
-    /// Opens (or creates) the replica in `config.data_dir`, recovers it, and starts its loop
-    /// thread.
-    pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Replica, ReplicaError> {
+impl Node {
+    /// Opens (or creates) the node in `config.data_dir` with a replica of every shard in
+    /// `config.shards`, recovers them (one scan of the log, then each shard's replay), and starts
+    /// the loop thread.
+    pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Node, ReplicaError> {
         config.validate()?;
         crate::failpoints::arm_from_env()
             .map_err(|e| ReplicaError::Open(format!("ONEKV_FAILPOINTS: {e}")))?;
@@ -143,20 +166,16 @@ impl Replica {
             tracing::info!(log = name, ?report, "log opened");
             Ok(Arc::new(log))
         };
-        let (mut replica, node_loop) = Self::open_parts(config, transport, &open_log, false)?;
+        let (node, node_loop) = Self::open_parts(config, transport, &open_log, false)?;
         let thread = std::thread::Builder::new()
             .name("onekv-node".into())
             .spawn(move || node_loop.run())
             .map_err(|e| ReplicaError::Open(format!("starting the node thread: {e}")))?;
-        *Arc::get_mut(&mut replica.inner)
-            .expect("no other handle yet")
-            .thread
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner()) = Some(thread);
-        Ok(replica)
+        *node.inner.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(thread);
+        Ok(node)
     }
 
-    /// Opens (or creates) a replica whose loop the caller drives, one [`DrivenLoop::turn`] at a
+    /// Opens (or creates) a node whose loop the caller drives, one [`DrivenLoop::turn`] at a
     /// time on the caller's thread, with its logs in the directories `log_dir(name)` returns
     /// (the index and the identity file stay in `config.data_dir`). This is how the deterministic
     /// simulation runs several nodes on one thread with simulated disks and time.
@@ -174,7 +193,7 @@ impl Replica {
         log_dir: &dyn Fn(&str) -> Arc<dyn onekv_log::io::Dir>,
         mutation: Option<crate::Mutation>,
         crash_hook: Option<crate::CrashHook>,
-    ) -> Result<(Replica, DrivenLoop), ReplicaError> {
+    ) -> Result<(Node, DrivenLoop), ReplicaError> {
         config.validate()?;
         let log_config = config.log_config();
         let open_log = |name: &str| -> Result<Arc<Log>, ReplicaError> {
@@ -182,20 +201,20 @@ impl Replica {
                 .map_err(|e| ReplicaError::Open(format!("opening the log {name}: {e}")))?;
             Ok(Arc::new(log))
         };
-        let (replica, mut node_loop) = Self::open_parts(config, transport, &open_log, true)?;
-        node_loop.mutation = mutation;
-        node_loop.crash_hook = crash_hook;
-        node_loop.clock.unix_ms_at_start = SIMULATED_UNIX_MS;
-        Ok((replica, DrivenLoop { node_loop }))
+        let (node, mut node_loop) = Self::open_parts(config, transport, &open_log, true)?;
+        node_loop.ctx.mutation = mutation;
+        node_loop.ctx.crash_hook = crash_hook;
+        node_loop.ctx.clock.unix_ms_at_start = SIMULATED_UNIX_MS;
+        Ok((node, DrivenLoop { node_loop }))
     }
 
-    /// Everything [`Replica::open`] does but starting the thread.
+    /// Everything [`Node::open`] does but starting the thread.
     fn open_parts(
         config: ReplicaConfig,
         transport: Arc<dyn Transport>,
         open_log: &dyn Fn(&str) -> Result<Arc<Log>, ReplicaError>,
         driven: bool,
-    ) -> Result<(Replica, NodeLoop), ReplicaError> {
+    ) -> Result<(Node, NodeLoop), ReplicaError> {
         let dir = &config.data_dir;
         crate::identity::create_dir_all_synced(dir)
             .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
@@ -216,132 +235,220 @@ impl Replica {
         let names = config.storage.log_names();
         let raft_log = open_log(names[0])?;
         let second_log = names.get(1).map(|name| open_log(name)).transpose()?;
-        let index = Index::open(&dir.join("index"), IndexConfig::default())
-            .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?;
-        let tree = index
-            .tree(&state::shard_tree_name(SHARD))
-            .map_err(|e| ReplicaError::Open(format!("opening the index tree: {e}")))?;
-        let entry_tree = match config.storage {
-            StorageMode::Classic => Some(
-                index
-                    .tree(&state::entry_tree_name(SHARD))
-                    .map_err(|e| ReplicaError::Open(format!("opening the entry tree: {e}")))?,
-            ),
-            _ => None,
-        };
-        let requests = crate::requests::RequestWindow::load(tree.clone())?;
-        let state = Arc::new(State {
-            mode: config.storage,
-            index,
-            tree,
-            raft_log: raft_log.clone(),
-            second_log,
-            entry_tree,
-            user_bytes: AtomicU64::new(0),
-            requests: Mutex::new(requests),
-            corruption: Default::default(),
-        });
-        let snapshots =
-            crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
-        let mut store =
-            RaftStore::new(SHARD, raft_log.clone(), state.clone(), &config.voters, snapshots, Instant::now());
-        let mut applier = Applier::new(state.clone(), SHARD);
-        let mut entry_tree_seqno = 0;
-        let recovered = crate::recovery::recover(&raft_log, &mut store, &mut applier, &mut entry_tree_seqno)?;
-        // Counting starts after recovery: replayed entries are not new user bytes.
-        state.user_bytes.store(0, Ordering::Relaxed);
-        // Replayed repair requests were answered when first applied; offering copies again would
-        // only propose repairs nobody needs.
-        applier.take_offers();
+        let index = Arc::new(
+            Index::open(&dir.join("index"), IndexConfig::default())
+                .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?,
+        );
+        let mut recovering = Vec::with_capacity(config.shards.len());
+        for shard in &config.shards {
+            let tree = index.tree(&state::shard_tree_name(shard.id)).map_err(|e| {
+                ReplicaError::Open(format!("opening the index tree of shard {}: {e}", shard.id))
+            })?;
+            let entry_tree = match config.storage {
+                StorageMode::Classic => Some(
+                    index
+                        .tree(&state::entry_tree_name(shard.id))
+                        .map_err(|e| ReplicaError::Open(format!("opening the entry tree: {e}")))?,
+                ),
+                _ => None,
+            };
+            let requests = crate::requests::RequestWindow::load(tree.clone())?;
+            let state = Arc::new(State {
+                mode: config.storage,
+                index: index.clone(),
+                tree,
+                raft_log: raft_log.clone(),
+                second_log: second_log.clone(),
+                entry_tree,
+                user_bytes: AtomicU64::new(0),
+                requests: Mutex::new(requests),
+                corruption: Default::default(),
+            });
+            let snapshots =
+                crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
+            let store = RaftStore::new(
+                shard.id,
+                raft_log.clone(),
+                state.clone(),
+                &shard.voters,
+                snapshots,
+                Instant::now(),
+            );
+            recovering.push(Recovering::new(shard.id, store, Applier::new(state, shard.id)));
+        }
+        let scan = crate::recovery::recover(&raft_log, &mut recovering)?;
         tracing::info!(
             node = config.node_id,
-            scan_from = recovered.scan_from,
-            records = recovered.records,
-            flush_flag = recovered.flush_flag,
-            replayed = recovered.replayed,
-            commit = recovered.hard_state.commit,
-            first = store.first(),
-            last = store.last(),
+            shards = recovering.len(),
+            scan_from = scan.scan_from,
+            records = scan.records,
+            replayed = recovering.iter().map(|r| r.recovered.replayed).sum::<u64>(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "recovered"
         );
 
-        let raft_config = raft::Config {
-            id: config.node_id,
-            election_tick: config.election_ticks,
-            heartbeat_tick: config.heartbeat_ticks,
-            applied: store.applied_index,
-            max_size_per_msg: 1 << 20,
-            // At most this many append messages of up to 1 MiB in flight to one follower: bounds
-            // what a leader reads from its log and holds in memory for a follower catching up.
-            max_inflight_msgs: MAX_INFLIGHT_APPENDS,
-            max_uncommitted_size: MAX_UNCOMMITTED_BYTES,
-            max_committed_size_per_ready: MAX_COMMITTED_BYTES_PER_READY,
-            check_quorum: true,
-            pre_vote: true,
-            read_only_option: raft::ReadOnlyOption::Safe,
-            // 0 means raft-rs's defaults: [election_tick, 2 * election_tick).
-            min_election_tick: if driven { config.election_ticks } else { 0 },
-            max_election_tick: if driven { config.election_ticks + 1 } else { 0 },
-            ..Default::default()
-        };
-        raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
-        let durable_commit = recovered.hard_state.commit;
-        let raw = raft::RawNode::new(&raft_config, store, &crate::slog_bridge::logger(config.node_id))
-            .map_err(|e| ReplicaError::Open(format!("starting raft: {e}")))?;
-
-        let (inbox_tx, inbox) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
-        let shared = Arc::new(Shared {
-            status: Mutex::new(ReplicaStatus::default()),
-            recovery_records: recovered.records,
-            stopped: Default::default(),
-            durable_commit: AtomicU64::new(durable_commit),
-        });
-        let limits = config.limits.clone();
         let maintenance = crate::maintenance::Maintenance::new(!driven, config.index_compaction)
             .map_err(ReplicaError::Open)?;
-        let scrub = crate::scrub::Scrub::start(state.clone(), config.scrub_bytes_per_sec, !driven)
-            .map_err(ReplicaError::Open)?;
-        let node_loop = NodeLoop {
-            config,
-            raw,
-            applier,
-            state: state.clone(),
-            raft_log,
-            transport,
-            inbox,
-            shared: shared.clone(),
-            proposals: Default::default(),
-            reads_unsent: Vec::new(),
-            reads_in_flight: Default::default(),
-            reads_waiting: Default::default(),
-            next_read_ctx: 1,
-            persisted_hs: recovered.hard_state,
-            entry_tree_seqno,
-            failed: None,
-            snapshot_sends: BTreeMap::new(),
-            wait_for_submits: driven,
-            mutation: None,
-            maintenance,
-            crash_hook: None,
-            crashed: false,
-            clock: crate::node::WallClock::system(),
-            last_flush: None,
-            disk: disk.clone(),
-            scrub,
-            repairs: BTreeMap::new(),
+        // The node's scrub budget is shared by its shards.
+        let scrub_rate = match config.scrub_bytes_per_sec {
+            0 => 0,
+            rate => (rate / recovering.len() as u64).max(1),
         };
-        let replica = Replica {
-            inner: Arc::new(Inner {
+        let mut groups = BTreeMap::new();
+        let mut shared_groups = BTreeMap::new();
+        for mut recovered in recovering {
+            let shard = recovered.shard;
+            let state = recovered.applier.state.clone();
+            // Counting starts after recovery: replayed entries are not new user bytes.
+            state.user_bytes.store(0, Ordering::Relaxed);
+            // Replayed repair requests were answered when first applied; offering copies again
+            // would only propose repairs nobody needs.
+            recovered.applier.take_offers();
+            let report = &recovered.recovered;
+            tracing::debug!(
+                shard,
+                scan_from = report.scan_from,
+                records = report.records,
+                flush_flag = report.flush_flag,
+                replayed = report.replayed,
+                commit = report.hard_state.commit,
+                first = recovered.store.first(),
+                last = recovered.store.last(),
+                "shard recovered"
+            );
+            let raft_config = raft::Config {
+                id: config.node_id,
+                election_tick: config.election_ticks,
+                heartbeat_tick: config.heartbeat_ticks,
+                applied: recovered.store.applied_index,
+                max_size_per_msg: 1 << 20,
+                // At most this many append messages of up to 1 MiB in flight to one follower:
+                // bounds what a leader reads from its log and holds in memory for a follower
+                // catching up.
+                max_inflight_msgs: MAX_INFLIGHT_APPENDS,
+                max_uncommitted_size: MAX_UNCOMMITTED_BYTES,
+                max_committed_size_per_ready: MAX_COMMITTED_BYTES_PER_READY,
+                check_quorum: true,
+                pre_vote: true,
+                read_only_option: raft::ReadOnlyOption::Safe,
+                // 0 means raft-rs's defaults: [election_tick, 2 * election_tick).
+                min_election_tick: if driven { config.election_ticks } else { 0 },
+                max_election_tick: if driven { config.election_ticks + 1 } else { 0 },
+                ..Default::default()
+            };
+            raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
+            let hard_state = recovered.recovered.hard_state;
+            let shared = Arc::new(GroupShared {
+                shard,
+                status: Mutex::new(ReplicaStatus { node_id: config.node_id, shard, ..Default::default() }),
+                durable_commit: AtomicU64::new(hard_state.commit),
+                recovery_records: recovered.recovered.records,
+                recovery_replayed: recovered.recovered.replayed,
+                state: RwLock::new(Some(state.clone())),
+            });
+            let logger = crate::slog_bridge::logger(config.node_id, shard);
+            let raw = raft::RawNode::new(&raft_config, recovered.store, &logger)
+                .map_err(|e| ReplicaError::Open(format!("starting raft for shard {shard}: {e}")))?;
+            let scrub =
+                crate::scrub::Scrub::start(state.clone(), scrub_rate, !driven).map_err(ReplicaError::Open)?;
+            shared_groups.insert(shard, shared.clone());
+            groups.insert(
+                shard,
+                Group {
+                    shard,
+                    raw,
+                    applier: recovered.applier,
+                    state,
+                    shared,
+                    proposals: Default::default(),
+                    reads_unsent: Vec::new(),
+                    reads_in_flight: Default::default(),
+                    reads_waiting: Default::default(),
+                    next_read_ctx: 1,
+                    persisted_hs: hard_state,
+                    entry_tree_seqno: recovered.entry_tree_seqno,
+                    snapshot_sends: BTreeMap::new(),
+                    last_flush: None,
+                    scrub,
+                    repairs: BTreeMap::new(),
+                    primary: config.shards.iter().find(|s| s.id == shard).and_then(|s| s.primary),
+                    leader_since: None,
+                },
+            );
+        }
+
+        let (inbox_tx, inbox) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
+        let node_id = config.node_id;
+        let limits = config.limits.clone();
+        let node_loop = NodeLoop {
+            ctx: NodeCtx {
+                config,
+                raft_log,
+                transport,
+                failed: None,
+                wait_for_submits: driven,
+                mutation: None,
+                maintenance,
+                crash_hook: None,
+                crashed: false,
+                clock: crate::node::WallClock::system(),
+                disk: disk.clone(),
+            },
+            groups,
+            inbox,
+        };
+        let node = Node {
+            inner: Arc::new(NodeInner {
+                node_id,
                 inbox: inbox_tx,
-                shared,
-                state: std::sync::RwLock::new(Some(state)),
+                groups: shared_groups,
                 limits,
                 thread: Mutex::new(None),
                 disk,
             }),
         };
-        Ok((replica, node_loop))
+        Ok((node, node_loop))
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    /// The shards this node holds a replica of, in order.
+    pub fn shards(&self) -> Vec<u64> {
+        self.inner.groups.keys().copied().collect()
+    }
+
+    /// The replica of `shard` on this node, if it holds one.
+    pub fn replica(&self, shard: u64) -> Option<Replica> {
+        let group = self.inner.groups.get(&shard)?.clone();
+        Some(Replica { node: self.clone(), group })
+    }
+
+    /// Every replica of this node, by shard.
+    pub fn replicas(&self) -> Vec<Replica> {
+        self.inner.groups.values().map(|group| Replica { node: self.clone(), group: group.clone() }).collect()
+    }
+
+    /// The status of each of the node's replicas, by shard (as of the loop's last turn).
+    pub fn statuses(&self) -> Vec<ReplicaStatus> {
+        self.inner
+            .groups
+            .values()
+            .map(|group| group.status.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect()
+    }
+
+    /// The request bounds this node enforces.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Delivers a Raft message of `shard`'s group from a peer. Never blocks; messages are dropped
+    /// if the node's inbox is full, or the node holds no replica of `shard`.
+    pub fn step(&self, shard: u64, message: Message) {
+        self.send(Input::Group(shard, GroupInput::Step(message)));
     }
 
     /// Queues `input` for the loop; if it cannot be queued, fails its reply (if it has one).
@@ -353,42 +460,97 @@ impl Replica {
             }
             Err(TrySendError::Disconnected(input)) => (input, ReplicaError::Stopping),
         };
-        match input {
-            Input::Propose { done, .. } => done(Err(error)),
-            Input::ReadBarrier(done) => done(Err(error)),
-            Input::Step(_) | Input::Shutdown => {}
+        if let Input::Group(_, input) = input {
+            input.refuse(error);
         }
     }
 
-    /// Delivers a Raft message from a peer. Never blocks; messages are dropped if the replica's
-    /// inbox is full.
+    /// Stops the loop thread. Pending requests fail with [`ReplicaError::Stopping`]. Nothing is
+    /// flushed: the index has no WAL and the next open replays what it needs from the log.
+    pub fn shutdown(&self) {
+        let Some(thread) = self.inner.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let deadline = Instant::now() + SHUTDOWN_WAIT;
+        let mut input = Input::Shutdown;
+        loop {
+            match self.inner.inbox.try_send(input) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    input = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TrySendError::Full(_)) => {
+                    tracing::error!("the node's inbox stayed full; not waiting for the loop");
+                    return;
+                }
+            }
+        }
+        if thread.join().is_err() {
+            tracing::error!("the node's loop thread panicked");
+        }
+        for group in self.inner.groups.values() {
+            group.state.write().unwrap_or_else(|e| e.into_inner()).take();
+        }
+    }
+}
+
+impl Replica {
+    /// Opens (or creates) a node holding exactly one shard (as [`ReplicaConfig::new`] makes) and
+    /// returns that shard's replica; [`Replica::node`] reaches the node.
+    pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Replica, ReplicaError> {
+        if config.shards.len() != 1 {
+            return Err(ReplicaError::Open(format!(
+                "Replica::open takes a configuration of one shard, not {}: use Node::open",
+                config.shards.len()
+            )));
+        }
+        let node = Node::open(config, transport)?;
+        Ok(node.replicas().remove(0))
+    }
+
+    /// The node this replica runs on.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// The shard this replica belongs to.
+    pub fn shard(&self) -> u64 {
+        self.group.shard
+    }
+
+    fn send(&self, input: GroupInput) {
+        self.node.send(Input::Group(self.group.shard, input));
+    }
+
+    /// Delivers a Raft message of this shard from a peer. Never blocks; messages are dropped if
+    /// the node's inbox is full.
     pub fn step(&self, message: Message) {
-        self.send(Input::Step(message));
+        self.send(GroupInput::Step(message));
     }
 
     /// Proposes `command` (leader only); `done` runs once it is applied here, or fails. While the
     /// disk is nearly full it fails at once with [`ReplicaError::DiskFull`].
     pub fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
-        if let Err(err) = self.inner.limits.check(&command) {
+        if let Err(err) = self.node.inner.limits.check(&command) {
             return done(Err(err));
         }
         // A leader in "disk full" alarm refuses writes at once; a follower still redirects, so
         // clients find the leader that took over.
-        if let Some(alarm) = self.inner.disk.alarm()
-            && self.inner.shared.status.lock().unwrap_or_else(|e| e.into_inner()).role == "leader"
+        if let Some(alarm) = self.node.inner.disk.alarm()
+            && self.group.status.lock().unwrap_or_else(|e| e.into_inner()).role == "leader"
         {
             return done(Err(ReplicaError::DiskFull(alarm)));
         }
-        self.send(Input::Propose { request_id, command, done });
+        self.send(GroupInput::Propose { request_id, command, done });
     }
 
     /// Confirms leadership with a quorum (ReadIndex) and waits until this replica has applied
     /// everything committed before the call; after `done(Ok(()))`, [`Replica::get`] and
     /// [`Replica::scan`] are linearizable.
     pub fn read_barrier(&self, done: Done<()>) {
-        self.send(Input::ReadBarrier(done));
+        self.send(GroupInput::ReadBarrier(done));
     }
-
     /// Reads `key` from what this replica has applied (stale unless preceded by a read barrier).
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         self.check_key(key)?;
@@ -429,7 +591,7 @@ impl Replica {
         reverse: bool,
         keys_only: bool,
     ) -> Result<crate::ScanResult, ReplicaError> {
-        let limits = &self.inner.limits;
+        let limits = &self.node.inner.limits;
         for bound in [Some(start), end].into_iter().flatten() {
             if bound.len() > limits.max_key_bytes {
                 return Err(ReplicaError::InvalidArgument(format!(
@@ -444,11 +606,11 @@ impl Replica {
     }
 
     fn state(&self) -> Result<Arc<State>, ReplicaError> {
-        self.inner.state.read().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReplicaError::Stopping)
+        self.group.state.read().unwrap_or_else(|e| e.into_inner()).clone().ok_or(ReplicaError::Stopping)
     }
 
     fn check_key(&self, key: &[u8]) -> Result<(), ReplicaError> {
-        let max = self.inner.limits.max_key_bytes;
+        let max = self.node.inner.limits.max_key_bytes;
         if key.is_empty() {
             return Err(ReplicaError::InvalidArgument("empty key".into()));
         }
@@ -463,38 +625,16 @@ impl Replica {
 
     /// The replica's current state (as of the loop's last turn).
     pub fn status(&self) -> ReplicaStatus {
-        self.inner.shared.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.group.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The request bounds this replica enforces.
     pub fn limits(&self) -> &Limits {
-        &self.inner.limits
+        &self.node.inner.limits
     }
 
-    /// Stops the loop thread. Pending requests fail with [`ReplicaError::Stopping`]. Nothing is
-    /// flushed: the index has no WAL and the next open replays what it needs from the log.
+    /// Stops the node this replica runs on (every shard of it): see [`Node::shutdown`].
     pub fn shutdown(&self) {
-        let Some(thread) = self.inner.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            return;
-        };
-        let deadline = Instant::now() + SHUTDOWN_WAIT;
-        let mut input = Input::Shutdown;
-        loop {
-            match self.inner.inbox.try_send(input) {
-                Ok(()) | Err(TrySendError::Disconnected(_)) => break,
-                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
-                    input = back;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(TrySendError::Full(_)) => {
-                    tracing::error!("the replica's inbox stayed full; not waiting for the loop");
-                    return;
-                }
-            }
-        }
-        if thread.join().is_err() {
-            tracing::error!("the replica's loop thread panicked");
-        }
-        self.inner.state.write().unwrap_or_else(|e| e.into_inner()).take();
+        self.node.shutdown();
     }
 }

@@ -5,8 +5,8 @@ use slog::{Drain, KV, Level, OwnedKVList, Record, Serializer};
 use std::fmt::{self, Write};
 
 /// A `slog::Logger` whose records become `tracing` events (target `raft`).
-pub(crate) fn logger(node_id: u64) -> slog::Logger {
-    slog::Logger::root(TracingDrain.fuse(), slog::o!("node" => node_id))
+pub(crate) fn logger(node_id: u64, shard: u64) -> slog::Logger {
+    slog::Logger::root(TracingDrain.fuse(), slog::o!("node" => node_id, "shard" => shard))
 }
 
 struct TracingDrain;

@@ -44,7 +44,7 @@ pub(crate) fn last_seqno(index: u64) -> u64 {
 /// One shard's stored state.
 pub(crate) struct State {
     pub mode: StorageMode,
-    pub index: Index,
+    pub index: Arc<Index>,
     /// `key → IndexValue`, and in its metadata space the request-id window.
     pub tree: Tree,
     /// The log with the Raft entries (in onelog mode also the one locators point into).

@@ -409,7 +409,8 @@ impl RespContext {
             for (key, _) in &pairs {
                 self.forget(key);
             }
-            client.batch(pairs).await?;
+            // Atomic within each shard; the shards' parts apply independently (docs/redis.md).
+            client.batch_per_shard(pairs).await?;
         }
         Ok(Reply::ok())
     }

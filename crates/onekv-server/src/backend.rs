@@ -1,87 +1,122 @@
-//! The part of a replica the gRPC services use, as a trait.
+//! The part of a node the gRPC services use, as a trait.
 //!
-//! The services are written against [`Backend`] rather than [`Replica`] so their request checking,
-//! error mapping and timeouts can be tested with a scripted fake. [`Replica`] is the only production
-//! implementation; this module owns nothing but the delegation.
+//! The services are written against [`Backend`] rather than [`Node`] so their request checking,
+//! error mapping and timeouts can be tested with a scripted fake. [`Node`] is the only production
+//! implementation; this module owns nothing but the delegation. Every call names the shard it is
+//! for; the services choose it from the key (placement), never the backend.
 
-use onekv_replica::{Command, Done, Message, Outcome, Replica, ReplicaError, ReplicaStatus, RequestId};
+use onekv_replica::{Command, Done, Message, Node, Outcome, ReplicaError, ReplicaStatus, RequestId};
 
 /// Pairs a scan returns, and whether more remain in the range.
 pub type ScanResult = (Vec<(Vec<u8>, Vec<u8>)>, bool);
 
-/// What the `Kv` and `Peer` services need from a replica. See [`Replica`] for each method's
-/// contract; in particular `Done` callbacks run on the replica's loop thread and must not block.
+/// What the `Kv` and `Peer` services need from a node. See [`onekv_replica::Replica`] for each
+/// method's contract; in particular `Done` callbacks run on the node's loop thread and must not
+/// block. A call for a shard the node holds no replica of fails with
+/// [`ReplicaError::InvalidArgument`] (a message is dropped).
 pub trait Backend: Send + Sync + 'static {
-    /// [`Replica::step`].
-    fn step(&self, message: Message);
-    /// [`Replica::propose`].
-    fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>);
-    /// [`Replica::read_barrier`].
-    fn read_barrier(&self, done: Done<()>);
-    /// [`Replica::get`].
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError>;
-    /// [`Replica::scan`].
+    /// The shards this node holds a replica of, in order.
+    fn shards(&self) -> Vec<u64>;
+    /// [`onekv_replica::Node::step`].
+    fn step(&self, shard: u64, message: Message);
+    /// [`onekv_replica::Replica::propose`].
+    fn propose(&self, shard: u64, request_id: RequestId, command: Command, done: Done<Outcome>);
+    /// [`onekv_replica::Replica::read_barrier`].
+    fn read_barrier(&self, shard: u64, done: Done<()>);
+    /// [`onekv_replica::Replica::get`].
+    fn get(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError>;
+    /// [`onekv_replica::Replica::scan`].
     fn scan(
         &self,
+        shard: u64,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError>;
-    /// [`Replica::scan_keys`]: the same pairs with empty values. The default scans and drops the
-    /// values, which is correct but reads them; [`Replica`] overrides it to read none.
+    /// [`onekv_replica::Replica::scan_keys`]: the same pairs with empty values. The default scans
+    /// and drops the values, which is correct but reads them; [`Node`] overrides it to read none.
     fn scan_keys(
         &self,
+        shard: u64,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError> {
-        let (pairs, more) = self.scan(start, end, limit, reverse)?;
+        let (pairs, more) = self.scan(shard, start, end, limit, reverse)?;
         Ok((pairs.into_iter().map(|(key, _)| (key, Vec::new())).collect(), more))
     }
-    /// [`Replica::status`].
-    fn status(&self) -> ReplicaStatus;
+    /// The status of each replica of the node, by shard ([`onekv_replica::Node::statuses`]).
+    fn statuses(&self) -> Vec<ReplicaStatus>;
+    /// The status of the node's replica of `shard`, if it holds one.
+    fn status(&self, shard: u64) -> Option<ReplicaStatus> {
+        self.statuses().into_iter().find(|status| status.shard == shard)
+    }
+    /// The node as a whole ([`ReplicaStatus::summarize`] of [`Backend::statuses`]).
+    fn summary(&self) -> ReplicaStatus {
+        ReplicaStatus::summarize(&self.statuses())
+    }
+    /// The storage failure that stopped the node, if one did (every replica shares it: one disk).
+    fn failure(&self) -> Option<String> {
+        self.statuses().into_iter().find_map(|status| status.failure)
+    }
 }
 
-impl Backend for Replica {
-    fn step(&self, message: Message) {
-        Replica::step(self, message)
+fn no_replica(node: &Node, shard: u64) -> ReplicaError {
+    ReplicaError::InvalidArgument(format!("shard {shard} has no replica on node {}", node.id()))
+}
+
+impl Backend for Node {
+    fn shards(&self) -> Vec<u64> {
+        Node::shards(self)
     }
 
-    fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
-        Replica::propose(self, request_id, command, done)
+    fn step(&self, shard: u64, message: Message) {
+        Node::step(self, shard, message)
     }
 
-    fn read_barrier(&self, done: Done<()>) {
-        Replica::read_barrier(self, done)
+    fn propose(&self, shard: u64, request_id: RequestId, command: Command, done: Done<Outcome>) {
+        match self.replica(shard) {
+            Some(replica) => replica.propose(request_id, command, done),
+            None => done(Err(no_replica(self, shard))),
+        }
     }
 
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
-        Replica::get(self, key)
+    fn read_barrier(&self, shard: u64, done: Done<()>) {
+        match self.replica(shard) {
+            Some(replica) => replica.read_barrier(done),
+            None => done(Err(no_replica(self, shard))),
+        }
+    }
+
+    fn get(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+        self.replica(shard).ok_or_else(|| no_replica(self, shard))?.get(key)
     }
 
     fn scan(
         &self,
+        shard: u64,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError> {
-        Replica::scan(self, start, end, limit, reverse)
+        self.replica(shard).ok_or_else(|| no_replica(self, shard))?.scan(start, end, limit, reverse)
     }
 
     fn scan_keys(
         &self,
+        shard: u64,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError> {
-        Replica::scan_keys(self, start, end, limit, reverse)
+        self.replica(shard).ok_or_else(|| no_replica(self, shard))?.scan_keys(start, end, limit, reverse)
     }
 
-    fn status(&self) -> ReplicaStatus {
-        Replica::status(self)
+    fn statuses(&self) -> Vec<ReplicaStatus> {
+        Node::statuses(self)
     }
 }

@@ -105,6 +105,28 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// What the node does as its disk fills.
     pub disk: DiskConfig,
+    /// How the store is split into shards and replicated.
+    pub cluster: ClusterConfig,
+}
+
+/// `[cluster]`: shards and replication, fixed when the cluster is created (every member must say
+/// the same; a node refuses to start with a placement other than the one its data was created
+/// with). See `docs/design/placement.md`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Shards the key space is split into (1 to 1024): each key belongs to one, by Redis Cluster's
+    /// hash slot of the key or its `{hash tag}`. Default 16.
+    pub shards: u32,
+    /// Replicas of each shard, on distinct members (1 to 7, at most the number of members).
+    /// Unset: 3, or every member when there are fewer.
+    pub replicas: Option<u32>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig { shards: onekv_placement::DEFAULT_SHARDS, replicas: None }
+    }
 }
 
 /// How log lines are written.
@@ -242,6 +264,7 @@ impl Default for ServerConfig {
             index: IndexConfig::default(),
             log: LogConfig::default(),
             disk: DiskConfig::default(),
+            cluster: ClusterConfig::default(),
         }
     }
 }
@@ -597,6 +620,16 @@ impl ServerConfig {
         check_range(&mut problem, "log.segment_bytes", self.log.segment_bytes, bounds::SEGMENT_BYTES);
         check_range(&mut problem, "disk.min_free_bytes", self.disk.min_free_bytes, bounds::MIN_FREE_BYTES);
         check_range(&mut problem, "disk.reserve_bytes", self.disk.reserve_bytes, bounds::RESERVE_BYTES);
+        check_range(
+            &mut problem,
+            "cluster.shards",
+            u64::from(self.cluster.shards),
+            (1, u64::from(onekv_placement::MAX_SHARDS)),
+        );
+        if let Some(replicas) = self.cluster.replicas {
+            let most = onekv_placement::MAX_REPLICAS.min(self.members.len().max(1) as u32);
+            check_range(&mut problem, "cluster.replicas", u64::from(replicas), (1, u64::from(most)));
+        }
         let needed = as_u64(limits.max_batch_bytes).saturating_mul(2);
         if self.log.segment_bytes < needed {
             problem(
@@ -612,10 +645,15 @@ impl ServerConfig {
         // The replica checks its configuration again when it opens (including constraints of its own,
         // such as a batch fitting one log record); asking it now reports them before any data is
         // touched. Its messages name its fields, which are ours without the section.
-        if problems.is_empty()
-            && let Err(error) = self.to_replica_config().validate()
-        {
-            problems.push(Problem { field: "(replica)".into(), reason: error.to_string() });
+        if problems.is_empty() {
+            match self.cluster_map() {
+                Err(error) => problems.push(Problem { field: "cluster".into(), reason: error.to_string() }),
+                Ok(map) => {
+                    if let Err(error) = self.to_replica_config(&map).validate() {
+                        problems.push(Problem { field: "(replica)".into(), reason: error.to_string() });
+                    }
+                }
+            }
         }
 
         if problems.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(problems)) }
@@ -636,13 +674,32 @@ impl ServerConfig {
         self.members.iter().find(|member| member.id == id).map(|member| member.address.as_str())
     }
 
-    /// The replica's configuration. Call after [`ServerConfig::validate`] succeeded.
-    pub fn to_replica_config(&self) -> ReplicaConfig {
-        let mut config = ReplicaConfig::new(
-            self.node_id,
-            self.members.iter().map(|member| member.id).collect(),
-            self.data_dir.clone(),
-        );
+    /// Replicas of each shard: `cluster.replicas`, or 3 (every member when there are fewer).
+    pub fn replication_factor(&self) -> u32 {
+        self.cluster.replicas.unwrap_or_else(|| 3.min(self.members.len().max(1) as u32))
+    }
+
+    /// The placement of a cluster created with this configuration: a pure function of the
+    /// members, `cluster.shards` and the replication factor.
+    pub fn cluster_map(&self) -> Result<onekv_placement::ClusterMap, onekv_placement::PlacementError> {
+        let ids: Vec<u64> = self.members.iter().map(|member| member.id).collect();
+        onekv_placement::ClusterMap::build(&ids, self.cluster.shards, self.replication_factor())
+    }
+
+    /// The node's configuration, holding the shards `map` places on this node. Call after
+    /// [`ServerConfig::validate`] succeeded.
+    pub fn to_replica_config(&self, map: &onekv_placement::ClusterMap) -> ReplicaConfig {
+        let mut config = ReplicaConfig::new(self.node_id, Vec::new(), self.data_dir.clone());
+        config.shards = map
+            .shards
+            .iter()
+            .filter(|shard| shard.replicas.contains(&self.node_id))
+            .map(|shard| onekv_replica::ShardConfig {
+                id: shard.id,
+                voters: shard.replicas.clone(),
+                primary: shard.replicas.first().copied(),
+            })
+            .collect();
         config.storage = self.storage;
         config.tick = Duration::from_millis(self.raft.tick_ms);
         config.election_ticks = self.raft.election_ticks;

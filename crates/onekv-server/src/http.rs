@@ -184,7 +184,7 @@ async fn status_page() -> Html<&'static str> {
 
 async fn metrics_text<B: Backend>(State(state): State<Arc<HttpState<B>>>) -> Response {
     // Rendering walks the data directory for disk usage: blocking work.
-    let rendered = tokio::task::spawn_blocking(move || state.metrics.render(&state.backend.status())).await;
+    let rendered = tokio::task::spawn_blocking(move || state.metrics.render(&state.backend.statuses())).await;
     match rendered {
         Ok(text) => ([(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)], text).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("rendering metrics failed: {error}\n"))
@@ -193,7 +193,7 @@ async fn metrics_text<B: Backend>(State(state): State<Arc<HttpState<B>>>) -> Res
 }
 
 async fn healthz<B: Backend>(State(state): State<Arc<HttpState<B>>>) -> Response {
-    match state.backend.status().failure {
+    match state.backend.failure() {
         None => (StatusCode::OK, "ok\n").into_response(),
         Some(failure) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -227,7 +227,7 @@ async fn cluster_view<B: Backend>(state: &HttpState<B>) -> ClusterView {
             }
         });
     }
-    let mut views = vec![local_view(state, &state.backend.status())];
+    let mut views = vec![local_view(state, &state.backend.summary())];
     while let Some(view) = asks.join_next().await {
         // A panicked ask loses only its own member, which then shows as missing from the answers.
         if let Ok(view) = view {

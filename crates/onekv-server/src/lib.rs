@@ -9,7 +9,9 @@
 //! - [`admission`]: per-service bounds on calls at once and message size, checked before a
 //!   call's body is decoded;
 //! - [`transport`]: the [`onekv_replica::Transport`] that sends this node's Raft messages;
-//! - [`backend`]: the trait through which the services use the replica (a fake in tests);
+//! - [`backend`]: the trait through which the services use the node (a fake in tests);
+//! - [`cluster_map`]: the node's copy of the cluster map (which nodes hold each shard), kept so
+//!   a restart keeps its placement;
 //! - [`metrics`]: Prometheus metrics (requests, Raft, log, index, disk), documented in
 //!   `docs/metrics.md`;
 //! - [`http`]: the optional HTTP endpoint (`http_listen`): `/metrics`, the status page, `/healthz`.
@@ -23,6 +25,7 @@
 pub mod admission;
 pub mod auth;
 pub mod backend;
+pub mod cluster_map;
 pub mod config;
 pub mod http;
 pub mod metrics;
@@ -36,7 +39,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use onekv_replica::{Replica, Transport};
+use onekv_placement::ClusterMap;
+use onekv_replica::{Node, Transport};
 use tokio::net::TcpListener;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -96,16 +100,24 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         None => None,
     };
 
+    // Before the node's data directory is used: a restart must keep the placement it was made with.
+    let map = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || cluster_map::load_or_create(&config))
+            .await
+            .context("reading the cluster map panicked")??
+    };
+    let map = Arc::new(map);
     let peers = config.members.iter().map(|member| (member.id, member.address.clone()));
     let options = TransportOptions { secret: secret.clone(), ..TransportOptions::default() };
     let transport = Arc::new(GrpcTransport::start(config.node_id, peers, options));
-    let replica_config = config.to_replica_config();
+    let replica_config = config.to_replica_config(&map);
     let replica_transport: Arc<dyn Transport> = Arc::clone(&transport) as Arc<dyn Transport>;
     // Opening recovers the log and the index: blocking work of unbounded length.
-    let replica = tokio::task::spawn_blocking(move || Replica::open(replica_config, replica_transport))
+    let replica = tokio::task::spawn_blocking(move || Node::open(replica_config, replica_transport))
         .await
-        .context("opening the replica panicked")?
-        .with_context(|| format!("cannot open the replica in {}", config.data_dir.display()));
+        .context("opening the node panicked")?
+        .with_context(|| format!("cannot open the node in {}", config.data_dir.display()));
     let replica = match replica {
         Ok(replica) => Arc::new(replica),
         Err(error) => {
@@ -154,7 +166,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         let _ = stop_http.send(());
         let _ = stop_resp.send(());
     };
-    let served = serve_with_secret(listener, &config, Arc::clone(&replica), secret, shutdown).await;
+    let served = serve_with_secret(listener, &config, Arc::clone(&replica), map, secret, shutdown).await;
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
         None => Ok(()),
@@ -211,13 +223,15 @@ pub async fn serve_backend<B: Backend>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let secret = config.peer_secret()?;
-    serve_with_secret(listener, config, backend, secret, shutdown).await
+    let map = Arc::new(config.cluster_map().context("cannot place the shards")?);
+    serve_with_secret(listener, config, backend, map, secret, shutdown).await
 }
 
 async fn serve_with_secret<B: Backend>(
     listener: TcpListener,
     config: &ServerConfig,
     backend: Arc<B>,
+    map: Arc<ClusterMap>,
     secret: Option<PeerSecret>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
@@ -234,7 +248,9 @@ async fn serve_with_secret<B: Backend>(
     let drain = service::Drain::default();
     let server = Server::builder()
         .tcp_nodelay(true)
-        .add_service(KvService::new(Arc::clone(&backend), config).with_drain(drain.clone()).into_server())
+        .add_service(
+            KvService::new(Arc::clone(&backend), config, map).with_drain(drain.clone()).into_server(),
+        )
         .add_service(PeerService::new(backend, config).with_secret(secret).into_server())
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
             let _ = stopped.await;

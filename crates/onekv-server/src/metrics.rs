@@ -99,9 +99,13 @@ impl NodeMetrics {
 
     /// The Prometheus text exposition (format 0.0.4) of everything, with the node state taken from
     /// `status`. Walks the data directory for disk usage: call it off the async workers.
-    pub fn render(&self, status: &ReplicaStatus) -> String {
+    pub fn render(&self, statuses: &[ReplicaStatus]) -> String {
         let disk = disk_usage(&self.data_dir);
-        metrics::with_local_recorder(&self.state, || record_state(self.node_id, status, &disk));
+        let status = &ReplicaStatus::summarize(statuses);
+        metrics::with_local_recorder(&self.state, || {
+            record_state(self.node_id, status, &disk);
+            record_shards(statuses);
+        });
         let mut text = String::new();
         if let Some(requests) = &self.requests {
             requests.run_upkeep();
@@ -117,6 +121,17 @@ impl NodeMetrics {
 fn describe_state_metrics() {
     use metrics::Unit::{Bytes, Count, Seconds};
     describe_gauge!("onekv_node_info", "Always 1; labels name this node's id and storage mode.");
+    describe_gauge!("onekv_shard_term", Count, "Current Raft term of the shard's group.");
+    describe_gauge!("onekv_shard_commit_index", Count, "Commit index of the shard's group known here.");
+    describe_gauge!("onekv_shard_applied_index", Count, "Highest index of the shard applied here.");
+    describe_gauge!("onekv_shard_flushed_index", Count, "The shard tree's flush flag.");
+    describe_gauge!("onekv_shard_is_leader", "1 while this node leads the shard, else 0.");
+    describe_gauge!("onekv_shard_has_leader", "1 while this node knows the shard's leader, else 0.");
+    describe_gauge!(
+        "onekv_shard_recovery_replayed",
+        Count,
+        "Entries the last start replayed into the shard's tree."
+    );
     describe_gauge!("onekv_raft_term", Count, "Current Raft term.");
     describe_gauge!("onekv_raft_commit_index", Count, "Raft commit index known to this node.");
     describe_gauge!("onekv_raft_applied_index", Count, "Highest Raft index applied to the index here.");
@@ -232,6 +247,29 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
         .set(status.scrub.last_pass_finished_unix_ms as f64 / 1e3);
 }
 
+/// Each replica's Raft state, labelled by shard (at most one series per shard the node holds).
+fn record_shards(statuses: &[ReplicaStatus]) {
+    for status in statuses {
+        let shard = status.shard.to_string();
+        let count = |n: u64| n as f64;
+        gauge!("onekv_shard_term", "shard" => shard.clone()).set(count(status.term));
+        gauge!("onekv_shard_commit_index", "shard" => shard.clone()).set(count(status.commit_index));
+        gauge!("onekv_shard_applied_index", "shard" => shard.clone()).set(count(status.applied_index));
+        gauge!("onekv_shard_flushed_index", "shard" => shard.clone()).set(count(status.flushed_index));
+        gauge!("onekv_shard_is_leader", "shard" => shard.clone()).set(if status.role == "leader" {
+            1.0
+        } else {
+            0.0
+        });
+        gauge!("onekv_shard_has_leader", "shard" => shard.clone()).set(if status.leader_id.is_some() {
+            1.0
+        } else {
+            0.0
+        });
+        gauge!("onekv_shard_recovery_replayed", "shard" => shard).set(count(status.recovery_replayed));
+    }
+}
+
 /// Bytes written to disk per user byte applied (0 before any user byte).
 pub fn write_amplification(status: &ReplicaStatus) -> f64 {
     if status.user_bytes == 0 { 0.0 } else { status.bytes_written as f64 / status.user_bytes as f64 }
@@ -313,14 +351,14 @@ mod tests {
         let mut status = ReplicaStatus::default();
         status.disk.free_bytes = 12345;
         status.disk.reserve_bytes = 678;
-        let text = node.render(&status);
+        let text = node.render(std::slice::from_ref(&status));
         for line in ["onekv_disk_full_alarm 0", "onekv_disk_free_bytes 12345", "onekv_disk_reserve_bytes 678"]
         {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }
         status.disk.alarm = Some("below min_free_bytes".into());
         status.disk.reserve_bytes = 0;
-        let text = node.render(&status);
+        let text = node.render(std::slice::from_ref(&status));
         for line in ["onekv_disk_full_alarm 1", "onekv_disk_reserve_bytes 0"] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
         }

@@ -106,11 +106,18 @@ pub fn decode_batch(
     batch: &PeerMessages,
     node_id: u64,
     members: &HashSet<u64>,
-) -> Result<Vec<Message>, Status> {
+) -> Result<Vec<(u64, Message)>, Status> {
     let from = batch.from;
     if !members.contains(&from) {
         return Err(Status::permission_denied(format!(
             "node {from} is not a member of this cluster (this is node {node_id})"
+        )));
+    }
+    if batch.shards.len() != batch.messages.len() {
+        return Err(Status::invalid_argument(format!(
+            "node {from} sent {} messages but {} shard ids; each message names its shard",
+            batch.messages.len(),
+            batch.shards.len()
         )));
     }
     let mut messages = Vec::with_capacity(batch.messages.len());
@@ -131,7 +138,7 @@ pub fn decode_batch(
                 message.from
             )));
         }
-        messages.push(message);
+        messages.push((batch.shards[i], message));
     }
     Ok(messages)
 }
@@ -151,8 +158,8 @@ impl<B: Backend> Peer for PeerService<B> {
                 .await
                 .map_err(|error| Status::internal(format!("decoding failed: {error}")))??
         };
-        for message in messages {
-            self.backend.step(message);
+        for (shard, message) in messages {
+            self.backend.step(shard, message);
         }
         Ok(Response::new(PeerAck {}))
     }

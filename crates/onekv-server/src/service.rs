@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use onekv_placement::ClusterMap;
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, Consistency, DeleteRequest, GetRequest, GetResponse, KeyValue,
     Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, WriteResponse,
@@ -38,9 +39,11 @@ const REPAIR_WAIT_MAX: Duration = Duration::from_secs(2);
 /// How often such a read looks again.
 const REPAIR_POLL: Duration = Duration::from_millis(20);
 
-/// The client API over a [`Backend`] (in production, a `Replica`).
+/// The client API over a [`Backend`] (in production, a `Node`).
 pub struct KvService<B> {
     backend: Arc<B>,
+    /// Which shard each key belongs to and which nodes hold it.
+    map: Arc<ClusterMap>,
     node_id: u64,
     members: Arc<[MemberConfig]>,
     limits: Limits,
@@ -100,10 +103,11 @@ impl Drain {
 }
 
 impl<B: Backend> KvService<B> {
-    /// A service for the node `config` describes, over `backend`.
-    pub fn new(backend: Arc<B>, config: &ServerConfig) -> Self {
+    /// A service for the node `config` describes, over `backend`, routing keys by `map`.
+    pub fn new(backend: Arc<B>, config: &ServerConfig, map: Arc<ClusterMap>) -> Self {
         KvService {
             backend,
+            map,
             node_id: config.node_id,
             members: config.members.clone().into(),
             limits: config.limits.to_limits(),
@@ -157,10 +161,51 @@ impl<B: Backend> KvService<B> {
         result
     }
 
-    /// Proposes `command` and waits for it to be applied, within the request timeout.
-    async fn commit(&self, request_id: RequestId, command: Command) -> Result<Outcome, Status> {
+    /// The shard of `key`, if this node holds a replica of it; else the not-leader answer naming
+    /// a node that does (its primary when that is not this node), which clients follow.
+    fn shard_of(&self, key: &[u8]) -> Result<u64, Status> {
+        self.held(self.map.shard_of_key(key))
+    }
+
+    /// `shard` if this node holds a replica of it; else the not-leader answer naming a node that
+    /// does.
+    fn held(&self, shard: u64) -> Result<u64, Status> {
+        let Some(placement) = self.map.shard(shard) else {
+            return Err(Status::invalid_argument(format!(
+                "shard {shard} does not exist: the cluster has shards 1..={}",
+                self.map.shard_count()
+            )));
+        };
+        if placement.replicas.contains(&self.node_id) {
+            return Ok(shard);
+        }
+        Err(self.status_of(ReplicaError::NotLeader { leader: placement.replicas.first().copied() }))
+    }
+
+    /// The one shard all of `keys` belong to (held here), or why not: a batch is atomic within
+    /// one shard, and keys of several shards are refused rather than split.
+    fn one_shard<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Result<u64, Status> {
+        let mut shards = std::collections::BTreeSet::new();
+        for key in keys {
+            shards.insert(self.map.shard_of_key(key));
+        }
+        if shards.len() > 1 {
+            let list: Vec<String> = shards.iter().map(u64::to_string).collect();
+            return Err(Status::invalid_argument(format!(
+                "the batch's keys belong to shards {}: a batch is atomic within one shard only; give \
+                 related keys a common {{hash tag}} (only the part inside {{}} is hashed) or send one \
+                 batch per shard (the onekv client's batch_per_shard does)",
+                list.join(", ")
+            )));
+        }
+        self.held(shards.into_iter().next().unwrap_or(1))
+    }
+
+    /// Proposes `command` to `shard` and waits for it to be applied, within the request timeout.
+    async fn commit(&self, shard: u64, request_id: RequestId, command: Command) -> Result<Outcome, Status> {
         let (sender, receiver) = oneshot::channel();
         self.backend.propose(
+            shard,
             request_id,
             command,
             Box::new(move |result| {
@@ -171,12 +216,16 @@ impl<B: Backend> KvService<B> {
         self.await_done(receiver, "committed").await
     }
 
-    /// Confirms leadership and waits until this replica has applied everything committed before.
-    async fn read_barrier(&self) -> Result<(), Status> {
+    /// Confirms `shard`'s leadership and waits until this replica has applied everything
+    /// committed before.
+    async fn read_barrier(&self, shard: u64) -> Result<(), Status> {
         let (sender, receiver) = oneshot::channel();
-        self.backend.read_barrier(Box::new(move |result| {
-            let _ = sender.send(result);
-        }));
+        self.backend.read_barrier(
+            shard,
+            Box::new(move |result| {
+                let _ = sender.send(result);
+            }),
+        );
         self.await_done(receiver, "confirmed by a quorum").await
     }
 
@@ -203,11 +252,11 @@ impl<B: Backend> KvService<B> {
     /// at most [`REPAIR_WAIT_MAX`]): the client is then served the healthy replicas' value. A
     /// later read than the first attempt is still linearizable: it happens after the barrier and
     /// before the answer.
-    async fn get_repaired(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Status> {
+    async fn get_repaired(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, Status> {
         let deadline = Instant::now() + (self.request_timeout / 2).min(REPAIR_WAIT_MAX);
         loop {
             // One index lookup and one pread of the value: short enough to run here.
-            match self.backend.get(key) {
+            match self.backend.get(shard, key) {
                 Err(ReplicaError::Corrupt { .. }) if Instant::now() < deadline => {
                     tokio::time::sleep(REPAIR_POLL).await
                 }
@@ -224,7 +273,7 @@ impl<B: Backend> KvService<B> {
     /// behind for as long as it stays up, so it is no longer a copy worth reading, even stale. (A
     /// linearizable read needs no check: the failed replica refuses its read barrier.)
     fn refuse_if_failed(&self) -> Result<(), Status> {
-        match self.backend.status().failure {
+        match self.backend.failure() {
             Some(failure) => Err(failed_node_status(&failure)),
             None => Ok(()),
         }
@@ -236,7 +285,7 @@ impl<B: Backend> KvService<B> {
     /// the failed-node answer that sends the client elsewhere.
     fn status_of_read(&self, error: ReplicaError) -> Status {
         match error {
-            ReplicaError::Storage(message) => match self.backend.status().failure {
+            ReplicaError::Storage(message) => match self.backend.failure() {
                 Some(failure) => failed_node_status(&failure),
                 None => Status::internal(ReplicaError::Storage(message).to_string()),
             },
@@ -360,11 +409,12 @@ impl<B: Backend> Kv for KvService<B> {
         self.observed("get", async move {
             let request = request.into_inner();
             let consistency = self.read_key(&request.key, request.consistency)?;
+            let shard = self.shard_of(&request.key)?;
             match consistency {
-                Consistency::Linearizable => self.read_barrier().await?,
+                Consistency::Linearizable => self.read_barrier(shard).await?,
                 Consistency::Stale => self.refuse_if_failed()?,
             }
-            let value = self.get_repaired(&request.key).await?;
+            let value = self.get_repaired(shard, &request.key).await?;
             Ok(Response::new(match value {
                 Some(value) => GetResponse { found: true, value },
                 None => GetResponse { found: false, value: Vec::new() },
@@ -379,8 +429,10 @@ impl<B: Backend> Kv for KvService<B> {
             check_key(&self.limits, "key", &request.key)?;
             check_value(&self.limits, "value", &request.value)?;
             check_write_bytes(&self.limits, "put", request.key.len() + request.value.len())?;
+            let shard = self.shard_of(&request.key)?;
             let op = WriteOp { key: request.key, value: Some(request.value) };
-            let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
+            let outcome =
+                self.commit(shard, request_id(request.request_id), Command::Write(vec![op])).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
         })
         .await
@@ -390,8 +442,10 @@ impl<B: Backend> Kv for KvService<B> {
         self.observed("delete", async move {
             let request = request.into_inner();
             check_key(&self.limits, "key", &request.key)?;
+            let shard = self.shard_of(&request.key)?;
             let op = WriteOp { key: request.key, value: None };
-            let outcome = self.commit(request_id(request.request_id), Command::Write(vec![op])).await?;
+            let outcome =
+                self.commit(shard, request_id(request.request_id), Command::Write(vec![op])).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
         })
         .await
@@ -420,8 +474,9 @@ impl<B: Backend> Kv for KvService<B> {
                 bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
             }
             check_write_bytes(limits, "batch", bytes)?;
+            let shard = self.one_shard(request.ops.iter().map(|op| op.key.as_slice()))?;
             let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
-            let outcome = self.commit(request_id(request.request_id), Command::Write(ops)).await?;
+            let outcome = self.commit(shard, request_id(request.request_id), Command::Write(ops)).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
         })
         .await
@@ -440,9 +495,10 @@ impl<B: Backend> Kv for KvService<B> {
                 }
             }
             check_write_bytes(limits, "cas", bytes)?;
+            let shard = self.shard_of(&request.key)?;
             let command =
                 Command::Cas { key: request.key, expected: request.expected, new: request.new_value };
-            let outcome = self.commit(request_id(request.request_id), command).await?;
+            let outcome = self.commit(shard, request_id(request.request_id), command).await?;
             let Some(cas) = outcome.cas else {
                 return Err(Status::internal(
                     "the replica applied a compare-and-swap without reporting its outcome",
@@ -482,8 +538,20 @@ impl<B: Backend> Kv for KvService<B> {
                 }
                 limit => limit,
             };
+            let shard = match request.shard {
+                0 if self.map.shard_count() == 1 => 1,
+                0 => {
+                    return Err(Status::invalid_argument(format!(
+                        "scan needs a shard: the cluster has {} shards; scan each (1..={}) and merge \
+                         (the onekv client does)",
+                        self.map.shard_count(),
+                        self.map.shard_count()
+                    )));
+                }
+                shard => self.held(shard)?,
+            };
             match consistency {
-                Consistency::Linearizable => self.read_barrier().await?,
+                Consistency::Linearizable => self.read_barrier(shard).await?,
                 Consistency::Stale => self.refuse_if_failed()?,
             }
             // A scan may read megabytes through many preads: keep it off the async workers.
@@ -491,9 +559,9 @@ impl<B: Backend> Kv for KvService<B> {
             let (pairs, more) = tokio::task::spawn_blocking(move || {
                 let end = (!request.end.is_empty()).then_some(request.end.as_slice());
                 if request.keys_only {
-                    backend.scan_keys(&request.start, end, limit, request.reverse)
+                    backend.scan_keys(shard, &request.start, end, limit, request.reverse)
                 } else {
-                    backend.scan(&request.start, end, limit, request.reverse)
+                    backend.scan(shard, &request.start, end, limit, request.reverse)
                 }
             })
             .await
@@ -507,9 +575,30 @@ impl<B: Backend> Kv for KvService<B> {
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         self.observed("status", async move {
-            let status = self.backend.status();
+            let statuses = self.backend.statuses();
+            // The node-wide fields (and, for older clients, the Raft fields) come from the replica
+            // of the lowest shard; every replica is listed in `shards`.
+            let status = statuses.first().cloned().unwrap_or_default();
             let write_amplification = crate::metrics::write_amplification(&status);
+            let shards = statuses
+                .iter()
+                .map(|s| onekv_proto::ShardStatus {
+                    shard: s.shard,
+                    leader_id: s.leader_id.unwrap_or(0),
+                    term: s.term,
+                    role: s.role.clone(),
+                    commit_index: s.commit_index,
+                    applied_index: s.applied_index,
+                    flushed_index: s.flushed_index,
+                    voters: s.voters.clone(),
+                    recovery_replayed: s.recovery_replayed,
+                    last_index: s.last_index,
+                })
+                .collect();
             Ok(Response::new(StatusResponse {
+                shard_count: self.map.shard_count(),
+                cluster_map: self.map.encode(),
+                shards,
                 node_id: self.node_id,
                 members: self
                     .members

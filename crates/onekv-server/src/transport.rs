@@ -1,4 +1,5 @@
-//! The peer transport: carries the replica's outgoing Raft messages to other members over gRPC.
+//! The peer transport: carries the node's outgoing Raft messages, of every shard, to other members
+//! over gRPC (one queue and one connection per peer, whatever the number of shards).
 //!
 //! Owns, per peer, a bounded queue and one Tokio task that drains it: queued messages are encoded
 //! and sent together as one `PeerMessages` call, the connection is made lazily and remade after a
@@ -92,7 +93,7 @@ struct Counters {
 
 /// The sending side of one peer's queue.
 struct PeerQueue {
-    sender: mpsc::Sender<Message>,
+    sender: mpsc::Sender<(u64, Message)>,
     /// Estimated bytes queued; added by `send`, subtracted by the peer's task.
     queued_bytes: Arc<AtomicUsize>,
     /// Set when a full queue was reported, so a down peer logs once rather than per message.
@@ -169,7 +170,7 @@ impl GrpcTransport {
 }
 
 impl Transport for GrpcTransport {
-    fn send(&self, messages: Vec<Message>) {
+    fn send(&self, shard: u64, messages: Vec<Message>) {
         for message in messages {
             let Some(queue) = self.peers.get(&message.to) else {
                 self.counters.dropped_unknown_peer.fetch_add(1, Ordering::Relaxed);
@@ -185,7 +186,7 @@ impl Transport for GrpcTransport {
             // the message) can never come first and leave the count too high for good.
             let queued = queue.queued_bytes.fetch_add(size, Ordering::Relaxed);
             let over_bytes = queued > 0 && queued.saturating_add(size) > self.options.queue_bytes;
-            let accepted = !over_bytes && queue.sender.try_send(message).is_ok();
+            let accepted = !over_bytes && queue.sender.try_send((shard, message)).is_ok();
             if !accepted {
                 queue.queued_bytes.fetch_sub(size, Ordering::Relaxed);
                 self.counters.dropped_queue_full.fetch_add(1, Ordering::Relaxed);
@@ -212,7 +213,7 @@ struct PeerTask {
     node_id: u64,
     peer_id: u64,
     address: String,
-    receiver: mpsc::Receiver<Message>,
+    receiver: mpsc::Receiver<(u64, Message)>,
     queued_bytes: Arc<AtomicUsize>,
     full_reported: Arc<AtomicBool>,
     options: TransportOptions,
@@ -243,7 +244,7 @@ impl PeerTask {
             }
         };
         let mut client: Option<PeerClient<Channel>> = None;
-        let mut carried: Option<Vec<u8>> = None;
+        let mut carried: Option<(u64, Vec<u8>)> = None;
         let mut backoff = self.options.backoff_min;
         let mut failing = false;
         while let Some(batch) = self.next_batch(&mut carried).await {
@@ -285,7 +286,7 @@ impl PeerTask {
         &self,
         endpoint: &Endpoint,
         client: &mut Option<PeerClient<Channel>>,
-        batch: Vec<Vec<u8>>,
+        batch: Vec<(u64, Vec<u8>)>,
     ) -> Result<(), String> {
         let connected = match client {
             Some(connected) => connected,
@@ -298,7 +299,8 @@ impl PeerTask {
                 )
             }
         };
-        let mut request = tonic::Request::new(PeerMessages { from: self.node_id, messages: batch });
+        let (shards, messages) = batch.into_iter().unzip();
+        let mut request = tonic::Request::new(PeerMessages { from: self.node_id, messages, shards });
         if let Some(secret) = &self.options.secret {
             request.metadata_mut().insert(PEER_SECRET_METADATA, secret.metadata_value());
         }
@@ -323,31 +325,31 @@ impl PeerTask {
     /// Waits for at least one message, then takes whatever else is queued, up to the batch limits,
     /// encoded. Returns `None` once the transport is closed or dropped. A message that would push
     /// the batch over the size limit is left in `carried` to start the next one.
-    async fn next_batch(&mut self, carried: &mut Option<Vec<u8>>) -> Option<Vec<Vec<u8>>> {
+    async fn next_batch(&mut self, carried: &mut Option<(u64, Vec<u8>)>) -> Option<Vec<(u64, Vec<u8>)>> {
         let limit = MAX_PEER_MESSAGE_BYTES - BATCH_FRAMING_BYTES;
         let first = loop {
             if let Some(encoded) = carried.take() {
                 break encoded;
             }
-            let message = tokio::select! {
+            let (shard, message) = tokio::select! {
                 message = self.receiver.recv() => message?,
                 _ = self.closed.changed() => return None,
             };
             if let Some(encoded) = self.encode(message, limit) {
-                break encoded;
+                break (shard, encoded);
             }
         };
-        let mut bytes = first.len();
+        let mut bytes = first.1.len();
         let mut batch = vec![first];
         while batch.len() < self.options.batch_messages && bytes < self.options.batch_bytes {
-            let Ok(message) = self.receiver.try_recv() else { break };
+            let Ok((shard, message)) = self.receiver.try_recv() else { break };
             let Some(encoded) = self.encode(message, limit) else { continue };
             if bytes + encoded.len() > limit {
-                *carried = Some(encoded);
+                *carried = Some((shard, encoded));
                 break;
             }
             bytes += encoded.len();
-            batch.push(encoded);
+            batch.push((shard, encoded));
         }
         Some(batch)
     }

@@ -62,9 +62,13 @@ fn the_documented_example_parses_validates_and_matches_the_defaults() {
 
 #[test]
 fn defaults_are_the_replicas() {
-    let config = valid();
+    let mut config = valid();
+    config.cluster = Default::default();
     config.validate().unwrap();
-    let replica = config.to_replica_config();
+    let replica = config.to_replica_config(&config.cluster_map().unwrap());
+    // Three members, 16 shards of 3 replicas: every member holds every shard.
+    assert_eq!(replica.shards.len(), 16);
+    assert!(replica.shards.iter().all(|shard| shard.voters.len() == 3));
     let reference = onekv_replica::ReplicaConfig::new(1, vec![1, 2, 3], "/tmp/onekv-test-data");
     assert_eq!(replica.limits, Limits::default());
     assert_eq!(replica.tick, reference.tick);
@@ -183,9 +187,14 @@ fn every_field_reaches_the_replica_config() {
     )
     .unwrap();
     config.validate().unwrap();
-    let replica = config.to_replica_config();
+    let replica = config.to_replica_config(&config.cluster_map().unwrap());
     assert_eq!(replica.node_id, 3);
-    assert_eq!(replica.voters, vec![3, 9]);
+    // Two members: every shard on both.
+    assert!(replica.shards.iter().all(|shard| {
+        let mut voters = shard.voters.clone();
+        voters.sort();
+        voters == [3, 9]
+    }));
     assert_eq!(replica.data_dir, PathBuf::from("/data/n3"));
     assert_eq!(replica.storage, StorageMode::Classic);
     assert_eq!(replica.tick, Duration::from_millis(50));

@@ -32,7 +32,10 @@ fn config() -> ServerConfig {
 
 fn service() -> (Arc<FakeBackend>, KvService<FakeBackend>) {
     let backend = Arc::new(FakeBackend::default());
-    (Arc::clone(&backend), KvService::new(Arc::clone(&backend), &config()))
+    (
+        Arc::clone(&backend),
+        KvService::new(Arc::clone(&backend), &config(), Arc::new(config().cluster_map().unwrap())),
+    )
 }
 
 fn id(client: u64, seq: u64) -> Option<onekv_proto::RequestId> {
@@ -145,6 +148,7 @@ async fn requests_over_a_limit_are_rejected_naming_it_before_reaching_the_replic
     assert_invalid(service.get(get(b"k", 7)).await, "unknown consistency 7");
     let scan = |start: &[u8], end: &[u8], limit| {
         Request::new(ScanRequest {
+            shard: 0,
             start: start.to_vec(),
             end: end.to_vec(),
             limit,
@@ -191,6 +195,7 @@ async fn scans_pass_their_range_and_limit() {
         backend.data.lock().unwrap().insert(key.to_vec(), b"v".to_vec());
     }
     let request = ScanRequest {
+        shard: 0,
         start: b"b".to_vec(),
         end: vec![],
         limit: 0,
@@ -206,6 +211,7 @@ async fn scans_pass_their_range_and_limit() {
     assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 5, true));
 
     let request = ScanRequest {
+        shard: 0,
         start: vec![],
         end: b"d".to_vec(),
         limit: 2,
@@ -227,6 +233,7 @@ async fn keys_only_scans_return_keys_without_values() {
         backend.data.lock().unwrap().insert(key.to_vec(), b"value".to_vec());
     }
     let request = ScanRequest {
+        shard: 0,
         start: b"b".to_vec(),
         end: vec![],
         limit: 0,
@@ -369,6 +376,7 @@ async fn a_failed_replica_answers_unavailable_with_the_failure_and_no_leader_hin
     let status = service.get(stale()).await.unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     let scan = ScanRequest {
+        shard: 0,
         start: vec![],
         end: vec![],
         limit: 0,
@@ -385,7 +393,8 @@ async fn a_failed_replica_answers_unavailable_with_the_failure_and_no_leader_hin
 async fn serve_kv(backend: &Arc<FakeBackend>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
-    let service = KvService::new(Arc::clone(backend), &config()).into_server();
+    let service = KvService::new(Arc::clone(backend), &config(), Arc::new(config().cluster_map().unwrap()))
+        .into_server();
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
     tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
     address
@@ -550,6 +559,7 @@ async fn serve_backend_over_tcp_and_stop_gracefully() {
         let mut request = Request::new(PeerMessages {
             from: 2,
             messages: vec![protobuf::Message::write_to_bytes(&message).unwrap()],
+            shards: vec![1],
         });
         request.metadata_mut().insert(onekv_server::auth::PEER_SECRET_METADATA, secret.metadata_value());
         peer.send(request).await.expect("the Peer service keeps serving while the node drains");

@@ -22,6 +22,12 @@ use tokio::sync::{Semaphore, mpsc};
 use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Request, Response, Status};
 
+/// A batch of `messages` from node `from`, all of shard 1.
+fn batch(from: u64, messages: Vec<Vec<u8>>) -> PeerMessages {
+    let shards = vec![1; messages.len()];
+    PeerMessages { from, messages, shards }
+}
+
 fn service() -> (Arc<FakeBackend>, PeerService<FakeBackend>) {
     let backend = Arc::new(FakeBackend::default());
     let config = common::three_node_config(std::path::Path::new("/unused"));
@@ -56,7 +62,7 @@ fn valid_messages_are_stepped_in_order() {
     let first = message(2, 1);
     let mut second = message(2, 1);
     second.set_msg_type(MessageType::MsgHeartbeat);
-    send(&service, PeerMessages { from: 2, messages: vec![encoded(&first), encoded(&second)] }).unwrap();
+    send(&service, batch(2, vec![encoded(&first), encoded(&second)])).unwrap();
     let stepped = backend.stepped.lock().unwrap();
     assert_eq!(*stepped, vec![first, second]);
 }
@@ -65,7 +71,7 @@ fn valid_messages_are_stepped_in_order() {
 fn garbage_is_invalid_argument_and_nothing_is_stepped() {
     let (backend, service) = service();
     // A valid message followed by garbage: the whole batch is refused.
-    let batch = PeerMessages { from: 2, messages: vec![encoded(&message(2, 1)), vec![0xff; 7]] };
+    let batch = batch(2, vec![encoded(&message(2, 1)), vec![0xff; 7]]);
     let status = send(&service, batch).unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("message 1 from node 2 does not decode"), "{}", status.message());
@@ -75,8 +81,7 @@ fn garbage_is_invalid_argument_and_nothing_is_stepped() {
 #[test]
 fn a_message_for_another_node_is_refused() {
     let (backend, service) = service();
-    let status =
-        send(&service, PeerMessages { from: 2, messages: vec![encoded(&message(2, 3))] }).unwrap_err();
+    let status = send(&service, batch(2, vec![encoded(&message(2, 3))])).unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("addressed to node 3, but this is node 1"), "{}", status.message());
     assert!(backend.stepped.lock().unwrap().is_empty());
@@ -85,19 +90,17 @@ fn a_message_for_another_node_is_refused() {
 #[test]
 fn a_sender_that_is_not_a_member_is_refused() {
     let (backend, service) = service();
-    let status =
-        send(&service, PeerMessages { from: 9, messages: vec![encoded(&message(9, 1))] }).unwrap_err();
+    let status = send(&service, batch(9, vec![encoded(&message(9, 1))])).unwrap_err();
     assert_eq!(status.code(), Code::PermissionDenied);
     assert!(status.message().contains("node 9 is not a member"), "{}", status.message());
     // A member's batch carrying a message from a non-member is refused too.
-    let status =
-        send(&service, PeerMessages { from: 2, messages: vec![encoded(&message(7, 1))] }).unwrap_err();
+    let status = send(&service, batch(2, vec![encoded(&message(7, 1))])).unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("node 7, which is not a member"), "{}", status.message());
     assert!(backend.stepped.lock().unwrap().is_empty());
     // But a message from another member may travel in a batch from node 2: raft-rs forwards
     // MsgTransferLeader with `from` set to the transferee.
-    send(&service, PeerMessages { from: 2, messages: vec![encoded(&message(3, 1))] }).unwrap();
+    send(&service, batch(2, vec![encoded(&message(3, 1))])).unwrap();
     assert_eq!(backend.stepped.lock().unwrap().len(), 1);
 }
 
@@ -107,9 +110,9 @@ fn large_batches_are_decoded_too() {
     let (backend, service) = service();
     let mut big = message(2, 1);
     big.entries[0].data = vec![7u8; 2 << 20].into();
-    send(&service, PeerMessages { from: 2, messages: vec![encoded(&big)] }).unwrap();
+    send(&service, batch(2, vec![encoded(&big)])).unwrap();
     assert_eq!(backend.stepped.lock().unwrap()[0].entries[0].data.len(), 2 << 20);
-    let status = send(&service, PeerMessages { from: 2, messages: vec![vec![0x0a; 3 << 20]] }).unwrap_err();
+    let status = send(&service, batch(2, vec![vec![0x0a; 3 << 20]])).unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
 }
 
@@ -121,7 +124,7 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let (backend, service) = service();
-        let result = send(&service, PeerMessages { from: 2, messages: vec![bytes] });
+        let result = send(&service, batch(2, vec![bytes]));
         let stepped = backend.stepped.lock().unwrap().len();
         match result {
             Ok(()) => prop_assert_eq!(stepped, 1),
@@ -139,7 +142,7 @@ proptest! {
         let mut bytes = encoded(&message(2, 1));
         let position = position % bytes.len();
         bytes[position] = value;
-        let result = send(&service, PeerMessages { from: 2, messages: vec![bytes] });
+        let result = send(&service, batch(2, vec![bytes]));
         let stepped = backend.stepped.lock().unwrap().len();
         match result {
             Ok(()) => prop_assert_eq!(stepped, 1),
@@ -174,7 +177,7 @@ async fn serve(
 fn call(secret: Option<&str>, payload: usize) -> Request<PeerMessages> {
     let mut big = message(2, 1);
     big.entries[0].data = vec![9u8; payload].into();
-    let mut request = Request::new(PeerMessages { from: 2, messages: vec![encoded(&big)] });
+    let mut request = Request::new(batch(2, vec![encoded(&big)]));
     if let Some(secret) = secret {
         request.metadata_mut().insert(PEER_SECRET_METADATA, secret.parse().unwrap());
     }
@@ -238,7 +241,7 @@ async fn without_a_secret_no_peer_call_is_accepted() {
         let (address, _stop) = serve(config, Arc::clone(&backend)).await;
         let mut peer = PeerClient::connect(format!("http://{address}")).await.unwrap();
         // Even a message "from" this node itself, which the member check would let through.
-        let mut request = Request::new(PeerMessages { from: 1, messages: vec![encoded(&message(1, 1))] });
+        let mut request = Request::new(batch(1, vec![encoded(&message(1, 1))]));
         request
             .metadata_mut()
             .insert(PEER_SECRET_METADATA, secret_text(&PeerSecret::generate()).parse().unwrap());

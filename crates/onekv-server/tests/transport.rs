@@ -126,12 +126,12 @@ async fn queued_messages_go_out_in_one_batch_in_order() {
         let mut peer = start_fake_peer(false).await;
         let transport = GrpcTransport::start(1, [(2, peer.address.clone())], fast_options());
 
-        transport.send(vec![heartbeat(2, 0)]);
+        transport.send(1, vec![heartbeat(2, 0)]);
         // The first call is held at the server, so the next messages queue behind it.
         let (from, first) = peer.next_call().await;
         assert_eq!((from, commits(&first)), (1, vec![0]));
-        transport.send((1..=5).map(|commit| heartbeat(2, commit)).collect());
-        transport.send((6..=9).map(|commit| heartbeat(2, commit)).collect());
+        transport.send(1, (1..=5).map(|commit| heartbeat(2, commit)).collect());
+        transport.send(1, (6..=9).map(|commit| heartbeat(2, commit)).collect());
         peer.gate.add_permits(1);
 
         let (_, second) = peer.next_call().await;
@@ -152,9 +152,9 @@ async fn batches_are_bounded_by_the_message_limit() {
         let mut peer = start_fake_peer(false).await;
         let options = TransportOptions { batch_messages: 4, ..fast_options() };
         let transport = GrpcTransport::start(1, [(2, peer.address.clone())], options);
-        transport.send(vec![heartbeat(2, 0)]);
+        transport.send(1, vec![heartbeat(2, 0)]);
         peer.next_call().await;
-        transport.send((1..=10).map(|commit| heartbeat(2, commit)).collect());
+        transport.send(1, (1..=10).map(|commit| heartbeat(2, commit)).collect());
         peer.gate.add_permits(100);
         let mut seen = Vec::new();
         while seen.len() < 10 {
@@ -175,11 +175,11 @@ async fn a_full_queue_drops_without_blocking() {
         let mut peer = start_fake_peer(false).await;
         let options = TransportOptions { queue_messages: 4, ..fast_options() };
         let transport = GrpcTransport::start(1, [(2, peer.address.clone())], options);
-        transport.send(vec![heartbeat(2, 0)]);
+        transport.send(1, vec![heartbeat(2, 0)]);
         peer.next_call().await; // in flight, held: the queue is now empty
 
         let started = Instant::now();
-        transport.send((1..=100).map(|commit| heartbeat(2, commit)).collect());
+        transport.send(1, (1..=100).map(|commit| heartbeat(2, commit)).collect());
         assert!(started.elapsed() < Duration::from_millis(500), "send blocked for {:?}", started.elapsed());
         let stats = transport.stats();
         assert_eq!(stats.dropped_queue_full, 96, "4 fit in the queue: {stats:?}");
@@ -190,7 +190,7 @@ async fn a_full_queue_drops_without_blocking() {
         wait_for(&transport, "both calls acknowledged", |s| s.sent_messages == 5).await;
 
         // Once the queue drains, messages flow again.
-        transport.send(vec![heartbeat(2, 200)]);
+        transport.send(1, vec![heartbeat(2, 200)]);
         let (_, batch) = peer.next_call().await;
         assert_eq!(commits(&batch), vec![200]);
         transport.close();
@@ -205,7 +205,7 @@ async fn the_queue_is_bounded_by_bytes_too() {
         let mut peer = start_fake_peer(false).await;
         let options = TransportOptions { queue_bytes: 1 << 20, ..fast_options() };
         let transport = GrpcTransport::start(1, [(2, peer.address.clone())], options);
-        transport.send(vec![heartbeat(2, 0)]);
+        transport.send(1, vec![heartbeat(2, 0)]);
         peer.next_call().await;
         let big = |commit| {
             let mut message = heartbeat(2, commit);
@@ -214,7 +214,7 @@ async fn the_queue_is_bounded_by_bytes_too() {
         };
         // 400 KiB each into a 1 MiB budget: two fit, the rest are dropped. A message alone larger
         // than the budget still goes when the queue is empty (checked below).
-        transport.send((1..=5).map(big).collect());
+        transport.send(1, (1..=5).map(big).collect());
         assert_eq!(transport.stats().dropped_queue_full, 3);
         peer.gate.add_permits(100);
         let (_, batch) = peer.next_call().await;
@@ -224,7 +224,7 @@ async fn the_queue_is_bounded_by_bytes_too() {
         // Many messages dequeued as soon as they are queued: the byte count must come back to zero
         // (a send racing with the task once leaked its count and later refused the large message).
         for commit in 100..300 {
-            transport.send(vec![heartbeat(2, commit)]);
+            transport.send(1, vec![heartbeat(2, commit)]);
             if commit % 10 == 0 {
                 tokio::task::yield_now().await;
             }
@@ -234,7 +234,7 @@ async fn the_queue_is_bounded_by_bytes_too() {
 
         let mut huge = heartbeat(2, 99);
         huge.entries.push(Entry { data: vec![0u8; 3 << 20].into(), ..Entry::default() });
-        transport.send(vec![huge]);
+        transport.send(1, vec![huge]);
         let (_, batch) = peer.next_call().await;
         assert_eq!(batch[0].entries[0].data.len(), 3 << 20);
         transport.close();
@@ -250,7 +250,7 @@ async fn unknown_peers_are_dropped_and_peers_are_independent() {
         let mut three = start_fake_peer(true).await;
         let peers = [(1, "127.0.0.1:1".to_string()), (2, two.address.clone()), (3, three.address.clone())];
         let transport = GrpcTransport::start(1, peers, fast_options());
-        transport.send(vec![heartbeat(2, 1), heartbeat(9, 1), heartbeat(3, 2), heartbeat(1, 3)]);
+        transport.send(1, vec![heartbeat(2, 1), heartbeat(9, 1), heartbeat(3, 2), heartbeat(1, 3)]);
         assert_eq!(transport.stats().dropped_unknown_peer, 2, "node 9, and this node itself");
         assert_eq!(commits(&two.next_call().await.1), vec![1]);
         assert_eq!(commits(&three.next_call().await.1), vec![2]);
@@ -270,7 +270,7 @@ async fn an_unreachable_peer_is_retried_until_it_comes_up() {
         let transport = GrpcTransport::start(1, [(2, address.to_string())], fast_options());
 
         let started = Instant::now();
-        transport.send(vec![heartbeat(2, 1)]);
+        transport.send(1, vec![heartbeat(2, 1)]);
         assert!(started.elapsed() < Duration::from_millis(100), "send must not wait for a connection");
         wait_for(&transport, "a failed attempt", |s| s.dropped_send_failed >= 1).await;
 
@@ -279,7 +279,7 @@ async fn an_unreachable_peer_is_retried_until_it_comes_up() {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut commit = 2;
         let delivered = loop {
-            transport.send(vec![heartbeat(2, commit)]);
+            transport.send(1, vec![heartbeat(2, commit)]);
             if let Ok(Some((_, batch))) =
                 tokio::time::timeout(Duration::from_millis(100), peer.calls.recv()).await
             {
@@ -300,11 +300,11 @@ async fn close_stops_delivery() {
     tokio::time::timeout(TEST_TIMEOUT, async {
         let mut peer = start_fake_peer(true).await;
         let transport = GrpcTransport::start(1, [(2, peer.address.clone())], fast_options());
-        transport.send(vec![heartbeat(2, 1)]);
+        transport.send(1, vec![heartbeat(2, 1)]);
         peer.next_call().await;
         transport.close();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        transport.send(vec![heartbeat(2, 2)]);
+        transport.send(1, vec![heartbeat(2, 2)]);
         peer.assert_no_call(Duration::from_millis(300)).await;
     })
     .await
@@ -336,7 +336,7 @@ async fn messages_reach_the_peer_service() {
         for wrong in [None, Some(onekv_server::PeerSecret::generate())] {
             let options = TransportOptions { secret: wrong, ..fast_options() };
             let outsider = GrpcTransport::start(1, [(2, address.to_string())], options);
-            outsider.send(vec![heartbeat(2, 0)]);
+            outsider.send(1, vec![heartbeat(2, 0)]);
             wait_for(&outsider, "refusal", |s| s.dropped_send_failed == 1).await;
             outsider.close();
         }
@@ -346,7 +346,7 @@ async fn messages_reach_the_peer_service() {
         let mut snapshot = heartbeat(2, 1);
         snapshot.set_msg_type(MessageType::MsgSnapshot);
         snapshot.mut_snapshot().data = vec![5u8; 20 << 20].into();
-        transport.send(vec![heartbeat(2, 0), snapshot]);
+        transport.send(1, vec![heartbeat(2, 0), snapshot]);
         wait_for(&transport, "delivery", |s| s.sent_messages == 2).await;
         {
             let stepped = backend.stepped.lock().unwrap();
@@ -358,7 +358,7 @@ async fn messages_reach_the_peer_service() {
         let mut wrong = heartbeat(2, 7);
         wrong.to = 3;
         let misrouted = GrpcTransport::start(1, [(3, address.to_string())], with_secret());
-        misrouted.send(vec![wrong]);
+        misrouted.send(1, vec![wrong]);
         wait_for(&misrouted, "refusal", |s| s.dropped_send_failed == 1).await;
         assert_eq!(backend.stepped.lock().unwrap().len(), 2);
         transport.close();

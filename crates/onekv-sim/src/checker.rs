@@ -198,7 +198,11 @@ fn written(op: &Op) -> Option<State> {
 /// must be one a write could have left last: the acknowledged write invoked last (call time `t`)
 /// must not be followed by anything older, so the value comes from a write whose response came at
 /// or after `t` (or never came). With no acknowledged write the key may also be absent.
-pub fn check_no_lost_writes(ops: &[Op], finals: &BTreeMap<u64, BTreeMap<u32, ValueId>>) -> Vec<String> {
+pub fn check_no_lost_writes(
+    ops: &[Op],
+    finals: &BTreeMap<(u64, u64), BTreeMap<u32, ValueId>>,
+    shard_of: &dyn Fn(u32) -> u64,
+) -> Vec<String> {
     let mut by_key: BTreeMap<u32, Vec<&Op>> = BTreeMap::new();
     for op in ops.iter().filter(|op| written(op).is_some()) {
         by_key.entry(op.key).or_default().push(op);
@@ -214,12 +218,13 @@ pub fn check_no_lost_writes(ops: &[Op], finals: &BTreeMap<u64, BTreeMap<u32, Val
         if last_acked_call.is_none() {
             allowed.insert(None);
         }
-        for (replica, values) in finals {
+        let shard = shard_of(key);
+        for ((_, node), values) in finals.range((shard, 0)..=(shard, u64::MAX)) {
             let value = values.get(&key).copied();
             if !allowed.contains(&value) {
                 problems.push(format!(
-                    "key {key}: replica {replica} ends with {value:?}, which no write that could be last left \
-                     (an acknowledged write was lost or overtaken by an older one)"
+                    "key {key}: the replica of shard {shard} on node {node} ends with {value:?}, which no \
+                     write that could be last left (an acknowledged write was lost or overtaken by an older one)"
                 ));
             }
         }
@@ -227,15 +232,16 @@ pub fn check_no_lost_writes(ops: &[Op], finals: &BTreeMap<u64, BTreeMap<u32, Val
     problems
 }
 
-/// Every replica must hold exactly the same pairs.
-pub fn check_converged(finals: &BTreeMap<u64, BTreeMap<u32, ValueId>>) -> Vec<String> {
+/// Every replica of a shard must hold exactly the same pairs. `finals` is keyed by (shard, node).
+pub fn check_converged(finals: &BTreeMap<(u64, u64), BTreeMap<u32, ValueId>>) -> Vec<String> {
     let mut problems = Vec::new();
-    let mut replicas = finals.iter();
-    if let Some((first_id, first)) = replicas.next() {
-        for (id, values) in replicas {
-            if values != first {
-                problems.push(format!("replicas {first_id} and {id} differ: {first:?} vs {values:?}"));
-            }
+    let mut first_of_shard: BTreeMap<u64, (u64, &BTreeMap<u32, ValueId>)> = BTreeMap::new();
+    for (&(shard, node), values) in finals {
+        let (first_node, first) = *first_of_shard.entry(shard).or_insert((node, values));
+        if values != first {
+            problems.push(format!(
+                "the replicas of shard {shard} on nodes {first_node} and {node} differ: {first:?} vs {values:?}"
+            ));
         }
     }
     problems
@@ -332,18 +338,31 @@ mod tests {
             op(1, OpKind::Put(2), 3, Some(4), Some(OpResult::Written)),
             op(2, OpKind::Put(3), 5, None, None),
         ];
+        // Key 0 lives in shard 7, on node 1.
         let finals = |v: Option<u32>| {
             let mut map = BTreeMap::new();
-            map.insert(1, v.map(|v| BTreeMap::from([(0, v)])).unwrap_or_default());
+            map.insert((7, 1), v.map(|v| BTreeMap::from([(0, v)])).unwrap_or_default());
             map
         };
-        assert!(check_no_lost_writes(&ops, &finals(Some(2))).is_empty());
-        assert!(check_no_lost_writes(&ops, &finals(Some(3))).is_empty(), "the unanswered put may win");
-        assert_eq!(check_no_lost_writes(&ops, &finals(Some(1))).len(), 1, "put 2 was lost");
-        assert_eq!(check_no_lost_writes(&ops, &finals(None)).len(), 1, "everything was lost");
+        let shard_of = |_key: u32| 7;
+        assert!(check_no_lost_writes(&ops, &finals(Some(2)), &shard_of).is_empty());
+        assert!(
+            check_no_lost_writes(&ops, &finals(Some(3)), &shard_of).is_empty(),
+            "the unanswered put may win"
+        );
+        assert_eq!(check_no_lost_writes(&ops, &finals(Some(1)), &shard_of).len(), 1, "put 2 was lost");
+        assert_eq!(check_no_lost_writes(&ops, &finals(None), &shard_of).len(), 1, "everything was lost");
+        // A replica of another shard does not hold the key: it is not judged on it.
+        let mut other = finals(Some(2));
+        other.insert((8, 2), BTreeMap::new());
+        assert!(check_no_lost_writes(&ops, &other, &shard_of).is_empty());
 
         let mut two = finals(Some(2));
-        two.insert(2, BTreeMap::from([(0, 3)]));
+        two.insert((7, 2), BTreeMap::from([(0, 3)]));
         assert_eq!(check_converged(&two).len(), 1);
+        // Replicas of different shards hold different keys and are not compared.
+        let mut apart = finals(Some(2));
+        apart.insert((8, 2), BTreeMap::from([(5, 3)]));
+        assert!(check_converged(&apart).is_empty());
     }
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p onekv-sim -- --seeds 1000            # seeds 0..1000
 //! cargo run --release -p onekv-sim -- --seed 4242 --verbose   # replay one seed
+//! cargo run --release -p onekv-sim -- --nodes 5 --shards 8     # 8 shards, 3 replicas each
 //! ```
 //!
 //! Exits with 1 if any run found a violation, after printing each failing seed.
@@ -27,9 +28,18 @@ struct Args {
     /// Simulated milliseconds of workload and faults per run.
     #[arg(long, default_value_t = 4_000)]
     run_ms: u64,
-    /// Replicas in the simulated cluster.
+    /// Nodes in the simulated cluster.
     #[arg(long, default_value_t = 3)]
     nodes: u64,
+    /// Shards (Raft groups) the keys are split into; every node's shards share its one log.
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// Replicas of each shard (default: 3, or every node when there are fewer).
+    #[arg(long)]
+    replicas: Option<u32>,
+    /// Keys the clients share (few, so operations contend).
+    #[arg(long, default_value_t = 8)]
+    keys: u32,
     /// Nodes that may be down at once.
     #[arg(long, default_value_t = 1)]
     max_down: usize,
@@ -56,9 +66,18 @@ fn main() -> anyhow::Result<()> {
     let storage = StorageMode::parse(&args.storage).ok_or_else(|| {
         anyhow::anyhow!("unknown storage mode {:?} (onelog, separated or classic)", args.storage)
     })?;
+    let replicas = args.replicas.unwrap_or(3.min(args.nodes as u32));
+    anyhow::ensure!(
+        (1..=args.nodes).contains(&u64::from(replicas)),
+        "--replicas must be between 1 and --nodes"
+    );
+    anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
     let config = SimConfig {
         run_ms: args.run_ms,
         nodes: args.nodes,
+        shards: args.shards,
+        replicas,
+        keys: args.keys,
         max_down: args.max_down,
         storage,
         bug: if args.bug_ack_before_fsync {

@@ -29,8 +29,8 @@ impl NetworkFaults {
 
 /// Messages in flight and the links that are cut.
 pub struct Network {
-    /// (delivery time, sequence) → (from, message).
-    in_flight: BTreeMap<(u64, u64), (u64, Message)>,
+    /// (delivery time, sequence) → (from, shard, message).
+    in_flight: BTreeMap<(u64, u64), (u64, u64, Message)>,
     next_seq: u64,
     /// Directed links (from, to) that lose everything.
     cut: BTreeSet<(u64, u64)>,
@@ -58,12 +58,16 @@ impl Network {
         }
     }
 
-    /// Sends `message` from `from` at time `now`.
-    pub fn send(&mut self, now: u64, from: u64, message: Message, faults: &NetworkFaults, rng: &mut StdRng) {
+    /// Sends `message` of `shard`'s group from `from` at time `now`.
+    pub fn send(
+        &mut self,
+        now: u64,
+        from: u64,
+        (shard, message): (u64, Message),
+        faults: &NetworkFaults,
+        rng: &mut StdRng,
+    ) {
         self.sent += 1;
-        if message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
-            self.snapshots += 1;
-        }
         if message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
             self.snapshots += 1;
         }
@@ -74,30 +78,30 @@ impl Network {
         if rng.random_range(0..1000) < faults.duplicate_per_mille {
             self.duplicated += 1;
             let at = now + rng.random_range(1..=faults.max_delay_ms.max(1));
-            self.push(at, from, message.clone());
+            self.push(at, from, shard, message.clone());
         }
         let at = now + rng.random_range(1..=faults.max_delay_ms.max(1));
-        self.push(at, from, message);
+        self.push(at, from, shard, message);
     }
 
-    fn push(&mut self, at: u64, from: u64, message: Message) {
-        self.in_flight.insert((at, self.next_seq), (from, message));
+    fn push(&mut self, at: u64, from: u64, shard: u64, message: Message) {
+        self.in_flight.insert((at, self.next_seq), (from, shard, message));
         self.next_seq += 1;
     }
 
     /// Removes and returns the messages due by `now`, in delivery order; those on a link cut
     /// meanwhile are lost.
-    pub fn due(&mut self, now: u64) -> Vec<Message> {
+    pub fn due(&mut self, now: u64) -> Vec<(u64, Message)> {
         let mut out = Vec::new();
         while let Some(entry) = self.in_flight.first_entry() {
             if entry.key().0 > now {
                 break;
             }
-            let (from, message) = entry.remove();
+            let (from, shard, message) = entry.remove();
             if self.cut.contains(&(from, message.to)) {
                 self.lost += 1;
             } else {
-                out.push(message);
+                out.push((shard, message));
             }
         }
         out

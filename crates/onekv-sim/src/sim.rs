@@ -1,6 +1,8 @@
-//! The driver: real replicas ([`onekv_replica::Replica::open_driven`]) on one thread, in
-//! simulated time, with simulated disks and network, crashed and restarted by a seeded nemesis
-//! while seeded clients use them; then the checkers judge what the clients saw.
+//! The driver: real nodes ([`onekv_replica::Node::open_driven`]), each holding replicas of several
+//! shards on its one log, on one thread, in simulated time, with simulated disks and network,
+//! crashed and restarted by a seeded nemesis while seeded clients use them; then the checkers
+//! judge what the clients saw. Shards are placed by the real placement (`onekv-placement`), and a
+//! client sends each operation to a replica of its key's shard.
 //!
 //! Everything that varies comes from one [`StdRng`] seeded with the run's seed: message delays,
 //! losses and duplicates, the order nodes take their turns in, when each node's clock ticks
@@ -21,8 +23,9 @@ use crate::checker;
 use crate::history::{self, Op, OpKind, OpResult, ValueId};
 use crate::network::{Network, NetworkFaults};
 use onekv_log::io::{CrashMode, Dir, FaultHandle, FaultyDir, MemDir};
+use onekv_placement::ClusterMap;
 use onekv_replica::{
-    Command, DrivenLoop, Mutation, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode,
+    Command, DrivenLoop, Mutation, Outcome, ReplicaConfig, ReplicaError, RequestId, ShardConfig, StorageMode,
     Transport, WriteOp,
 };
 use raft::eraftpb::Message;
@@ -54,8 +57,12 @@ pub enum Bug {
 /// What a run simulates.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
-    /// Replicas (voters).
+    /// Nodes.
     pub nodes: u64,
+    /// Shards the keys are split into, each a Raft group of its own on `replicas` of the nodes.
+    pub shards: u32,
+    /// Replicas of each shard (at most `nodes`).
+    pub replicas: u32,
     /// Concurrent clients, each with at most one operation open.
     pub clients: u32,
     /// Keys the clients share (few, so operations contend).
@@ -86,8 +93,10 @@ impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
             nodes: 3,
+            shards: 4,
+            replicas: 3,
             clients: 4,
-            keys: 4,
+            keys: 8,
             run_ms: 4_000,
             settle_ms: 15_000,
             tick_ms: 10,
@@ -171,7 +180,10 @@ pub fn run(seed: u64, config: &SimConfig) -> std::io::Result<Report> {
         true => tempfile::Builder::new().prefix("onekv-sim").tempdir_in("/dev/shm")?,
         false => tempfile::Builder::new().prefix("onekv-sim").tempdir()?,
     };
-    let mut sim = Sim::new(seed, config.clone(), root.path().to_path_buf());
+    let nodes: Vec<u64> = (1..=config.nodes).collect();
+    let map = ClusterMap::build(&nodes, config.shards, config.replicas)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let mut sim = Sim::new(seed, config.clone(), root.path().to_path_buf(), map);
     sim.run();
     Ok(sim.finish())
 }
@@ -195,18 +207,19 @@ fn quiet_node_panics() {
     });
 }
 
-/// The transport of a simulated node: messages wait in its outbox until the driver sends them.
-struct Outbox(Arc<Mutex<Vec<Message>>>);
+/// The transport of a simulated node: messages (with their shard) wait in its outbox until the
+/// driver sends them.
+struct Outbox(Arc<Mutex<Vec<(u64, Message)>>>);
 
 impl Transport for Outbox {
-    fn send(&self, messages: Vec<Message>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend(messages);
+    fn send(&self, shard: u64, messages: Vec<Message>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend(messages.into_iter().map(|m| (shard, m)));
     }
 }
 
 /// A running incarnation of a node.
 struct Up {
-    replica: Replica,
+    node: onekv_replica::Node,
     driven: DrivenLoop,
     /// Fault switches of its logs; the first is the Raft log's.
     faults: Vec<Arc<FaultHandle>>,
@@ -220,7 +233,7 @@ struct Node {
     /// One simulated disk per log; they outlive incarnations.
     disks: BTreeMap<&'static str, MemDir>,
     up: Option<Up>,
-    outbox: Arc<Mutex<Vec<Message>>>,
+    outbox: Arc<Mutex<Vec<(u64, Message)>>>,
     next_tick: u64,
     /// When a crashed node comes back.
     restart_at: Option<u64>,
@@ -238,6 +251,7 @@ struct Completion {
     client: u32,
     serial: u64,
     node: u64,
+    shard: u64,
     answer: Answer,
 }
 
@@ -285,6 +299,8 @@ const OPERATION_TIMEOUT_MS: u64 = 5_000;
 struct Sim {
     seed: u64,
     config: SimConfig,
+    /// Where the shards live.
+    map: ClusterMap,
     rng: StdRng,
     base: Instant,
     now: u64,
@@ -304,7 +320,8 @@ struct Sim {
     heal_at: Option<u64>,
     faults: BTreeMap<&'static str, u64>,
     violations: Vec<String>,
-    finals: BTreeMap<u64, BTreeMap<u32, ValueId>>,
+    /// Each replica's own copy at the end, by (shard, node).
+    finals: BTreeMap<(u64, u64), BTreeMap<u32, ValueId>>,
     final_applied: u64,
     recoveries: u64,
     stopped: bool,
@@ -314,7 +331,7 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(seed: u64, config: SimConfig, root: PathBuf) -> Sim {
+    fn new(seed: u64, config: SimConfig, root: PathBuf, map: ClusterMap) -> Sim {
         let mut rng = StdRng::seed_from_u64(seed);
         let nodes = (1..=config.nodes)
             .map(|id| Node {
@@ -345,6 +362,7 @@ impl Sim {
         Sim {
             seed,
             config,
+            map,
             rng,
             base: Instant::now(),
             now: 0,
@@ -380,11 +398,19 @@ impl Sim {
                     .iter()
                     .map(|n| match &n.up {
                         Some(up) => {
-                            let s = up.replica.status();
-                            format!(
-                                "node {} {} term {} commit {} applied {} failure {:?}",
-                                n.id, s.role, s.term, s.commit_index, s.applied_index, s.failure
-                            )
+                            let shards: Vec<String> = up
+                                .node
+                                .statuses()
+                                .iter()
+                                .map(|s| {
+                                    format!(
+                                        "shard {} {} term {} commit {} applied {}",
+                                        s.shard, s.role, s.term, s.commit_index, s.applied_index
+                                    )
+                                })
+                                .collect();
+                            let failure = up.node.statuses().first().and_then(|s| s.failure.clone());
+                            format!("node {} [{}] failure {failure:?}", n.id, shards.join("; "))
                         }
                         None => format!("node {} down", n.id),
                     })
@@ -428,11 +454,11 @@ impl Sim {
                 }
             }
         }
-        for message in self.network.due(self.now) {
+        for (shard, message) in self.network.due(self.now) {
             if let Some(up) =
                 self.nodes.get((message.to as usize).wrapping_sub(1)).and_then(|n| n.up.as_ref())
             {
-                up.replica.step(message);
+                up.node.step(shard, message);
             }
         }
         for client in 0..self.clients.len() {
@@ -499,52 +525,66 @@ impl Sim {
         }
     }
 
-    /// The applied index if every node is up, healthy, agrees on the leader and has applied
-    /// everything committed.
+    /// The sum over shards of their applied index, if every node is up and healthy, and the
+    /// replicas of each shard agree on its leader and have applied everything committed.
     fn converged(&self) -> Option<u64> {
-        let mut applied = None;
-        let mut leader = None;
+        let mut applied: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut leader: BTreeMap<u64, Option<u64>> = BTreeMap::new();
         for node in &self.nodes {
-            let status = node.up.as_ref()?.replica.status();
-            if status.failure.is_some()
-                || status.applied_index != status.commit_index
-                || status.leader_id.is_none()
-            {
-                return None;
-            }
-            if *applied.get_or_insert(status.applied_index) != status.applied_index
-                || *leader.get_or_insert(status.leader_id) != status.leader_id
-            {
-                return None;
+            for status in node.up.as_ref()?.node.statuses() {
+                if status.failure.is_some()
+                    || status.applied_index != status.commit_index
+                    || status.leader_id.is_none()
+                {
+                    return None;
+                }
+                if *applied.entry(status.shard).or_insert(status.applied_index) != status.applied_index
+                    || *leader.entry(status.shard).or_insert(status.leader_id) != status.leader_id
+                {
+                    return None;
+                }
             }
         }
-        applied
+        Some(applied.values().sum())
     }
 
     /// Reads every replica's own copy of every key.
     fn collect_finals(&mut self, applied: u64) {
         for node in &self.nodes {
             let up = node.up.as_ref().expect("converged nodes are up");
-            let mut values = BTreeMap::new();
-            match up.replica.scan(b"", None, 0, false) {
-                Ok((pairs, _)) => {
-                    for (key, value) in pairs {
-                        match (history::decode_key(&key), history::decode_value(&value)) {
-                            (Some(key), Some(value)) => {
-                                values.insert(key, value);
+            for replica in up.node.replicas() {
+                let shard = replica.shard();
+                let mut values = BTreeMap::new();
+                match replica.scan(b"", None, 0, false) {
+                    Ok((pairs, _)) => {
+                        for (key, value) in pairs {
+                            match (history::decode_key(&key), history::decode_value(&value)) {
+                                (Some(key), Some(value)) => {
+                                    values.insert(key, value);
+                                }
+                                _ => self.violations.push(format!(
+                                    "node {}: stored pair {:?} = {} bytes is not one the workload wrote",
+                                    node.id,
+                                    String::from_utf8_lossy(&key),
+                                    value.len()
+                                )),
                             }
-                            _ => self.violations.push(format!(
-                                "node {}: stored pair {:?} = {} bytes is not one the workload wrote",
-                                node.id,
-                                String::from_utf8_lossy(&key),
-                                value.len()
-                            )),
                         }
                     }
+                    Err(e) => self
+                        .violations
+                        .push(format!("node {} shard {shard}: reading its copy failed: {e}", node.id)),
                 }
-                Err(e) => self.violations.push(format!("node {}: reading its copy failed: {e}", node.id)),
+                for key in values.keys() {
+                    if self.map.shard_of_key(&history::encode_key(*key)) != shard {
+                        self.violations.push(format!(
+                            "node {}: key {key} is stored in shard {shard}, not its own",
+                            node.id
+                        ));
+                    }
+                }
+                self.finals.insert((shard, node.id), values);
             }
-            self.finals.insert(node.id, values);
         }
         self.final_applied = applied;
     }
@@ -636,7 +676,7 @@ impl Sim {
         let node = &mut self.nodes[index];
         if let Some(up) = node.up.take() {
             drop(up.driven);
-            drop(up.replica);
+            drop(up.node);
         }
         node.outbox.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let mode = match self.rng.random_range(0..3) {
@@ -659,8 +699,18 @@ impl Sim {
     fn restart(&mut self, index: usize) {
         let node = &mut self.nodes[index];
         node.restart_at = None;
-        let voters: Vec<u64> = (1..=self.config.nodes).collect();
-        let mut config = ReplicaConfig::new(node.id, voters, node.data_dir.clone());
+        let mut config = ReplicaConfig::new(node.id, Vec::new(), node.data_dir.clone());
+        config.shards = self
+            .map
+            .shards
+            .iter()
+            .filter(|shard| shard.replicas.contains(&node.id))
+            .map(|shard| ShardConfig {
+                id: shard.id,
+                voters: shard.replicas.clone(),
+                primary: shard.replicas.first().copied(),
+            })
+            .collect();
         config.storage = self.config.storage;
         config.tick = Duration::from_millis(self.config.tick_ms);
         config.election_ticks = 10;
@@ -690,7 +740,7 @@ impl Sim {
             Some(Bug::ReadsWithoutReadIndex) => Some(Mutation::ReadsWithoutReadIndex),
             _ => None,
         };
-        match Replica::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
+        match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
             Ok((replica, driven)) => {
                 let faults = handles.into_inner();
                 if self.config.bug == Some(Bug::AckBeforeFsync) {
@@ -698,7 +748,7 @@ impl Sim {
                         handle.lie_about_syncs();
                     }
                 }
-                node.up = Some(Up { replica, driven, faults, armed: false });
+                node.up = Some(Up { node: replica, driven, faults, armed: false });
                 if self.now > 0 {
                     self.recoveries += 1;
                 }
@@ -730,8 +780,9 @@ impl Sim {
         up.driven.turn(at, tick);
         IN_NODE_TURN.with(|flag| flag.set(false));
         let crashed_in_flush = up.driven.crashed();
-        let failed = up.replica.status().failure.is_some() || crashed_in_flush;
-        let sent: Vec<Message> = std::mem::take(&mut *node.outbox.lock().unwrap_or_else(|e| e.into_inner()));
+        let failed = up.node.statuses().iter().any(|s| s.failure.is_some()) || crashed_in_flush;
+        let sent: Vec<(u64, Message)> =
+            std::mem::take(&mut *node.outbox.lock().unwrap_or_else(|e| e.into_inner()));
         let from = node.id;
         for message in sent {
             self.network.send(now, from, message, &self.network_faults, &mut self.rng);
@@ -829,6 +880,13 @@ impl Sim {
 
     fn attempt(&mut self, client: usize) {
         let now = self.now;
+        let key = self.history[self.clients[client].open.as_ref().expect("open").op].key;
+        let shard = self.map.shard_of_key(&history::encode_key(key));
+        let replicas = &self.map.shard(shard).expect("the map places every shard").replicas;
+        // A client that knows no better asks some replica of the key's shard.
+        if !replicas.contains(&self.clients[client].target) {
+            self.clients[client].target = replicas[self.rng.random_range(0..replicas.len())];
+        }
         let target = self.clients[client].target;
         let c = &mut self.clients[client];
         let open = c.open.as_mut().expect("open");
@@ -848,13 +906,15 @@ impl Sim {
                 client: id,
                 serial,
                 node: target,
+                shard,
                 answer,
             })
         };
+        let replica = up.node.replica(shard).expect("the target holds the shard");
         let key = history::encode_key(op.key);
         let command = match &op.kind {
             OpKind::Get => {
-                up.replica.read_barrier(Box::new(move |result| reply(Answer::Barrier(result))));
+                replica.read_barrier(Box::new(move |result| reply(Answer::Barrier(result))));
                 return;
             }
             OpKind::Put(value) => {
@@ -867,7 +927,7 @@ impl Sim {
                 new: new.map(history::encode_value),
             },
         };
-        up.replica.propose(request, command, Box::new(move |result| reply(Answer::Write(result))));
+        replica.propose(request, command, Box::new(move |result| reply(Answer::Write(result))));
     }
 
     fn give_up(&mut self, client: usize) {
@@ -908,7 +968,8 @@ impl Sim {
                 Answer::Barrier(Ok(())) => {
                     let up =
                         self.nodes[(completion.node - 1) as usize].up.as_ref().expect("it just answered");
-                    match up.replica.get(&history::encode_key(key)) {
+                    let replica = up.node.replica(completion.shard).expect("it just answered");
+                    match replica.get(&history::encode_key(key)) {
                         Ok(None) => Ok(OpResult::Get(None)),
                         Ok(Some(bytes)) => match history::decode_value(&bytes) {
                             Some(value) => Ok(OpResult::Get(Some(value))),
@@ -993,7 +1054,9 @@ impl Sim {
         let mut violations = std::mem::take(&mut self.violations);
         violations.extend(checker::check_history(&history, self.config.search_budget));
         if !self.finals.is_empty() {
-            violations.extend(checker::check_no_lost_writes(&history, &self.finals));
+            let map = &self.map;
+            let shard_of = |key: u32| map.shard_of_key(&history::encode_key(key));
+            violations.extend(checker::check_no_lost_writes(&history, &self.finals, &shard_of));
             violations.extend(checker::check_converged(&self.finals));
         }
         let mut hasher = DefaultHasher::new();
@@ -1004,7 +1067,9 @@ impl Sim {
         self.now.hash(&mut hasher);
         for node in &self.nodes {
             if let Some(up) = &node.up {
-                up.replica.status().applied_index.hash(&mut hasher);
+                for status in up.node.statuses() {
+                    status.applied_index.hash(&mut hasher);
+                }
             }
         }
         Report {

@@ -103,8 +103,9 @@ pub struct YcsbArgs {
 pub struct CompareArgs {
     #[command(flatten)]
     workload: WorkloadArgs,
-    /// Storage modes to compare, the first being the baseline of the ratios; `etcd` adds a local
-    /// etcd cluster (same number of members, default durability) as one more contender.
+    /// Storage modes to compare, the first being the baseline of the ratios, each with 16 shards or
+    /// `MODE:SHARDS` (`onelog:1` is a single Raft group); `etcd` adds a local etcd cluster (same
+    /// number of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
     modes: Vec<String>,
     /// The etcd executable used when --modes names etcd (scripts/install-etcd installs one).
@@ -198,7 +199,10 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
     let mut modes = Vec::new();
     for name in &args.modes {
         let mode = Contender::parse(name.trim()).with_context(|| {
-            format!("unknown storage mode {name:?}; expected onelog, separated, classic or etcd")
+            format!(
+                "unknown storage mode {name:?}; expected onelog, separated, classic (each optionally \
+                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards) or etcd"
+            )
         })?;
         if modes.contains(&mode) {
             bail!("--modes names {name} twice");

@@ -135,6 +135,10 @@ pub struct CasArgs {
 /// Arguments of `status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
+    /// Also list every shard replica: its node, role, leader, term, commit, applied and flushed
+    /// index, and what the last start replayed into it.
+    #[arg(long)]
+    shards: bool,
     #[command(flatten)]
     connection: Connection,
 }
@@ -230,6 +234,9 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
         ClientCommand::Status(args) => {
             let statuses = connect(&args.connection)?.status_all().await;
             out.write_all(status_table(&statuses).as_bytes())?;
+            if args.shards {
+                out.write_all(shard_table(&statuses).as_bytes())?;
+            }
             for status in statuses.iter().filter_map(|(_, result)| result.as_ref().ok()) {
                 if !status.failure.is_empty() {
                     writeln!(
@@ -325,8 +332,63 @@ fn damaged_values(status: &StatusResponse) -> String {
     )
 }
 
+/// `status --shards`: one row per shard replica, by shard then node.
+fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
+    const HEADER: [&str; 9] =
+        ["SHARD", "NODE", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "FLUSHED", "REPLAYED"];
+    let mut rows: Vec<[String; 9]> = statuses
+        .iter()
+        .filter_map(|(_, result)| result.as_ref().ok())
+        .flat_map(|status| {
+            status.shards.iter().map(|replica| {
+                [
+                    replica.shard.to_string(),
+                    status.node_id.to_string(),
+                    replica.role.clone(),
+                    if replica.leader_id == 0 { "-".to_string() } else { replica.leader_id.to_string() },
+                    replica.term.to_string(),
+                    replica.commit_index.to_string(),
+                    replica.applied_index.to_string(),
+                    replica.flushed_index.to_string(),
+                    replica.recovery_replayed.to_string(),
+                ]
+            })
+        })
+        .collect();
+    rows.sort_by_key(|row| (row[0].parse::<u64>().unwrap_or(0), row[1].parse::<u64>().unwrap_or(0)));
+    let mut widths = HEADER.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.len());
+        }
+    }
+    let mut table = String::from("\n");
+    let mut push = |cells: &[&str]| {
+        let line: Vec<String> =
+            cells.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        table.push_str(line.join("  ").trim_end());
+        table.push('\n');
+    };
+    push(&HEADER);
+    for row in &rows {
+        push(&row.each_ref().map(String::as_str));
+    }
+    table
+}
+
+/// The role of a node: its replica's role in a cluster of one shard, else how many of the shards
+/// it holds it leads.
+fn node_role(status: &StatusResponse) -> String {
+    if status.shards.len() <= 1 {
+        return status.role.clone();
+    }
+    let led = status.shards.iter().filter(|replica| replica.role == "leader").count();
+    format!("leads {led}/{}", status.shards.len())
+}
+
 /// The `status` table: a header, then one row per endpoint; an unreachable node shows its error
-/// after its address.
+/// after its address. For a node of several shards, LEADER and TERM are "-" (they differ by shard:
+/// `--shards` lists them) and COMMIT and APPLIED are summed over its shards.
 fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
     const HEADER: [&str; 10] =
         ["ID", "ADDRESS", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "LOG", "WRITTEN", "WRITE-AMP"];
@@ -337,16 +399,28 @@ fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> 
                 status.node_id.to_string(),
                 endpoint.clone(),
                 if !status.failure.is_empty() {
-                    format!("{} (FAILED)", status.role)
+                    format!("{} (FAILED)", node_role(status))
                 } else if !status.disk_alarm.is_empty() {
-                    format!("{} (DISK FULL)", status.role)
+                    format!("{} (DISK FULL)", node_role(status))
                 } else {
-                    status.role.clone()
+                    node_role(status)
                 },
-                if status.leader_id == 0 { "-".to_string() } else { status.leader_id.to_string() },
-                status.term.to_string(),
-                status.commit_index.to_string(),
-                status.applied_index.to_string(),
+                if status.leader_id == 0 || status.shards.len() > 1 {
+                    "-".to_string()
+                } else {
+                    status.leader_id.to_string()
+                },
+                if status.shards.len() > 1 { "-".to_string() } else { status.term.to_string() },
+                if status.shards.len() > 1 {
+                    status.shards.iter().map(|r| r.commit_index).sum::<u64>().to_string()
+                } else {
+                    status.commit_index.to_string()
+                },
+                if status.shards.len() > 1 {
+                    status.shards.iter().map(|r| r.applied_index).sum::<u64>().to_string()
+                } else {
+                    status.applied_index.to_string()
+                },
                 human_bytes(status.log_bytes),
                 human_bytes(status.bytes_written),
                 if status.user_bytes == 0 {

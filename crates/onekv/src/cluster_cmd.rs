@@ -61,6 +61,14 @@ pub struct StartArgs {
     /// Storage mode of every node (fixed when the cluster is created).
     #[arg(long, default_value = "onelog", value_parser = ["onelog", "separated", "classic"])]
     storage: String,
+    /// Shards the key space is split into, each its own Raft group with its leaders spread over
+    /// the nodes (fixed when the cluster is created; 1 is a single Raft group) [default: 16].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    shards: Option<u32>,
+    /// Replicas of each shard, on distinct nodes (fixed when the cluster is created)
+    /// [default: 3, or every node when there are fewer].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=7))]
+    replicas: Option<u32>,
     /// Node I serves its metrics and status page on http://127.0.0.1:(HTTP_BASE_PORT + I)/
     /// (unless its onekv.toml sets http_listen); 0 turns HTTP off [default: --base-port + 2000,
     /// so 9000 with the default --base-port, and two clusters on different base ports never clash].
@@ -99,7 +107,8 @@ struct PlannedNode {
 fn start(args: &StartArgs) -> anyhow::Result<()> {
     let storage = StorageMode::parse(&args.storage).context("unknown storage mode")?;
     fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
-    let mut nodes = plan(&args.dir, args.nodes, args.base_port, storage)?;
+    let shape = Shape { storage, shards: args.shards, replicas: args.replicas };
+    let mut nodes = plan_shaped(&args.dir, args.nodes, args.base_port, shape)?;
     let http_base_port = match args.http_base_port {
         Some(port) => port,
         None => args.base_port.checked_add(HTTP_PORT_OFFSET).with_context(|| {
@@ -140,7 +149,15 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
 
     let endpoints: Vec<&str> = nodes.iter().map(|node| node.config.listen.as_str()).collect();
     let endpoints = endpoints.join(",");
-    println!("onekv cluster of {} nodes (storage {}) in {}", nodes.len(), storage.name(), args.dir.display());
+    let cluster = &nodes[0].config;
+    println!(
+        "onekv cluster of {} nodes, {} shards of {} replicas (storage {}) in {}",
+        nodes.len(),
+        cluster.cluster.shards,
+        cluster.replication_factor(),
+        storage.name(),
+        args.dir.display()
+    );
     for node in &nodes {
         println!("  node {}: {}   log: {}", node.id, node.config.listen, node.dir.join(LOG_FILE).display());
     }
@@ -190,7 +207,31 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
 
 /// The configuration of each node: reused from `DIR/nodeI/onekv.toml` if the cluster was started
 /// before (and checked against the flags), written otherwise.
+/// [`plan_shaped`] with the default shards and replicas.
+#[cfg(test)]
 fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow::Result<Vec<PlannedNode>> {
+    plan_shaped(dir, count, base_port, Shape { storage, shards: None, replicas: None })
+}
+
+/// What a cluster is made of beyond its nodes: fixed when it is created.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    storage: StorageMode,
+    /// `None`: the configuration's default when created, whatever it was when restarted.
+    shards: Option<u32>,
+    /// As `shards`.
+    replicas: Option<u32>,
+}
+
+fn plan_shaped(dir: &Path, count: u64, base_port: u16, shape: Shape) -> anyhow::Result<Vec<PlannedNode>> {
+    let storage = shape.storage;
+    if let Some(replicas) = shape.replicas
+        && u64::from(replicas) > count
+    {
+        bail!(
+            "--replicas {replicas} is more than --nodes {count}: each replica of a shard needs its own node"
+        );
+    }
     if u64::from(base_port) + count > u64::from(u16::MAX) {
         bail!("--base-port {base_port} + --nodes {count} is past the last port 65535");
     }
@@ -214,6 +255,10 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
                 peer_secret_file: Some(Path::new("..").join(SECRET_FILE)),
                 storage,
                 members: members.clone(),
+                cluster: onekv_server::config::ClusterConfig {
+                    shards: shape.shards.unwrap_or(onekv_placement::DEFAULT_SHARDS),
+                    replicas: shape.replicas,
+                },
                 ..ServerConfig::default()
             };
             let dir = node_dir(member.id);
@@ -258,6 +303,7 @@ fn plan(dir: &Path, count: u64, base_port: u16, storage: StorageMode) -> anyhow:
         }
         config.validate().with_context(|| format!("in {}", config_path.display()))?;
         check_existing(&config_path, &config, id, count, storage)?;
+        check_shape(&config_path, &config, shape)?;
         if let Some(first) = nodes.first().map(|node: &PlannedNode| &node.config)
             && first.members != config.members
         {
@@ -357,6 +403,30 @@ fn skip_busy_default_resp_ports(nodes: &mut [PlannedNode]) {
             node.config.resp_listen = None;
         }
     }
+}
+
+/// Refuses an existing configuration whose shards or replicas disagree with flags given.
+fn check_shape(path: &Path, config: &ServerConfig, shape: Shape) -> anyhow::Result<()> {
+    let path = path.display();
+    if let Some(shards) = shape.shards
+        && shards != config.cluster.shards
+    {
+        bail!(
+            "{path} describes a cluster of {} shards but --shards is {shards}; restart without --shards \
+             or use a fresh --dir (a cluster's shards are fixed when it is created)",
+            config.cluster.shards
+        );
+    }
+    if let Some(replicas) = shape.replicas
+        && replicas != config.replication_factor()
+    {
+        bail!(
+            "{path} describes {} replicas per shard but --replicas is {replicas}; restart without \
+             --replicas or use a fresh --dir",
+            config.replication_factor()
+        );
+    }
+    Ok(())
 }
 
 /// Refuses an existing configuration that disagrees with the flags.
@@ -604,6 +674,29 @@ mod tests {
         // A restart with other ports reuses the files (their addresses win).
         let again = plan(dir.path(), 3, 18000, StorageMode::OneLog).unwrap();
         assert_eq!(again[2].config.listen, "127.0.0.1:17003");
+    }
+
+    #[test]
+    fn shards_and_replicas_are_fixed_at_creation() {
+        let dir = tempfile::tempdir().unwrap();
+        let shape = |shards, replicas| Shape { storage: StorageMode::OneLog, shards, replicas };
+        let error = plan_shaped(dir.path(), 3, 17000, shape(None, Some(4))).err().unwrap().to_string();
+        assert!(error.contains("--replicas 4 is more than --nodes 3"), "{error}");
+        let nodes = plan_shaped(dir.path(), 3, 17000, shape(None, None)).unwrap();
+        assert_eq!(nodes[0].config.cluster.shards, 16, "16 shards by default");
+        assert_eq!(nodes[0].config.replication_factor(), 3);
+        // A restart without the flags keeps them; with other values it is refused.
+        plan_shaped(dir.path(), 3, 17000, shape(None, None)).unwrap();
+        plan_shaped(dir.path(), 3, 17000, shape(Some(16), Some(3))).unwrap();
+        let error = plan_shaped(dir.path(), 3, 17000, shape(Some(8), None)).err().unwrap().to_string();
+        assert!(error.contains("a cluster of 16 shards but --shards is 8"), "{error}");
+        let error = plan_shaped(dir.path(), 3, 17000, shape(None, Some(1))).err().unwrap().to_string();
+        assert!(error.contains("3 replicas per shard but --replicas is 1"), "{error}");
+        // One shard, as before shards existed.
+        let single = tempfile::tempdir().unwrap();
+        let nodes = plan_shaped(single.path(), 5, 17000, shape(Some(1), Some(3))).unwrap();
+        assert_eq!(nodes[4].config.cluster.shards, 1);
+        assert_eq!(nodes[4].config.cluster_map().unwrap().shards[0].replicas.len(), 3);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod bench_cmd;
 mod bench_log;
+mod bench_recovery;
 mod bench_wa;
 mod client_cmd;
 mod cluster_cmd;
@@ -35,6 +36,10 @@ enum Command {
     /// Measures write amplification (bytes written to disk per user byte, per replica) of the
     /// storage modes side by side, with in-process replicas, and prints a markdown table.
     BenchWa(bench_wa::Args),
+    /// Measures the restart of a node holding many shards after SIGKILL under a skewed load:
+    /// recovery per shard (each replays what its own index lacks) against a full replay, on copies
+    /// of the same data, and prints a markdown report.
+    BenchRecovery(bench_recovery::Args),
     /// YCSB-style benchmarks: `ycsb` against a running cluster, `compare` of storage modes on
     /// fresh local clusters.
     #[command(subcommand)]
@@ -48,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Client(command) => client_cmd::run(command),
         Command::BenchLog(args) => bench_log::run(&args),
         Command::BenchWa(args) => bench_wa::run(&args),
+        Command::BenchRecovery(args) => bench_recovery::run(&args),
         Command::Bench(command) => bench_cmd::run(command),
     }
 }

@@ -323,6 +323,7 @@ fn bad_input_is_rejected_and_the_node_keeps_serving() {
         let forged = || PeerMessages {
             from: follower,
             messages: vec![protobuf::Message::write_to_bytes(&vote).expect("encoding")],
+            shards: vec![1],
         };
         let status = peer.send(forged()).await.expect_err("a call without the secret must be refused");
         assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
@@ -338,11 +339,11 @@ fn bad_input_is_rejected_and_the_node_keeps_serving() {
             request.metadata_mut().insert(onekv_server::auth::PEER_SECRET_METADATA, secret.metadata_value());
             request
         };
-        let garbage = PeerMessages { from: follower, messages: vec![vec![0xff; 16]] };
+        let garbage = PeerMessages { from: follower, messages: vec![vec![0xff; 16]], shards: vec![1] };
         let status = peer.send(with_secret(garbage)).await.expect_err("garbage must be rejected");
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains("does not decode"), "{status:?}");
-        let stranger = PeerMessages { from: 99, messages: vec![Vec::new()] };
+        let stranger = PeerMessages { from: 99, messages: vec![Vec::new()], shards: vec![1] };
         let status = peer.send(with_secret(stranger)).await.expect_err("a non-member must be rejected");
         assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 

@@ -1,8 +1,9 @@
-//! XLL's crash points on a replicated cluster of real `onekv server` processes: each of the three
-//! nodes is armed to crash at a different hit of the same point, so the cluster loses a follower
-//! or its leader at that exact step while four writers keep going; every node that crashes is
-//! restarted at once, unarmed. Afterwards every acknowledged write reads back its value, both
-//! linearizably and from every node's own copy.
+//! XLL's crash points on a replicated cluster of real `onekv server` processes holding four shards
+//! (so one append carries several groups' entries, and a crash inside it cuts across groups): each
+//! of the three nodes is armed to crash at a different hit of the same point, so the cluster loses
+//! a follower or a leader at that exact step while four writers keep going on every shard; every
+//! node that crashes is restarted at once, unarmed. Afterwards every acknowledged write reads back
+//! its value, both linearizably and from every node's own copy.
 //!
 //! Needs the binary built with crash points (`--features onekv/failpoints`, as `scripts/test`
 //! does).
@@ -26,11 +27,12 @@ type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 fn crash_point(point: &'static str, skips: [u32; 3]) {
     let _serial = one_at_a_time();
     run_bounded(Duration::from_secs(120), async move {
-        // Every node armed, each at a different hit of the point.
+        // Every node armed, each at a different hit of the point (hits counted from the start:
+        // electing and settling four shards' leaders takes a few dozen appends before the writes).
         let armed = |id: u64| {
             vec![("ONEKV_FAILPOINTS".into(), format!("{point}={}*off->return", skips[id as usize - 1]))]
         };
-        let mut cluster = TestCluster::start_with_env(3, |_| {}, armed).await;
+        let mut cluster = TestCluster::start_with_env(3, |config| config.cluster.shards = 4, armed).await;
         let client = cluster.client();
         let acks = Arc::new(Mutex::new(Pairs::new()));
         let stop = Arc::new(AtomicBool::new(false));
@@ -95,10 +97,8 @@ fn crash_point(point: &'static str, skips: [u32; 3]) {
         })
         .await;
         assert_eq!(bad, 0, "{point}: acknowledged writes lost or wrong: {examples:?}");
-        let leader = cluster.leader().await;
-        let commit = cluster.status(leader).await.expect("leader status").commit_index;
         for id in 1..=3 {
-            cluster.wait_applied(id, commit).await;
+            cluster.wait_caught_up(id).await;
             let endpoint = cluster.endpoint(id).to_string();
             let (bad, examples) = mismatches(&acked, {
                 let client = client.clone();
@@ -116,30 +116,30 @@ fn crash_point(point: &'static str, skips: [u32; 3]) {
 
 #[test]
 fn crash_before_the_raft_append() {
-    crash_point("before-raft-append", [20, 60, 110]);
+    crash_point("before-raft-append", [80, 240, 440]);
 }
 
 #[test]
 fn crash_during_the_raft_append() {
-    crash_point("during-raft-append", [3, 10, 20]);
+    crash_point("during-raft-append", [12, 40, 80]);
 }
 
 #[test]
 fn crash_after_the_raft_append() {
-    crash_point("after-raft-append", [25, 70, 120]);
+    crash_point("after-raft-append", [100, 280, 480]);
 }
 
 #[test]
 fn crash_before_apply() {
-    crash_point("before-apply", [20, 60, 110]);
+    crash_point("before-apply", [80, 240, 440]);
 }
 
 #[test]
 fn crash_after_apply_before_the_reply() {
-    crash_point("after-apply", [25, 70, 120]);
+    crash_point("after-apply", [100, 280, 480]);
 }
 
 #[test]
 fn crash_after_the_reply() {
-    crash_point("after-reply", [20, 60, 110]);
+    crash_point("after-reply", [80, 240, 440]);
 }

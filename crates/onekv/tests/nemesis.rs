@@ -104,15 +104,17 @@ impl Workload {
 /// The faults the nemesis injects.
 const FAULTS: [&str; 5] = ["kill", "pause", "isolate-leader", "partition", "bridge"];
 
-/// The node that says it leads (highest term), asking each node briefly; `None` if none answers.
-async fn current_leader(cluster: &TestCluster) -> Option<u64> {
+/// The node that says it leads `shard` (highest term), asking each node briefly; `None` if none
+/// answers.
+async fn current_leader(cluster: &TestCluster, shard: u64) -> Option<u64> {
     let mut best: Option<(u64, u64)> = None;
     for id in cluster.ids() {
         if let Ok(Ok(status)) = tokio::time::timeout(Duration::from_millis(300), cluster.status(id)).await
-            && status.role == "leader"
-            && best.is_none_or(|(term, _)| status.term > term)
+            && let Some(replica) = status.shards.iter().find(|replica| replica.shard == shard)
+            && replica.role == "leader"
+            && best.is_none_or(|(term, _)| replica.term > term)
         {
-            best = Some((status.term, id));
+            best = Some((replica.term, id));
         }
     }
     best.map(|(_, id)| id)
@@ -126,6 +128,7 @@ async fn run_nemesis(
     network: &Network,
     rng: &mut StdRng,
     length: Duration,
+    shards: u32,
 ) -> BTreeMap<&'static str, u32> {
     let end = Instant::now() + length;
     let mut counts: BTreeMap<&'static str, u32> = FAULTS.iter().map(|&kind| (kind, 0)).collect();
@@ -141,9 +144,9 @@ async fn run_nemesis(
         let duration = Duration::from_millis(rng.random_range(500..=2000));
         let ids = cluster.ids();
         let random_node = ids[rng.random_range(0..ids.len())];
-        let leader = current_leader(cluster).await;
-        // Half the faults aimed at one node hit the leader: that is where a lost write or a stale
-        // read would come from.
+        let leader = current_leader(cluster, rng.random_range(1..=u64::from(shards))).await;
+        // Half the faults aimed at one node hit a leader (of a random shard): that is where a lost
+        // write or a stale read would come from.
         let target = match leader {
             Some(leader) if kind == "isolate-leader" || rng.random_bool(0.5) => leader,
             _ => random_node,
@@ -186,10 +189,12 @@ async fn run_nemesis(
 }
 
 /// With every fault healed: reads every key linearizably (recorded), waits until every node has
-/// applied what the leader committed, and checks each node's stale reads return the same values.
-/// Retries while a late write (one whose client gave up but which still commits) changes a key.
+/// applied what the leader committed (one shard; with several, retries until they agree), and
+/// checks that each replica of a key's shard returns the same value to a stale read. Retries while
+/// a late write (one whose client gave up but which still commits) changes a key.
 async fn check_convergence(cluster: &mut TestCluster, recorder: &Recorder, keys: &[String]) {
     let client = cluster.client();
+    let map = client.cluster_map().await.expect("the cluster map");
     let deadline = Instant::now() + CONVERGE_TIMEOUT;
     loop {
         let leader = cluster.leader().await;
@@ -205,8 +210,14 @@ async fn check_convergence(cluster: &mut TestCluster, recorder: &Recorder, keys:
         let commit = cluster.status(leader).await.expect("the leader's status").commit_index;
         let mut differences = Vec::new();
         for id in cluster.ids() {
-            cluster.wait_applied(id, commit).await;
+            if map.shard_count() == 1 {
+                cluster.wait_applied(id, commit).await;
+            }
             for (key, value) in &finals {
+                let shard = map.shard_of_key(key.as_bytes());
+                if !map.shard(shard).expect("every shard is placed").replicas.contains(&id) {
+                    continue;
+                }
                 let got = client.get_stale(key.as_bytes(), Some(cluster.endpoint(id))).await;
                 let got = got.expect("a stale read").map(|got| String::from_utf8(got).expect("UTF-8"));
                 if got != *value {
@@ -224,25 +235,49 @@ async fn check_convergence(cluster: &mut TestCluster, recorder: &Recorder, keys:
 
 #[test]
 fn linearizable_under_kills_pauses_and_partitions() {
+    linearizable_under_faults("history", 3, 1);
+}
+
+/// The same on a sharded cluster: 5 nodes, 8 shards of 3 replicas, leaders spread; a kill of any
+/// one node leaves every shard a majority.
+#[test]
+fn linearizable_on_a_sharded_cluster_under_kills_pauses_and_partitions() {
+    linearizable_under_faults("sharded", 5, 8);
+}
+
+/// Runs the workload against `nodes` nodes holding `shards` shards (3 replicas each) while the
+/// nemesis injects faults, then checks convergence and linearizability.
+fn linearizable_under_faults(name: &str, nodes: u64, shards: u32) {
     let _serial = one_at_a_time();
     let seconds = nemesis::env_number("ONEKV_NEMESIS_SECONDS", 25);
     let seed = nemesis::env_number("ONEKV_NEMESIS_SEED", rand::random::<u32>().into());
-    eprintln!("nemesis: seed {seed} (replay with ONEKV_NEMESIS_SEED={seed}), {seconds} s of faults");
+    eprintln!(
+        "nemesis ({name}): seed {seed} (replay with ONEKV_NEMESIS_SEED={seed}), {seconds} s of faults, \
+         {nodes} nodes, {shards} shards"
+    );
     nemesis::build_checker();
-    run_bounded(Duration::from_secs(seconds + 60), async move {
-        let network = Network::start(&[1, 2, 3]).await;
-        let mut cluster = TestCluster::start(3, |config| network.tweak(config)).await;
+    let name = name.to_string();
+    run_bounded(Duration::from_secs(seconds + 90), async move {
+        let ids: Vec<u64> = (1..=nodes).collect();
+        let network = Network::start(&ids).await;
+        let mut cluster = TestCluster::start(nodes, |config| {
+            network.tweak(config);
+            config.cluster.shards = shards;
+            config.cluster.replicas = Some(3.min(nodes as u32));
+        })
+        .await;
         let recorder = Recorder::new();
         let keys = nemesis::keys(8);
         let workload = Workload::start(&cluster, 6, keys.clone(), &recorder, seed);
 
         let mut rng = nemesis::rng(seed);
-        let faults = run_nemesis(&mut cluster, &network, &mut rng, Duration::from_secs(seconds)).await;
+        let faults =
+            run_nemesis(&mut cluster, &network, &mut rng, Duration::from_secs(seconds), shards).await;
         network.heal_all();
         let issued = workload.stop().await;
         check_convergence(&mut cluster, &recorder, &keys).await;
 
-        let (history, html) = history_paths("history", seed);
+        let (history, html) = history_paths(&name, seed);
         recorder.write(&history, seed);
         let verdict = nemesis::check_history(&history, &html, CHECK_TIMEOUT);
         let (ok, unknown, fail) = recorder.counts();

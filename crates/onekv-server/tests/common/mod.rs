@@ -76,24 +76,29 @@ impl FakeBackend {
     }
 }
 
+/// The fake holds every shard and ignores which one a call names.
 impl Backend for FakeBackend {
-    fn step(&self, message: Message) {
+    fn shards(&self) -> Vec<u64> {
+        vec![1]
+    }
+
+    fn step(&self, _shard: u64, message: Message) {
         self.calls.lock().unwrap().push("step");
         self.stepped.lock().unwrap().push(message);
     }
 
-    fn propose(&self, request_id: RequestId, command: Command, done: Done<Outcome>) {
+    fn propose(&self, _shard: u64, request_id: RequestId, command: Command, done: Done<Outcome>) {
         self.calls.lock().unwrap().push("propose");
         self.proposed.lock().unwrap().push((request_id, command));
         answer(self.propose_answer.lock().unwrap().clone(), done, &self.held_proposals);
     }
 
-    fn read_barrier(&self, done: Done<()>) {
+    fn read_barrier(&self, _shard: u64, done: Done<()>) {
         self.calls.lock().unwrap().push("barrier");
         answer(self.barrier_answer.lock().unwrap().clone(), done, &self.held_barriers);
     }
 
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+    fn get(&self, _shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         self.calls.lock().unwrap().push("get");
         if let Some(error) = self.get_errors.lock().unwrap().pop_front() {
             return Err(error);
@@ -106,6 +111,7 @@ impl Backend for FakeBackend {
 
     fn scan(
         &self,
+        _shard: u64,
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
@@ -127,8 +133,8 @@ impl Backend for FakeBackend {
         Ok((pairs, more))
     }
 
-    fn status(&self) -> ReplicaStatus {
-        self.status.lock().unwrap().clone()
+    fn statuses(&self) -> Vec<ReplicaStatus> {
+        vec![self.status.lock().unwrap().clone()]
     }
 }
 
@@ -141,6 +147,8 @@ pub fn three_node_config(data_dir: &std::path::Path) -> ServerConfig {
         data_dir: data_dir.to_path_buf(),
         peer_secret_file: Some(data_dir.with_file_name("peer-secret")),
         members: (1..=3).map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", 7000 + id) }).collect(),
+        // One shard: the fake backend is one replica.
+        cluster: onekv_server::config::ClusterConfig { shards: 1, replicas: None },
         ..ServerConfig::default()
     }
 }

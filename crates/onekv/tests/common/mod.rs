@@ -143,6 +143,8 @@ impl TestCluster {
                 ..ServerConfig::default()
             };
             config.raft.tick_ms = 30;
+            // One Raft group unless the test asks for shards: most tests here are about one group.
+            config.cluster.shards = 1;
             tweak(&mut config);
             config.validate().expect("the test's configuration is valid");
             let config_path = node_dir.join("onekv.toml");
@@ -165,7 +167,7 @@ impl TestCluster {
         for id in 1..=count {
             cluster.wait_ready(id).await;
         }
-        cluster.leader().await;
+        cluster.leaders().await;
         cluster
     }
 
@@ -246,31 +248,96 @@ impl TestCluster {
         self.wait_ready(id).await;
     }
 
-    /// The id of the leader: a node that says it leads and that a majority of the members name as
-    /// their leader in its term. Waits for an election if needed.
+    /// The id of the leader of shard 1 (the only one of a cluster of one shard): see
+    /// [`TestCluster::leader_of`].
     pub async fn leader(&mut self) -> u64 {
+        self.leader_of(1).await
+    }
+
+    /// The id of the leader of `shard`: a node that says it leads it and that a majority of the
+    /// shard's replicas name as its leader in its term. Waits for an election if needed.
+    pub async fn leader_of(&mut self, shard: u64) -> u64 {
         let deadline = Instant::now() + LEADER_TIMEOUT;
-        let majority = self.nodes.len() / 2 + 1;
         loop {
             self.check_running();
             let mut statuses = Vec::new();
             for id in self.running_ids() {
-                if let Ok(status) = self.status(id).await {
-                    statuses.push(status);
+                if let Ok(status) = self.status(id).await
+                    && let Some(replica) = status.shards.iter().find(|replica| replica.shard == shard)
+                {
+                    statuses.push((status.node_id, replica.clone()));
                 }
             }
-            let leader = statuses.iter().filter(|status| status.role == "leader").max_by_key(|s| s.term);
-            if let Some(leader) = leader {
+            let leader =
+                statuses.iter().filter(|(_, replica)| replica.role == "leader").max_by_key(|(_, r)| r.term);
+            if let Some((leader, replica)) = leader {
+                let majority = replica.voters.len() / 2 + 1;
                 let followers = statuses
                     .iter()
-                    .filter(|status| status.leader_id == leader.node_id && status.term == leader.term)
+                    .filter(|(_, other)| other.leader_id == *leader && other.term == replica.term)
                     .count();
                 if followers >= majority {
-                    return leader.node_id;
+                    return *leader;
                 }
             }
-            assert!(Instant::now() < deadline, "no leader within {LEADER_TIMEOUT:?}; statuses: {statuses:?}");
+            assert!(
+                Instant::now() < deadline,
+                "shard {shard} has no leader within {LEADER_TIMEOUT:?}; replicas: {statuses:?}"
+            );
             tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Waits until every shard is led by its primary (the placement's preferred leader, which
+    /// leadership moves back to after any election; see [`TestCluster::leader_of`]), so a test
+    /// starts from settled leaders; returns them by shard.
+    pub async fn leaders(&mut self) -> Vec<(u64, u64)> {
+        let status = self.status(self.ids()[0]).await.expect("a node's status");
+        let map = onekv_placement::ClusterMap::decode(&status.cluster_map).expect("the cluster map");
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        let mut leaders = Vec::new();
+        for shard in &map.shards {
+            let primary = shard.replicas[0];
+            loop {
+                let leader = self.leader_of(shard.id).await;
+                if leader == primary {
+                    leaders.push((shard.id, leader));
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "shard {} is led by node {leader}, not its primary {primary}, after {LEADER_TIMEOUT:?}",
+                    shard.id
+                );
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
+        }
+        leaders
+    }
+
+    /// Waits until node `id` has applied, in every shard it holds, everything that shard's leader
+    /// had committed when asked.
+    pub async fn wait_caught_up(&mut self, id: u64) {
+        let status = self.status(id).await.expect("the node's status");
+        for shard in status.shards.iter().map(|replica| replica.shard) {
+            let leader = self.leader_of(shard).await;
+            let leader_status = self.status(leader).await.expect("the leader's status");
+            let commit = leader_status.shards.iter().find(|r| r.shard == shard).map_or(0, |r| r.commit_index);
+            let deadline = Instant::now() + CATCH_UP_TIMEOUT;
+            loop {
+                self.check_running();
+                let applied = self.status(id).await.ok().and_then(|status| {
+                    status.shards.iter().find(|r| r.shard == shard).map(|r| r.applied_index)
+                });
+                if applied.is_some_and(|applied| applied >= commit) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "node {id} did not apply shard {shard} up to {commit} within {CATCH_UP_TIMEOUT:?}"
+                );
+                tokio::time::sleep(POLL_INTERVAL).await;
+            }
         }
     }
 

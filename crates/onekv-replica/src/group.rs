@@ -1,0 +1,754 @@
+//! One shard's replica on this node: its Raft state machine, applier, request window, pending
+//! proposals and read barriers.
+//!
+//! A group does no log append of its own for what Raft asks to persist: each turn the node asks
+//! every group for its Ready ([`Group::prepare`]), appends all their entries and hard states in
+//! **one** append (one group commit, one fsync), and hands each group its locators back
+//! ([`Group::finish`]). The group then applies committed entries and answers. The records a group
+//! needs outside a Ready (a snapshot it installs, the hard state a flush waits for) are appended
+//! through the node's log too, never by another thread.
+//!
+//! A group never acknowledges a write before its entry is durable on this node and committed, and
+//! never flushes its index tree past the commit index made durable: a tree's flush flag can never
+//! run ahead of what recovery may replay.
+//!
+//! This module does not own the inbox, the thread, the logs or the index directory (the node's,
+//! `node`), nor the wire (the [`Transport`]) or the bytes of records and commands (`records`,
+//! `codec`).
+
+use crate::apply::Applier;
+use crate::node::NodeCtx;
+use crate::raft_store::RaftStore;
+use crate::records::{self, HardStateRecord, SnapshotMeta};
+use crate::state::{self, State, storage};
+use crate::{Command, Done, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode};
+use raft::eraftpb::{Entry, Message};
+use raft::{RawNode, StateRole};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+/// What a group is asked to do, once the node routed the input to it by shard.
+pub(crate) enum GroupInput {
+    Step(Message),
+    Propose { request_id: RequestId, command: Command, done: Done<Outcome> },
+    ReadBarrier(Done<()>),
+}
+
+impl GroupInput {
+    /// Answers the input's caller with `error` (a message has no caller).
+    pub fn refuse(self, error: ReplicaError) {
+        match self {
+            GroupInput::Propose { done, .. } => done(Err(error)),
+            GroupInput::ReadBarrier(done) => done(Err(error)),
+            GroupInput::Step(_) => {}
+        }
+    }
+}
+
+/// What a group shares with the handles ([`crate::Replica`]) of its shard.
+pub(crate) struct GroupShared {
+    pub shard: u64,
+    pub status: Mutex<ReplicaStatus>,
+    /// Commit index covered by a durable HARD_STATE record.
+    pub durable_commit: AtomicU64,
+    /// Log records the recovery at open scanned for this shard.
+    pub recovery_records: u64,
+    /// Entries the recovery at open replayed into this shard's tree.
+    pub recovery_replayed: u64,
+    /// Taken away at shutdown, so a stopped node holds no files open even while handles remain.
+    pub state: RwLock<Option<Arc<State>>>,
+}
+
+/// A group's Ready between [`Group::prepare`] and [`Group::finish`]: what it asked the node to
+/// append.
+pub(crate) struct Prepared {
+    ready: raft::Ready,
+    entries: Vec<Entry>,
+    /// The records to append, in order: one ENTRY per entry, then the HARD_STATE if it changed.
+    pub records: Vec<(onekv_log::RecordKind, Vec<u8>)>,
+    new_hs: Option<(HardStateRecord, raft::eraftpb::HardState)>,
+}
+
+/// Repair requests proposed per turn at most (many damaged values are asked for a few at a time,
+/// so they cannot crowd out client writes).
+const REPAIRS_PER_TURN: usize = 16;
+
+/// One shard's replica state, driven by the node loop.
+pub(crate) struct Group {
+    pub shard: u64,
+    pub raw: RawNode<RaftStore>,
+    pub applier: Applier,
+    pub state: Arc<State>,
+    pub shared: Arc<GroupShared>,
+    /// Proposals waiting to be applied: index → (term, reply).
+    pub proposals: BTreeMap<u64, (u64, Done<Outcome>)>,
+    /// Read barriers not yet sent to Raft.
+    pub reads_unsent: Vec<Done<()>>,
+    /// Read barriers sent, by context.
+    /// (Ordered maps here and below: the order requests are failed in must not depend on a hash
+    /// seed, or the simulation would not replay.)
+    pub reads_in_flight: BTreeMap<u64, Vec<Done<()>>>,
+    /// Read barriers confirmed, waiting for the applied index to reach theirs.
+    pub reads_waiting: VecDeque<(u64, Vec<Done<()>>)>,
+    pub next_read_ctx: u64,
+    /// The hard state last appended to the log.
+    pub persisted_hs: HardStateRecord,
+    /// Classic mode: sequence numbers of the entry tree (entries can be overwritten at an index).
+    pub entry_tree_seqno: u64,
+    /// Followers the leader is sending a snapshot to, and since when.
+    pub snapshot_sends: BTreeMap<u64, Instant>,
+    /// When the index tree was last sealed for a flush.
+    pub last_flush: Option<Instant>,
+    /// The background scrub verifying this shard's stored values.
+    pub scrub: crate::scrub::Scrub,
+    /// Damaged values of this replica waiting for a healthy copy: key → (damaged position, when
+    /// the copy was last asked for, times asked).
+    pub repairs: BTreeMap<Vec<u8>, (u64, Option<Instant>, u32)>,
+    /// The shard's preferred leader ([`crate::ShardConfig::primary`]).
+    pub primary: Option<u64>,
+    /// Since when this node leads the group without handing it to the primary (reset by each
+    /// hand-off attempt, so one is tried at most once per election timeout).
+    pub leader_since: Option<Instant>,
+}
+
+impl Group {
+    pub fn role(&self) -> StateRole {
+        self.raw.raft.state
+    }
+
+    fn not_leader(&self, ctx: &NodeCtx) -> ReplicaError {
+        let leader = self.raw.raft.leader_id;
+        ReplicaError::NotLeader { leader: (leader != 0 && leader != ctx.config.node_id).then_some(leader) }
+    }
+
+    pub fn handle(&mut self, input: GroupInput, now: Instant, ctx: &mut NodeCtx) {
+        match input {
+            // A failed node takes no further part in Raft: its state may be inconsistent.
+            GroupInput::Step(_) if ctx.failed.is_some() => {}
+            GroupInput::Step(message) => {
+                if let Err(err) = self.raw.step(message) {
+                    tracing::debug!(shard = self.shard, %err, "dropped a peer message");
+                }
+            }
+            GroupInput::Propose { request_id, command, done } => {
+                if let Some(failed) = &ctx.failed {
+                    return done(Err(ReplicaError::Storage(failed.clone())));
+                }
+                if self.role() != StateRole::Leader {
+                    return done(Err(self.not_leader(ctx)));
+                }
+                // A compare-and-swap over a value known damaged here cannot be evaluated here:
+                // applying it would stop this replica. It waits for the repair instead.
+                if let Command::Cas { key, .. } = &command
+                    && let Some(&(position, ..)) = self.repairs.get(key)
+                    && self.still_damaged(key, position)
+                {
+                    return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
+                }
+                let data = crate::codec::encode(request_id, ctx.clock.ms(now), &command);
+                let before = self.raw.raft.raft_log.last_index();
+                match self.raw.propose(Vec::new(), data) {
+                    Ok(()) if self.raw.raft.raft_log.last_index() > before => {
+                        let index = self.raw.raft.raft_log.last_index();
+                        // An older proposal still waiting at this index was overwritten by a leader
+                        // change and can no longer commit.
+                        if let Some((term, old)) = self.proposals.insert(index, (self.raw.raft.term, done)) {
+                            old(Err(ReplicaError::Dropped(format!(
+                                "entry {index} of term {term} was replaced by another leader's"
+                            ))));
+                        }
+                    }
+                    Ok(()) => done(Err(ReplicaError::Dropped("the proposal was not appended".into()))),
+                    Err(err) => done(Err(ReplicaError::Dropped(err.to_string()))),
+                }
+            }
+            GroupInput::ReadBarrier(done) => {
+                if let Some(failed) = &ctx.failed {
+                    return done(Err(ReplicaError::Storage(failed.clone())));
+                }
+                if ctx.mutation == Some(crate::Mutation::ReadsWithoutReadIndex) {
+                    return done(Ok(()));
+                }
+                if self.role() != StateRole::Leader {
+                    return done(Err(self.not_leader(ctx)));
+                }
+                self.reads_unsent.push(done);
+            }
+        }
+    }
+
+    /// Ticks Raft's clock once, re-sends snapshots nobody answered, and hands leadership to the
+    /// shard's primary when it is due.
+    pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
+        self.raw.tick();
+        self.retry_lost_snapshots(now, ctx);
+        self.prefer_primary(now, ctx);
+    }
+
+    /// A leader that is not the shard's primary hands leadership to it once this node has led for
+    /// an election timeout (so a primary that just came back is not handed a group at once, and
+    /// leadership does not bounce) and the primary is active and has every entry; at most one
+    /// attempt per election timeout. Not while this node's disk is full: the disk-full hand-off
+    /// (`disk_space`) decides then.
+    fn prefer_primary(&mut self, now: Instant, ctx: &NodeCtx) {
+        let me = ctx.config.node_id;
+        if self.role() != StateRole::Leader {
+            self.leader_since = None;
+            return;
+        }
+        let Some(primary) = self.primary.filter(|&primary| primary != me) else { return };
+        let since = *self.leader_since.get_or_insert(now);
+        let election = ctx.config.tick * ctx.config.election_ticks as u32;
+        if now.saturating_duration_since(since) < election
+            || self.raw.raft.lead_transferee.is_some()
+            || ctx.disk.alarm().is_some()
+            || !self.raw.store().conf_state.voters.contains(&primary)
+        {
+            return;
+        }
+        let last = self.raw.raft.raft_log.last_index();
+        let caught_up =
+            self.raw.raft.prs().get(primary).is_some_and(|p| p.recent_active && p.matched >= last);
+        if !caught_up {
+            return;
+        }
+        tracing::info!(shard = self.shard, to = primary, "handing leadership to the shard's primary");
+        self.raw.transfer_leader(primary);
+        self.leader_since = Some(now);
+    }
+
+    /// raft-rs waits for the application to report a snapshot's fate; our transport does not know
+    /// it. A follower still waiting after `snapshot_timeout` is reported failed, so the leader
+    /// probes it again and sends a new snapshot if it still needs one.
+    fn retry_lost_snapshots(&mut self, now: Instant, ctx: &NodeCtx) {
+        if self.role() != StateRole::Leader {
+            self.snapshot_sends.clear();
+            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release();
+            return;
+        }
+        let waiting: Vec<u64> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(_, progress)| progress.state == raft::ProgressState::Snapshot)
+            .map(|(id, _)| *id)
+            .collect();
+        self.snapshot_sends.retain(|id, _| waiting.contains(id));
+        // A built snapshot is kept while some follower is behind the Raft log (it is asked for
+        // again until sent), and dropped once nobody needs it.
+        let first = self.raw.store().first();
+        let needed = self.raw.raft.prs().iter().any(|(id, progress)| {
+            *id != ctx.config.node_id
+                && (progress.state == raft::ProgressState::Snapshot || progress.next_idx < first)
+        });
+        if !needed {
+            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release();
+        }
+        for id in waiting {
+            let since = *self.snapshot_sends.entry(id).or_insert(now);
+            if now.duration_since(since) >= ctx.config.snapshot_timeout {
+                tracing::warn!(
+                    shard = self.shard,
+                    follower = id,
+                    "no answer to a snapshot; sending it again"
+                );
+                self.raw.report_snapshot(id, raft::SnapshotStatus::Failure);
+                self.snapshot_sends.remove(&id);
+            }
+        }
+    }
+
+    /// Proposes repairs (through Raft, so every replica sees them in the same order): this
+    /// replica's healthy copies offered in answer to repair requests it applied, and requests for
+    /// a healthy copy of each value found damaged here. On a follower raft-rs forwards the proposal
+    /// to the leader; a proposal lost on the way (or refused: no leader yet) is asked again after
+    /// an election timeout while the damaged value is still the key's current one.
+    pub fn propose_repairs(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        for (key, value) in self.applier.take_offers() {
+            let data = crate::codec::encode_repair(ctx.clock.ms(now), &key, &value);
+            if let Err(err) = self.raw.propose(Vec::new(), data) {
+                tracing::debug!(%err, "offering a copy for repair was refused");
+            }
+        }
+        for (key, position) in self.state.corruption.take_found() {
+            self.repairs.insert(key, (position, None, 0));
+        }
+        if self.repairs.is_empty() {
+            return;
+        }
+        let election = ctx.config.tick * ctx.config.election_ticks as u32;
+        let mut asked = 0;
+        let keys: Vec<Vec<u8>> = self.repairs.keys().cloned().collect();
+        for key in keys {
+            if asked >= REPAIRS_PER_TURN {
+                break;
+            }
+            let (position, last, times) = self.repairs[&key];
+            // One election timeout, doubling up to 64 of them: no replica may hold a healthy copy.
+            let retry = election * (1u32 << times.saturating_sub(1).min(6));
+            if last.is_some_and(|at| now.saturating_duration_since(at) < retry) {
+                continue;
+            }
+            // Repaired, rewritten or deleted since: the damaged bytes are no longer read.
+            if !self.still_damaged(&key, position) {
+                self.repairs.remove(&key);
+                continue;
+            }
+            let data = crate::codec::encode_repair_request(ctx.clock.ms(now), &key);
+            if let Err(err) = self.raw.propose(Vec::new(), data) {
+                tracing::debug!(%err, "asking for a copy of a damaged value was refused; asking again later");
+            }
+            self.repairs.insert(key, (position, Some(now), times.saturating_add(1)));
+            asked += 1;
+        }
+    }
+
+    /// Whether `key` still points at the damaged value at `position` (not repaired, rewritten or
+    /// deleted since).
+    fn still_damaged(&self, key: &[u8], position: u64) -> bool {
+        match self.state.tree.get(key) {
+            Ok(Some(stored)) => matches!(
+                onekv_index::IndexValue::decode(&stored),
+                Ok(onekv_index::IndexValue::Locator(locator)) if locator.position == position
+            ),
+            Ok(None) => false,
+            // The index failing is not the repair's to report: assume the damage is still there.
+            Err(_) => true,
+        }
+    }
+
+    /// Sends one ReadIndex request for every barrier that arrived this turn.
+    pub fn send_read_index(&mut self) {
+        if self.reads_unsent.is_empty() {
+            return;
+        }
+        let ctx = self.next_read_ctx;
+        self.next_read_ctx += 1;
+        self.reads_in_flight.insert(ctx, std::mem::take(&mut self.reads_unsent));
+        self.raw.read_index(ctx.to_le_bytes().to_vec());
+    }
+
+    /// The first half of handling a Ready: sends what may leave before persistence, installs a
+    /// snapshot, and returns the records the node must append for this group (`None`: no Ready).
+    pub fn prepare(&mut self, ctx: &mut NodeCtx) -> Result<Option<Prepared>, ReplicaError> {
+        if !self.raw.has_ready() {
+            return Ok(None);
+        }
+        let mut ready = self.raw.ready();
+        if let Some(ss) = ready.ss()
+            && ss.raft_state != StateRole::Leader
+        {
+            self.lost_leadership(ctx);
+        }
+        ctx.transport.send(self.shard, ready.take_messages());
+        if !ready.snapshot().is_empty() {
+            self.install_snapshot(ready.snapshot().clone())?;
+        }
+        let entries = ready.take_entries();
+        let mut records: Vec<(onekv_log::RecordKind, Vec<u8>)> =
+            entries.iter().map(|e| (records::ENTRY, records::encode_entry(self.shard, e))).collect();
+        let mut new_hs = None;
+        if let Some(hs) = ready.hs() {
+            let record =
+                HardStateRecord { shard: self.shard, term: hs.term, vote: hs.vote, commit: hs.commit };
+            if record != self.persisted_hs {
+                records.push((records::HARD_STATE, records::encode_hard_state(record)));
+                new_hs = Some((record, hs.clone()));
+            }
+        }
+        Ok(Some(Prepared { ready, entries, records, new_hs }))
+    }
+
+    /// The second half: `locators` are where the node appended `prepared.records` (durable now).
+    /// Records them in Raft's storage, applies what is committed, sends what had to wait for
+    /// persistence and answers.
+    pub fn finish(
+        &mut self,
+        prepared: Prepared,
+        locators: &[onekv_log::Locator],
+        ctx: &mut NodeCtx,
+    ) -> Result<(), ReplicaError> {
+        let Prepared { mut ready, entries, records, new_hs } = prepared;
+        let store = self.raw.mut_store();
+        for (entry, locator) in entries.iter().zip(locators) {
+            store.append(entry.index, entry.term, *locator);
+        }
+        if let Some((record, hs)) = new_hs {
+            store.hard_state = hs;
+            self.persisted_hs = record;
+            self.shared.durable_commit.fetch_max(record.commit, Ordering::SeqCst);
+        }
+        if self.state.mode == StorageMode::Classic && !entries.is_empty() {
+            // A layered store keeps Raft entries as full values in a tree of their own.
+            let tree = self.state.entry_tree.as_ref().expect("classic mode has an entry tree");
+            for (entry, (_, payload)) in entries.iter().zip(&records) {
+                self.entry_tree_seqno += 1;
+                tree.insert(&entry.index.to_be_bytes(), payload, self.entry_tree_seqno);
+            }
+            tree.publish(self.entry_tree_seqno);
+        }
+        let committed = ready.take_committed_entries();
+        self.apply(committed)?;
+        ctx.transport.send(self.shard, ready.take_persisted_messages());
+        for read in ready.take_read_states() {
+            let id = u64::from_le_bytes(read.request_ctx.as_slice().try_into().unwrap_or_default());
+            if let Some(dones) = self.reads_in_flight.remove(&id) {
+                self.reads_waiting.push_back((read.index, dones));
+            }
+        }
+        let mut light = self.raw.advance(ready);
+        ctx.transport.send(self.shard, light.take_messages());
+        self.apply(light.take_committed_entries())?;
+        self.raw.advance_apply();
+        self.resolve_reads();
+        Ok(())
+    }
+
+    /// A hard state whose commit covers everything committed, when it is ahead of the last one
+    /// appended (raft-rs reports some commit advances only after the Ready that carried the hard
+    /// state), so a later flush may record that far. The node appends it without waiting and
+    /// calls [`Group::commit_appended`].
+    pub fn commit_to_persist(&self) -> Option<HardStateRecord> {
+        let commit = self.raw.raft.raft_log.committed;
+        if commit <= self.persisted_hs.commit {
+            return None;
+        }
+        Some(HardStateRecord {
+            commit,
+            term: self.raw.raft.term,
+            vote: self.raw.raft.vote,
+            ..self.persisted_hs
+        })
+    }
+
+    /// `record` (from [`Group::commit_to_persist`]) was submitted to the log.
+    pub fn commit_appended(&mut self, record: HardStateRecord) {
+        self.persisted_hs = record;
+        let store = self.raw.mut_store();
+        store.hard_state.commit = record.commit;
+        store.hard_state.term = record.term;
+        store.hard_state.vote = record.vote;
+    }
+
+    fn apply(&mut self, committed: Vec<Entry>) -> Result<(), ReplicaError> {
+        if committed.is_empty() {
+            return Ok(());
+        }
+        crate::failpoint!("before-apply");
+        let locators = committed
+            .iter()
+            .map(|e| {
+                self.raw
+                    .store()
+                    .meta(e.index)
+                    .map(|m| m.locator)
+                    .ok_or_else(|| storage(format!("committed entry {} is not in the log", e.index)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let applied = self.applier.apply(&committed, &locators)?;
+        crate::failpoint!("after-apply");
+        let store = self.raw.mut_store();
+        if let Some(last) = applied.last() {
+            store.applied_index = last.index;
+            store.applied_term = last.term;
+        }
+        for result in applied {
+            // Entries up to this one are applied; older proposals that never showed up at their
+            // index were overwritten by another leader.
+            while let Some(entry) = self.proposals.first_entry() {
+                if *entry.key() > result.index {
+                    break;
+                }
+                let (index, (term, done)) = entry.remove_entry();
+                if index == result.index && term == result.term {
+                    match result.outcome.clone() {
+                        Some(outcome) => done(outcome),
+                        None => done(Err(ReplicaError::Dropped("the entry carried no command".into()))),
+                    }
+                } else {
+                    done(Err(ReplicaError::Dropped(format!(
+                        "entry {index} of term {term} was replaced by another leader's"
+                    ))));
+                }
+            }
+        }
+        crate::failpoint!("after-reply");
+        Ok(())
+    }
+
+    fn resolve_reads(&mut self) {
+        let applied = self.raw.store().applied_index;
+        while let Some((index, _)) = self.reads_waiting.front() {
+            if *index > applied {
+                break;
+            }
+            let (_, dones) = self.reads_waiting.pop_front().expect("not empty");
+            for done in dones {
+                done(Ok(()));
+            }
+        }
+    }
+
+    fn lost_leadership(&mut self, ctx: &NodeCtx) {
+        // Proposals still waiting may commit under the new leader, or be replaced; this node will
+        // not learn which until entries at their indexes are applied, which may be never if no
+        // write follows. Their callers retry with the same request id, which the window makes
+        // safe, and the new leader answers them.
+        for (index, (term, done)) in std::mem::take(&mut self.proposals) {
+            done(Err(ReplicaError::Dropped(format!(
+                "leadership lost while entry {index} of term {term} was pending; it may still commit: \
+                 retry with the same request id"
+            ))));
+        }
+        let leader = self.not_leader(ctx);
+        for done in self.reads_unsent.drain(..) {
+            done(Err(leader.clone()));
+        }
+        for (_, dones) in std::mem::take(&mut self.reads_in_flight) {
+            for done in dones {
+                done(Err(leader.clone()));
+            }
+        }
+        for (_, dones) in self.reads_waiting.drain(..) {
+            for done in dones {
+                done(Err(leader.clone()));
+            }
+        }
+    }
+
+    /// Flushes the tree once its memtable is large, or holds many entries, or is old (so the
+    /// replay after a crash, Raft's metadata and the request window stay bounded even when few
+    /// bytes are written), but only up to a durably committed index; then lets Raft forget entries
+    /// far enough below it. One flush at a time per node: a group whose flush is due waits while
+    /// another group's runs.
+    pub fn maybe_flush(&mut self, now: Instant, ctx: &mut NodeCtx) -> Result<(), ReplicaError> {
+        let applied = self.raw.store().applied_index;
+        let flagged = self.state.tree.flush_flag().unwrap_or(0);
+        if applied <= flagged || ctx.maintenance.busy() || ctx.failed.is_some() {
+            return Ok(());
+        }
+        let last_flush = *self.last_flush.get_or_insert(now);
+        let due = self.state.tree.memtable_bytes() >= ctx.config.memtable_bytes
+            || applied - flagged >= ctx.config.flush_every_entries
+            || now.saturating_duration_since(last_flush) >= ctx.config.flush_every;
+        if !due {
+            return Ok(());
+        }
+        if self.shared.durable_commit.load(Ordering::SeqCst) < applied {
+            // The hard state covering `applied` was submitted without waiting. Appending it again
+            // and waiting makes it (and everything queued before it) durable: the flag may not run
+            // ahead of the commit index recovery will see.
+            let record = self.persisted_hs;
+            ctx.raft_log
+                .append(&[(records::HARD_STATE, &records::encode_hard_state(record))])
+                .map_err(|e| storage(format!("appending the hard state: {e}")))?;
+            self.shared.durable_commit.fetch_max(record.commit, Ordering::SeqCst);
+            if record.commit < applied {
+                return Ok(());
+            }
+        }
+        self.last_flush = Some(now);
+        self.flush_index(applied, ctx)
+    }
+
+    /// Seals the tree with `applied` as its flag and has the maintenance thread make it durable,
+    /// after letting Raft forget entries more than `raft_log_keep_entries` below it; the flag
+    /// carries where the next recovery's scan may start for this shard (the record of the first
+    /// entry Raft still serves), so a restart reads only that far back. The caller has made the
+    /// hard state covering `applied` durable.
+    ///
+    /// Forgetting entries before the flush is durable is safe: Raft forgets only its in-memory
+    /// map, the records stay in the log, and the previous flag's recovery point still scans them.
+    fn flush_index(&mut self, applied: u64, ctx: &mut NodeCtx) -> Result<(), ReplicaError> {
+        if ctx.crash_at(crate::maintenance::CrashPoint::BeforeSeal) {
+            return Ok(());
+        }
+        let keep = ctx.config.raft_log_keep_entries;
+        if applied > keep {
+            self.raw.mut_store().compact(applied - keep);
+        }
+        let store = self.raw.store();
+        let note = match store.meta(store.first()) {
+            Some(first) => records::encode_recovery_point(&records::RecoveryPoint {
+                scan_from: first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
+                snapshot_index: store.snapshot_index,
+                snapshot_term: store.snapshot_term,
+                hard_state: self.persisted_hs,
+                voters: store.conf_state.voters.clone(),
+            }),
+            // No entry retained (just after a snapshot): the next recovery scans the whole log.
+            None => Vec::new(),
+        };
+        crate::failpoint!("before-index-flush");
+        // The data and the request-id window share the tree, so one flag covers both.
+        self.state
+            .tree
+            .seal(applied, state::last_seqno(applied), &note)
+            .map_err(|e| storage(format!("flushing the index: {e}")))?;
+        let mut trees = vec![self.state.tree.clone()];
+        if let Some(tree) = &self.state.entry_tree {
+            tree.seal(applied, self.entry_tree_seqno, &[])
+                .map_err(|e| storage(format!("flushing entries: {e}")))?;
+            trees.push(tree.clone());
+        }
+        if ctx.crash_at(crate::maintenance::CrashPoint::AfterSeal) {
+            return Ok(());
+        }
+        let hook = &mut ctx.crash_hook;
+        let outcome =
+            ctx.maintenance.flush(trees, &mut |point| hook.as_mut().is_some_and(|hook| hook(point)));
+        if outcome.is_err() {
+            ctx.crashed = true;
+            return Ok(());
+        }
+        if let Some(failure) = ctx.maintenance.failure() {
+            return Err(storage(failure));
+        }
+        Ok(())
+    }
+
+    fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
+        let meta = snapshot.get_metadata();
+        let meta = SnapshotMeta {
+            shard: self.shard,
+            index: meta.index,
+            term: meta.term,
+            chunks: 0,
+            voters: meta.get_conf_state().voters.clone(),
+        };
+        tracing::info!(
+            shard = self.shard,
+            index = meta.index,
+            term = meta.term,
+            bytes = snapshot.data.len(),
+            "installing a snapshot"
+        );
+        let chunks = self.applier.persist_snapshot(&meta, &snapshot.data)?;
+        self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.voters.clone());
+        self.applier.install_snapshot(meta.index, &chunks)?;
+        self.shared.durable_commit.fetch_max(meta.index, Ordering::SeqCst);
+        // Proposals at or below the snapshot can no longer be matched to their entries.
+        while let Some(entry) = self.proposals.first_entry() {
+            if *entry.key() > meta.index {
+                break;
+            }
+            let (_, (_, done)) = entry.remove_entry();
+            done(Err(ReplicaError::Dropped("superseded by a snapshot".into())));
+        }
+        Ok(())
+    }
+
+    /// Fails every proposal and read barrier the group holds.
+    pub fn fail_pending(&mut self, error: &dyn Fn() -> ReplicaError) {
+        for (_, (_, done)) in std::mem::take(&mut self.proposals) {
+            done(Err(error()));
+        }
+        for done in self.reads_unsent.drain(..) {
+            done(Err(error()));
+        }
+        for (_, dones) in std::mem::take(&mut self.reads_in_flight) {
+            for done in dones {
+                done(Err(error()));
+            }
+        }
+        for (_, dones) in self.reads_waiting.drain(..) {
+            for done in dones {
+                done(Err(error()));
+            }
+        }
+    }
+
+    /// Stops the group's threads (the node is ending).
+    pub fn stop(&mut self) {
+        self.scrub.stop();
+        self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).stop();
+    }
+
+    /// Each other member's progress, on a leader (empty otherwise).
+    fn follower_status(&self, ctx: &NodeCtx) -> Vec<crate::FollowerStatus> {
+        if self.role() != StateRole::Leader {
+            return Vec::new();
+        }
+        self.raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != ctx.config.node_id)
+            .map(|(id, progress)| crate::FollowerStatus {
+                id: *id,
+                matched: progress.matched,
+                state: match progress.state {
+                    raft::ProgressState::Probe => "probe",
+                    raft::ProgressState::Replicate => "replicate",
+                    raft::ProgressState::Snapshot => "snapshot",
+                }
+                .to_string(),
+                active: progress.recent_active,
+            })
+            .collect()
+    }
+
+    pub fn publish_status(&self, ctx: &NodeCtx) {
+        let raft = &self.raw.raft;
+        let store = self.raw.store();
+        let role = match raft.state {
+            StateRole::Leader => "leader",
+            StateRole::Follower => "follower",
+            StateRole::Candidate => "candidate",
+            StateRole::PreCandidate => "pre-candidate",
+        };
+        let leader_id = (raft.leader_id != 0).then_some(raft.leader_id);
+        let leader_changes = {
+            let previous = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            let changed =
+                leader_id.is_some() && (leader_id, raft.term) != (previous.leader_id, previous.term);
+            previous.leader_changes + u64::from(changed)
+        };
+        let logs = std::iter::once(&self.state.raft_log)
+            .chain(self.state.second_log.as_ref())
+            .zip(self.state.mode.log_names())
+            .map(|(log, name)| crate::LogStatus {
+                name: (*name).to_string(),
+                bytes: log.end_position() - log.first_position(),
+                stats: log.stats(),
+            })
+            .collect();
+        let status = ReplicaStatus {
+            node_id: ctx.config.node_id,
+            shard: self.shard,
+            voters: store.conf_state.voters.clone(),
+            leader_id,
+            term: raft.term,
+            role: role.to_string(),
+            commit_index: raft.raft_log.committed,
+            applied_index: store.applied_index,
+            first_index: store.first(),
+            last_index: raft.raft_log.last_index(),
+            flushed_index: self.state.tree.flush_flag().unwrap_or(0),
+            storage: self.state.mode,
+            log_bytes: self.state.log_bytes(),
+            bytes_written: self.state.bytes_written(),
+            user_bytes: self.state.user_bytes.load(Ordering::Relaxed),
+            recovery_records: self.shared.recovery_records,
+            recovery_replayed: self.shared.recovery_replayed,
+            failure: ctx.failed.clone(),
+            leader_changes,
+            logs,
+            index_flushes: self.state.index.flushes(),
+            index_compactions: self.state.index.compactions(),
+            index_bytes_written: self.state.index.bytes_written(),
+            memtable_bytes: self.state.tree.memtable_bytes(),
+            followers: self.follower_status(ctx),
+            snapshot: store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe(),
+            request_ids: self.state.requests().len() as u64,
+            disk: ctx.disk.status(),
+            corrupt_values: self.state.corruption.count(),
+            repaired_values: self.state.corruption.repaired_count(),
+            scrub: self.scrub.status(),
+        };
+        *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+    }
+}
