@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
-    ScanRequest, ScanResponse, StatusRequest, StatusResponse,
+    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnCondition, TxnRequest,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -77,6 +77,15 @@ pub struct CasResult {
     /// unchanged current value if not.
     pub current: Option<Vec<u8>>,
     /// The Raft log index the operation was applied at.
+    pub index: u64,
+}
+
+/// The outcome of a transaction ([`Client::txn`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnResult {
+    /// Whether every condition held, so every op was applied.
+    pub applied: bool,
+    /// The Raft log index the transaction was committed at (applied or not).
     pub index: u64,
 }
 
@@ -234,6 +243,27 @@ impl Client {
             current: response.found.then_some(response.current),
             index: response.index,
         })
+    }
+
+    /// A conditional transaction, one Raft entry: if every `(key, expected)` condition holds
+    /// (`expected` `None`: the key must be absent), applies every op (`(key, Some(value))` puts,
+    /// `(key, None)` deletes) atomically; otherwise changes nothing. Whether it applied.
+    /// Conditions compare values: a key changed and changed back still matches.
+    pub async fn txn(
+        &self,
+        conditions: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<TxnResult> {
+        let request = TxnRequest {
+            conditions: conditions
+                .into_iter()
+                .map(|(key, expected)| TxnCondition { key, expected })
+                .collect(),
+            ops: ops.into_iter().map(|(key, value)| BatchOp { key, value }).collect(),
+            request_id: Some(self.next_id()),
+        };
+        let response = self.call(Route::Leader, request, |mut kv, r| async move { kv.txn(r).await }).await?;
+        Ok(TxnResult { applied: response.applied, index: response.index })
     }
 
     /// Up to `limit` pairs (0: the node's maximum) with `start <= key < end` (`end` `None`: no end),

@@ -368,6 +368,7 @@ fn command_info(spec: &CommandSpec) -> Reply {
         "string" => "@string",
         "generic" => "@keyspace",
         "connection" => "@connection",
+        "transactions" => "@transaction",
         _ => "@admin",
     });
     let simple =

@@ -11,7 +11,7 @@ use super::{Outcome, RespContext};
 use crate::protocol::Reply;
 
 /// Compare-and-swap attempts of one read-modify-write command before it reports contention.
-const RMW_MAX_ATTEMPTS: u32 = 32;
+pub(super) const RMW_MAX_ATTEMPTS: u32 = 32;
 /// Values this short are remembered after a successful swap, so the next read-modify-write of the
 /// key (a counter, typically) can try its swap without reading first. A stale memory costs one
 /// failed swap, which returns the current value: never a wrong result.
@@ -28,7 +28,7 @@ pub(super) enum Change {
 }
 
 /// A read-modify-write's decision: a pure function of the value found (it may run several times).
-type Decide = Box<dyn FnMut(Option<&[u8]>) -> Outcome<Change> + Send>;
+pub(super) type Decide = Box<dyn FnMut(Option<&[u8]>) -> Outcome<Change> + Send>;
 
 /// Should a key's driver panic, takes the key out of the map (answering its queue with an error, as
 /// the dropped senders do), so later commands on the key start a new driver instead of queueing

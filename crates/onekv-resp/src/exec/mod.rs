@@ -27,6 +27,9 @@ mod admin;
 mod combine;
 mod keyspace;
 mod strings;
+mod transaction;
+
+pub use self::transaction::same_shard;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +43,7 @@ use crate::commands::{self, CommandSpec};
 use crate::protocol::{ParserLimits, Protocol, Reply};
 
 use self::admin::{client_command, command_command};
-use self::combine::{Change, Pending};
+use self::combine::Pending;
 use self::keyspace::Cursors;
 
 /// How long a connection's reply may wait for the socket to take any byte before the connection is
@@ -160,12 +163,19 @@ pub struct Session {
     /// What CLIENT SETINFO said: the library's name and version.
     lib_name: Vec<u8>,
     lib_version: Vec<u8>,
+    /// MULTI's queue and the watched keys.
+    transaction: transaction::Transaction,
 }
 
 impl Session {
     /// The reply encoding this connection chose with `HELLO` (RESP2 until then).
     pub fn protocol(&self) -> Protocol {
         self.protocol
+    }
+
+    /// Whether the connection is inside MULTI (its commands are queued, not run).
+    pub fn in_transaction(&self) -> bool {
+        self.transaction.active()
     }
 
     /// This session, for a client at `peer` (reported by CLIENT INFO).
@@ -240,6 +250,7 @@ impl RespContext {
             peer: None,
             lib_name: Vec::new(),
             lib_version: Vec::new(),
+            transaction: transaction::Transaction::default(),
         }
     }
 
@@ -251,8 +262,12 @@ impl RespContext {
         let op = spec.map_or("unknown", |spec| spec.name);
         let mut close = false;
         let reply = match spec {
-            None => unknown_command(&args),
-            Some(spec) if !spec.arity_ok(args.len()) => wrong_arity(spec.name),
+            // Inside MULTI a command refused before running dooms the transaction.
+            None => transaction::refuse_queueing(session, None, &args),
+            Some(spec) if !spec.arity_ok(args.len()) => {
+                transaction::refuse_queueing(session, Some(spec), &args)
+            }
+            Some(spec) if session.in_transaction() && transaction::queues(spec) => self.queue(session, args),
             Some(spec) => {
                 close = spec.name == "quit";
                 self.run(spec, session, &args).await.unwrap_or_else(|error| error)
@@ -306,56 +321,15 @@ impl RespContext {
                 let swapped = self.insert_if_absent(&args[1], &args[2]).await?;
                 Ok(Reply::Integer(i64::from(swapped)))
             }
-            "del" | "unlink" => {
-                let mut deleted = 0;
-                for key in &args[1..] {
-                    let reply = self
-                        .read_modify_write(key, |current| {
-                            Ok(if current.is_some() {
-                                Change::Write(None, Reply::Integer(1))
-                            } else {
-                                Change::Keep(Reply::Integer(0))
-                            })
-                        })
-                        .await?;
-                    deleted += i64::from(reply == Reply::Integer(1));
-                }
-                Ok(Reply::Integer(deleted))
-            }
-            "getdel" => {
-                self.read_modify_write(&args[1], |current| {
-                    Ok(match current {
-                        Some(value) => Change::Write(None, Reply::Bulk(value.to_vec())),
-                        None => Change::Keep(Reply::Nil),
-                    })
-                })
-                .await
-            }
-            "incr" => self.increment(&args[1], 1).await,
-            "decr" => self.increment(&args[1], -1).await,
-            "incrby" => self.increment(&args[1], parse_integer(&args[2]).ok_or_else(not_an_integer)?).await,
-            "decrby" => {
-                let by = parse_integer(&args[2]).ok_or_else(not_an_integer)?;
-                let by = by.checked_neg().ok_or_else(|| Reply::err("decrement would overflow"))?;
-                self.increment(&args[1], by).await
-            }
-            "append" => {
-                let max = self.shared.settings.max_value_bytes;
-                let suffix = args[2].clone();
-                self.read_modify_write(&args[1], move |current| {
-                    let mut value = current.unwrap_or_default().to_vec();
-                    if value.len() + suffix.len() > max {
-                        return Err(Reply::err(format!(
-                            "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
-                        )));
-                    }
-                    value.extend_from_slice(&suffix);
-                    let len = value.len() as i64;
-                    Ok(Change::Write(Some(value), Reply::Integer(len)))
-                })
-                .await
+            "del" | "unlink" => self.delete(&args[1..]).await,
+            "getdel" | "incr" | "decr" | "incrby" | "decrby" | "append" => {
+                let decide = self.decision(spec.name, args)?;
+                self.read_modify_write(&args[1], decide).await
             }
             "scan" => self.scan(args).await,
+            "multi" | "exec" | "discard" | "watch" | "unwatch" => {
+                self.transaction_command(spec.name, session, args).await
+            }
             other => Err(Reply::err(format!("command '{other}' is in the table but not implemented"))),
         }
     }

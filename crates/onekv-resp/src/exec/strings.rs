@@ -2,7 +2,7 @@
 //! SETNX, INCR/DECR and their BY forms. Blind writes are puts and batches; the others decide
 //! through the combiner (`combine`).
 
-use super::combine::Change;
+use super::combine::{Change, Decide};
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
@@ -30,38 +30,18 @@ impl RespContext {
         Ok(Reply::ok())
     }
 
+    /// SET with NX, XX or GET (without, it is a blind write).
     pub(super) async fn set(&self, args: &[Vec<u8>]) -> Outcome {
         let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
-        let (key, value) = (&args[1], args[2].clone());
-        // Checked here, not left to the node: this SET may be combined with other commands on the
+        // Checked before anything is sent: this SET may be combined with other commands on the
         // key into one compare-and-swap, and its error must be its own.
-        let max = self.shared.settings.max_value_bytes;
-        if value.len() > max {
-            return Err(Reply::err(format!(
-                "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
-            )));
-        }
+        self.check_value(&args[2])?;
         if options.nx && !options.get {
-            let swapped = self.insert_if_absent(key, &value).await?;
+            let swapped = self.insert_if_absent(&args[1], &args[2]).await?;
             return Ok(if swapped { Reply::ok() } else { Reply::Nil });
         }
-        self.read_modify_write(key, move |current| {
-            let applies = if options.nx {
-                current.is_none()
-            } else if options.xx {
-                current.is_some()
-            } else {
-                true
-            };
-            let old = Reply::optional(current.map(<[u8]>::to_vec));
-            Ok(match (applies, options.get) {
-                (true, true) => Change::Write(Some(value.clone()), old),
-                (true, false) => Change::Write(Some(value.clone()), Reply::ok()),
-                (false, true) => Change::Keep(old),
-                (false, false) => Change::Keep(Reply::Nil),
-            })
-        })
-        .await
+        let decide = self.decision("set", args)?;
+        self.read_modify_write(&args[1], decide).await
     }
 
     /// One compare-and-swap from absent to `value`; whether it was set.
@@ -73,17 +53,105 @@ impl RespContext {
         Ok(outcome.swapped)
     }
 
-    pub(super) async fn increment(&self, key: &[u8], by: i64) -> Outcome {
-        self.read_modify_write(key, move |current| {
-            let old = match current {
-                None => 0,
-                Some(value) => parse_integer(value).ok_or_else(not_an_integer)?,
-            };
-            let new =
-                old.checked_add(by).ok_or_else(|| Reply::err("increment or decrement would overflow"))?;
-            Ok(Change::Write(Some(new.to_string().into_bytes()), Reply::Integer(new)))
+    /// DEL and UNLINK: each key is its own compare-and-swap.
+    pub(super) async fn delete(&self, keys: &[Vec<u8>]) -> Outcome {
+        let mut deleted = 0;
+        for key in keys {
+            let reply = self.read_modify_write(key, delete_decision()).await?;
+            deleted += i64::from(reply == Reply::Integer(1));
+        }
+        Ok(Reply::Integer(deleted))
+    }
+
+    /// Refuses a value over the node's limit, as Redis words it.
+    pub(super) fn check_value(&self, value: &[u8]) -> Outcome<()> {
+        let max = self.shared.settings.max_value_bytes;
+        if value.len() > max {
+            return Err(Reply::err(format!(
+                "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What a single-key read-modify-write string command (`args[1]` is the key) decides from
+    /// the value it finds: APPEND, GETDEL, INCR, INCRBY, DECR, DECRBY, SET (any options) and
+    /// SETNX. Its arguments are checked here, before anything is read. The combiner runs it
+    /// against the value it reads; a transaction runs it against its snapshot.
+    pub(super) fn decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
+        let increment = |by: i64| -> Decide {
+            Box::new(move |current| {
+                let old = match current {
+                    None => 0,
+                    Some(value) => parse_integer(value).ok_or_else(not_an_integer)?,
+                };
+                let new =
+                    old.checked_add(by).ok_or_else(|| Reply::err("increment or decrement would overflow"))?;
+                Ok(Change::Write(Some(new.to_string().into_bytes()), Reply::Integer(new)))
+            })
+        };
+        Ok(match name {
+            "incr" => increment(1),
+            "decr" => increment(-1),
+            "incrby" => increment(parse_integer(&args[2]).ok_or_else(not_an_integer)?),
+            "decrby" => {
+                let by = parse_integer(&args[2]).ok_or_else(not_an_integer)?;
+                increment(by.checked_neg().ok_or_else(|| Reply::err("decrement would overflow"))?)
+            }
+            "append" => {
+                let max = self.shared.settings.max_value_bytes;
+                let suffix = args[2].clone();
+                Box::new(move |current| {
+                    let mut value = current.unwrap_or_default().to_vec();
+                    if value.len() + suffix.len() > max {
+                        return Err(Reply::err(format!(
+                            "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
+                        )));
+                    }
+                    value.extend_from_slice(&suffix);
+                    let len = value.len() as i64;
+                    Ok(Change::Write(Some(value), Reply::Integer(len)))
+                })
+            }
+            "getdel" => Box::new(|current| {
+                Ok(match current {
+                    Some(value) => Change::Write(None, Reply::Bulk(value.to_vec())),
+                    None => Change::Keep(Reply::Nil),
+                })
+            }),
+            "setnx" => {
+                self.check_value(&args[2])?;
+                let value = args[2].clone();
+                Box::new(move |current| {
+                    Ok(match current {
+                        None => Change::Write(Some(value.clone()), Reply::Integer(1)),
+                        Some(_) => Change::Keep(Reply::Integer(0)),
+                    })
+                })
+            }
+            "set" => {
+                let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
+                self.check_value(&args[2])?;
+                let value = args[2].clone();
+                Box::new(move |current| {
+                    let applies = if options.nx {
+                        current.is_none()
+                    } else if options.xx {
+                        current.is_some()
+                    } else {
+                        true
+                    };
+                    let old = Reply::optional(current.map(<[u8]>::to_vec));
+                    Ok(match (applies, options.get) {
+                        (true, true) => Change::Write(Some(value.clone()), old),
+                        (true, false) => Change::Write(Some(value.clone()), Reply::ok()),
+                        (false, true) => Change::Keep(old),
+                        (false, false) => Change::Keep(Reply::Nil),
+                    })
+                })
+            }
+            other => return Err(Reply::err(format!("'{other}' is not a read-modify-write"))),
         })
-        .await
     }
 
     /// Whether onekv could hold `key` at all: keys are non-empty and at most `max_key_bytes` long.
@@ -142,4 +210,15 @@ impl RespContext {
         }
         Ok(values)
     }
+}
+
+/// DEL's decision for one key: delete it if present; 1 if it was.
+pub(super) fn delete_decision() -> Decide {
+    Box::new(|current| {
+        Ok(if current.is_some() {
+            Change::Write(None, Reply::Integer(1))
+        } else {
+            Change::Keep(Reply::Integer(0))
+        })
+    })
 }
