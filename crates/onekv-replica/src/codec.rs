@@ -523,6 +523,37 @@ mod tests {
         }
 
         #[test]
+        fn txns_round_trip(
+            conditions in proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 0..16), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32))),
+                0..8,
+            ),
+            ops in proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 0..16), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32))),
+                0..8,
+            ),
+        ) {
+            let conditions: Vec<Condition> =
+                conditions.into_iter().map(|(key, expected)| Condition { key, expected }).collect();
+            let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value }).collect();
+            let data = encode(id(), 5, &Command::Txn { conditions: conditions.clone(), ops: ops.clone() });
+            let DecodedCommand::Txn { conditions: decoded_conditions, ops: decoded_ops } = decode(&data).unwrap().command
+            else {
+                panic!()
+            };
+            prop_assert_eq!(decoded_conditions.len(), conditions.len());
+            for (condition, (key, expected)) in conditions.iter().zip(&decoded_conditions) {
+                prop_assert_eq!(&condition.key[..], *key);
+                prop_assert_eq!(condition.expected.as_deref(), *expected);
+            }
+            prop_assert_eq!(decoded_ops.len(), ops.len());
+            for (op, d) in ops.iter().zip(&decoded_ops) {
+                prop_assert_eq!(&op.key[..], d.key);
+                prop_assert_eq!(op.value.as_deref(), d.value.map(|s| s.value(&data)));
+            }
+        }
+
+        #[test]
         fn writes_round_trip(ops in proptest::collection::vec(
             (proptest::collection::vec(any::<u8>(), 0..16), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32))),
             0..8,

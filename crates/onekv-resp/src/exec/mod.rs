@@ -163,8 +163,9 @@ pub struct Session {
     /// What CLIENT SETINFO said: the library's name and version.
     lib_name: Vec<u8>,
     lib_version: Vec<u8>,
-    /// MULTI's queue and the watched keys.
-    transaction: transaction::Transaction,
+    /// MULTI's queue and the watched keys (shared, so the copies the listener makes for a run of
+    /// concurrent reads cost nothing; written through `Arc::make_mut`).
+    transaction: Arc<transaction::Transaction>,
 }
 
 impl Session {
@@ -250,7 +251,7 @@ impl RespContext {
             peer: None,
             lib_name: Vec::new(),
             lib_version: Vec::new(),
-            transaction: transaction::Transaction::default(),
+            transaction: Arc::default(),
         }
     }
 

@@ -27,6 +27,7 @@
 //! shard ([`same_shard`]).
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng as _;
@@ -143,7 +144,7 @@ impl RespContext {
     /// Queues a command of a connection inside MULTI (the caller checked its name and arity).
     pub(super) fn queue(&self, session: &mut Session, args: Vec<Vec<u8>>) -> Reply {
         let limits = self.shared.parser_limits;
-        let transaction = &mut session.transaction;
+        let transaction = Arc::make_mut(&mut session.transaction);
         let Some(queued) = &mut transaction.queued else { unreachable!("only inside MULTI") };
         let bytes: usize = args.iter().map(Vec::len).sum();
         if transaction.overflowed
@@ -173,19 +174,20 @@ impl RespContext {
                 if session.transaction.active() {
                     return Err(Reply::err("MULTI calls can not be nested"));
                 }
-                session.transaction.queued = Some(Vec::new());
+                Arc::make_mut(&mut session.transaction).queued = Some(Vec::new());
                 Ok(Reply::ok())
             }
             "discard" => {
                 if !session.transaction.active() {
                     return Err(Reply::err("DISCARD without MULTI"));
                 }
-                session.transaction.reset();
+                Arc::make_mut(&mut session.transaction).reset();
                 Ok(Reply::ok())
             }
             "unwatch" => {
-                session.transaction.watched.clear();
-                session.transaction.watched_bytes = 0;
+                let transaction = Arc::make_mut(&mut session.transaction);
+                transaction.watched.clear();
+                transaction.watched_bytes = 0;
                 Ok(Reply::ok())
             }
             "watch" => {
@@ -198,7 +200,7 @@ impl RespContext {
                 if !session.transaction.active() {
                     return Err(Reply::err("EXEC without MULTI"));
                 }
-                let transaction = std::mem::take(&mut session.transaction);
+                let transaction = std::mem::take(Arc::make_mut(&mut session.transaction));
                 if transaction.doomed {
                     return Err(Reply::Error(
                         "EXECABORT Transaction discarded because of previous errors.".into(),
@@ -236,8 +238,9 @@ impl RespContext {
                 "onekv: the watched keys and values would exceed {max_bytes} bytes (limits.max_batch_bytes)"
             )));
         }
-        session.transaction.watched_bytes += bytes;
-        session.transaction.watched.extend(new.into_iter().zip(values));
+        let transaction = Arc::make_mut(&mut session.transaction);
+        transaction.watched_bytes += bytes;
+        transaction.watched.extend(new.into_iter().zip(values));
         Ok(Reply::ok())
     }
 
@@ -438,7 +441,9 @@ fn bulk_bytes(reply: &Reply) -> usize {
 /// The reply to a command a connection inside MULTI sends, when it is refused rather than queued
 /// (its name is unknown or its arity wrong): the transaction is doomed.
 pub(super) fn refuse_queueing(session: &mut Session, spec: Option<&CommandSpec>, args: &[Vec<u8>]) -> Reply {
-    session.transaction.reject();
+    if session.transaction.active() {
+        Arc::make_mut(&mut session.transaction).reject();
+    }
     match spec {
         None => unknown_command(args),
         Some(spec) => wrong_arity(spec.name),
@@ -564,14 +569,14 @@ mod tests {
         let too_long = "k".repeat(5000);
         assert_eq!(run(&context, s, &["WATCH", "", &too_long]), Reply::ok());
         assert!(s.transaction.watched.is_empty());
-        s.transaction.watched.push((b"k".to_vec(), None));
+        Arc::make_mut(&mut s.transaction).watched.push((b"k".to_vec(), None));
         assert_eq!(run(&context, s, &["UNWATCH"]), Reply::ok());
         assert!(s.transaction.watched.is_empty());
-        s.transaction.watched.push((b"k".to_vec(), None));
+        Arc::make_mut(&mut s.transaction).watched.push((b"k".to_vec(), None));
         assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
         assert_eq!(run(&context, s, &["DISCARD"]), Reply::ok());
         assert!(s.transaction.watched.is_empty());
-        s.transaction.watched.push((b"k".to_vec(), None));
+        Arc::make_mut(&mut s.transaction).watched.push((b"k".to_vec(), None));
         assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
         assert_eq!(run(&context, s, &["EXECABORTME"]), unknown_command(&[b"EXECABORTME".to_vec()]));
         assert_eq!(run(&context, s, &["EXEC"]), execabort());
