@@ -12,6 +12,7 @@ fuzz_target!(|data: &[u8]| {
         let spans = match decoded.command {
             codec::DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect::<Vec<_>>(),
             codec::DecodedCommand::Cas { new, .. } => new.into_iter().collect(),
+            codec::DecodedCommand::Txn { ops, .. } => ops.iter().filter_map(|op| op.value).collect(),
             codec::DecodedCommand::RepairRequest { .. } => Vec::new(),
             codec::DecodedCommand::Repair { value, .. } => vec![value],
         };

@@ -18,7 +18,7 @@ use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
-    ScanRequest, ScanResponse, StatusRequest, StatusResponse,
+    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnCondition, TxnRequest,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -81,6 +81,15 @@ pub struct CasResult {
     /// unchanged current value if not.
     pub current: Option<Vec<u8>>,
     /// The Raft log index the operation was applied at.
+    pub index: u64,
+}
+
+/// The outcome of a transaction ([`Client::txn`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnResult {
+    /// Whether every condition held, so every op was applied.
+    pub applied: bool,
+    /// The Raft log index the transaction was committed at (applied or not).
     pub index: u64,
 }
 
@@ -380,6 +389,45 @@ impl Client {
             current: response.found.then_some(response.current),
             index: response.index,
         })
+    }
+
+    /// A conditional transaction, one Raft entry: if every `(key, expected)` condition holds
+    /// (`expected` `None`: the key must be absent), applies every op (`(key, Some(value))` puts,
+    /// `(key, None)` deletes) atomically; otherwise changes nothing. Whether it applied.
+    /// Conditions compare values: a key changed and changed back still matches. Atomic within
+    /// one shard: keys of several shards are refused ([`ClientError::InvalidArgument`], naming
+    /// them) before anything is sent; give them a common `{hash tag}`.
+    pub async fn txn(
+        &self,
+        conditions: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<TxnResult> {
+        let placement = self.placement().await?;
+        let shards: std::collections::BTreeSet<u64> = conditions
+            .iter()
+            .map(|(key, _)| key)
+            .chain(ops.iter().map(|(key, _)| key))
+            .map(|key| placement.map.shard_of_key(key))
+            .collect();
+        if shards.len() > 1 {
+            let list: Vec<String> = shards.iter().map(u64::to_string).collect();
+            return Err(ClientError::InvalidArgument(format!(
+                "the transaction's keys belong to shards {}: a transaction is atomic within one shard \
+                 only; give its keys a common {{hash tag}}",
+                list.join(", ")
+            )));
+        }
+        let route = Route::Leader(shards.into_iter().next().unwrap_or(1));
+        let request = TxnRequest {
+            conditions: conditions
+                .into_iter()
+                .map(|(key, expected)| TxnCondition { key, expected })
+                .collect(),
+            ops: ops.into_iter().map(|(key, value)| BatchOp { key, value }).collect(),
+            request_id: Some(self.next_id()),
+        };
+        let response = self.call(route, request, |mut kv, r| async move { kv.txn(r).await }).await?;
+        Ok(TxnResult { applied: response.applied, index: response.index })
     }
 
     /// Up to `limit` pairs (0: the node's maximum) with `start <= key < end` (`end` `None`: no end),

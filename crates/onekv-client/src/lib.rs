@@ -25,6 +25,8 @@ mod error;
 mod retry;
 mod routing;
 
-pub use client::{BatchItem, CasResult, Client, ClientOptions, KeyPage, MAX_RESPONSE_BYTES, ScanPage};
+pub use client::{
+    BatchItem, CasResult, Client, ClientOptions, KeyPage, MAX_RESPONSE_BYTES, ScanPage, TxnResult,
+};
 pub use error::{ClientError, Result};
 pub use onekv_proto::{Member, StatusResponse};

@@ -13,7 +13,8 @@ use onekv_client::{Client, ClientError, ClientOptions};
 use onekv_proto::kv_server::{Kv, KvServer};
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, PutRequest,
-    RequestId, ScanRequest, ScanResponse, StatusRequest, StatusResponse, WriteResponse,
+    RequestId, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnRequest, TxnResponse,
+    WriteResponse,
 };
 use tonic::metadata::MetadataValue;
 use tonic::transport::Server;
@@ -123,6 +124,14 @@ impl Kv for Fake {
             (true, b"other".to_vec())
         };
         Ok(Response::new(CasResponse { swapped, found, current, index: 45 }))
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let request = request.into_inner();
+        self.answer(request.request_id).await?;
+        // Applies only when every condition expects its key absent.
+        let applied = request.conditions.iter().all(|condition| condition.expected.is_none());
+        Ok(Response::new(TxnResponse { applied, index: 46 }))
     }
 
     async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
@@ -297,6 +306,27 @@ async fn deadline_exceeded_and_a_stalled_attempt_retry_a_write_with_the_same_id(
         let refused = client.cas(b"k", Some(b"old"), None).await.unwrap();
         assert!(!refused.swapped);
         assert_eq!(refused.current, Some(b"other".to_vec()));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_transaction_is_retried_with_one_request_id_and_reports_whether_it_applied() {
+    bounded(async {
+        let node = Fake::new(1, vec![Step::Fail(|| Status::deadline_exceeded("not committed in time"))]);
+        let address = serve(&node).await;
+        let client = client(&[&address], fast_options());
+
+        let ops = vec![(b"a".to_vec(), Some(b"1".to_vec())), (b"b".to_vec(), None)];
+        let applied = client.txn(vec![(b"a".to_vec(), None)], ops.clone()).await.unwrap();
+        assert_eq!((applied.applied, applied.index), (true, 46));
+        assert_eq!(node.calls(), 2);
+        let ids = node.ids();
+        assert!(ids.iter().all(|id| *id == ids[0] && id.is_some()), "{ids:?}");
+
+        let refused = client.txn(vec![(b"a".to_vec(), Some(b"0".to_vec()))], ops).await.unwrap();
+        assert!(!refused.applied);
+        assert_ne!(node.ids()[2], ids[0], "a new transaction gets a new request id");
     })
     .await;
 }

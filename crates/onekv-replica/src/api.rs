@@ -233,6 +233,25 @@ pub enum Command {
         /// The value to set.
         new: Option<Vec<u8>>,
     },
+    /// A conditional transaction: if every condition holds (each key currently has its expected
+    /// value), apply every op atomically, as one write; otherwise change nothing. The outcome's
+    /// `cas.swapped` says which. A transaction with no ops checks its conditions and writes
+    /// nothing (a consistent multi-key read, validated at one point of the log).
+    Txn {
+        /// Values keys must have, all at once.
+        conditions: Vec<Condition>,
+        /// Puts and deletes applied together when the conditions hold.
+        ops: Vec<WriteOp>,
+    },
+}
+
+/// One condition of a [`Command::Txn`]: `key` currently holds `expected` (`None`: it is absent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Condition {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value it must have.
+    pub expected: Option<Vec<u8>>,
 }
 
 /// What a committed command did.
@@ -240,7 +259,9 @@ pub enum Command {
 pub struct Outcome {
     /// The Raft index the command was committed at.
     pub index: u64,
-    /// For a compare-and-swap: whether it swapped, and the key's value afterwards.
+    /// For a compare-and-swap: whether it swapped, and the key's value afterwards. For a
+    /// transaction: whether its conditions held and its ops were applied (`swapped`; `current` is
+    /// always `None`).
     pub cas: Option<CasOutcome>,
 }
 
@@ -538,6 +559,41 @@ impl Limits {
                 check_key(key)?;
                 for value in [expected, new].into_iter().flatten() {
                     check_value(value)?;
+                }
+                Ok(())
+            }
+            Command::Txn { conditions, ops } => {
+                if conditions.is_empty() && ops.is_empty() {
+                    return bad("empty transaction".into());
+                }
+                for (what, count) in [("conditions", conditions.len()), ("ops", ops.len())] {
+                    if count > self.max_batch_ops {
+                        return bad(format!(
+                            "transaction of {count} {what} exceeds max_batch_ops = {}",
+                            self.max_batch_ops
+                        ));
+                    }
+                }
+                let mut bytes = 0;
+                for condition in conditions {
+                    check_key(&condition.key)?;
+                    if let Some(expected) = &condition.expected {
+                        check_value(expected)?;
+                    }
+                    bytes += condition.key.len() + condition.expected.as_ref().map_or(0, Vec::len);
+                }
+                for op in ops {
+                    check_key(&op.key)?;
+                    if let Some(value) = &op.value {
+                        check_value(value)?;
+                    }
+                    bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
+                }
+                if bytes > self.max_batch_bytes {
+                    return bad(format!(
+                        "transaction of {bytes} bytes (conditions and ops) exceeds max_batch_bytes = {}",
+                        self.max_batch_bytes
+                    ));
                 }
                 Ok(())
             }

@@ -9,6 +9,9 @@
 //! writes exactly what the first application wrote. A batch's writes become visible to readers at
 //! once, entry by entry (`Tree::publish`).
 //!
+//! A transaction (`Txn`) checks every condition against the current values, then applies all its
+//! ops as one write, at the entry's seqnos, or nothing.
+//!
 //! A command whose request id is in the window of recent ids (`requests`) is not applied again: it
 //! gets the outcome of its first application.
 //!
@@ -149,8 +152,9 @@ impl Applier {
                         placements,
                         if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
                     )?;
-                    // A compare-and-swap that did not swap changed nothing: its retry may simply
-                    // be evaluated again, so it is not remembered.
+                    // A compare-and-swap that did not swap (or a transaction whose conditions
+                    // failed) changed nothing: its retry may simply be evaluated again, so it is
+                    // not remembered.
                     let effect = match &outcome.cas {
                         None => Some(false),
                         Some(cas) if cas.swapped => Some(true),
@@ -281,6 +285,24 @@ impl Applier {
                     Outcome { index: entry.index, cas: Some(CasOutcome { swapped: false, current }) }
                 }
             }
+            DecodedCommand::Txn { conditions, ops } => {
+                // Every condition is checked before anything is written: all of the ops or none.
+                let mut holds = true;
+                for (key, expected) in conditions {
+                    if state.get(key)?.as_deref() != *expected {
+                        holds = false;
+                        break;
+                    }
+                }
+                if holds {
+                    for (op, decoded) in ops.iter().enumerate() {
+                        let value = decoded.value.map(|span| (span, placements.next().expect("placement")));
+                        write(op, decoded.key, value);
+                        effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
+                    }
+                }
+                Outcome { index: entry.index, cas: Some(CasOutcome { swapped: holds, current: None }) }
+            }
         };
         state.add_user_bytes(user_bytes);
         if let Some(wal) = wal
@@ -408,6 +430,8 @@ fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8])
         DecodedCommand::Cas { new, .. } => {
             Some(CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) })
         }
+        // Only an applied transaction is remembered (one whose conditions failed changed nothing).
+        DecodedCommand::Txn { .. } => Some(CasOutcome { swapped: true, current: None }),
     };
     Outcome { index: first_index, cas }
 }
@@ -415,7 +439,9 @@ fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8])
 /// The spans of every value a command may store, in order.
 fn value_spans(command: &DecodedCommand<'_>) -> Vec<ValueSpan> {
     match command {
-        DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect(),
+        DecodedCommand::Write(ops) | DecodedCommand::Txn { ops, .. } => {
+            ops.iter().filter_map(|op| op.value).collect()
+        }
         DecodedCommand::Cas { new, .. } => new.iter().copied().collect(),
         DecodedCommand::RepairRequest { .. } => Vec::new(),
         DecodedCommand::Repair { value, .. } => vec![*value],

@@ -18,15 +18,17 @@
 //! tag 2 (cas) body   = key_len:u32 key has_expected:u8 [expected_len:u32 expected] has_new:u8 [value]
 //! tag 3 (repair request) body = key_len:u32 key            (client and seq are 0)
 //! tag 4 (repair) body         = key_len:u32 key value      (client and seq are 0)
+//! tag 5 (txn) body   = cond_count:u32 cond*cond_count count:u32 op*count
+//!     cond = key_len:u32 key has_expected:u8 [expected_len:u32 expected]
 //! value    = len:u32 crc32c(bytes):u32 bytes        (the locator covers crc32c and bytes)
 //! ```
 //!
 //! Decoding never panics and never reads past its input: every length is checked before use, so
 //! bytes from a damaged or hostile peer produce an error.
 
-#[cfg(test)]
-use crate::WriteOp;
 use crate::{Command, RequestId};
+#[cfg(test)]
+use crate::{Condition, WriteOp};
 
 const VERSION: u8 = 2;
 /// The layout before commands carried their leader's time.
@@ -35,6 +37,7 @@ const TAG_WRITE: u8 = 1;
 const TAG_CAS: u8 = 2;
 const TAG_REPAIR_REQUEST: u8 = 3;
 const TAG_REPAIR: u8 = 4;
+const TAG_TXN: u8 = 5;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 
@@ -82,6 +85,14 @@ pub enum DecodedCommand<'a> {
         /// The value to set (`None`: delete), as a span like a put's.
         new: Option<ValueSpan>,
     },
+    /// A conditional transaction: when every key has its expected value, the ops apply as one
+    /// write.
+    Txn {
+        /// `(key, expected)` pairs (`None`: the key must be absent).
+        conditions: Vec<(&'a [u8], Option<&'a [u8]>)>,
+        /// The ops, as a write's.
+        ops: Vec<DecodedOp<'a>>,
+    },
     /// A replica found its copy of `key`'s value damaged and asks for a healthy one: every replica
     /// whose copy is healthy answers with a [`DecodedCommand::Repair`]. Proposed by replicas, never
     /// by clients.
@@ -126,20 +137,7 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
             out.push(TAG_WRITE);
             push_request_id(&mut out, request_id);
             out.extend_from_slice(&time_ms.to_le_bytes());
-            out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
-            for op in ops {
-                match &op.value {
-                    Some(value) => {
-                        out.push(OP_PUT);
-                        push_bytes(&mut out, &op.key);
-                        push_value(&mut out, value);
-                    }
-                    None => {
-                        out.push(OP_DELETE);
-                        push_bytes(&mut out, &op.key);
-                    }
-                }
-            }
+            push_ops(&mut out, ops);
         }
         Command::Cas { key, expected, new } => {
             out.push(TAG_CAS);
@@ -161,8 +159,42 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
                 None => out.push(0),
             }
         }
+        Command::Txn { conditions, ops } => {
+            out.push(TAG_TXN);
+            push_request_id(&mut out, request_id);
+            out.extend_from_slice(&time_ms.to_le_bytes());
+            out.extend_from_slice(&(conditions.len() as u32).to_le_bytes());
+            for condition in conditions {
+                push_bytes(&mut out, &condition.key);
+                match &condition.expected {
+                    Some(expected) => {
+                        out.push(1);
+                        push_bytes(&mut out, expected);
+                    }
+                    None => out.push(0),
+                }
+            }
+            push_ops(&mut out, ops);
+        }
     }
     out
+}
+
+fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp]) {
+    out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
+    for op in ops {
+        match &op.value {
+            Some(value) => {
+                out.push(OP_PUT);
+                push_bytes(out, &op.key);
+                push_value(out, value);
+            }
+            None => {
+                out.push(OP_DELETE);
+                push_bytes(out, &op.key);
+            }
+        }
+    }
 }
 
 /// Encodes a replica's request for a healthy copy of `key`'s value
@@ -196,6 +228,9 @@ pub fn encoded_payload_len(command: &Command) -> usize {
             ops.iter().map(|op| op.key.len() + op.value.as_ref().map_or(0, Vec::len)).sum()
         }
         Command::Cas { key, new, .. } => key.len() + new.as_ref().map_or(0, Vec::len),
+        Command::Txn { ops, .. } => {
+            ops.iter().map(|op| op.key.len() + op.value.as_ref().map_or(0, Vec::len)).sum()
+        }
     }
 }
 
@@ -210,24 +245,24 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
     let request_id = RequestId { client: r.u64()?, seq: r.u64()? };
     let time_ms = if version == VERSION { r.u64()? } else { 0 };
     let command = match tag {
-        TAG_WRITE => {
+        TAG_WRITE => DecodedCommand::Write(decode_ops(&mut r)?),
+        TAG_TXN => {
             let count = r.u32()? as usize;
-            // Each op takes at least 5 bytes, which bounds the allocation by the input size.
+            // Each condition takes at least 5 bytes, which bounds the allocation by the input size.
             if count > r.remaining() / 5 {
-                return Err(CodecError("op count exceeds the command's size"));
+                return Err(CodecError("condition count exceeds the command's size"));
             }
-            let mut ops = Vec::with_capacity(count);
+            let mut conditions = Vec::with_capacity(count);
             for _ in 0..count {
-                let kind = r.u8()?;
                 let key = r.bytes()?;
-                let value = match kind {
-                    OP_PUT => Some(r.value()?),
-                    OP_DELETE => None,
-                    _ => return Err(CodecError("unknown op kind")),
+                let expected = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.bytes()?),
+                    _ => return Err(CodecError("bad expected-value flag")),
                 };
-                ops.push(DecodedOp { key, value });
+                conditions.push((key, expected));
             }
-            DecodedCommand::Write(ops)
+            DecodedCommand::Txn { conditions, ops: decode_ops(&mut r)? }
         }
         TAG_CAS => {
             let key = r.bytes()?;
@@ -254,6 +289,27 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
         return Err(CodecError("trailing bytes after the command"));
     }
     Ok(Decoded { request_id, time_ms, command })
+}
+
+/// A write's ops: `count:u32 op*count`.
+fn decode_ops<'a>(r: &mut Reader<'a>) -> Result<Vec<DecodedOp<'a>>, CodecError> {
+    let count = r.u32()? as usize;
+    // Each op takes at least 5 bytes, which bounds the allocation by the input size.
+    if count > r.remaining() / 5 {
+        return Err(CodecError("op count exceeds the command's size"));
+    }
+    let mut ops = Vec::with_capacity(count);
+    for _ in 0..count {
+        let kind = r.u8()?;
+        let key = r.bytes()?;
+        let value = match kind {
+            OP_PUT => Some(r.value()?),
+            OP_DELETE => None,
+            _ => return Err(CodecError("unknown op kind")),
+        };
+        ops.push(DecodedOp { key, value });
+    }
+    Ok(ops)
 }
 
 /// Checks a stored value read back through a locator (`crc || bytes`) and returns the bytes.
@@ -393,6 +449,40 @@ mod tests {
     }
 
     #[test]
+    fn a_txn_round_trips_and_every_truncation_is_an_error() {
+        let command = Command::Txn {
+            conditions: vec![
+                Condition { key: b"a".to_vec(), expected: Some(b"1".to_vec()) },
+                Condition { key: b"b".to_vec(), expected: None },
+            ],
+            ops: vec![
+                WriteOp { key: b"a".to_vec(), value: Some(b"2".to_vec()) },
+                WriteOp { key: b"c".to_vec(), value: None },
+            ],
+        };
+        let data = encode(id(), 5, &command);
+        let decoded = decode(&data).unwrap();
+        assert_eq!((decoded.request_id, decoded.time_ms), (id(), 5));
+        let DecodedCommand::Txn { conditions, ops } = decoded.command else { panic!("not a txn") };
+        assert_eq!(conditions, vec![(&b"a"[..], Some(&b"1"[..])), (&b"b"[..], None)]);
+        assert_eq!(ops.len(), 2);
+        let span = ops[0].value.unwrap();
+        assert_eq!((ops[0].key, span.value(&data)), (&b"a"[..], &b"2"[..]));
+        assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"2");
+        assert_eq!(ops[1], DecodedOp { key: b"c", value: None });
+        assert_eq!(encoded_payload_len(&command), 3);
+        for len in 0..data.len() {
+            assert!(decode(&data[..len]).is_err(), "prefix of {len} bytes decoded");
+        }
+        // A conditions-only transaction is a valid command.
+        let check =
+            Command::Txn { conditions: vec![Condition { key: b"k".to_vec(), expected: None }], ops: vec![] };
+        let data = encode(id(), 5, &check);
+        let DecodedCommand::Txn { conditions, ops } = decode(&data).unwrap().command else { panic!() };
+        assert_eq!((conditions.len(), ops.len()), (1, 0));
+    }
+
+    #[test]
     fn version_1_commands_still_decode_with_time_0() {
         let command = Command::Cas { key: b"k".to_vec(), expected: None, new: None };
         let mut data = encode(id(), 5, &command);
@@ -430,6 +520,37 @@ mod tests {
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn txns_round_trip(
+            conditions in proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 0..16), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32))),
+                0..8,
+            ),
+            ops in proptest::collection::vec(
+                (proptest::collection::vec(any::<u8>(), 0..16), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32))),
+                0..8,
+            ),
+        ) {
+            let conditions: Vec<Condition> =
+                conditions.into_iter().map(|(key, expected)| Condition { key, expected }).collect();
+            let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value }).collect();
+            let data = encode(id(), 5, &Command::Txn { conditions: conditions.clone(), ops: ops.clone() });
+            let DecodedCommand::Txn { conditions: decoded_conditions, ops: decoded_ops } = decode(&data).unwrap().command
+            else {
+                panic!()
+            };
+            prop_assert_eq!(decoded_conditions.len(), conditions.len());
+            for (condition, (key, expected)) in conditions.iter().zip(&decoded_conditions) {
+                prop_assert_eq!(&condition.key[..], *key);
+                prop_assert_eq!(condition.expected.as_deref(), *expected);
+            }
+            prop_assert_eq!(decoded_ops.len(), ops.len());
+            for (op, d) in ops.iter().zip(&decoded_ops) {
+                prop_assert_eq!(&op.key[..], d.key);
+                prop_assert_eq!(op.value.as_deref(), d.value.map(|s| s.value(&data)));
+            }
         }
 
         #[test]

@@ -3,7 +3,7 @@
 
 use onekv_replica::local::Router;
 use onekv_replica::{
-    Command, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode, WriteOp,
+    Command, Condition, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode, WriteOp,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -212,6 +212,88 @@ fn compare_and_swap_and_retried_request_ids() {
     assert_eq!(outcomes[0], outcomes[1], "a retried request id must get the first outcome");
     assert!(outcomes[0].cas.as_ref().unwrap().swapped);
     cluster.shutdown();
+}
+
+#[test]
+fn transactions_apply_all_or_nothing_and_survive_a_restart() {
+    for mode in [StorageMode::OneLog, StorageMode::Separated, StorageMode::Classic] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster::start(dir.path(), 1, mode, no_tweak);
+        let condition = |key: &str, expected: Option<&[u8]>| Condition {
+            key: key.into(),
+            expected: expected.map(<[u8]>::to_vec),
+        };
+        let put = |key: &str, value: &[u8]| WriteOp { key: key.into(), value: Some(value.to_vec()) };
+        let txn = |conditions, ops| Command::Txn { conditions, ops };
+        cluster.put("a", b"1");
+        // Conditions hold: every op applies, deletes included.
+        let applied = cluster
+            .propose(txn(
+                vec![condition("a", Some(b"1")), condition("b", None)],
+                vec![put("a", b"2"), put("b", b"x"), WriteOp { key: b"c".to_vec(), value: None }],
+            ))
+            .unwrap();
+        assert_eq!(applied.cas.as_ref().map(|cas| cas.swapped), Some(true), "{mode:?}");
+        // One condition fails (b is no longer absent): nothing applies, not even the ops on keys
+        // whose conditions hold.
+        let refused = cluster
+            .propose(txn(
+                vec![condition("a", Some(b"2")), condition("b", None)],
+                vec![put("a", b"3"), put("d", b"never")],
+            ))
+            .unwrap();
+        assert_eq!(refused.cas.as_ref().map(|cas| cas.swapped), Some(false), "{mode:?}");
+        // A conditions-only transaction checks and writes nothing.
+        let checked = cluster.propose(txn(vec![condition("b", Some(b"x"))], Vec::new())).unwrap();
+        assert_eq!(checked.cas.map(|cas| cas.swapped), Some(true));
+        // The same request id twice: applied once, the second answered as the first.
+        let replica = cluster.replica(cluster.leader());
+        let id = RequestId { client: 77, seq: 1 };
+        let mut outcomes = Vec::new();
+        for _ in 0..2 {
+            let (tx, rx) = mpsc::channel();
+            let command = txn(vec![condition("a", Some(b"2"))], vec![put("a", b"2+"), put("e", b"once")]);
+            replica.propose(id, command, Box::new(move |r| tx.send(r).unwrap()));
+            outcomes.push(rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap());
+        }
+        assert_eq!(outcomes[0], outcomes[1]);
+        assert!(outcomes[0].cas.as_ref().unwrap().swapped);
+        let expect = |cluster: &Cluster| {
+            assert_eq!(cluster.linearizable_get("a").as_deref(), Some(&b"2+"[..]), "{mode:?}");
+            assert_eq!(cluster.linearizable_get("b").as_deref(), Some(&b"x"[..]), "{mode:?}");
+            assert_eq!(cluster.linearizable_get("c"), None, "{mode:?}");
+            assert_eq!(cluster.linearizable_get("d"), None, "{mode:?}");
+            assert_eq!(cluster.linearizable_get("e").as_deref(), Some(&b"once"[..]), "{mode:?}");
+        };
+        expect(&cluster);
+        // A restart replays the entries from the log (nothing was flushed): the applied
+        // transactions apply again whole, the refused one again not at all.
+        cluster.stop(1);
+        cluster.open(1);
+        expect(&cluster);
+        let status = cluster.replica(1).status();
+        assert!(status.recovery_records > 0 && status.flushed_index < applied.index, "{status:?}");
+        // Limits are checked for transactions too.
+        let limits = cluster.replica(1).limits().clone();
+        for (command, expect) in [
+            (txn(Vec::new(), Vec::new()), "empty transaction"),
+            (txn(vec![condition("", None)], Vec::new()), "empty key"),
+            (txn(vec![condition("k", None); limits.max_batch_ops + 1], Vec::new()), "max_batch_ops"),
+            (
+                txn(
+                    vec![condition("k", Some(&vec![0; limits.max_value_bytes]))],
+                    vec![put("k", &vec![0; limits.max_value_bytes]); 4],
+                ),
+                "max_batch_bytes",
+            ),
+        ] {
+            match cluster.propose(command) {
+                Err(ReplicaError::InvalidArgument(message)) => assert!(message.contains(expect), "{message}"),
+                other => panic!("expected an invalid-argument error about {expect}, got {other:?}"),
+            }
+        }
+        cluster.shutdown();
+    }
 }
 
 #[test]

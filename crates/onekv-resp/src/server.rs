@@ -176,9 +176,10 @@ async fn serve_connection(
                     }
                 },
             };
-            if commands::is_pipelinable_read(&args) {
+            if commands::is_pipelinable_read(&args) && !session.in_transaction() {
                 // A run of pipelined reads: every command before it has been answered, so each
                 // read sees them, and none affects another: run them at once, reply in order.
+                // (Inside MULTI they are queued instead, one by one, on the session itself.)
                 let mut run = vec![args];
                 while run.len() < MAX_CONCURRENT_READS {
                     match parser.parse(&mut input) {

@@ -245,3 +245,20 @@ async fn hello_switches_the_connection_between_resp2_and_resp3() {
     let received = read_exactly(&mut stream, expected.len()).await;
     assert_eq!(String::from_utf8_lossy(&received), expected);
 }
+
+#[tokio::test]
+async fn pipelined_reads_inside_multi_are_queued_on_the_connection() {
+    let (address, _stop, _task) = start_with(|settings| settings.client_options.max_attempts = 1).await;
+    let mut stream = TcpStream::connect(&address).await.unwrap();
+    // Outside MULTI a run of GETs runs concurrently on copies of the connection's state; inside
+    // it each must be queued on the connection itself, or EXEC would run without them.
+    stream.write_all(b"MULTI\r\nGET a\r\nGET b\r\nSTRLEN c\r\nDISCARD\r\nEXEC\r\n").await.unwrap();
+    let expected: &[u8] = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n+OK\r\n-ERR EXEC without MULTI\r\n";
+    assert_eq!(read_exactly(&mut stream, expected.len()).await, expected);
+    // EXEC of queued reads needs the cluster (which this test has not): it fails, which shows
+    // the reads were in the queue (lost, EXEC would answer just the ECHO).
+    stream.write_all(b"MULTI\r\nGET a\r\nGET b\r\nECHO x\r\nEXEC\r\n").await.unwrap();
+    let queued: &[u8] = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n-ERR onekv";
+    let received = read_exactly(&mut stream, queued.len()).await;
+    assert!(received.starts_with(queued), "{}", String::from_utf8_lossy(&received));
+}

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use onekv_placement::ClusterMap;
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, Consistency, DeleteRequest, GetRequest, GetResponse, KeyValue,
-    Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, WriteResponse,
+    Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnRequest, TxnResponse,
+    WriteResponse,
     kv_server::{Kv, KvServer},
 };
-use onekv_replica::{Command, Limits, Outcome, ReplicaError, RequestId, WriteOp};
+use onekv_replica::{Command, Condition, Limits, Outcome, ReplicaError, RequestId, WriteOp};
 use tokio::sync::oneshot;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
@@ -350,10 +351,10 @@ pub fn failed_node_status(failure: &str) -> Status {
     ))
 }
 
-/// The largest request the limits admit, as a gRPC message (a batch, or a compare-and-swap carrying
-/// a key and two values).
+/// The largest request the limits admit, as a gRPC message (a transaction: a batch of ops and as
+/// many conditions, or a compare-and-swap carrying a key and two values).
 pub fn max_request_bytes(limits: &Limits) -> usize {
-    let batch = limits.max_batch_bytes + limits.max_batch_ops * FRAMING_PER_ITEM;
+    let batch = limits.max_batch_bytes + 2 * limits.max_batch_ops * FRAMING_PER_ITEM;
     let cas = limits.max_key_bytes + 2 * limits.max_value_bytes + 3 * FRAMING_PER_ITEM;
     batch.max(cas) + FRAMING_FIXED
 }
@@ -510,6 +511,39 @@ impl<B: Backend> Kv for KvService<B> {
                 current: cas.current.unwrap_or_default(),
                 index: outcome.index,
             }))
+        })
+        .await
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        self.observed("txn", async move {
+            let request = request.into_inner();
+            let conditions = request
+                .conditions
+                .into_iter()
+                .map(|condition| Condition { key: condition.key, expected: condition.expected })
+                .collect();
+            let ops: Vec<WriteOp> =
+                request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
+            let command = Command::Txn { conditions, ops };
+            // The replica's own check (the one place transactions' limits are defined), before
+            // proposing, so the refusal is INVALID_ARGUMENT like every other over-limit request.
+            self.limits.check(&command).map_err(|error| match error {
+                ReplicaError::InvalidArgument(message) => Status::invalid_argument(message),
+                other => Status::internal(other.to_string()),
+            })?;
+            // Atomic within one shard only: keys of several are refused, naming them.
+            let Command::Txn { conditions, ops } = &command else { unreachable!("built above") };
+            let keys =
+                conditions.iter().map(|c| c.key.as_slice()).chain(ops.iter().map(|op| op.key.as_slice()));
+            let shard = self.one_shard(keys)?;
+            let outcome = self.commit(shard, request_id(request.request_id), command).await?;
+            let Some(applied) = outcome.cas else {
+                return Err(Status::internal(
+                    "the replica applied a transaction without reporting its outcome",
+                ));
+            };
+            Ok(Response::new(TxnResponse { applied: applied.swapped, index: outcome.index }))
         })
         .await
     }

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use common::{Answer, FakeBackend};
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PeerMessages, PutRequest,
-    ScanRequest, StatusRequest, kv_client::KvClient, kv_server::Kv, peer_client::PeerClient,
+    ScanRequest, StatusRequest, TxnCondition, TxnRequest, kv_client::KvClient, kv_server::Kv,
+    peer_client::PeerClient,
 };
 use onekv_replica::{
-    CasOutcome, Command, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode, WriteOp,
+    CasOutcome, Command, Condition, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode, WriteOp,
 };
 use onekv_server::{KvService, ServerConfig};
 use tonic::{Code, Request, Status};
@@ -113,6 +114,53 @@ async fn cas_reports_the_outcome() {
         CasRequest { key: b"k".to_vec(), expected: Some(b"x".to_vec()), new_value: None, request_id: None };
     let response = service.cas(Request::new(request)).await.unwrap().into_inner();
     assert_eq!((response.swapped, response.found, response.current.len()), (true, false, 0));
+}
+
+#[tokio::test]
+async fn txn_proposes_conditions_and_ops_and_reports_whether_it_applied() {
+    let (backend, service) = service();
+    let condition = |key: &[u8], expected: Option<&[u8]>| TxnCondition {
+        key: key.to_vec(),
+        expected: expected.map(<[u8]>::to_vec),
+    };
+    let op =
+        |key: &[u8], value: Option<&[u8]>| BatchOp { key: key.to_vec(), value: value.map(<[u8]>::to_vec) };
+    let txn = |conditions, ops| Request::new(TxnRequest { conditions, ops, request_id: id(3, 4) });
+    *backend.propose_answer.lock().unwrap() =
+        Answer::Now(Ok(Outcome { index: 13, cas: Some(CasOutcome { swapped: false, current: None }) }));
+    let response = service
+        .txn(txn(vec![condition(b"a", Some(b"1")), condition(b"b", None)], vec![op(b"a", Some(b"2"))]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((response.applied, response.index), (false, 13));
+    assert_eq!(
+        backend.proposed.lock().unwrap()[0],
+        (
+            RequestId { client: 3, seq: 4 },
+            Command::Txn {
+                conditions: vec![
+                    Condition { key: b"a".to_vec(), expected: Some(b"1".to_vec()) },
+                    Condition { key: b"b".to_vec(), expected: None },
+                ],
+                ops: vec![WriteOp { key: b"a".to_vec(), value: Some(b"2".to_vec()) }],
+            }
+        )
+    );
+    *backend.propose_answer.lock().unwrap() =
+        Answer::Now(Ok(Outcome { index: 14, cas: Some(CasOutcome { swapped: true, current: None }) }));
+    let response = service.txn(txn(vec![], vec![op(b"a", None)])).await.unwrap().into_inner();
+    assert_eq!((response.applied, response.index), (true, 14));
+    // Limits, checked by the replica's own rule before anything is proposed.
+    let proposals = backend.proposed.lock().unwrap().len();
+    assert_invalid(service.txn(txn(vec![], vec![])).await, "empty transaction");
+    assert_invalid(service.txn(txn(vec![condition(b"", None)], vec![])).await, "empty key");
+    assert_invalid(service.txn(txn(vec![condition(b"k", None); 4], vec![])).await, "max_batch_ops = 3");
+    assert_invalid(
+        service.txn(txn(vec![condition(b"k", Some(&[0; 20]))], vec![op(b"k", Some(&[0; 20]))])).await,
+        "max_batch_bytes = 40",
+    );
+    assert_eq!(backend.proposed.lock().unwrap().len(), proposals);
 }
 
 #[tokio::test]

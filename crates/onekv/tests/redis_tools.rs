@@ -11,6 +11,10 @@
 //! A second test checks that DBSIZE, INFO keyspace and SCAN count and list keys without reading
 //! values: with every value damaged on disk they still answer, page after page.
 //!
+//! A third runs `tests/python/transactions.py` with redis-py against a 3-node cluster: its default
+//! (transactional) `pipeline()`, errors inside and before EXEC, WATCH aborting, and two clients on
+//! two nodes incrementing one counter 200 times each with WATCH/MULTI/EXEC, ending at exactly 400.
+//!
 //! If the tools are missing the test fails (it does not skip), naming the package to install.
 
 mod common;
@@ -366,5 +370,51 @@ fn dbsize_info_keyspace_and_scan_read_no_values() {
         check_key_counts(port, &expected_keys).await;
         let get = redis_cli(port, &["GET", "big:00"]).await;
         assert!(get.starts_with("ERR "), "GET of a damaged value: {get}");
+    });
+}
+
+#[test]
+fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
+    let redis_py = std::process::Command::new("python3")
+        .args(["-c", "import redis"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        redis_py,
+        "redis-py is not installed: `python3 -m pip install redis` (or run scripts/install-redis)"
+    );
+    run_bounded(Duration::from_secs(240), async {
+        let mut ports = HashSet::new();
+        while ports.len() < 3 {
+            ports.insert(free_port());
+        }
+        let ports: Vec<u16> = ports.into_iter().collect();
+        let resp_ports = ports.clone();
+        let mut cluster = TestCluster::start(3, move |config| {
+            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
+        })
+        .await;
+        let leader = cluster.leader().await;
+        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+        let port_of = |id: u64| ports[id as usize - 1].to_string();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/transactions.py");
+        // One client through a follower (every command routed to the leader), one through the leader.
+        let output = tokio::process::Command::new("python3")
+            .arg(&script)
+            .args([port_of(follower), port_of(leader)])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("running python3");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{} failed:\n{stdout}\n{stderr}", script.display());
+        eprintln!("{stdout}");
+        assert!(stdout.contains("transactions ok: counter 400"), "{stdout}");
+        // The gRPC API sees the same counter.
+        assert_eq!(cluster.client().get(b"tx:counter").await.unwrap().as_deref(), Some(&b"400"[..]));
     });
 }

@@ -1,0 +1,225 @@
+//! The string commands and plain reads: GET, MGET, EXISTS, STRLEN, SET (every option), MSET,
+//! SETNX, INCR/DECR and their BY forms. Blind writes are puts and batches; the others decide
+//! through the combiner (`combine`).
+
+use super::combine::{Change, Decide};
+use super::{Outcome, RespContext, not_an_integer, parse_integer};
+use crate::commands::parse_set_options;
+use crate::protocol::Reply;
+
+/// Reads one MGET or EXISTS keeps in flight at once.
+const GET_MANY_CONCURRENCY: usize = 32;
+/// Largest reply MGET builds, so one request cannot make the node buffer gigabytes.
+const MAX_REPLY_BYTES: usize = 64 << 20;
+
+impl RespContext {
+    /// SET without NX/XX/GET and MSET: no read, no compare-and-swap.
+    pub(super) async fn blind_write(&self, args: &[Vec<u8>]) -> Outcome {
+        let client = &self.shared.client;
+        if args[0].eq_ignore_ascii_case(b"set") {
+            client.put(&args[1], &args[2]).await?;
+            self.forget(&args[1]);
+        } else {
+            let pairs: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+                args[1..].chunks_exact(2).map(|pair| (pair[0].clone(), Some(pair[1].clone()))).collect();
+            for (key, _) in &pairs {
+                self.forget(key);
+            }
+            // Atomic within each shard; the shards' parts apply independently (docs/redis.md).
+            client.batch_per_shard(pairs).await?;
+        }
+        Ok(Reply::ok())
+    }
+
+    /// SET with NX, XX or GET (without, it is a blind write).
+    pub(super) async fn set(&self, args: &[Vec<u8>]) -> Outcome {
+        let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
+        // Checked before anything is sent: this SET may be combined with other commands on the
+        // key into one compare-and-swap, and its error must be its own.
+        self.check_value(&args[2])?;
+        if options.nx && !options.get {
+            let swapped = self.insert_if_absent(&args[1], &args[2]).await?;
+            return Ok(if swapped { Reply::ok() } else { Reply::Nil });
+        }
+        let decide = self.decision("set", args)?;
+        self.read_modify_write(&args[1], decide).await
+    }
+
+    /// One compare-and-swap from absent to `value`; whether it was set.
+    pub(super) async fn insert_if_absent(&self, key: &[u8], value: &[u8]) -> Outcome<bool> {
+        let outcome = self.shared.client.cas(key, None, Some(value)).await?;
+        if outcome.swapped {
+            self.remember(key, Some(value));
+        }
+        Ok(outcome.swapped)
+    }
+
+    /// DEL and UNLINK: each key is its own compare-and-swap.
+    pub(super) async fn delete(&self, keys: &[Vec<u8>]) -> Outcome {
+        let mut deleted = 0;
+        for key in keys {
+            let reply = self.read_modify_write(key, delete_decision()).await?;
+            deleted += i64::from(reply == Reply::Integer(1));
+        }
+        Ok(Reply::Integer(deleted))
+    }
+
+    /// Refuses a value over the node's limit, as Redis words it.
+    pub(super) fn check_value(&self, value: &[u8]) -> Outcome<()> {
+        let max = self.shared.settings.max_value_bytes;
+        if value.len() > max {
+            return Err(Reply::err(format!(
+                "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What a single-key read-modify-write string command (`args[1]` is the key) decides from
+    /// the value it finds: APPEND, GETDEL, INCR, INCRBY, DECR, DECRBY, SET (any options) and
+    /// SETNX. Its arguments are checked here, before anything is read. The combiner runs it
+    /// against the value it reads; a transaction runs it against its snapshot.
+    pub(super) fn decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
+        let increment = |by: i64| -> Decide {
+            Box::new(move |current| {
+                let old = match current {
+                    None => 0,
+                    Some(value) => parse_integer(value).ok_or_else(not_an_integer)?,
+                };
+                let new =
+                    old.checked_add(by).ok_or_else(|| Reply::err("increment or decrement would overflow"))?;
+                Ok(Change::Write(Some(new.to_string().into_bytes()), Reply::Integer(new)))
+            })
+        };
+        Ok(match name {
+            "incr" => increment(1),
+            "decr" => increment(-1),
+            "incrby" => increment(parse_integer(&args[2]).ok_or_else(not_an_integer)?),
+            "decrby" => {
+                let by = parse_integer(&args[2]).ok_or_else(not_an_integer)?;
+                increment(by.checked_neg().ok_or_else(|| Reply::err("decrement would overflow"))?)
+            }
+            "append" => {
+                let max = self.shared.settings.max_value_bytes;
+                let suffix = args[2].clone();
+                Box::new(move |current| {
+                    let mut value = current.unwrap_or_default().to_vec();
+                    if value.len() + suffix.len() > max {
+                        return Err(Reply::err(format!(
+                            "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
+                        )));
+                    }
+                    value.extend_from_slice(&suffix);
+                    let len = value.len() as i64;
+                    Ok(Change::Write(Some(value), Reply::Integer(len)))
+                })
+            }
+            "getdel" => Box::new(|current| {
+                Ok(match current {
+                    Some(value) => Change::Write(None, Reply::Bulk(value.to_vec())),
+                    None => Change::Keep(Reply::Nil),
+                })
+            }),
+            "setnx" => {
+                self.check_value(&args[2])?;
+                let value = args[2].clone();
+                Box::new(move |current| {
+                    Ok(match current {
+                        None => Change::Write(Some(value.clone()), Reply::Integer(1)),
+                        Some(_) => Change::Keep(Reply::Integer(0)),
+                    })
+                })
+            }
+            "set" => {
+                let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
+                self.check_value(&args[2])?;
+                let value = args[2].clone();
+                Box::new(move |current| {
+                    let applies = if options.nx {
+                        current.is_none()
+                    } else if options.xx {
+                        current.is_some()
+                    } else {
+                        true
+                    };
+                    let old = Reply::optional(current.map(<[u8]>::to_vec));
+                    Ok(match (applies, options.get) {
+                        (true, true) => Change::Write(Some(value.clone()), old),
+                        (true, false) => Change::Write(Some(value.clone()), Reply::ok()),
+                        (false, true) => Change::Keep(old),
+                        (false, false) => Change::Keep(Reply::Nil),
+                    })
+                })
+            }
+            other => return Err(Reply::err(format!("'{other}' is not a read-modify-write"))),
+        })
+    }
+
+    /// Whether onekv could hold `key` at all: keys are non-empty and at most `max_key_bytes` long.
+    /// Redis allows any key, so a read of one onekv cannot hold answers "absent" rather than
+    /// failing; a write of one is refused by the node.
+    pub(super) fn storable(&self, key: &[u8]) -> bool {
+        !key.is_empty() && key.len() <= self.shared.settings.max_key_bytes
+    }
+
+    /// A linearizable read of `key`.
+    pub(super) async fn get(&self, key: &[u8]) -> Outcome<Option<Vec<u8>>> {
+        if !self.storable(key) {
+            return Ok(None);
+        }
+        Ok(self.shared.client.get(key).await?)
+    }
+
+    /// Linearizable reads of every key, concurrently, in the keys' order.
+    /// The values of `keys`, read [`GET_MANY_CONCURRENCY`] at a time, so one command never holds
+    /// more than that many values beyond those it returns. With `keep_values` false (EXISTS) each
+    /// value is dropped as soon as it arrives and only its presence is kept.
+    pub(super) async fn get_many(
+        &self,
+        keys: &[Vec<u8>],
+        keep_values: bool,
+    ) -> Outcome<Vec<Option<Vec<u8>>>> {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut pending = keys.iter().enumerate().filter(|(_, key)| self.storable(key));
+        let mut values = vec![None; keys.len()];
+        let mut total = 0usize;
+        loop {
+            while tasks.len() < GET_MANY_CONCURRENCY {
+                let Some((position, key)) = pending.next() else { break };
+                let client = self.shared.client.clone();
+                let key = key.clone();
+                tasks.spawn(async move {
+                    let value = client.get(&key).await;
+                    let value = match keep_values {
+                        true => value,
+                        false => value.map(|value| value.map(|_| Vec::new())),
+                    };
+                    (position, value)
+                });
+            }
+            let Some(joined) = tasks.join_next().await else { break };
+            let (position, value) =
+                joined.map_err(|error| Reply::err(format!("onekv: read task failed: {error}")))?;
+            let value = value?;
+            total += value.as_ref().map_or(0, Vec::len);
+            if total > MAX_REPLY_BYTES {
+                return Err(Reply::err(format!(
+                    "reply would exceed {MAX_REPLY_BYTES} bytes; ask for fewer keys"
+                )));
+            }
+            values[position] = value;
+        }
+        Ok(values)
+    }
+}
+
+/// DEL's decision for one key: delete it if present; 1 if it was.
+pub(super) fn delete_decision() -> Decide {
+    Box::new(|current| {
+        Ok(if current.is_some() {
+            Change::Write(None, Reply::Integer(1))
+        } else {
+            Change::Keep(Reply::Integer(0))
+        })
+    })
+}

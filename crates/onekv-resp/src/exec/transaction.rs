@@ -1,0 +1,726 @@
+//! Transactions: MULTI, EXEC, DISCARD, WATCH and UNWATCH, with Redis's semantics, committed
+//! atomically as one replicated transaction ([`onekv_client::Client::txn`]).
+//!
+//! After MULTI a connection's commands are only checked (a name the table does not know, or a
+//! wrong number of arguments, dooms the transaction: EXEC then answers `EXECABORT`) and queued,
+//! answered `+QUEUED`; nothing queued runs outside its EXEC. The queue is bounded like one request
+//! of the parser (count and bytes); past the bound the transaction is doomed and the queue freed.
+//!
+//! EXEC reads every key whose value the queued commands observe (every key of a command that is
+//! not a blind write) and every watched key, with linearizable reads; evaluates the queued
+//! commands in order against those values in memory, with the same decisions the commands make
+//! outside a transaction (a command's runtime error is its element of the reply; the others
+//! still apply, as in Redis); and commits one transaction whose conditions are the values read
+//! and whose ops are the net writes. If another client wrote one of those keys in between, the
+//! conditions fail, nothing is written, and EXEC reads and evaluates again (bounded). A watched
+//! key whose value differs from the one WATCH read makes EXEC answer the null array. A
+//! transaction that writes nothing and observes one key needs no commit: its one linearizable
+//! read is the transaction. With several keys, a conditions-only transaction validates that the
+//! values were current together.
+//!
+//! Commands that touch no key (PING, ECHO, CLIENT, HELLO, SCAN, DBSIZE, INFO, ...) run after the
+//! commit, in their order, on the connection's state; SCAN, DBSIZE and INFO then see the store as
+//! it is then, not a snapshot shared with the rest of the transaction.
+//!
+//! WATCH compares values: a key written with the value it had at WATCH time is not seen as
+//! changed (Redis would abort). Once the store is sharded a transaction must keep its keys in one
+//! shard ([`same_shard`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng as _;
+
+use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
+use super::strings::delete_decision;
+use super::{Outcome, RespContext, Session, unknown_command, wrong_arity};
+use crate::commands::{self, CommandSpec};
+use crate::protocol::Reply;
+
+/// Largest reply EXEC builds, so a transaction cannot make the node buffer gigabytes (as MGET's).
+const MAX_EXEC_REPLY_BYTES: usize = 64 << 20;
+
+/// The commands a connection inside MULTI runs at once rather than queueing.
+const NOT_QUEUED: [&str; 5] = ["exec", "discard", "multi", "watch", "quit"];
+
+/// One connection's transaction state.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Transaction {
+    /// Inside MULTI: the queued commands.
+    queued: Option<Vec<Vec<Vec<u8>>>>,
+    /// Bytes of the queued commands' arguments.
+    queued_bytes: usize,
+    /// A command was rejected while queueing: EXEC will answer EXECABORT.
+    doomed: bool,
+    /// The queue went over its bound and was freed: every later command is refused too.
+    overflowed: bool,
+    /// Watched keys and the value each had when watched (`None`: absent), in watch order.
+    watched: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Bytes of the watched keys and values.
+    watched_bytes: usize,
+}
+
+impl Transaction {
+    /// Whether the connection is between MULTI and EXEC/DISCARD.
+    pub(super) fn active(&self) -> bool {
+        self.queued.is_some()
+    }
+
+    /// A command rejected while queueing: EXEC will answer EXECABORT.
+    pub(super) fn reject(&mut self) {
+        if self.active() {
+            self.doomed = true;
+        }
+    }
+
+    fn reset(&mut self) {
+        *self = Transaction::default();
+    }
+}
+
+/// Whether a transaction's `keys` all live in one shard of `map` (Redis Cluster's hash slot of
+/// each key or its `{hash tag}` picks the shard, so users colocate keys with hash tags). EXEC
+/// refuses a transaction that spans shards with `-CROSSSLOT`.
+pub fn same_shard(map: &onekv_placement::ClusterMap, keys: &[&[u8]]) -> bool {
+    let mut shards = keys.iter().map(|key| map.shard_of_key(key));
+    let first = shards.next();
+    shards.all(|shard| Some(shard) == first)
+}
+
+/// The key arguments of a command, from its table entry.
+fn key_arguments<'a>(spec: &CommandSpec, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a Vec<u8>> {
+    let first = usize::try_from(spec.first_key).unwrap_or(0);
+    let last = match spec.last_key {
+        -1 => args.len().saturating_sub(1),
+        last => usize::try_from(last).unwrap_or(0).min(args.len().saturating_sub(1)),
+    };
+    let step = usize::try_from(spec.step).unwrap_or(1).max(1);
+    let range = if first == 0 { 0..0 } else { first..last + 1 };
+    args[range].iter().step_by(step)
+}
+
+/// What one evaluation of the queue found, before anything is committed.
+struct Evaluation {
+    /// Each queued command's reply; `None` for the commands that run after the commit.
+    replies: Vec<Option<Reply>>,
+    /// The net writes, in the order keys were first written.
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// The values a transaction sees: the ones read, then its own writes.
+struct Snapshot {
+    values: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    written: Vec<Vec<u8>>,
+    written_set: HashSet<Vec<u8>>,
+}
+
+impl Snapshot {
+    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.values.get(key).and_then(|value| value.as_deref())
+    }
+
+    fn set(&mut self, key: &[u8], value: Option<Vec<u8>>) {
+        if self.written_set.insert(key.to_vec()) {
+            self.written.push(key.to_vec());
+        }
+        self.values.insert(key.to_vec(), value);
+    }
+
+    /// Applies a read-modify-write decision to `key`'s value here.
+    fn decide(&mut self, key: &[u8], mut decide: Decide) -> Reply {
+        match decide(self.get(key)) {
+            Ok(Change::Write(value, reply)) => {
+                self.set(key, value);
+                reply
+            }
+            Ok(Change::Keep(reply)) => reply,
+            Err(error) => error,
+        }
+    }
+}
+
+impl RespContext {
+    /// Queues a command of a connection inside MULTI (the caller checked its name and arity).
+    pub(super) fn queue(&self, session: &mut Session, args: Vec<Vec<u8>>) -> Reply {
+        let limits = self.shared.parser_limits;
+        let transaction = Arc::make_mut(&mut session.transaction);
+        let Some(queued) = &mut transaction.queued else { unreachable!("only inside MULTI") };
+        let bytes: usize = args.iter().map(Vec::len).sum();
+        if transaction.overflowed
+            || queued.len() >= limits.max_args
+            || transaction.queued_bytes + bytes > limits.max_request_bytes
+        {
+            transaction.doomed = true;
+            transaction.overflowed = true;
+            *queued = Vec::new();
+            transaction.queued_bytes = 0;
+            return queue_too_long(limits.max_args, limits.max_request_bytes);
+        }
+        transaction.queued_bytes += bytes;
+        queued.push(args);
+        Reply::Simple("QUEUED".into())
+    }
+
+    /// MULTI, EXEC, DISCARD, WATCH, UNWATCH.
+    pub(super) async fn transaction_command(
+        &self,
+        name: &str,
+        session: &mut Session,
+        args: &[Vec<u8>],
+    ) -> Outcome {
+        match name {
+            "multi" => {
+                if session.transaction.active() {
+                    return Err(Reply::err("MULTI calls can not be nested"));
+                }
+                Arc::make_mut(&mut session.transaction).queued = Some(Vec::new());
+                Ok(Reply::ok())
+            }
+            "discard" => {
+                if !session.transaction.active() {
+                    return Err(Reply::err("DISCARD without MULTI"));
+                }
+                Arc::make_mut(&mut session.transaction).reset();
+                Ok(Reply::ok())
+            }
+            "unwatch" => {
+                let transaction = Arc::make_mut(&mut session.transaction);
+                transaction.watched.clear();
+                transaction.watched_bytes = 0;
+                Ok(Reply::ok())
+            }
+            "watch" => {
+                if session.transaction.active() {
+                    return Err(Reply::err("WATCH inside MULTI is not allowed"));
+                }
+                self.watch(session, &args[1..]).await
+            }
+            "exec" => {
+                if !session.transaction.active() {
+                    return Err(Reply::err("EXEC without MULTI"));
+                }
+                let transaction = std::mem::take(Arc::make_mut(&mut session.transaction));
+                if transaction.doomed {
+                    return Err(Reply::Error(
+                        "EXECABORT Transaction discarded because of previous errors.".into(),
+                    ));
+                }
+                self.exec(session, transaction).await
+            }
+            other => Err(Reply::err(format!("'{other}' is not a transaction command"))),
+        }
+    }
+
+    /// WATCH: remembers each key's current value (read linearizably). Bounded: the watched keys
+    /// and values must fit in one transaction (`limits.max_batch_bytes`).
+    async fn watch(&self, session: &mut Session, keys: &[Vec<u8>]) -> Outcome {
+        let max_keys = self.shared.settings.max_batch_ops;
+        let max_bytes = self.shared.settings.max_batch_bytes;
+        let new: Vec<Vec<u8>> = keys
+            .iter()
+            .filter(|key| self.storable(key))
+            .filter(|key| !session.transaction.watched.iter().any(|(watched, _)| watched == *key))
+            .cloned()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        if session.transaction.watched.len() + new.len() > max_keys {
+            return Err(Reply::err(format!(
+                "onekv: at most {max_keys} keys can be watched (limits.max_batch_ops)"
+            )));
+        }
+        let values = self.get_many(&new, true).await?;
+        let bytes: usize =
+            new.iter().zip(&values).map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len)).sum();
+        if session.transaction.watched_bytes + bytes > max_bytes {
+            return Err(Reply::err(format!(
+                "onekv: the watched keys and values would exceed {max_bytes} bytes (limits.max_batch_bytes)"
+            )));
+        }
+        let transaction = Arc::make_mut(&mut session.transaction);
+        transaction.watched_bytes += bytes;
+        transaction.watched.extend(new.into_iter().zip(values));
+        Ok(Reply::ok())
+    }
+
+    /// EXEC of a transaction that was not doomed.
+    async fn exec(&self, session: &mut Session, transaction: Transaction) -> Outcome {
+        let queued = transaction.queued.unwrap_or_default();
+        let watched = transaction.watched;
+        // The keys whose values the transaction observes: watched keys, and every key of a
+        // command that is not a blind write. Keys onekv cannot hold are absent and never read.
+        let mut read_keys: Vec<Vec<u8>> = Vec::new();
+        let mut seen = HashSet::new();
+        let mut all_keys: Vec<&[u8]> = Vec::new();
+        for (key, _) in &watched {
+            if seen.insert(key.as_slice()) {
+                read_keys.push(key.clone());
+            }
+        }
+        for args in &queued {
+            let Some(spec) = commands::lookup(&args[0]) else { continue };
+            for key in key_arguments(spec, args) {
+                all_keys.push(key);
+                if !commands::is_blind_write(args) && self.storable(key) && seen.insert(key.as_slice()) {
+                    read_keys.push(key.clone());
+                }
+            }
+        }
+        all_keys.extend(watched.iter().map(|(key, _)| key.as_slice()));
+        let map = self.shared.client.cluster_map().await?;
+        if !same_shard(&map, &all_keys) {
+            return Err(Reply::Error("CROSSSLOT Keys in request don't hash to the same slot".into()));
+        }
+        let client = &self.shared.client;
+        let mut attempt = 0;
+        let evaluation = loop {
+            let values = self.get_many(&read_keys, true).await?;
+            if watched.iter().zip(&values).any(|((_, then), now)| then != now) {
+                return Ok(Reply::NilArray);
+            }
+            let snapshot: HashMap<Vec<u8>, Option<Vec<u8>>> = read_keys.iter().cloned().zip(values).collect();
+            let conditions: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+                read_keys.iter().map(|key| (key.clone(), snapshot[key].clone())).collect();
+            let evaluation = self.evaluate(&queued, snapshot)?;
+            if evaluation.ops.is_empty() && conditions.len() <= 1 {
+                // Nothing to write, at most one key observed: its linearizable read was the
+                // transaction.
+                break evaluation;
+            }
+            for (key, _) in &evaluation.ops {
+                self.forget(key);
+            }
+            let outcome = client.txn(conditions, evaluation.ops.clone()).await?;
+            if outcome.applied {
+                break evaluation;
+            }
+            attempt += 1;
+            if attempt >= RMW_MAX_ATTEMPTS {
+                return Err(Reply::err(format!(
+                    "onekv: the transaction's keys changed under {RMW_MAX_ATTEMPTS} attempts in a row; try again"
+                )));
+            }
+            if attempt >= 2 {
+                // Other clients are writing these keys too: spread the retries out.
+                let millis = rand::rng().random_range(1..=2u64 << attempt.min(5));
+                tokio::time::sleep(Duration::from_millis(millis)).await;
+            }
+        };
+        // The commands that touch no key run now, in their order.
+        let mut replies = Vec::with_capacity(queued.len());
+        for (args, reply) in queued.iter().zip(evaluation.replies) {
+            let reply = match reply {
+                Some(reply) => reply,
+                None => {
+                    let spec = commands::lookup(&args[0]).expect("checked when queued");
+                    Box::pin(self.run(spec, session, args)).await.unwrap_or_else(|error| error)
+                }
+            };
+            replies.push(reply);
+        }
+        Ok(Reply::Array(replies))
+    }
+
+    /// Runs the queued commands in order against `values` (every key they observe), in memory.
+    fn evaluate(
+        &self,
+        queued: &[Vec<Vec<u8>>],
+        values: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    ) -> Outcome<Evaluation> {
+        let mut snapshot = Snapshot { values, written: Vec::new(), written_set: HashSet::new() };
+        let mut replies = Vec::with_capacity(queued.len());
+        let mut reply_bytes = 0usize;
+        for args in queued {
+            let spec = commands::lookup(&args[0]).expect("checked when queued");
+            let reply = self.evaluate_one(spec, args, &mut snapshot);
+            reply_bytes += reply.as_ref().map_or(0, bulk_bytes);
+            if reply_bytes > MAX_EXEC_REPLY_BYTES {
+                return Err(Reply::err(format!(
+                    "EXEC's reply would exceed {MAX_EXEC_REPLY_BYTES} bytes; nothing was applied"
+                )));
+            }
+            replies.push(reply);
+        }
+        let ops = snapshot
+            .written
+            .iter()
+            .map(|key| (key.clone(), snapshot.values.get(key).cloned().flatten()))
+            .collect();
+        Ok(Evaluation { replies, ops })
+    }
+
+    /// One queued command against the snapshot; `None` for a command that touches no key (it
+    /// runs after the commit).
+    fn evaluate_one(&self, spec: &CommandSpec, args: &[Vec<u8>], snapshot: &mut Snapshot) -> Option<Reply> {
+        let value = |snapshot: &Snapshot, key: &[u8]| snapshot.get(key).map(<[u8]>::to_vec);
+        Some(match spec.name {
+            "get" => Reply::optional(value(snapshot, &args[1])),
+            "strlen" => Reply::Integer(snapshot.get(&args[1]).map_or(0, <[u8]>::len) as i64),
+            "mget" => {
+                Reply::Array(args[1..].iter().map(|key| Reply::optional(value(snapshot, key))).collect())
+            }
+            "exists" => {
+                Reply::Integer(args[1..].iter().filter(|key| snapshot.get(key).is_some()).count() as i64)
+            }
+            "mset" => {
+                if args.len().is_multiple_of(2) {
+                    return Some(wrong_arity("mset"));
+                }
+                if let Some(error) =
+                    args[1..].chunks_exact(2).find_map(|pair| self.unwritable(&pair[0], &pair[1]))
+                {
+                    return Some(error);
+                }
+                for pair in args[1..].chunks_exact(2) {
+                    snapshot.set(&pair[0], Some(pair[1].clone()));
+                }
+                Reply::ok()
+            }
+            "del" | "unlink" => {
+                let mut deleted = 0;
+                for key in &args[1..] {
+                    if self.storable(key) {
+                        deleted += i64::from(snapshot.decide(key, delete_decision()) == Reply::Integer(1));
+                    }
+                }
+                Reply::Integer(deleted)
+            }
+            "set" | "setnx" | "getdel" | "incr" | "decr" | "incrby" | "decrby" | "append" => {
+                let key = &args[1];
+                if let Some(error) = self.unwritable(key, &[]) {
+                    // A read of a key onekv cannot hold finds it absent; a write is refused.
+                    return Some(error);
+                }
+                match self.decision(spec.name, args) {
+                    Ok(decide) => snapshot.decide(key, decide),
+                    Err(error) => error,
+                }
+            }
+            "unwatch" => Reply::ok(),
+            _ => return None,
+        })
+    }
+
+    /// The error of writing `value` under `key`, as the node would word it, if it cannot be
+    /// written.
+    fn unwritable(&self, key: &[u8], value: &[u8]) -> Option<Reply> {
+        let settings = &self.shared.settings;
+        if key.is_empty() {
+            return Some(Reply::err("invalid argument: empty key"));
+        }
+        if key.len() > settings.max_key_bytes {
+            return Some(Reply::err(format!(
+                "invalid argument: key of {} bytes exceeds max_key_bytes = {}",
+                key.len(),
+                settings.max_key_bytes
+            )));
+        }
+        self.check_value(value).err()
+    }
+}
+
+/// The error for a transaction whose queue went over its bound.
+fn queue_too_long(max_commands: usize, max_bytes: usize) -> Reply {
+    Reply::err(format!(
+        "onekv: a transaction queues at most {max_commands} commands and {max_bytes} bytes; \
+         this one is discarded (EXEC will answer EXECABORT)"
+    ))
+}
+
+/// The bytes of bulk data in a reply.
+fn bulk_bytes(reply: &Reply) -> usize {
+    match reply {
+        Reply::Bulk(bytes) => bytes.len(),
+        Reply::Array(items) => items.iter().map(bulk_bytes).sum(),
+        Reply::Simple(text) | Reply::Error(text) | Reply::Verbatim(text) => text.len(),
+        Reply::Map(pairs) => pairs.iter().map(|(key, value)| bulk_bytes(key) + bulk_bytes(value)).sum(),
+        Reply::Integer(_) | Reply::Nil | Reply::NilArray => 0,
+    }
+}
+
+/// The reply to a command a connection inside MULTI sends, when it is refused rather than queued
+/// (its name is unknown or its arity wrong): the transaction is doomed.
+pub(super) fn refuse_queueing(session: &mut Session, spec: Option<&CommandSpec>, args: &[Vec<u8>]) -> Reply {
+    if session.transaction.active() {
+        Arc::make_mut(&mut session.transaction).reject();
+    }
+    match spec {
+        None => unknown_command(args),
+        Some(spec) => wrong_arity(spec.name),
+    }
+}
+
+/// Whether a connection inside MULTI queues this command rather than running it.
+pub(super) fn queues(spec: &CommandSpec) -> bool {
+    !NOT_QUEUED.contains(&spec.name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::RespSettings;
+    use crate::protocol::Protocol;
+
+    fn context() -> RespContext {
+        // Nothing listens at the endpoint: the commands tested here never reach the cluster
+        // (every data command stays queued, or the transaction holds none).
+        RespContext::new(RespSettings::new(1, vec!["127.0.0.1:1".into()], "127.0.0.1:6379".into())).unwrap()
+    }
+
+    fn run(context: &RespContext, session: &mut Session, command: &[&str]) -> Reply {
+        let args = command.iter().map(|arg| arg.as_bytes().to_vec()).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(context.execute(session, args)).reply
+    }
+
+    fn queued() -> Reply {
+        Reply::Simple("QUEUED".into())
+    }
+
+    fn execabort() -> Reply {
+        Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+    }
+
+    #[test]
+    fn commands_after_multi_are_queued_not_run() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert!(s.in_transaction());
+        // Data commands would fail at once (nothing listens): they are only queued.
+        for command in [&["SET", "k", "v"][..], &["INCR", "n"], &["GET", "k"], &["DEL", "a", "b"], &["PING"]]
+        {
+            assert_eq!(run(&context, s, command), queued(), "{command:?}");
+        }
+        assert_eq!(s.transaction.queued.as_ref().map(Vec::len), Some(5));
+        assert_eq!(run(&context, s, &["DISCARD"]), Reply::ok());
+        assert!(!s.in_transaction());
+        assert_eq!(run(&context, s, &["DISCARD"]), Reply::err("DISCARD without MULTI"));
+        assert_eq!(run(&context, s, &["EXEC"]), Reply::err("EXEC without MULTI"));
+    }
+
+    #[test]
+    fn exec_runs_the_queue_in_order_and_ends_the_transaction() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["PING"]), queued());
+        assert_eq!(run(&context, s, &["ECHO", "x"]), queued());
+        assert_eq!(run(&context, s, &["CLIENT", "SETNAME", "t"]), queued());
+        // Queued, not yet applied.
+        assert_eq!(s.name, None);
+        assert_eq!(
+            run(&context, s, &["EXEC"]),
+            Reply::Array(vec![Reply::Simple("PONG".into()), Reply::text("x"), Reply::ok()])
+        );
+        assert_eq!(s.name.as_deref(), Some(&b"t"[..]));
+        assert!(!s.in_transaction());
+        // An empty transaction answers an empty array.
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["EXEC"]), Reply::Array(Vec::new()));
+    }
+
+    #[test]
+    fn an_error_while_queueing_aborts_exec() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        for refused in [&["NOSUCH", "x"][..], &["GET"], &["SET", "k"]] {
+            assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+            assert_eq!(run(&context, s, &["PING"]), queued());
+            assert!(run(&context, s, refused).is_error(), "{refused:?}");
+            // Later commands are still queued, but EXEC discards everything.
+            assert_eq!(run(&context, s, &["CLIENT", "SETNAME", "never"]), queued());
+            assert_eq!(run(&context, s, &["EXEC"]), execabort());
+            assert!(!s.in_transaction());
+            assert_eq!(s.name, None);
+        }
+        // Outside MULTI the same errors doom nothing.
+        assert!(run(&context, s, &["NOSUCH"]).is_error());
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["EXEC"]), Reply::Array(Vec::new()));
+    }
+
+    #[test]
+    fn nested_multi_and_watch_inside_multi_are_errors_that_keep_the_transaction() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::err("MULTI calls can not be nested"));
+        assert_eq!(run(&context, s, &["WATCH", "k"]), Reply::err("WATCH inside MULTI is not allowed"));
+        assert!(s.in_transaction());
+        assert_eq!(run(&context, s, &["PING"]), queued());
+        assert_eq!(run(&context, s, &["UNWATCH"]), queued());
+        assert_eq!(
+            run(&context, s, &["EXEC"]),
+            Reply::Array(vec![Reply::Simple("PONG".into()), Reply::ok()])
+        );
+    }
+
+    #[test]
+    fn watch_remembers_values_and_unwatch_exec_discard_forget_them() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        // Keys onekv cannot hold are absent for ever: watching them reads nothing.
+        let too_long = "k".repeat(5000);
+        assert_eq!(run(&context, s, &["WATCH", "", &too_long]), Reply::ok());
+        assert!(s.transaction.watched.is_empty());
+        Arc::make_mut(&mut s.transaction).watched.push((b"k".to_vec(), None));
+        assert_eq!(run(&context, s, &["UNWATCH"]), Reply::ok());
+        assert!(s.transaction.watched.is_empty());
+        Arc::make_mut(&mut s.transaction).watched.push((b"k".to_vec(), None));
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["DISCARD"]), Reply::ok());
+        assert!(s.transaction.watched.is_empty());
+        Arc::make_mut(&mut s.transaction).watched.push((b"k".to_vec(), None));
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["EXECABORTME"]), unknown_command(&[b"EXECABORTME".to_vec()]));
+        assert_eq!(run(&context, s, &["EXEC"]), execabort());
+        assert!(s.transaction.watched.is_empty());
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_commands_and_bytes() {
+        let mut settings = RespSettings::new(1, vec!["127.0.0.1:1".into()], "127.0.0.1:6379".into());
+        settings.max_batch_ops = 4; // at most 1024 queued commands (the parser's max_args)
+        let context = RespContext::new(settings).unwrap();
+        let limits = context.parser_limits();
+        let mut session = context.new_session();
+        let s = &mut session;
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        for _ in 0..limits.max_args {
+            assert_eq!(run(&context, s, &["PING"]), queued());
+        }
+        let refused = run(&context, s, &["PING"]);
+        assert!(
+            matches!(&refused, Reply::Error(text) if text.contains("at most 1024 commands")),
+            "{refused:?}"
+        );
+        // The queue is freed, and every later command is refused the same way.
+        assert_eq!(s.transaction.queued.as_ref().map(Vec::capacity), Some(0));
+        assert_eq!(run(&context, s, &["PING"]), refused);
+        assert_eq!(run(&context, s, &["EXEC"]), execabort());
+        // Bytes: a few large arguments reach the byte bound first.
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        let big = "v".repeat(limits.max_bulk_bytes - 1);
+        let mut answers = Vec::new();
+        for _ in 0..limits.max_request_bytes / big.len() + 1 {
+            answers.push(run(&context, s, &["ECHO", &big]));
+        }
+        assert_eq!(answers[0], queued());
+        assert!(answers.last().unwrap().is_error());
+        assert!(s.transaction.queued_bytes <= limits.max_request_bytes);
+        assert_eq!(run(&context, s, &["EXEC"]), execabort());
+    }
+
+    #[test]
+    fn queued_reads_are_not_run_concurrently_by_the_listener() {
+        let context = context();
+        let mut session = context.new_session();
+        assert!(!session.in_transaction());
+        assert_eq!(run(&context, &mut session, &["MULTI"]), Reply::ok());
+        // The listener asks this before running a run of pipelined reads on copies of the session.
+        assert!(session.in_transaction());
+    }
+
+    #[test]
+    fn exec_replies_are_null_arrays_in_both_protocols() {
+        assert_eq!(Reply::NilArray.to_bytes(Protocol::Resp2), b"*-1\r\n");
+        assert_eq!(Reply::NilArray.to_bytes(Protocol::Resp3), b"_\r\n");
+    }
+
+    #[test]
+    fn key_arguments_follow_the_table() {
+        let args = |items: &[&str]| items.iter().map(|item| item.as_bytes().to_vec()).collect::<Vec<_>>();
+        let keys = |command: &[&str]| {
+            let command = args(command);
+            let spec = commands::lookup(&command[0]).unwrap();
+            key_arguments(spec, &command).cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(keys(&["SET", "k", "v", "NX"]), args(&["k"]));
+        assert_eq!(keys(&["MSET", "a", "1", "b", "2"]), args(&["a", "b"]));
+        assert_eq!(keys(&["DEL", "a", "b", "c"]), args(&["a", "b", "c"]));
+        assert_eq!(keys(&["PING"]), Vec::<Vec<u8>>::new());
+        let map = onekv_placement::ClusterMap::build(&[1, 2, 3], 16, 3).unwrap();
+        assert!(same_shard(&map, &[b"{user1}.a", b"{user1}.b"]), "one hash tag, one shard");
+        let apart = (0..100)
+            .map(|i| format!("k{i}"))
+            .find(|key| map.shard_of_key(key.as_bytes()) != map.shard_of_key(b"k0"));
+        let apart = apart.expect("some key lands in another of 16 shards");
+        assert!(!same_shard(&map, &[b"k0", apart.as_bytes()]));
+        let single = onekv_placement::ClusterMap::build(&[1, 2, 3], 1, 3).unwrap();
+        assert!(same_shard(&single, &[b"k0", apart.as_bytes()]), "one shard holds every key");
+    }
+
+    #[test]
+    fn evaluation_applies_commands_in_order_against_the_snapshot() {
+        let context = context();
+        let queue: Vec<Vec<Vec<u8>>> = [
+            &["INCR", "n"][..],
+            &["INCRBY", "n", "10"],
+            &["GET", "n"],
+            &["APPEND", "s", "x"],
+            &["INCR", "s"],
+            &["SET", "k", "v", "NX"],
+            &["SETNX", "k", "w"],
+            &["MSET", "a", "1", "b", "2"],
+            &["MGET", "a", "k", "missing"],
+            &["DEL", "a", "missing"],
+            &["EXISTS", "a", "b"],
+            &["GETDEL", "b"],
+            &["SET", "", "v"],
+            &["STRLEN", "s"],
+            &["PING"],
+        ]
+        .iter()
+        .map(|command| command.iter().map(|arg| arg.as_bytes().to_vec()).collect())
+        .collect();
+        let values: HashMap<Vec<u8>, Option<Vec<u8>>> = [
+            (b"n".to_vec(), Some(b"5".to_vec())),
+            (b"s".to_vec(), Some(b"ab".to_vec())),
+            (b"k".to_vec(), None),
+            (b"a".to_vec(), Some(b"0".to_vec())),
+            (b"b".to_vec(), None),
+            (b"missing".to_vec(), None),
+        ]
+        .into_iter()
+        .collect();
+        let evaluation = context.evaluate(&queue, values).unwrap();
+        assert_eq!(
+            evaluation.replies,
+            vec![
+                Some(Reply::Integer(6)),
+                Some(Reply::Integer(16)),
+                Some(Reply::text("16")),
+                Some(Reply::Integer(3)),
+                Some(Reply::err("value is not an integer or out of range")),
+                Some(Reply::ok()),
+                Some(Reply::Integer(0)),
+                Some(Reply::ok()),
+                Some(Reply::Array(vec![Reply::text("1"), Reply::text("v"), Reply::Nil])),
+                Some(Reply::Integer(1)),
+                Some(Reply::Integer(1)),
+                Some(Reply::text("2")),
+                Some(Reply::err("invalid argument: empty key")),
+                Some(Reply::Integer(3)),
+                None,
+            ]
+        );
+        // The net writes, each key once with its last value, in first-write order.
+        assert_eq!(
+            evaluation.ops,
+            vec![
+                (b"n".to_vec(), Some(b"16".to_vec())),
+                (b"s".to_vec(), Some(b"abx".to_vec())),
+                (b"k".to_vec(), Some(b"v".to_vec())),
+                (b"a".to_vec(), None),
+                (b"b".to_vec(), None),
+            ]
+        );
+    }
+}
