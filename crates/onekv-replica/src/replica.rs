@@ -340,7 +340,14 @@ impl Node {
             let hard_state = recovered.recovered.hard_state;
             let shared = Arc::new(GroupShared {
                 shard,
-                status: Mutex::new(ReplicaStatus { node_id: config.node_id, shard, ..Default::default() }),
+                // Until the loop's first turn publishes the rest, status says what recovery did.
+                status: Mutex::new(ReplicaStatus {
+                    node_id: config.node_id,
+                    shard,
+                    recovery_records: recovered.recovered.records,
+                    recovery_replayed: recovered.recovered.replayed,
+                    ..Default::default()
+                }),
                 durable_commit: AtomicU64::new(hard_state.commit),
                 recovery_records: recovered.recovered.records,
                 recovery_replayed: recovered.recovered.replayed,

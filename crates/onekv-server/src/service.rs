@@ -610,9 +610,10 @@ impl<B: Backend> Kv for KvService<B> {
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         self.observed("status", async move {
             let statuses = self.backend.statuses();
-            // The node-wide fields (and, for older clients, the Raft fields) come from the replica
-            // of the lowest shard; every replica is listed in `shards`.
-            let status = statuses.first().cloned().unwrap_or_default();
+            // Node-wide figures summed over the replicas (user bytes, damaged values, ...); the Raft
+            // fields, for older clients, are the replica of the lowest shard's; every replica is
+            // listed in `shards`.
+            let status = onekv_replica::ReplicaStatus::summarize(&statuses);
             let write_amplification = crate::metrics::write_amplification(&status);
             let shards = statuses
                 .iter()

@@ -44,9 +44,15 @@ pub struct Args {
     /// Bytes per value.
     #[arg(long, default_value_t = 1024)]
     value_bytes: usize,
-    /// Index memtable size that triggers a flush, in KiB.
-    #[arg(long, default_value_t = 2048)]
+    /// Index memtable size that triggers a flush, in KiB. In onelog mode a tree holds keys and
+    /// 16-byte locators, not values: 128 KiB is about 2 000 entries of this load's keys.
+    #[arg(long, default_value_t = 128)]
     memtable_kib: u64,
+    /// Raft entries each shard keeps below its applied index for lagging followers
+    /// (`raft.raft_log_keep_entries`): a restart scans the log from the first entry a shard still
+    /// keeps, so this bounds what even a flushed shard reads back.
+    #[arg(long, default_value_t = 1000)]
+    keep_entries: u64,
     /// Concurrent writers.
     #[arg(long, default_value_t = 64)]
     clients: usize,
@@ -153,6 +159,7 @@ fn node_config(root: &Path, args: &Args) -> Result<ServerConfig> {
         ..ServerConfig::default()
     };
     config.index.memtable_bytes = args.memtable_kib << 10;
+    config.raft.raft_log_keep_entries = args.keep_entries;
     config.validate().context("the benchmark's node configuration")?;
     Ok(config)
 }
@@ -255,8 +262,16 @@ fn report(args: &Args, written: u64, partial: &[Opened], full: &[Opened]) -> Str
     let total = |open: &Opened| open.replayed.iter().map(|(_, n)| n).sum::<u64>();
     let (p, f) = (&partial[0], &full[0]);
     let mut out = format!(
-        "{} values of {} B: {} MiB over {} shards, then {} MiB to shards 1..={}; killed with SIGKILL\n\n",
-        written, args.value_bytes, args.uniform_mib, args.shards, args.hot_mib, args.hot_shards
+        "{} values of {} B: {} MiB over {} shards, then {} MiB to shards 1..={}; memtable {} KiB, \
+         {} Raft entries kept per shard; killed with SIGKILL\n\n",
+        written,
+        args.value_bytes,
+        args.uniform_mib,
+        args.shards,
+        args.hot_mib,
+        args.hot_shards,
+        args.memtable_kib,
+        args.keep_entries
     );
     out.push_str("| shard | replayed, per shard | replayed, full replay |\n|---|---|---|\n");
     for ((shard, mine), (_, all)) in p.replayed.iter().zip(&f.replayed) {
