@@ -40,8 +40,16 @@ fn open_leader_with(dir: &std::path::Path, tweak: fn(&mut ReplicaConfig)) -> Rep
     replica
 }
 
+/// The failpoints are process-wide: the tests that arm them run one at a time, or one's armed
+/// failure lands in the other's replica.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn a_failed_raft_append_stops_the_replica_and_says_why() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let replica = open_leader(dir.path());
     put(&replica, "before").unwrap();
@@ -79,6 +87,7 @@ fn a_failed_raft_append_stops_the_replica_and_says_why() {
 /// entries in between as "already applied", and acknowledged keys read back absent.
 #[test]
 fn a_failed_index_flush_loses_no_acknowledged_write() {
+    let _serial = one_at_a_time();
     let small = |config: &mut ReplicaConfig| config.memtable_bytes = 8 << 10;
     let dir = tempfile::tempdir().unwrap();
     let replica = open_leader_with(dir.path(), small);
