@@ -527,6 +527,18 @@ impl Limits {
             }
             Ok(())
         };
+        // Every key and value of a list of pairs; their bytes together.
+        let check_pairs = |pairs: &mut dyn Iterator<Item = (&Vec<u8>, &Option<Vec<u8>>)>| {
+            let mut bytes = 0;
+            for (key, value) in pairs {
+                check_key(key)?;
+                if let Some(value) = value {
+                    check_value(value)?;
+                }
+                bytes += key.len() + value.as_ref().map_or(0, Vec::len);
+            }
+            Ok(bytes)
+        };
         match command {
             Command::Write(ops) => {
                 if ops.is_empty() {
@@ -539,14 +551,7 @@ impl Limits {
                         self.max_batch_ops
                     ));
                 }
-                let mut bytes = 0;
-                for op in ops {
-                    check_key(&op.key)?;
-                    if let Some(value) = &op.value {
-                        check_value(value)?;
-                    }
-                    bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
-                }
+                let bytes = check_pairs(&mut ops.iter().map(|op| (&op.key, &op.value)))?;
                 if bytes > self.max_batch_bytes {
                     return bad(format!(
                         "batch of {bytes} bytes exceeds max_batch_bytes = {}",
@@ -574,21 +579,8 @@ impl Limits {
                         ));
                     }
                 }
-                let mut bytes = 0;
-                for condition in conditions {
-                    check_key(&condition.key)?;
-                    if let Some(expected) = &condition.expected {
-                        check_value(expected)?;
-                    }
-                    bytes += condition.key.len() + condition.expected.as_ref().map_or(0, Vec::len);
-                }
-                for op in ops {
-                    check_key(&op.key)?;
-                    if let Some(value) = &op.value {
-                        check_value(value)?;
-                    }
-                    bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
-                }
+                let bytes = check_pairs(&mut conditions.iter().map(|c| (&c.key, &c.expected)))?
+                    + check_pairs(&mut ops.iter().map(|op| (&op.key, &op.value)))?;
                 if bytes > self.max_batch_bytes {
                     return bad(format!(
                         "transaction of {bytes} bytes (conditions and ops) exceeds max_batch_bytes = {}",
