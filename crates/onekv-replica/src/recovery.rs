@@ -306,3 +306,26 @@ impl Recovering {
         Ok(())
     }
 }
+
+/// `work` on every item, on at most [`MAX_REPLAY_THREADS`] threads; the results in the items'
+/// order, or the first error.
+pub(crate) fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    work: impl Fn(&T) -> Result<R, ReplicaError> + Sync,
+) -> Result<Vec<R>, ReplicaError> {
+    let threads = items.len().clamp(1, MAX_REPLAY_THREADS);
+    let per_thread = items.len().div_ceil(threads).max(1);
+    let work = &work;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = items
+            .chunks(per_thread)
+            .map(|chunk| scope.spawn(move || chunk.iter().map(work).collect::<Result<Vec<R>, _>>()))
+            .collect();
+        let mut results = Vec::with_capacity(items.len());
+        for worker in workers {
+            results
+                .extend(worker.join().unwrap_or_else(|_| Err(storage("a recovery thread panicked".into())))?);
+        }
+        Ok(results)
+    })
+}

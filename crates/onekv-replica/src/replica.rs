@@ -239,11 +239,21 @@ impl Node {
             Index::open(&dir.join("index"), IndexConfig::default())
                 .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?,
         );
+        let trees = config
+            .shards
+            .iter()
+            .map(|shard| {
+                index.tree(&state::shard_tree_name(shard.id)).map_err(|e| {
+                    ReplicaError::Open(format!("opening the index tree of shard {}: {e}", shard.id))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // Each shard's request-id window (up to the last 120 s of writes) is read from its tree;
+        // the shards' windows are independent, so they load in parallel.
+        let windows =
+            crate::recovery::in_parallel(&trees, |tree| crate::requests::RequestWindow::load(tree.clone()))?;
         let mut recovering = Vec::with_capacity(config.shards.len());
-        for shard in &config.shards {
-            let tree = index.tree(&state::shard_tree_name(shard.id)).map_err(|e| {
-                ReplicaError::Open(format!("opening the index tree of shard {}: {e}", shard.id))
-            })?;
+        for ((shard, tree), requests) in config.shards.iter().zip(trees).zip(windows) {
             let entry_tree = match config.storage {
                 StorageMode::Classic => Some(
                     index
@@ -252,7 +262,6 @@ impl Node {
                 ),
                 _ => None,
             };
-            let requests = crate::requests::RequestWindow::load(tree.clone())?;
             let state = Arc::new(State {
                 mode: config.storage,
                 index: index.clone(),
