@@ -89,8 +89,6 @@ pub(crate) struct ScanReport {
 }
 
 /// Recovers every shard in `shards` from `log`: one scan, then each shard's replay, in parallel.
-/// `full_replay` ignores the trees' flush flags (every shard replays from the start of what the
-/// log holds; for the partial-recovery benchmark only: the trees must have been cleared).
 pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport, ReplicaError> {
     let mut scan_from = log.end_position();
     for shard in shards.iter_mut() {
@@ -113,18 +111,7 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
         }
         recovering.take(&record)?;
     }
-    let threads = shards.len().clamp(1, MAX_REPLAY_THREADS);
-    let per_thread = shards.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = shards
-            .chunks_mut(per_thread.max(1))
-            .map(|chunk| scope.spawn(move || chunk.iter_mut().try_for_each(|shard| shard.replay(log))))
-            .collect();
-        workers
-            .into_iter()
-            .map(|worker| worker.join().unwrap_or_else(|_| Err(storage("a replay thread panicked".into()))))
-            .collect::<Result<Vec<()>, ReplicaError>>()
-    })?;
+    in_parallel(shards, |shard| shard.replay(log))?;
     Ok(report)
 }
 
@@ -307,21 +294,22 @@ impl Recovering {
     }
 }
 
-/// `work` on every item, on at most [`MAX_REPLAY_THREADS`] threads; the results in the items'
-/// order, or the first error.
-pub(crate) fn in_parallel<T: Sync, R: Send>(
-    items: &[T],
-    work: impl Fn(&T) -> Result<R, ReplicaError> + Sync,
+/// `work` on every item, on at most [`MAX_REPLAY_THREADS`] threads (the shards of a node are
+/// independent at recovery); the results in the items' order, or the first error.
+pub(crate) fn in_parallel<T: Send, R: Send>(
+    items: &mut [T],
+    work: impl Fn(&mut T) -> Result<R, ReplicaError> + Sync,
 ) -> Result<Vec<R>, ReplicaError> {
     let threads = items.len().clamp(1, MAX_REPLAY_THREADS);
     let per_thread = items.len().div_ceil(threads).max(1);
     let work = &work;
+    let count = items.len();
     std::thread::scope(|scope| {
         let workers: Vec<_> = items
-            .chunks(per_thread)
-            .map(|chunk| scope.spawn(move || chunk.iter().map(work).collect::<Result<Vec<R>, _>>()))
+            .chunks_mut(per_thread)
+            .map(|chunk| scope.spawn(move || chunk.iter_mut().map(work).collect::<Result<Vec<R>, _>>()))
             .collect();
-        let mut results = Vec::with_capacity(items.len());
+        let mut results = Vec::with_capacity(count);
         for worker in workers {
             results
                 .extend(worker.join().unwrap_or_else(|_| Err(storage("a recovery thread panicked".into())))?);

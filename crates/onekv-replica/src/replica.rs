@@ -239,7 +239,7 @@ impl Node {
             Index::open(&dir.join("index"), IndexConfig::default())
                 .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?,
         );
-        let trees = config
+        let mut trees = config
             .shards
             .iter()
             .map(|shard| {
@@ -250,8 +250,9 @@ impl Node {
             .collect::<Result<Vec<_>, _>>()?;
         // Each shard's request-id window (up to the last 120 s of writes) is read from its tree;
         // the shards' windows are independent, so they load in parallel.
-        let windows =
-            crate::recovery::in_parallel(&trees, |tree| crate::requests::RequestWindow::load(tree.clone()))?;
+        let windows = crate::recovery::in_parallel(&mut trees, |tree| {
+            crate::requests::RequestWindow::load(tree.clone())
+        })?;
         let mut recovering = Vec::with_capacity(config.shards.len());
         for ((shard, tree), requests) in config.shards.iter().zip(trees).zip(windows) {
             let entry_tree = match config.storage {
