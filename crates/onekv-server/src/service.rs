@@ -518,13 +518,15 @@ impl<B: Backend> Kv for KvService<B> {
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         self.observed("txn", async move {
             let request = request.into_inner();
+            // Atomic within one shard only: keys of several are refused, naming them.
+            let keys = request.conditions.iter().map(|c| c.key.as_slice());
+            let shard = self.one_shard(keys.chain(request.ops.iter().map(|op| op.key.as_slice())))?;
             let conditions = request
                 .conditions
                 .into_iter()
                 .map(|condition| Condition { key: condition.key, expected: condition.expected })
                 .collect();
-            let ops: Vec<WriteOp> =
-                request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
+            let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
             let command = Command::Txn { conditions, ops };
             // The replica's own check (the one place transactions' limits are defined), before
             // proposing, so the refusal is INVALID_ARGUMENT like every other over-limit request.
@@ -532,11 +534,6 @@ impl<B: Backend> Kv for KvService<B> {
                 ReplicaError::InvalidArgument(message) => Status::invalid_argument(message),
                 other => Status::internal(other.to_string()),
             })?;
-            // Atomic within one shard only: keys of several are refused, naming them.
-            let Command::Txn { conditions, ops } = &command else { unreachable!("built above") };
-            let keys =
-                conditions.iter().map(|c| c.key.as_slice()).chain(ops.iter().map(|op| op.key.as_slice()));
-            let shard = self.one_shard(keys)?;
             let outcome = self.commit(shard, request_id(request.request_id), command).await?;
             let Some(applied) = outcome.cas else {
                 return Err(Status::internal(
