@@ -127,27 +127,19 @@ struct Inner {
     options: ClientOptions,
     routing: Routing,
     /// The cluster map, fetched from any node on first need and kept.
-    placement: Mutex<Option<Arc<Placement>>>,
+    placement: Mutex<Option<Arc<ClusterMap>>>,
     /// Random per client, so two clients' request ids never collide on the server.
     client_id: u64,
     /// The last `seq` handed out; 0 means "no id" on the wire, so ids start at 1.
     last_seq: AtomicU64,
 }
 
-/// The cluster map as the client uses it.
-struct Placement {
-    map: ClusterMap,
-}
-
-impl Placement {
-    /// A cluster that says nothing of shards (an older server): one shard, held by every node.
-    fn single_shard(nodes: &[u64]) -> Placement {
-        let nodes: Vec<u64> = if nodes.is_empty() { vec![1] } else { nodes.to_vec() };
-        let map =
-            ClusterMap::build(&nodes, 1, nodes.len().min(onekv_placement::MAX_REPLICAS as usize) as u32)
-                .expect("one shard on distinct, non-zero nodes always places");
-        Placement { map }
-    }
+/// The map of a cluster that says nothing of shards (an older server): one shard, held by every
+/// node.
+fn single_shard_map(nodes: &[u64]) -> ClusterMap {
+    let nodes: Vec<u64> = if nodes.is_empty() { vec![1] } else { nodes.to_vec() };
+    ClusterMap::build(&nodes, 1, nodes.len().min(onekv_placement::MAX_REPLICAS as usize) as u32)
+        .expect("one shard on distinct, non-zero nodes always places")
 }
 
 /// Which nodes may serve a call.
@@ -206,7 +198,7 @@ impl Client {
 
     /// The endpoint that last answered as leader of the lowest shard that has one, if any.
     pub fn cached_leader(&self) -> Option<String> {
-        let shards = self.placement_now().map_or(1, |placement| placement.map.shard_count());
+        let shards = self.placement_now().map_or(1, |map| map.shard_count());
         (1..=u64::from(shards)).find_map(|shard| self.inner.routing.leader(shard))
     }
 
@@ -217,20 +209,20 @@ impl Client {
 
     /// The cluster map: which shard each key belongs to and which nodes hold it. Fetched from any
     /// node on first need (retried within the budget), then kept.
-    pub async fn cluster_map(&self) -> Result<ClusterMap> {
-        Ok(self.placement().await?.map.clone())
+    pub async fn cluster_map(&self) -> Result<Arc<ClusterMap>> {
+        self.placement().await
     }
 
     /// The shard `key` belongs to.
     pub async fn shard_of(&self, key: &[u8]) -> Result<u64> {
-        Ok(self.placement().await?.map.shard_of_key(key))
+        Ok(self.placement().await?.shard_of_key(key))
     }
 
-    fn placement_now(&self) -> Option<Arc<Placement>> {
+    fn placement_now(&self) -> Option<Arc<ClusterMap>> {
         self.inner.placement.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    async fn placement(&self) -> Result<Arc<Placement>> {
+    async fn placement(&self) -> Result<Arc<ClusterMap>> {
         if let Some(placement) = self.placement_now() {
             return Ok(placement);
         }
@@ -253,13 +245,10 @@ impl Client {
         let placement = match status.cluster_map.is_empty() {
             true => {
                 let nodes: Vec<u64> = status.members.iter().map(|member| member.id).collect();
-                Placement::single_shard(&nodes)
+                single_shard_map(&nodes)
             }
-            false => Placement {
-                map: ClusterMap::decode(&status.cluster_map).map_err(|error| {
-                    ClientError::Server(format!("the cluster map does not decode: {error}"))
-                })?,
-            },
+            false => ClusterMap::decode(&status.cluster_map)
+                .map_err(|error| ClientError::Server(format!("the cluster map does not decode: {error}")))?,
         };
         // Until a request of a shard is served, its primary (preferred leader) is asked first,
         // when the client knows it at the address the node names (a node's view of its peers'
@@ -271,7 +260,7 @@ impl Client {
             .filter_map(|member| normalize(&member.address).ok().map(|address| (member.id, address)))
             .filter(|(_, address)| known.contains(address))
             .collect();
-        for shard in &placement.map.shards {
+        for shard in &placement.shards {
             if let Some(address) = shard.replicas.first().and_then(|primary| addresses.get(primary)) {
                 self.inner.routing.guess_leader(shard.id, address);
             }
@@ -326,7 +315,7 @@ impl Client {
     /// that change together a common `{hash tag}`, or use [`Client::batch_per_shard`].
     pub async fn batch(&self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<u64> {
         let placement = self.placement().await?;
-        let mut by_shard = split_by_shard(&placement.map, ops);
+        let mut by_shard = split_by_shard(&placement, ops);
         if by_shard.len() > 1 {
             let shards: Vec<String> = by_shard.keys().map(u64::to_string).collect();
             return Err(ClientError::InvalidArgument(format!(
@@ -347,7 +336,7 @@ impl Client {
     /// (MSET, DEL of many keys).
     pub async fn batch_per_shard(&self, ops: Vec<BatchItem>) -> Result<()> {
         let placement = self.placement().await?;
-        let parts = split_by_shard(&placement.map, ops);
+        let parts = split_by_shard(&placement, ops);
         let mut tasks = tokio::task::JoinSet::new();
         for (shard, ops) in parts {
             let client = self.clone();
@@ -407,7 +396,7 @@ impl Client {
             .iter()
             .map(|(key, _)| key)
             .chain(ops.iter().map(|(key, _)| key))
-            .map(|key| placement.map.shard_of_key(key))
+            .map(|key| placement.shard_of_key(key))
             .collect();
         if shards.len() > 1 {
             let list: Vec<String> = shards.iter().map(u64::to_string).collect();
@@ -473,7 +462,7 @@ impl Client {
         keys_only: bool,
     ) -> Result<ScanResponse> {
         let placement = self.placement().await?;
-        let shards = placement.map.shard_count();
+        let shards = placement.shard_count();
         let request = ScanRequest {
             start: start.to_vec(),
             end: end.map(<[u8]>::to_vec).unwrap_or_default(),

@@ -269,7 +269,7 @@ impl RespContext {
         }
         all_keys.extend(watched.iter().map(|(key, _)| key.as_slice()));
         // Several keys must share a shard (the map is fetched once per client, then kept).
-        if all_keys.len() > 1 && !same_shard(&self.shared.client.cluster_map().await?, &all_keys) {
+        if all_keys.len() > 1 && !same_shard(&*self.shared.client.cluster_map().await?, &all_keys) {
             return Err(Reply::Error("CROSSSLOT Keys in request don't hash to the same slot".into()));
         }
         let client = &self.shared.client;
