@@ -34,7 +34,7 @@ pub const CLUSTER_MAP_FILE: &str = "CLUSTER_MAP";
 /// Creates `dir` and every missing ancestor, like [`fs::create_dir_all`], then fsyncs the parent
 /// of each directory it created, so the new entries survive a power failure. Returns the
 /// directories it synced (parents first), for tests.
-pub(crate) fn create_dir_all_synced(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+pub fn create_dir_all_synced(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     // The ancestors that do not exist yet, deepest first; `create_dir_all` makes them.
     let missing: Vec<&Path> = dir
         .ancestors()

@@ -41,6 +41,6 @@ mod state;
 
 pub use api::*;
 pub use disk_space::RESERVE_FILE;
-pub use identity::CLUSTER_MAP_FILE;
+pub use identity::{CLUSTER_MAP_FILE, create_dir_all_synced};
 pub use maintenance::{CrashHook, CrashPoint};
 pub use replica::{DrivenLoop, Node, Replica};

@@ -90,11 +90,8 @@ fn describe(map: &ClusterMap) -> String {
 }
 
 fn write(dir: &Path, map: &ClusterMap) -> anyhow::Result<()> {
-    let created = !dir.exists();
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    if created && let Some(parent) = dir.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        sync_dir(parent)?;
-    }
+    // The data directory and any missing ancestor, each entry made durable, as the node does.
+    onekv_replica::create_dir_all_synced(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let tmp = dir.join(TMP_FILE);
     let mut file = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     file.write_all(&map.encode()).with_context(|| format!("cannot write {}", tmp.display()))?;
