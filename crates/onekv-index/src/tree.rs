@@ -48,8 +48,12 @@ struct TreeInner {
     /// The flag of the last flush that completed.
     /// The last flush's flag and the note stored with it.
     flush_flag: Mutex<Option<(u64, Vec<u8>)>>,
-    /// Flags (and notes) of memtables sealed but not yet flushed, oldest first.
-    sealed_flags: Mutex<Vec<(u64, Vec<u8>)>>,
+    /// Flags (and notes) of memtables sealed but not yet flushed, oldest first, with the seqno
+    /// each flag was written at.
+    sealed_flags: Mutex<Vec<(u64, Vec<u8>, u64)>>,
+    /// Every write at or below this seqno is durable (in a table): the flag seqno of the last
+    /// flush that completed, or the highest seqno on disk at open.
+    durable_seqno: AtomicU64,
     /// Serializes flush, compaction and clear; holds what they need.
     maintenance: Mutex<Maintenance>,
     strategy: lsm_tree::compaction::Leveled,
@@ -110,6 +114,7 @@ impl Tree {
                 max_data_seqno: AtomicU64::new(highest),
                 flush_flag: Mutex::new(flush_flag),
                 sealed_flags: Mutex::default(),
+                durable_seqno: AtomicU64::new(highest),
                 maintenance: Mutex::new(Maintenance { written, failure: None }),
                 strategy,
                 bytes_written: AtomicU64::new(0),
@@ -322,7 +327,7 @@ impl Tree {
         // The flag is no user write, so it may sit at a published seqno.
         self.check_seqno(flag_seqno, false)?;
         let mut sealed = lock(&inner.sealed_flags);
-        let current = sealed.last().map(|(index, _)| *index).or_else(|| self.flush_flag());
+        let current = sealed.last().map(|(index, ..)| *index).or_else(|| self.flush_flag());
         if let Some(current) = current
             && applied_index < current
         {
@@ -340,7 +345,7 @@ impl Tree {
         // Never empty: it holds the flag. Rotating before recording the flag means a flush that
         // sees the flag recorded also sees its memtable sealed.
         let _memtable = inner.lsm.rotate_memtable();
-        sealed.push((applied_index, note.to_vec()));
+        sealed.push((applied_index, note.to_vec(), flag_seqno));
         Ok(())
     }
 
@@ -360,8 +365,8 @@ impl Tree {
         let mut maintenance = self.maintenance()?;
         // Every flag taken here had its memtable sealed before it was recorded, so the flush
         // below (which takes the sealed memtables when it starts) writes all of them.
-        let flags: Vec<(u64, Vec<u8>)> = std::mem::take(&mut *lock(&inner.sealed_flags));
-        let Some(last) = flags.last().cloned() else {
+        let flags: Vec<(u64, Vec<u8>, u64)> = std::mem::take(&mut *lock(&inner.sealed_flags));
+        let Some((last_index, last_note, last_seqno)) = flags.last().cloned() else {
             return Ok(());
         };
         let flush_lock = inner.lsm.get_flush_lock();
@@ -373,9 +378,22 @@ impl Tree {
         if let Err(e) = result {
             return Err(fail(&mut maintenance, IndexError::storage(&inner.name, "flushing the memtable", e)));
         }
-        *lock(&inner.flush_flag) = Some(last);
+        *lock(&inner.flush_flag) = Some((last_index, last_note));
+        inner.durable_seqno.fetch_max(last_seqno, Ordering::AcqRel);
         inner.index.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Every write at or below this seqno is durable: the flag seqno of the last flush that
+    /// completed (the highest seqno on disk right after open).
+    pub fn durable_seqno(&self) -> u64 {
+        self.inner.durable_seqno.load(Ordering::Acquire)
+    }
+
+    /// The highest seqno written so far (data, tombstones and flags): a later write must not go
+    /// below it.
+    pub fn last_written_seqno(&self) -> u64 {
+        self.inner.last_seqno.load(Ordering::Acquire)
     }
 
     /// Bytes in the active memtable, to decide when to flush.

@@ -30,7 +30,7 @@ pub use config::{DEFAULT_MAX_RECORD_BYTES, LogConfig, MAX_SEGMENT_BYTES, MIN_SEG
 pub use error::{LogError, Result};
 pub use iter::{LogEntry, LogIter};
 pub use locator::Locator;
-pub use log::{Log, Reclaimed};
+pub use log::{Log, Reclaimed, SegmentInfo};
 pub use record::{RECORD_HEADER_LEN, RecordKind};
 pub use recovery::RecoveryReport;
 pub use segment::SEGMENT_HEADER_LEN;

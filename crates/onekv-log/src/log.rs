@@ -97,6 +97,22 @@ impl Shared {
     }
 }
 
+/// One segment as [`Log::segments`] lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// The segment's first position.
+    pub base: u64,
+    /// Bytes durable in it, its header included.
+    pub len: u64,
+}
+
+impl SegmentInfo {
+    /// One past its last durable byte.
+    pub fn end(&self) -> u64 {
+        self.base + self.len
+    }
+}
+
 /// The result of [`Log::reclaim_below`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
@@ -342,6 +358,12 @@ impl Log {
             reclaimed.segments += 1;
             reclaimed.bytes += doomed.durable_len();
         }
+    }
+
+    /// Every segment now in the log, oldest first: its base position and durable length. The last
+    /// one is the segment being appended to.
+    pub fn segments(&self) -> Vec<SegmentInfo> {
+        self.shared.segments().values().map(|s| SegmentInfo { base: s.base, len: s.durable_len() }).collect()
     }
 
     /// First position still in the log.

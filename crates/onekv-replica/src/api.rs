@@ -141,6 +141,9 @@ pub struct ReplicaConfig {
     /// damage is found before a read or a snapshot build hits it); 0 disables the scrub. Never
     /// runs in a simulation (driven mode), whose outcome must not depend on a thread's timing.
     pub scrub_bytes_per_sec: u64,
+    /// The log garbage collector: bounded disk in every mode. Never runs in a simulation (driven
+    /// mode) yet.
+    pub gc: crate::GcConfig,
 }
 
 impl ReplicaConfig {
@@ -176,6 +179,7 @@ impl ReplicaConfig {
             min_free_bytes: 256 << 20,
             reserve_bytes: 64 << 20,
             scrub_bytes_per_sec: 8 << 20,
+            gc: crate::GcConfig::default(),
         }
     }
 }
@@ -398,6 +402,8 @@ pub struct ReplicaStatus {
     pub repaired_values: u64,
     /// The background scrub's progress.
     pub scrub: ScrubStatus,
+    /// The node's log garbage collector (the same for every shard of the node).
+    pub gc: crate::GcStatus,
 }
 
 impl ReplicaStatus {

@@ -111,6 +111,9 @@ pub(crate) struct Group {
     /// Since when this node leads the group without handing it to the primary (reset by each
     /// hand-off attempt, so one is tried at most once per election timeout).
     pub leader_since: Option<Instant>,
+    /// The log garbage collector needs this tree flushed (values were relocated, or the shard's
+    /// recovery point holds back the segment it wants to reclaim).
+    pub gc_flush: bool,
 }
 
 impl Group {
@@ -527,11 +530,14 @@ impl Group {
     pub fn maybe_flush(&mut self, now: Instant, ctx: &mut NodeCtx) -> Result<(), ReplicaError> {
         let applied = self.raw.store().applied_index;
         let flagged = self.state.tree.flush_flag().unwrap_or(0);
-        if applied <= flagged || ctx.maintenance.busy() || ctx.failed.is_some() {
+        // The collector's flush goes even with nothing newly applied (an idle shard's recovery
+        // point, or relocated locators); otherwise a flag never repeats.
+        if (applied <= flagged && !self.gc_flush) || ctx.maintenance.busy() || ctx.failed.is_some() {
             return Ok(());
         }
         let last_flush = *self.last_flush.get_or_insert(now);
-        let due = self.state.tree.memtable_bytes() >= ctx.config.memtable_bytes
+        let due = self.gc_flush
+            || self.state.tree.memtable_bytes() >= ctx.config.memtable_bytes
             || applied - flagged >= ctx.config.flush_every_entries
             || now.saturating_duration_since(last_flush) >= ctx.config.flush_every;
         if !due {
@@ -567,8 +573,15 @@ impl Group {
             return Ok(());
         }
         let keep = ctx.config.raft_log_keep_entries;
-        if applied > keep {
-            self.raw.mut_store().compact(applied - keep);
+        let mut compact_to = applied.saturating_sub(keep);
+        if self.gc_flush {
+            // The collector waits for this shard's recovery point to move: Raft forgets every
+            // applied entry no active follower still needs (an idle shard would otherwise keep
+            // its last entries, and the log below them, for ever).
+            compact_to = compact_to.max(self.fully_replicated(applied, ctx) + 1);
+        }
+        if compact_to > 0 {
+            self.raw.mut_store().compact(compact_to);
         }
         let store = self.raw.store();
         let note = match store.meta(store.first()) {
@@ -579,14 +592,22 @@ impl Group {
                 hard_state: self.persisted_hs,
                 voters: store.conf_state.voters.clone(),
             }),
-            // No entry retained (just after a snapshot): the next recovery scans the whole log.
-            None => Vec::new(),
+            // No entry retained (after a snapshot, or everything applied was forgotten): every
+            // record of this shard that recovery needs is appended after the log's end now.
+            None => records::encode_recovery_point(&records::RecoveryPoint {
+                scan_from: ctx.raft_log.end_position(),
+                snapshot_index: store.snapshot_index,
+                snapshot_term: store.snapshot_term,
+                hard_state: self.persisted_hs,
+                voters: store.conf_state.voters.clone(),
+            }),
         };
+        self.gc_flush = false;
         crate::failpoint!("before-index-flush");
         // The data and the request-id window share the tree, so one flag covers both.
         self.state
             .tree
-            .seal(applied, state::last_seqno(applied), &note)
+            .seal(applied, state::flag_seqno(applied, self.state.tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("flushing the index: {e}")))?;
         let mut trees = vec![self.state.tree.clone()];
         if let Some(tree) = &self.state.entry_tree {
@@ -608,6 +629,57 @@ impl Group {
             return Err(storage(failure));
         }
         Ok(())
+    }
+
+    /// The highest applied index every recently active member has (on a follower: `applied`, as
+    /// it serves no entries).
+    fn fully_replicated(&self, applied: u64, ctx: &NodeCtx) -> u64 {
+        if self.role() != StateRole::Leader {
+            return applied;
+        }
+        self.raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, progress)| **id != ctx.config.node_id && progress.recent_active)
+            .map(|(_, progress)| progress.matched)
+            .fold(applied, u64::min)
+    }
+
+    /// Points each key of `moves` at its relocated copy if it still points at the old one (the
+    /// log garbage collector appended the copies durably first), at one sequence number above
+    /// every write so far and below the next entry's (`state::relocation_seqno`), published at
+    /// once; the tree is flushed soon after, so the collector may delete the old copies.
+    pub fn relocate(&mut self, moves: Vec<crate::gc::Move>) -> Result<crate::gc::Relocated, String> {
+        let tree = &self.state.tree;
+        let still_there = |m: &crate::gc::Move| -> Result<bool, String> {
+            let current = tree.get(&m.key).map_err(|e| format!("index lookup: {e}"))?;
+            Ok(current.is_some_and(|stored| {
+                onekv_index::IndexValue::decode(&stored)
+                    .is_ok_and(|v| v == onekv_index::IndexValue::Locator(m.from))
+            }))
+        };
+        let applied = self.raw.store().applied_index;
+        let Some(seqno) = state::relocation_seqno(applied, tree.last_written_seqno()) else {
+            let mut left = 0;
+            for m in &moves {
+                left += usize::from(still_there(m)?);
+            }
+            return Ok(crate::gc::Relocated { moved: 0, left, seqno: 0 });
+        };
+        let mut moved = 0;
+        for m in &moves {
+            if still_there(m)? {
+                tree.insert(&m.key, &onekv_index::IndexValue::Locator(m.to).encode(), seqno);
+                moved += 1;
+            }
+        }
+        if moved == 0 {
+            return Ok(crate::gc::Relocated { moved, left: 0, seqno: 0 });
+        }
+        tree.publish(seqno);
+        self.gc_flush = true;
+        Ok(crate::gc::Relocated { moved, left: 0, seqno })
     }
 
     fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
@@ -748,6 +820,7 @@ impl Group {
             corrupt_values: self.state.corruption.count(),
             repaired_values: self.state.corruption.repaired_count(),
             scrub: self.scrub.status(),
+            gc: ctx.gc_status.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

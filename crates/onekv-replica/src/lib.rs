@@ -14,7 +14,9 @@
 //!   tests ([`failpoints`]);
 //! - finding damaged values: every read verifies the value's checksum and reports damage as
 //!   [`ReplicaError::Corrupt`] (`state`), and a background scrub verifies every value at a bounded
-//!   rate (`scrub`).
+//!   rate (`scrub`);
+//! - the log garbage collector (`gc`): relocates live values out of the log's oldest segment and
+//!   deletes it, so disk stays bounded; readers pin what they read (`pins`).
 //!
 //! It does not own the network (the caller passes a [`Transport`] and feeds peer messages to
 //! [`Replica::step`]), the wire format, configuration files or processes: those are the server's.
@@ -24,11 +26,13 @@ mod apply;
 pub mod codec;
 mod disk_space;
 pub mod failpoints;
+mod gc;
 mod group;
 mod identity;
 pub mod local;
 mod maintenance;
 mod node;
+mod pins;
 mod raft_store;
 pub mod records;
 mod recovery;
@@ -41,6 +45,7 @@ mod state;
 
 pub use api::*;
 pub use disk_space::RESERVE_FILE;
+pub use gc::{GcConfig, GcStatus};
 pub use identity::{CLUSTER_MAP_FILE, create_dir_all_synced};
 pub use maintenance::{CrashHook, CrashPoint};
 pub use replica::{DrivenLoop, Node, Replica};

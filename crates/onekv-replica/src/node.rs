@@ -41,6 +41,8 @@ pub enum Turn {
 pub(crate) enum Input {
     /// For the group of `shard`.
     Group(u64, GroupInput),
+    /// From the log garbage collector (`gc`).
+    Gc(crate::gc::GcInput),
     Shutdown,
 }
 
@@ -69,6 +71,10 @@ pub(crate) struct NodeCtx {
     pub clock: WallClock,
     /// The "disk full" alarm and the disk reserve (`disk_space`).
     pub disk: Arc<crate::disk_space::DiskSpace>,
+    /// Readers' pins on the log, for the log GC (`pins`).
+    pub pins: Arc<crate::pins::ReadPins>,
+    /// What the log GC reports (shown in every shard's status).
+    pub gc_status: Arc<std::sync::Mutex<crate::GcStatus>>,
 }
 
 impl NodeCtx {
@@ -199,6 +205,7 @@ impl NodeLoop {
                         self.ctx.config.node_id
                     ))),
                 },
+                Input::Gc(input) => self.handle_gc(input),
             }
             handled += 1;
             if handled >= MAX_INPUTS_PER_TURN {
@@ -224,6 +231,29 @@ impl NodeLoop {
             self.fail(err.to_string());
         }
         Turn::Continue
+    }
+
+    /// A request of the log garbage collector: moves to apply in a shard's tree, or shards whose
+    /// trees it needs flushed.
+    fn handle_gc(&mut self, input: crate::gc::GcInput) {
+        use crate::gc::GcInput;
+        match input {
+            GcInput::Relocate { shard, moves, done } => {
+                let result = match (&self.ctx.failed, self.groups.get_mut(&shard)) {
+                    (Some(failure), _) => Err(format!("the node failed: {failure}")),
+                    (None, None) => Err(format!("shard {shard} has no replica here")),
+                    (None, Some(group)) => group.relocate(moves),
+                };
+                let _ = done.try_send(result);
+            }
+            GcInput::Flush { shards } => {
+                for shard in shards {
+                    if let Some(group) = self.groups.get_mut(&shard) {
+                        group.gc_flush = true;
+                    }
+                }
+            }
+        }
     }
 
     /// Stops the node for good (until restarted): every pending request fails with `failure`,

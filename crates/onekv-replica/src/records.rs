@@ -11,6 +11,7 @@
 //! SNAP_META   shard:u64 index:u64 term:u64 chunks:u32 voters:u32 voter:u64*voters
 //! VALUE       shard:u64 stored_value                          (separated mode's value log)
 //! APPLIED     shard:u64 index:u64 count:u32 (kind:u8 key [value])*count   (classic mode's data WAL)
+//! RELOCATED   shard:u64 pairs                                 (values the log GC moved; `gc`)
 //! ```
 //!
 //! A snapshot is written as chunk records followed by one meta record; it counts only if the meta
@@ -31,6 +32,8 @@ pub const SNAP_META: RecordKind = kind(4);
 pub const VALUE: RecordKind = kind(5);
 /// Operations applied to the classic mode's data tree (its write-ahead log).
 pub const APPLIED: RecordKind = kind(6);
+/// Live values the log garbage collector moved out of a segment it reclaims (`gc`).
+pub const RELOCATED: RecordKind = kind(7);
 
 const fn kind(n: u8) -> RecordKind {
     match RecordKind::new(n) {
@@ -84,7 +87,7 @@ pub fn encode_entry(shard: u64, entry: &raft::eraftpb::Entry) -> Vec<u8> {
 /// The shard a record of any kind belongs to (every kind starts with it), so recovery can split
 /// one scan of the log by shard before decoding the rest.
 pub fn record_shard(kind: RecordKind, payload: &[u8]) -> Result<u64, CodecError> {
-    if !matches!(kind, ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED) {
+    if !matches!(kind, ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED) {
         return Err(CodecError("unknown record kind"));
     }
     Reader { data: payload, at: 0 }.u64()
@@ -189,6 +192,27 @@ pub fn push_snapshot_pair(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
     out.extend_from_slice(&(value.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(value).to_le_bytes());
     out.extend_from_slice(value);
+}
+
+/// Bytes of a RELOCATED payload before its pairs.
+pub const RELOCATED_HEADER: usize = 8;
+
+/// Encodes a RELOCATED payload holding `pairs` (whole pairs in the snapshot-pairs format).
+pub fn encode_relocated(shard: u64, pairs: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RELOCATED_HEADER + pairs.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(pairs);
+    out
+}
+
+/// Appends one pair whose value is already stored (`crc32c || value`, as read through a
+/// locator) to snapshot-pairs data, keeping its checksum as it is: a damaged value stays
+/// detectably damaged wherever it is moved.
+pub fn push_stored_pair(out: &mut Vec<u8>, key: &[u8], stored: &[u8]) {
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(&((stored.len() - crate::codec::STORED_VALUE_PREFIX) as u32).to_le_bytes());
+    out.extend_from_slice(stored);
 }
 
 /// Bytes of a SNAP_CHUNK payload before its pairs.

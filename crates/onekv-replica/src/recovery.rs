@@ -199,6 +199,9 @@ impl Recovering {
                 store.apply_snapshot(meta.index, meta.term, meta.voters.clone());
                 self.snapshot = Some((meta.index, mine));
             }
+            // Values the log GC moved: the index points at them once a flush made that durable;
+            // recovery has nothing to rebuild from them.
+            records::RELOCATED => {}
             kind => {
                 return Err(storage(format!(
                     "unknown record kind {} at log position {}",

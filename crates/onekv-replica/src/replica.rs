@@ -73,6 +73,8 @@ struct NodeInner {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The "disk full" alarm the write path checks.
     disk: Arc<DiskSpace>,
+    /// The log garbage collector's thread (none in a simulation, or when it is off).
+    gc: Mutex<Option<crate::gc::Gc>>,
 }
 
 /// A handle to one shard's replica on a running node. Cheap to clone; every method may be called
@@ -123,6 +125,7 @@ impl ReplicaConfig {
         if self.flush_every_entries == 0 || self.flush_every.is_zero() {
             return bad("flush_every_entries and flush_every must be positive");
         }
+        self.gc.validate().map_err(|e| ReplicaError::Open(format!("invalid configuration: {e}")))?;
         self.log_config()
             .validate()
             .map_err(|e| ReplicaError::Open(format!("invalid configuration: {e}")))?;
@@ -166,7 +169,22 @@ impl Node {
             tracing::info!(log = name, ?report, "log opened");
             Ok(Arc::new(log))
         };
+        let gc_config = config.gc.clone();
         let (node, node_loop) = Self::open_parts(config, transport, &open_log, false)?;
+        if gc_config.enabled {
+            let states: BTreeMap<u64, Arc<State>> =
+                node_loop.groups.iter().map(|(shard, group)| (*shard, group.state.clone())).collect();
+            let gc = crate::gc::Gc::start(
+                gc_config,
+                node_loop.ctx.raft_log.clone(),
+                states,
+                node.inner.inbox.clone(),
+                node_loop.ctx.pins.clone(),
+                node_loop.ctx.gc_status.clone(),
+            )
+            .map_err(ReplicaError::Open)?;
+            *node.inner.gc.lock().unwrap_or_else(|e| e.into_inner()) = Some(gc);
+        }
         let thread = std::thread::Builder::new()
             .name("onekv-node".into())
             .spawn(move || node_loop.run())
@@ -231,6 +249,7 @@ impl Node {
             ),
         });
         let started = Instant::now();
+        let pins = Arc::new(crate::pins::ReadPins::default());
 
         let names = config.storage.log_names();
         let raft_log = open_log(names[0])?;
@@ -273,6 +292,7 @@ impl Node {
                 user_bytes: AtomicU64::new(0),
                 requests: Mutex::new(requests),
                 corruption: Default::default(),
+                pins: pins.clone(),
             });
             let snapshots =
                 crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
@@ -390,6 +410,7 @@ impl Node {
                     repairs: BTreeMap::new(),
                     primary: config.shards.iter().find(|s| s.id == shard).and_then(|s| s.primary),
                     leader_since: None,
+                    gc_flush: false,
                 },
             );
         }
@@ -410,6 +431,8 @@ impl Node {
                 crashed: false,
                 clock: crate::node::WallClock::system(),
                 disk: disk.clone(),
+                pins,
+                gc_status: Default::default(),
             },
             groups,
             inbox,
@@ -422,6 +445,7 @@ impl Node {
                 limits,
                 thread: Mutex::new(None),
                 disk,
+                gc: Mutex::new(None),
             }),
         };
         Ok((node, node_loop))
@@ -485,6 +509,10 @@ impl Node {
     /// Stops the loop thread. Pending requests fail with [`ReplicaError::Stopping`]. Nothing is
     /// flushed: the index has no WAL and the next open replays what it needs from the log.
     pub fn shutdown(&self) {
+        // The collector first: it may be waiting for the loop.
+        if let Some(mut gc) = self.inner.gc.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            gc.stop();
+        }
         let Some(thread) = self.inner.thread.lock().unwrap_or_else(|e| e.into_inner()).take() else {
             return;
         };

@@ -42,7 +42,7 @@ pub(crate) const IDS_PER_SNAPSHOT_PAIR: usize = 65_536;
 
 /// The op number of the window's writes within an entry's sequence numbers: above every data op,
 /// so its writes never go below one already made for the entry.
-const WINDOW_OP: usize = (1 << state::SEQNO_OP_BITS) - 2;
+const WINDOW_OP: usize = state::MAX_OP;
 
 /// Bytes of one id in a snapshot pair.
 const SNAPSHOT_ID_BYTES: usize = 8 + 8 + 8 + 8 + 1;

@@ -146,7 +146,9 @@ impl Scrubber {
         let mut first = true;
         loop {
             self.check_stop()?;
-            // A short-lived view per page (see the module documentation).
+            // A short-lived view per page (see the module documentation), pinned until the page's
+            // values are read so the log GC keeps them.
+            let _pin = self.state.pins.pin();
             let view = self.state.tree.snapshot();
             let (page, more) = match view.range(&start, None, PAGE + 1, false) {
                 Ok(found) => found,

@@ -108,12 +108,16 @@ impl SnapshotBuilder {
             // The previous build is over (its slot was not Building); collect its thread.
             let _ = thread.join();
         }
+        // Pinned before the view is taken, for the whole build: the log GC keeps every value the
+        // view points at until the build ends.
+        let pin = self.state.pins.pin();
         let view = self.state.tree.snapshot();
         let mut metadata =
             raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
         metadata.set_conf_state(conf_state.clone());
         let job = Build {
             state: self.state.clone(),
+            _pin: pin,
             view,
             metadata,
             max_bytes: self.max_bytes,
@@ -192,6 +196,8 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 /// One build, owned by the thread that runs it.
 struct Build {
     state: Arc<State>,
+    /// Held for the whole build (see `pins`).
+    _pin: crate::pins::Pin,
     view: TreeSnapshot,
     metadata: raft::eraftpb::SnapshotMetadata,
     max_bytes: usize,

@@ -28,17 +28,37 @@ pub(crate) fn entry_tree_name(shard: u64) -> String {
 }
 
 /// Sequence numbers come from the Raft index so that replaying an entry reproduces them exactly:
-/// the low 20 bits number the operations of one entry.
+/// the low 20 bits number the operations of one entry (the lower half, up to [`MAX_OP`]) and the
+/// log GC's relocations made while the entry is the last applied one (the upper half, see
+/// [`relocation_seqno`]).
 pub(crate) const SEQNO_OP_BITS: u32 = 20;
+
+/// The highest operation number of an entry; more operations share it.
+pub(crate) const MAX_OP: usize = (1 << (SEQNO_OP_BITS - 1)) - 1;
 
 /// The sequence number of operation `op` of the entry at `index`.
 pub(crate) fn seqno(index: u64, op: usize) -> u64 {
-    (index << SEQNO_OP_BITS) | (op as u64).min((1 << SEQNO_OP_BITS) - 2)
+    (index << SEQNO_OP_BITS) | op.min(MAX_OP) as u64
 }
 
-/// The highest sequence number an entry at `index` uses (flush flags and publishing use it).
+/// The highest sequence number an entry at `index` uses (publishing uses it).
 pub(crate) fn last_seqno(index: u64) -> u64 {
-    (index << SEQNO_OP_BITS) | ((1 << SEQNO_OP_BITS) - 1)
+    seqno(index, MAX_OP)
+}
+
+/// The sequence number for a relocation of values while `applied` is the last applied entry, given
+/// the highest seqno the tree has written: above every write so far (the entry's own, earlier
+/// relocations, a flush flag) and below the next entry's, so that neither a later write of the
+/// same key nor a replay after a crash can be overtaken by it. `None` when the range is used up
+/// (relocation waits for the next entry).
+pub(crate) fn relocation_seqno(applied: u64, last_written: u64) -> Option<u64> {
+    let seqno = (last_seqno(applied) + 1).max(last_written + 1);
+    (seqno >> SEQNO_OP_BITS == applied).then_some(seqno)
+}
+
+/// The seqno a flush flag at `applied` is written at: at least every seqno written so far.
+pub(crate) fn flag_seqno(applied: u64, last_written: u64) -> u64 {
+    last_seqno(applied).max(last_written)
 }
 
 /// One shard's stored state.
@@ -60,6 +80,9 @@ pub(crate) struct State {
     pub requests: Mutex<RequestWindow>,
     /// Damaged values found so far.
     pub corruption: Corruption,
+    /// The node's read pins: held by every reader from its index lookup to its last value read,
+    /// so the log GC never deletes bytes a reader is about to read (`pins`).
+    pub pins: Arc<crate::pins::ReadPins>,
 }
 
 /// Damaged values remembered per position, so a hot damaged key logs one error and counts once
@@ -177,6 +200,7 @@ impl State {
 
     /// The current value of `key` as applied here.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+        let _pin = self.pins.pin();
         match self.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))? {
             Some(stored) => self.resolve(key, &stored).map(Some),
             None => Ok(None),
@@ -195,6 +219,7 @@ impl State {
         max_bytes: usize,
         keys_only: bool,
     ) -> Result<crate::ScanResult, ReplicaError> {
+        let _pin = self.pins.pin();
         let (found, mut more) =
             self.tree.range(start, end, limit, reverse).map_err(|e| storage(format!("index scan: {e}")))?;
         let mut out = Vec::with_capacity(found.len());

@@ -54,6 +54,8 @@ mod bounds {
     pub const MIN_FREE_BYTES: (u64, u64) = (0, 1 << 40);
     /// The disk reserve (0: none).
     pub const RESERVE_BYTES: (u64, u64) = (0, 64 << 30);
+    /// Pause between the log GC's rounds, in milliseconds.
+    pub const GC_INTERVAL_MS: (u64, u64) = (10, 60_000);
 }
 
 /// The whole configuration of one node, as read from its TOML file (see `docs/config-example.toml`).
@@ -105,6 +107,8 @@ pub struct ServerConfig {
     pub log: LogConfig,
     /// What the node does as its disk fills.
     pub disk: DiskConfig,
+    /// The log garbage collector.
+    pub gc: GcConfig,
     /// How the store is split into shards and replicated.
     pub cluster: ClusterConfig,
 }
@@ -225,6 +229,36 @@ pub struct LogConfig {
     pub scrub_bytes_per_sec: u64,
 }
 
+/// `[gc]`: the log garbage collector, which keeps the log's disk use bounded (see
+/// `docs/design/replica.md`, "The log garbage collector").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GcConfig {
+    /// Whether the collector runs. Off, the log grows with every write (for comparisons).
+    /// Default true.
+    pub enabled: bool,
+    /// The collector reclaims while the log holds more than this many times its live bytes; at
+    /// least 1.1. Default 1.5.
+    pub target_space_amp: f64,
+    /// Bytes per second the collector may read and write (its share of the disk); 0: unlimited.
+    /// Default 67108864 (64 MiB/s).
+    pub bytes_per_sec: u64,
+    /// Milliseconds between the collector's rounds, 10 ..= 60000. Default 1000.
+    pub interval_ms: u64,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        let defaults = onekv_replica::GcConfig::default();
+        GcConfig {
+            enabled: defaults.enabled,
+            target_space_amp: defaults.target_space_amp,
+            bytes_per_sec: defaults.bytes_per_sec,
+            interval_ms: defaults.interval.as_millis() as u64,
+        }
+    }
+}
+
 /// `[disk]`: what the node does as its data directory's disk fills (see `docs/design/replica.md`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -264,6 +298,7 @@ impl Default for ServerConfig {
             index: IndexConfig::default(),
             log: LogConfig::default(),
             disk: DiskConfig::default(),
+            gc: GcConfig::default(),
             cluster: ClusterConfig::default(),
         }
     }
@@ -620,6 +655,14 @@ impl ServerConfig {
         check_range(&mut problem, "log.segment_bytes", self.log.segment_bytes, bounds::SEGMENT_BYTES);
         check_range(&mut problem, "disk.min_free_bytes", self.disk.min_free_bytes, bounds::MIN_FREE_BYTES);
         check_range(&mut problem, "disk.reserve_bytes", self.disk.reserve_bytes, bounds::RESERVE_BYTES);
+        check_range(&mut problem, "gc.interval_ms", self.gc.interval_ms, bounds::GC_INTERVAL_MS);
+        let least_amp = onekv_replica::GcConfig::MIN_TARGET_SPACE_AMP;
+        if !(self.gc.target_space_amp >= least_amp && self.gc.target_space_amp <= 100.0) {
+            problem(
+                "gc.target_space_amp",
+                format!("= {} is outside {least_amp}..=100", self.gc.target_space_amp),
+            );
+        }
         check_range(
             &mut problem,
             "cluster.shards",
@@ -711,6 +754,12 @@ impl ServerConfig {
         config.min_free_bytes = self.disk.min_free_bytes;
         config.reserve_bytes = self.disk.reserve_bytes;
         config.scrub_bytes_per_sec = self.log.scrub_bytes_per_sec;
+        config.gc = onekv_replica::GcConfig {
+            enabled: self.gc.enabled,
+            target_space_amp: self.gc.target_space_amp,
+            bytes_per_sec: self.gc.bytes_per_sec,
+            interval: Duration::from_millis(self.gc.interval_ms),
+        };
         config
     }
 }

@@ -189,6 +189,30 @@ fn describe_state_metrics() {
         "Damaged values replaced by another replica's healthy copy."
     );
     describe_counter!("onekv_scrub_passes_total", Count, "Full passes of the background scrub.");
+    describe_gauge!("onekv_gc_log_bytes", Bytes, "Bytes in the log's segment files (log GC's view).");
+    describe_gauge!(
+        "onekv_gc_live_bytes",
+        Bytes,
+        "The log GC's estimate of the live bytes in the log (values some key still points at)."
+    );
+    describe_gauge!(
+        "onekv_gc_space_amplification",
+        "Log bytes divided by live bytes, as the log GC estimates."
+    );
+    describe_counter!(
+        "onekv_gc_values_relocated_total",
+        Count,
+        "Live values the log GC moved to the log's head."
+    );
+    describe_counter!("onekv_gc_bytes_relocated_total", Bytes, "Bytes of values the log GC moved.");
+    describe_counter!("onekv_gc_segments_reclaimed_total", Count, "Log segment files the log GC deleted.");
+    describe_counter!(
+        "onekv_gc_bytes_reclaimed_total",
+        Bytes,
+        "Bytes of the segment files the log GC deleted."
+    );
+    describe_counter!("onekv_gc_bytes_scanned_total", Bytes, "Bytes of log segments the log GC read.");
+    describe_counter!("onekv_gc_busy_seconds_total", Seconds, "Seconds the log GC spent in its rounds.");
     describe_counter!("onekv_scrub_values_checked_total", Count, "Values the background scrub verified.");
     describe_gauge!(
         "onekv_scrub_last_pass_timestamp_seconds",
@@ -245,6 +269,16 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_scrub_values_checked_total").absolute(status.scrub.values_checked);
     gauge!("onekv_scrub_last_pass_timestamp_seconds")
         .set(status.scrub.last_pass_finished_unix_ms as f64 / 1e3);
+    let gc = &status.gc;
+    gauge!("onekv_gc_log_bytes").set(count(gc.log_bytes));
+    gauge!("onekv_gc_live_bytes").set(count(gc.live_bytes));
+    gauge!("onekv_gc_space_amplification").set(gc.space_amp);
+    counter!("onekv_gc_values_relocated_total").absolute(gc.values_relocated);
+    counter!("onekv_gc_bytes_relocated_total").absolute(gc.bytes_relocated);
+    counter!("onekv_gc_segments_reclaimed_total").absolute(gc.segments_reclaimed);
+    counter!("onekv_gc_bytes_reclaimed_total").absolute(gc.bytes_reclaimed);
+    counter!("onekv_gc_bytes_scanned_total").absolute(gc.bytes_scanned);
+    counter!("onekv_gc_busy_seconds_total").absolute(gc.busy_ms / 1000);
 }
 
 /// Each replica's Raft state, labelled by shard (at most one series per shard the node holds).

@@ -674,6 +674,19 @@ impl<B: Backend> Kv for KvService<B> {
                     last_pass_values: status.scrub.last_pass_values,
                     last_pass_corrupt: status.scrub.last_pass_corrupt,
                 }),
+                gc: Some(onekv_proto::GcProgress {
+                    enabled: status.gc.enabled,
+                    log_bytes: status.gc.log_bytes,
+                    live_bytes: status.gc.live_bytes,
+                    space_amp: status.gc.space_amp,
+                    values_relocated: status.gc.values_relocated,
+                    bytes_relocated: status.gc.bytes_relocated,
+                    segments_reclaimed: status.gc.segments_reclaimed,
+                    bytes_reclaimed: status.gc.bytes_reclaimed,
+                    bytes_scanned: status.gc.bytes_scanned,
+                    waiting: status.gc.waiting.clone().unwrap_or_default(),
+                    last_error: status.gc.last_error.clone().unwrap_or_default(),
+                }),
             }))
         })
         .await

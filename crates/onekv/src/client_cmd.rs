@@ -250,6 +250,17 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
                     writeln!(out, "node {} disk full: {}", status.node_id, status.disk_alarm)?;
                 }
                 out.write_all(damaged_values(status).as_bytes())?;
+                if let Some(gc) = status.gc.as_ref().filter(|gc| gc.enabled) {
+                    if !gc.last_error.is_empty() {
+                        writeln!(
+                            out,
+                            "node {} log GC: its last round failed: {}",
+                            status.node_id, gc.last_error
+                        )?;
+                    } else if !gc.waiting.is_empty() {
+                        writeln!(out, "node {} log GC waits: {}", status.node_id, gc.waiting)?;
+                    }
+                }
             }
             if statuses.iter().all(|(_, result)| result.is_err()) {
                 anyhow::bail!("no node answered");
@@ -376,6 +387,15 @@ fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> S
     table
 }
 
+/// The log's bytes over its live bytes, as the node's log GC estimates them ("-" without a
+/// collector or before its first round).
+fn disk_per_live(status: &StatusResponse) -> String {
+    match &status.gc {
+        Some(gc) if gc.enabled && gc.live_bytes > 0 => format!("{:.2}", gc.space_amp),
+        _ => "-".to_string(),
+    }
+}
+
 /// The role of a node: its replica's role in a cluster of one shard, else how many of the shards
 /// it holds it leads.
 fn node_role(status: &StatusResponse) -> String {
@@ -390,9 +410,20 @@ fn node_role(status: &StatusResponse) -> String {
 /// after its address. For a node of several shards, LEADER and TERM are "-" (they differ by shard:
 /// `--shards` lists them) and COMMIT and APPLIED are summed over its shards.
 fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
-    const HEADER: [&str; 10] =
-        ["ID", "ADDRESS", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "LOG", "WRITTEN", "WRITE-AMP"];
-    let rows: Vec<Result<[String; 10], [String; 3]>> = statuses
+    const HEADER: [&str; 11] = [
+        "ID",
+        "ADDRESS",
+        "ROLE",
+        "LEADER",
+        "TERM",
+        "COMMIT",
+        "APPLIED",
+        "LOG",
+        "DISK/LIVE",
+        "WRITTEN",
+        "WRITE-AMP",
+    ];
+    let rows: Vec<Result<[String; 11], [String; 3]>> = statuses
         .iter()
         .map(|(endpoint, result)| match result {
             Ok(status) => Ok([
@@ -422,6 +453,7 @@ fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> 
                     status.applied_index.to_string()
                 },
                 human_bytes(status.log_bytes),
+                disk_per_live(status),
                 human_bytes(status.bytes_written),
                 if status.user_bytes == 0 {
                     "-".to_string()
@@ -511,6 +543,13 @@ mod tests {
             bytes_written: 4096,
             user_bytes: 1000,
             write_amplification: 4.096,
+            gc: Some(onekv_proto::GcProgress {
+                enabled: true,
+                log_bytes: 2048,
+                live_bytes: 1024,
+                space_amp: 2.0,
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let table = status_table(&[
@@ -522,7 +561,21 @@ mod tests {
         assert!(lines[0].starts_with("ID  ADDRESS         ROLE    LEADER"), "{table}");
         assert_eq!(
             lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["1", "127.0.0.1:7001", "leader", "1", "3", "10", "9", "2.0", "KiB", "4.0", "KiB", "4.10"]
+            [
+                "1",
+                "127.0.0.1:7001",
+                "leader",
+                "1",
+                "3",
+                "10",
+                "9",
+                "2.0",
+                "KiB",
+                "2.00",
+                "4.0",
+                "KiB",
+                "4.10"
+            ]
         );
         assert_eq!(lines[2], "-   127.0.0.1:7002  error: transport error: refused");
         // Columns line up: the role starts at the same offset in the header and the row.

@@ -1,0 +1,156 @@
+//! The log garbage collector (issue 16): under endless overwrites a onelog node's log stays a few
+//! segments long instead of growing with every write, every key keeps reading its latest value
+//! (while the collector runs, and after a restart from the collected log), and a shard that
+//! nobody writes does not pin the log (the collector has it flush and forget its old entries).
+
+use onekv_replica::local::Router;
+use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, RequestId, ShardConfig, WriteOp};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const SHARDS: u64 = 4;
+/// Keys overwritten, in shards 1..=3 (shard 4 stays idle after its election).
+const KEYS: usize = 192;
+/// Keys written once, first: cold data the collector must move out of the oldest segments.
+const COLD: usize = 48;
+const VALUE_BYTES: usize = 16 << 10;
+const OPS_PER_WRITE: usize = 8;
+
+fn config(dir: &Path) -> ReplicaConfig {
+    let mut config = ReplicaConfig::new(1, vec![1], dir);
+    config.shards = (1..=SHARDS).map(|id| ShardConfig { id, voters: vec![1], primary: None }).collect();
+    config.tick = Duration::from_millis(10);
+    // The smallest segment the record limit allows (about 16 MiB), so the run rolls many.
+    config.segment_bytes = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
+    config.memtable_bytes = 256 << 10;
+    config.raft_log_keep_entries = 20;
+    config.gc = GcConfig { interval: Duration::from_millis(50), bytes_per_sec: 0, ..GcConfig::default() };
+    config
+}
+
+fn open(dir: &Path) -> Node {
+    let router = Arc::new(Router::default());
+    let node = Node::open(config(dir), router.clone()).expect("open");
+    router.add(1, node.replicas()[0].clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.statuses().iter().any(|status| status.role != "leader") {
+        assert!(Instant::now() < deadline, "the single node did not lead every shard");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    node
+}
+
+fn key(k: usize) -> Vec<u8> {
+    format!("key-{k:04}").into_bytes()
+}
+
+/// Keys `k` with `k % 3 + 1 == shard`.
+fn cold_key(k: usize) -> Vec<u8> {
+    format!("cold-{k:04}").into_bytes()
+}
+
+fn shard_of(k: usize) -> u64 {
+    (k % 3) as u64 + 1
+}
+
+fn value(k: usize, round: usize) -> Vec<u8> {
+    let mut value = vec![(k + round) as u8; VALUE_BYTES];
+    value[..16].copy_from_slice(format!("{k:06}-{round:09}").as_bytes());
+    value
+}
+
+fn write(node: &Node, shard: u64, seq: u64, ops: Vec<WriteOp>) {
+    let (tx, rx) = mpsc::channel();
+    node.replica(shard).unwrap().propose(
+        RequestId { client: shard, seq },
+        Command::Write(ops),
+        Box::new(move |r| drop(tx.send(r))),
+    );
+    rx.recv_timeout(Duration::from_secs(30)).expect("an answer").expect("the write succeeds");
+}
+
+fn check_latest(node: &Node, round_of: &[usize], when: &str) {
+    for (k, round) in round_of.iter().enumerate() {
+        let got = node.replica(shard_of(k)).unwrap().get(&key(k)).unwrap();
+        assert!(got == Some(value(k, *round)), "{when}: key {k} does not read its value of round {round}");
+    }
+    for k in 0..COLD {
+        let got = node.replica(shard_of(k)).unwrap().get(&cold_key(k)).unwrap();
+        assert!(got == Some(value(k, 0)), "{when}: cold key {k} lost its value");
+    }
+}
+
+#[test]
+fn overwrites_keep_the_log_bounded_and_every_value_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = open(dir.path());
+    let segment = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
+    let mut round_of = vec![0usize; KEYS];
+    let mut seq = 0u64;
+    let mut written = 0u64;
+    let mut largest_log = 0u64;
+    for k in 0..COLD {
+        seq += 1;
+        write(&node, shard_of(k), seq, vec![WriteOp { key: cold_key(k), value: Some(value(k, 0)) }]);
+    }
+    // About 10 × 16 MiB segments of overwrites of 3 MiB of live data.
+    let rounds = 55;
+    for round in 1..=rounds {
+        for shard in 1..=3u64 {
+            let keys: Vec<usize> = (0..KEYS).filter(|k| shard_of(*k) == shard).collect();
+            for chunk in keys.chunks(OPS_PER_WRITE) {
+                seq += 1;
+                let ops =
+                    chunk.iter().map(|k| WriteOp { key: key(*k), value: Some(value(*k, round)) }).collect();
+                write(&node, shard, seq, ops);
+                for k in chunk {
+                    round_of[*k] = round;
+                }
+                written += (chunk.len() * VALUE_BYTES) as u64;
+            }
+        }
+        let status = &node.statuses()[0];
+        largest_log = largest_log.max(status.log_bytes);
+        if round % 10 == 0 {
+            check_latest(&node, &round_of, &format!("round {round}"));
+        }
+    }
+    assert!(written > 10 * segment, "the run wrote {written} bytes, fewer than ten segments");
+    // Let the collector catch up with the last writes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = &node.statuses()[0];
+        if status.gc.segments_reclaimed >= 6 && status.log_bytes <= 4 * segment {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the log was not collected: {} bytes after {written} written; gc: {:?}",
+            status.log_bytes,
+            status.gc
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = node.statuses()[0].clone();
+    assert!(status.gc.values_relocated > 0, "live values were moved: {:?}", status.gc);
+    assert!(status.gc.last_error.is_none(), "{:?}", status.gc);
+    assert!(
+        largest_log <= 6 * segment,
+        "the log grew to {largest_log} bytes ({} segments) while the collector ran",
+        largest_log / segment
+    );
+    check_latest(&node, &round_of, "after collection");
+    node.shutdown();
+    drop(node);
+
+    // The collected log recovers: every key still reads its latest value, and the node writes on.
+    let node = open(dir.path());
+    check_latest(&node, &round_of, "after a restart");
+    seq += 1;
+    write(&node, 1, seq, vec![WriteOp { key: key(0), value: Some(value(0, rounds + 1)) }]);
+    round_of[0] = rounds + 1;
+    check_latest(&node, &round_of, "after a restart and a write");
+    node.shutdown();
+}

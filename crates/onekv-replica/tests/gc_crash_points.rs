@@ -1,0 +1,230 @@
+//! The log garbage collector's crash points (issue 16) on a real process: a child process
+//! overwrites a few keys per writer in a one-node cluster of four shards (after writing some cold
+//! keys once, which the collector must move) with the collector running constantly on the smallest
+//! segments, and reports every acknowledgement; an armed point ends it abruptly after the relocated
+//! values are durable but before the index points at them, after the index update but before its
+//! flush, after the flush but before the old segment is deleted, or right after the deletion. The
+//! parent reopens the directory and checks that every key reads its last acknowledged value (or the
+//! one write in flight after it) and every cold key its only value; then a second crash on the same
+//! directory, and the same checks.
+//!
+//! The child is this test binary run again with `ONEKV_GC_CRASH_CHILD` set. Needs the
+//! `failpoints` feature (`scripts/test` turns it on).
+
+use onekv_replica::failpoints::CRASH_EXIT_CODE;
+use onekv_replica::local::Router;
+use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command as Process, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const WRITERS: usize = 4;
+const SHARDS: u64 = 4;
+/// Keys each writer overwrites in turn.
+const SLOTS: usize = 8;
+/// Keys each writer writes once, before overwriting.
+const COLD: usize = 16;
+const CHILD_ENV: &str = "ONEKV_GC_CRASH_CHILD";
+
+fn key(writer: usize, slot: usize) -> Vec<u8> {
+    format!("w{writer}-{slot:02}").into_bytes()
+}
+
+fn cold_key(writer: usize, i: usize) -> Vec<u8> {
+    format!("c{writer}-{i:02}").into_bytes()
+}
+
+/// The value of the writer's `n`-th overwrite (16 KiB, so segments fill quickly).
+fn value(writer: usize, n: usize) -> Vec<u8> {
+    let mut value = vec![(writer * 31 + n) as u8; 16 << 10];
+    value[..20].copy_from_slice(format!("{writer:02}-{n:017}").as_bytes());
+    value
+}
+
+fn config(dir: &Path) -> ReplicaConfig {
+    let mut config = ReplicaConfig::new(1, vec![1], dir);
+    config.shards = (1..=SHARDS).map(|id| ShardConfig { id, voters: vec![1], primary: None }).collect();
+    config.tick = Duration::from_millis(10);
+    config.memtable_bytes = 64 << 10;
+    config.raft_log_keep_entries = 50;
+    config.segment_bytes = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
+    config.gc = GcConfig { interval: Duration::from_millis(20), bytes_per_sec: 0, ..GcConfig::default() };
+    config
+}
+
+fn open(dir: &Path) -> Node {
+    let router = Arc::new(Router::default());
+    let node = Node::open(config(dir), router.clone()).expect("open");
+    router.add(1, node.replicas()[0].clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while node.statuses().iter().any(|status| status.role != "leader") {
+        assert!(Instant::now() < deadline, "the single node did not lead every shard");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    node
+}
+
+fn shard(writer: usize) -> u64 {
+    writer as u64 % SHARDS + 1
+}
+
+fn put(node: &Node, writer: usize, seq: u64, key: Vec<u8>, value: Vec<u8>) -> Result<(), ReplicaError> {
+    let (tx, rx) = mpsc::channel();
+    let id = RequestId { client: writer as u64 + 1, seq };
+    let command = Command::Write(vec![WriteOp { key, value: Some(value) }]);
+    node.replica(shard(writer)).unwrap().propose(id, command, Box::new(move |r| drop(tx.send(r))));
+    rx.recv_timeout(Duration::from_secs(10)).unwrap_or(Err(ReplicaError::Stopping)).map(|_| ())
+}
+
+/// The child: each writer writes its cold keys (unless they are there), then overwrites its slots
+/// until a crash point ends the process, printing `ack WRITER N` after each acknowledged overwrite
+/// (continuing from `ONEKV_GC_START`).
+#[test]
+#[ignore = "the child process of the GC crash-point tests; runs only with ONEKV_GC_CRASH_CHILD set"]
+fn child_overwriter() {
+    let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+    let start: usize = std::env::var("ONEKV_GC_START").unwrap().parse().unwrap();
+    let node = open(Path::new(&dir));
+    let threads: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let node = node.clone();
+            std::thread::spawn(move || {
+                let seq_base = (start as u64 + 1) * 1_000_000;
+                if start == 0 {
+                    for i in 0..COLD {
+                        if put(&node, writer, 1 + i as u64, cold_key(writer, i), value(writer, 1_000 + i))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                for n in start.. {
+                    match put(&node, writer, seq_base + n as u64, key(writer, n % SLOTS), value(writer, n)) {
+                        Ok(()) => {
+                            let mut out = std::io::stdout().lock();
+                            writeln!(out, "ack {writer} {n}").unwrap();
+                            out.flush().unwrap();
+                        }
+                        Err(ReplicaError::Stopping) => return,
+                        Err(err) => panic!("write failed: {err}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        let _ = thread.join();
+    }
+}
+
+/// Runs the child with `point` armed at its `skip + 1`-th hit, overwriting from `start`; returns
+/// the highest acknowledged overwrite per writer.
+fn crash_run(dir: &Path, point: &str, skip: usize, start: usize) -> Vec<Option<usize>> {
+    let mut child = Process::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_overwriter", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, dir)
+        .env("ONEKV_GC_START", start.to_string())
+        .env("ONEKV_FAILPOINTS", format!("{point}={skip}*off->return"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the child");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{point}: the child did not reach the crash point within 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(CRASH_EXIT_CODE), "{point}: the child did not stop at the crash point");
+    let mut acked = vec![None; WRITERS];
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(2)) {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if let ["ack", writer, n] = parts[..]
+            && let (Ok(writer), Ok(n)) = (writer.parse::<usize>(), n.parse::<usize>())
+        {
+            acked[writer] = acked[writer].max(Some(n));
+        }
+    }
+    acked
+}
+
+/// Reopens `dir` and checks every key against what was acknowledged (overwrites from `start`);
+/// returns the node's collector status from before the check's own writes.
+fn check_recovered(dir: &Path, point: &str, start: usize, acked: &[Option<usize>]) {
+    let node = open(dir);
+    for (writer, acked) in acked.iter().enumerate() {
+        let replica = node.replica(shard(writer)).unwrap();
+        for i in 0..COLD {
+            assert_eq!(
+                replica.get(&cold_key(writer, i)).unwrap(),
+                Some(value(writer, 1_000 + i)),
+                "{point}: cold key {i} of writer {writer} lost its value"
+            );
+        }
+        let Some(acked) = *acked else { continue };
+        assert!(acked >= start, "{point}: writer {writer} acknowledged nothing in this run");
+        for slot in 0..SLOTS {
+            // The last acknowledged overwrite of the slot, or the one in flight after it.
+            let last = (start..=acked).rev().find(|n| n % SLOTS == slot);
+            let in_flight = Some(acked + 1).filter(|n| n % SLOTS == slot);
+            let got = replica.get(&key(writer, slot)).unwrap();
+            let allowed: Vec<Option<Vec<u8>>> =
+                [last, in_flight].into_iter().flatten().map(|n| Some(value(writer, n))).collect();
+            if last.is_some() {
+                assert!(
+                    allowed.contains(&got),
+                    "{point}: slot {slot} of writer {writer} (acked up to {acked}) reads {:?}",
+                    got.map(|v| String::from_utf8_lossy(&v[..20]).into_owned())
+                );
+            }
+        }
+    }
+    node.shutdown();
+}
+
+fn crash_point(point: &str, skips: [usize; 2]) {
+    let dir = tempfile::tempdir().unwrap();
+    let acked = crash_run(dir.path(), point, skips[0], 0);
+    check_recovered(dir.path(), point, 0, &acked);
+    // Again on the recovered directory, overwriting further.
+    let start = acked.iter().flatten().max().map_or(0, |n| n + 2);
+    let acked = crash_run(dir.path(), point, skips[1], start);
+    check_recovered(dir.path(), point, start, &acked);
+}
+
+#[test]
+fn crash_after_relocated_values_are_durable_before_the_index_points_at_them() {
+    crash_point("gc-after-relocate-append", [0, 2]);
+}
+
+#[test]
+fn crash_after_the_index_points_at_relocated_values_before_the_flush() {
+    crash_point("gc-after-index-update", [0, 1]);
+}
+
+#[test]
+fn crash_after_the_flush_before_the_old_segment_is_deleted() {
+    crash_point("gc-before-reclaim", [0, 1]);
+}
+
+#[test]
+fn crash_right_after_the_old_segment_is_deleted() {
+    crash_point("gc-after-reclaim", [0, 2]);
+}
