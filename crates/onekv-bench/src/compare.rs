@@ -32,36 +32,56 @@ pub enum Contender {
         mode: StorageMode,
         /// Shards of the cluster.
         shards: u32,
+        /// Whether the nodes run their log garbage collector (the default).
+        gc: bool,
     },
     /// An etcd cluster with its default (fsync per commit) durability.
     Etcd,
 }
 
 impl Contender {
-    /// `etcd`, the storage mode's name (the default shard count), or `MODE:SHARDS`.
+    /// `etcd`, or the storage mode's name, then `:SHARDS` unless the default shard count, then
+    /// `:nogc` when the log garbage collector is off.
     pub fn name(self) -> String {
         match self {
-            Contender::Onekv { mode, shards } if shards == onekv_placement::DEFAULT_SHARDS => {
-                mode.name().to_string()
+            Contender::Onekv { mode, shards, gc } => {
+                let mut name = mode.name().to_string();
+                if shards != onekv_placement::DEFAULT_SHARDS {
+                    name.push_str(&format!(":{shards}"));
+                }
+                if !gc {
+                    name.push_str(":nogc");
+                }
+                name
             }
-            Contender::Onekv { mode, shards } => format!("{}:{shards}", mode.name()),
             Contender::Etcd => "etcd".into(),
         }
     }
 
-    /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`.
+    /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`,
+    /// `onelog:nogc`, `onelog:1:nogc`.
     pub fn parse(name: &str) -> Option<Contender> {
         if name == "etcd" {
             return Some(Contender::Etcd);
         }
-        let (mode, shards) = match name.split_once(':') {
-            Some((mode, shards)) => (mode, shards.parse().ok()?),
-            None => (name, onekv_placement::DEFAULT_SHARDS),
-        };
+        let mut parts = name.split(':');
+        let mode = StorageMode::parse(parts.next()?)?;
+        let mut shards = onekv_placement::DEFAULT_SHARDS;
+        let mut gc = true;
+        let mut rest: Vec<&str> = parts.collect();
+        if rest.last() == Some(&"nogc") {
+            gc = false;
+            rest.pop();
+        }
+        match rest[..] {
+            [] => {}
+            [count] => shards = count.parse().ok()?,
+            _ => return None,
+        }
         if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
             return None;
         }
-        Some(Contender::Onekv { mode: StorageMode::parse(mode)?, shards })
+        Some(Contender::Onekv { mode, shards, gc })
     }
 }
 
@@ -84,6 +104,8 @@ pub struct CompareConfig {
     pub dir: Option<PathBuf>,
     /// How long a fresh cluster may take to elect a leader.
     pub leader_timeout: Duration,
+    /// Sample every node's data-directory size this often during each run (`None`: never).
+    pub sample_disk: Option<Duration>,
 }
 
 /// Why a comparison stopped.
@@ -115,6 +137,20 @@ pub struct CompareRun {
     pub phases: Vec<RunReport>,
     /// Every node's amplification over the phases.
     pub nodes: Vec<NodeAmplification>,
+    /// Data-directory sizes over the run, when sampled ([`CompareConfig::sample_disk`]).
+    #[serde(default)]
+    pub disk_samples: Vec<DiskSample>,
+}
+
+/// One node's data-directory size at one moment of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiskSample {
+    /// Milliseconds since the run's first phase started.
+    pub elapsed_ms: u64,
+    /// The node (1..=nodes).
+    pub node_id: u64,
+    /// Bytes under its data directory.
+    pub disk_bytes: u64,
 }
 
 /// All runs of a comparison.
@@ -153,7 +189,7 @@ pub async fn compare(
 
 async fn run_one(config: &CompareConfig, mode: Contender, round: u32) -> Result<CompareRun, CompareError> {
     match mode {
-        Contender::Onekv { mode, shards } => run_onekv(config, mode, shards, round).await,
+        Contender::Onekv { mode, shards, gc } => run_onekv(config, mode, shards, gc, round).await,
         Contender::Etcd => run_etcd(config, round).await,
     }
 }
@@ -162,23 +198,32 @@ async fn run_onekv(
     config: &CompareConfig,
     mode: StorageMode,
     shards: u32,
+    gc: bool,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let name = Contender::Onekv { mode, shards }.name();
+    let name = Contender::Onekv { mode, shards, gc }.name();
     let cluster_error = |source| CompareError::Cluster { mode: name.clone(), round, source };
     // Dropped (nodes stopped, directory removed) on every path out of this function.
-    let mut cluster = LocalCluster::start(&config.exe, config.dir.as_deref(), config.nodes, mode, shards)
+    let mut cluster = LocalCluster::start(&config.exe, config.dir.as_deref(), config.nodes, mode, shards, gc)
         .map_err(cluster_error)?;
     cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
     let client = cluster.client(ClientOptions::default());
     let probes = cluster.probes();
     let before = amplification::snapshot(&client, &probes).await;
     let target = Arc::new(OnekvTarget::new(client.clone()));
-    let phases = run_phases(target, &config.run, true).await?;
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sampler =
+        config.sample_disk.map(|every| tokio::spawn(sample_disk(probes.clone(), every, samples.clone())));
+    let phases = run_phases(target, &config.run, true).await;
+    if let Some(sampler) = sampler {
+        sampler.abort();
+    }
+    let disk_samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
+    let phases = phases?;
     let after = amplification::snapshot(&client, &probes).await;
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
     cluster.stop();
-    Ok(CompareRun { mode: name, round, phases, nodes })
+    Ok(CompareRun { mode: name, round, phases, nodes, disk_samples })
 }
 
 async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, CompareError> {
@@ -197,7 +242,28 @@ async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, Comp
     let user_bytes = phases.iter().map(|phase| phase.payload_bytes_written).sum();
     let nodes = etcd_amplification(&before, &after, user_bytes, live_bytes(config.run.records, &phases));
     cluster.stop();
-    Ok(CompareRun { mode: "etcd".into(), round, phases, nodes })
+    Ok(CompareRun { mode: "etcd".into(), round, phases, nodes, disk_samples: Vec::new() })
+}
+
+/// Adds every node's data-directory size to `samples` every `every`, until aborted.
+async fn sample_disk(
+    probes: Vec<NodeProbe>,
+    every: Duration,
+    samples: Arc<std::sync::Mutex<Vec<DiskSample>>>,
+) {
+    let started = std::time::Instant::now();
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        ticks.tick().await;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        for (index, probe) in probes.iter().enumerate() {
+            let Some(dir) = probe.data_dir.as_deref() else { continue };
+            if let Ok(disk_bytes) = amplification::disk_usage(dir) {
+                let sample = DiskSample { elapsed_ms, node_id: index as u64 + 1, disk_bytes };
+                samples.lock().unwrap_or_else(|e| e.into_inner()).push(sample);
+            }
+        }
+    }
 }
 
 /// What the kernel and the file system say about processes the harness started, without asking
@@ -372,21 +438,29 @@ mod tests {
     fn contenders_parse_as_they_are_named() {
         for contender in [
             Contender::Etcd,
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16 },
-            Contender::Onekv { mode: StorageMode::Classic, shards: 16 },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 1 },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: true },
+            Contender::Onekv { mode: StorageMode::Classic, shards: 16, gc: true },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: true },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: false },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: false },
         ] {
             assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
         assert_eq!(Contender::parse("etcd3"), None);
         assert_eq!(
             Contender::parse("onelog:1"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 1 })
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: true })
         );
         assert_eq!(
             Contender::parse("onelog"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16 })
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: true })
         );
+        assert_eq!(
+            Contender::parse("onelog:nogc"),
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: false })
+        );
+        assert_eq!(Contender::parse("onelog:nogc:1"), None);
+        assert_eq!(Contender::parse("onelog:1:2"), None);
         assert_eq!(Contender::parse("onelog:0"), None);
         assert_eq!(Contender::parse("onelog:1025"), None);
     }
@@ -465,7 +539,13 @@ mod tests {
             log_space_amplification: None,
             error: None,
         };
-        CompareRun { mode: mode.into(), round, phases: vec![phase], nodes: vec![node] }
+        CompareRun {
+            mode: mode.into(),
+            round,
+            phases: vec![phase],
+            nodes: vec![node],
+            disk_samples: Vec::new(),
+        }
     }
 
     #[test]

@@ -64,7 +64,7 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Starts `count` nodes of `exe server` in storage mode `storage`, in a fresh directory under
+    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC on or off), in a fresh directory under
     /// `parent` (the system's temporary directory if `None`). Returns once they are spawned; see
     /// [`LocalCluster::wait_for_leader`].
     pub fn start(
@@ -73,6 +73,7 @@ impl LocalCluster {
         count: u64,
         storage: StorageMode,
         shards: u32,
+        gc: bool,
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
         let mut builder = tempfile::Builder::new();
@@ -112,6 +113,7 @@ impl LocalCluster {
                 peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
                 cluster: onekv_server::config::ClusterConfig { shards, replicas: None },
+                gc: onekv_server::config::GcConfig { enabled: gc, ..Default::default() },
                 ..ServerConfig::default()
             };
             config.validate().map_err(|error| ClusterError::Config(error.to_string()))?;

@@ -87,11 +87,14 @@ pub enum WorkloadKind {
     E,
     /// Read-modify-write: 50% read, 50% read-modify-write, zipfian.
     F,
+    /// Not one of YCSB's: write only, 100% update, uniform. Endless overwrites of the loaded
+    /// records, the case that needs the log garbage collector.
+    W,
 }
 
 impl WorkloadKind {
     /// Every workload, Load first.
-    pub const ALL: [WorkloadKind; 7] = [
+    pub const ALL: [WorkloadKind; 8] = [
         WorkloadKind::Load,
         WorkloadKind::A,
         WorkloadKind::B,
@@ -99,6 +102,7 @@ impl WorkloadKind {
         WorkloadKind::D,
         WorkloadKind::E,
         WorkloadKind::F,
+        WorkloadKind::W,
     ];
 
     /// Its name on the command line and in reports.
@@ -111,6 +115,7 @@ impl WorkloadKind {
             WorkloadKind::D => "d",
             WorkloadKind::E => "e",
             WorkloadKind::F => "f",
+            WorkloadKind::W => "w",
         }
     }
 
@@ -131,6 +136,7 @@ impl WorkloadKind {
             WorkloadKind::D => (mix(0.95, 0.0, 0.05, 0.0, 0.0), Distribution::Latest),
             WorkloadKind::E => (mix(0.0, 0.0, 0.05, 0.95, 0.0), Distribution::Zipfian),
             WorkloadKind::F => (mix(0.5, 0.0, 0.0, 0.0, 0.5), Distribution::Zipfian),
+            WorkloadKind::W => (mix(0.0, 1.0, 0.0, 0.0, 0.0), Distribution::Uniform),
         };
         WorkloadSpec { kind: self, mix, distribution, max_scan_length: 100 }
     }
@@ -149,7 +155,7 @@ impl FromStr for WorkloadKind {
         WorkloadKind::ALL
             .into_iter()
             .find(|kind| kind.name().eq_ignore_ascii_case(text))
-            .ok_or_else(|| format!("unknown workload {text:?}; expected one of load, a, b, c, d, e, f"))
+            .ok_or_else(|| format!("unknown workload {text:?}; expected one of load, a, b, c, d, e, f, w"))
     }
 }
 

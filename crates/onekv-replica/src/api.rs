@@ -124,6 +124,11 @@ pub struct ReplicaConfig {
     pub raft_log_keep_entries: u64,
     /// Size of one log segment file.
     pub segment_bytes: u64,
+    /// Largest log record (default the log's, 16 MiB): a Raft entry must fit in one, so it bounds
+    /// `limits.max_batch_bytes`, and snapshot chunks and relocated batches are cut to half of it
+    /// ([`crate::records::chunk_bytes`]). Smaller only where small segments are wanted (the
+    /// simulation, so its log GC reclaims constantly); servers keep the default.
+    pub max_record_bytes: u32,
     /// How long a follower may stay waiting for a snapshot before the leader gives up on that send
     /// and tries again (a snapshot lost by the transport would otherwise stall that follower).
     pub snapshot_timeout: Duration,
@@ -174,6 +179,7 @@ impl ReplicaConfig {
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
+            max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
             index_compaction: true,
             snapshot_timeout: Duration::from_secs(30),
             min_free_bytes: 256 << 20,
@@ -285,6 +291,9 @@ pub enum Mutation {
     /// A read barrier succeeds at once on any replica, without confirming leadership through
     /// ReadIndex or waiting for the applied index: "linearizable" reads may be stale.
     ReadsWithoutReadIndex,
+    /// The log GC deletes a segment without waiting for the flush that makes the moved values'
+    /// new locators durable (driven mode's collector only).
+    GcReclaimsBeforeFlush,
 }
 
 /// Why a request failed.

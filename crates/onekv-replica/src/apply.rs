@@ -29,9 +29,6 @@ use onekv_log::Locator;
 use raft::eraftpb::{Entry, EntryType};
 use std::sync::Arc;
 
-/// Largest SNAP_CHUNK record written when installing a snapshot.
-const SNAPSHOT_CHUNK_BYTES: usize = 4 << 20;
-
 /// The result of applying one entry.
 pub(crate) struct Applied {
     pub index: u64,
@@ -320,11 +317,12 @@ impl Applier {
         meta: &records::SnapshotMeta,
         data: &[u8],
     ) -> Result<Vec<Locator>, ReplicaError> {
+        let chunk_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
         let mut chunks: Vec<Vec<u8>> = Vec::new();
         let mut current = Vec::new();
         for pair in records::SnapshotPairs::new(data) {
             let (key, span) = pair.map_err(|e| storage(format!("snapshot data: {e}")))?;
-            if !current.is_empty() && current.len() + key.len() + span.len + 8 > SNAPSHOT_CHUNK_BYTES {
+            if !current.is_empty() && current.len() + key.len() + span.len + 8 > chunk_bytes {
                 chunks.push(std::mem::take(&mut current));
             }
             let value = codec::verify_stored_value(&data[span.offset..span.offset + span.len])
@@ -356,8 +354,14 @@ impl Applier {
     }
 
     /// Replaces the tree's contents with a snapshot's pairs (read from its durable chunk records)
-    /// and flushes the tree with the snapshot's index as its flag.
-    pub fn install_snapshot(&mut self, index: u64, chunk_locators: &[Locator]) -> Result<(), ReplicaError> {
+    /// and flushes the tree with the snapshot's index as its flag and `note` (the shard's recovery
+    /// point: never empty, since the log GC may have reclaimed the log's start) beside it.
+    pub fn install_snapshot(
+        &mut self,
+        index: u64,
+        chunk_locators: &[Locator],
+        note: &[u8],
+    ) -> Result<(), ReplicaError> {
         let state = self.state.clone();
         state.tree.clear(state::seqno(index, 0)).map_err(|e| storage(format!("clearing the index: {e}")))?;
         state.requests().reset();
@@ -413,7 +417,7 @@ impl Applier {
         state.tree.publish(state::last_seqno(index));
         state
             .tree
-            .flush(index, state::last_seqno(index))
+            .flush_with_note(index, state::last_seqno(index), note)
             .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
         Ok(())
     }

@@ -531,8 +531,13 @@ impl Group {
         let applied = self.raw.store().applied_index;
         let flagged = self.state.tree.flush_flag().unwrap_or(0);
         // The collector's flush goes even with nothing newly applied (an idle shard's recovery
-        // point, or relocated locators); otherwise a flag never repeats.
-        if (applied <= flagged && !self.gc_flush) || ctx.maintenance.busy() || ctx.failed.is_some() {
+        // point, or relocated locators); otherwise a flag never repeats. Nothing is flushed
+        // before the first entry is applied.
+        if applied == 0
+            || (applied <= flagged && !self.gc_flush)
+            || ctx.maintenance.busy()
+            || ctx.failed.is_some()
+        {
             return Ok(());
         }
         let last_flush = *self.last_flush.get_or_insert(now);
@@ -665,7 +670,7 @@ impl Group {
             for m in &moves {
                 left += usize::from(still_there(m)?);
             }
-            return Ok(crate::gc::Relocated { moved: 0, left, seqno: 0 });
+            return Ok(crate::gc::Relocated { moved: 0, left });
         };
         let mut moved = 0;
         for m in &moves {
@@ -675,11 +680,11 @@ impl Group {
             }
         }
         if moved == 0 {
-            return Ok(crate::gc::Relocated { moved, left: 0, seqno: 0 });
+            return Ok(crate::gc::Relocated { moved, left: 0 });
         }
         tree.publish(seqno);
         self.gc_flush = true;
-        Ok(crate::gc::Relocated { moved, left: 0, seqno })
+        Ok(crate::gc::Relocated { moved, left: 0 })
     }
 
     fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
@@ -700,7 +705,16 @@ impl Group {
         );
         let chunks = self.applier.persist_snapshot(&meta, &snapshot.data)?;
         self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.voters.clone());
-        self.applier.install_snapshot(meta.index, &chunks)?;
+        // The snapshot's metadata is in the note: a recovery from this flush starts after the
+        // chunks just appended (what comes later of this shard is appended after them).
+        let note = records::encode_recovery_point(&records::RecoveryPoint {
+            scan_from: self.state.raft_log.end_position(),
+            snapshot_index: meta.index,
+            snapshot_term: meta.term,
+            hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),
+            voters: meta.voters.clone(),
+        });
+        self.applier.install_snapshot(meta.index, &chunks, &note)?;
         self.shared.durable_commit.fetch_max(meta.index, Ordering::SeqCst);
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {

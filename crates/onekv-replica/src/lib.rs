@@ -47,5 +47,5 @@ pub use api::*;
 pub use disk_space::RESERVE_FILE;
 pub use gc::{GcConfig, GcStatus};
 pub use identity::{CLUSTER_MAP_FILE, create_dir_all_synced};
-pub use maintenance::{CrashHook, CrashPoint};
+pub use maintenance::{CrashHook, CrashPoint, GcPoint};
 pub use replica::{DrivenLoop, Node, Replica};

@@ -31,7 +31,11 @@ pub enum CrashPoint {
     BetweenTreeFlushes,
     /// Every table is durable; no compaction ran.
     AfterFlush,
+    /// Between two durable steps of the log garbage collector (`gc`).
+    Gc(GcPoint),
 }
+
+pub use crate::gc::GcPoint;
 
 /// Asked at each [`CrashPoint`]; `true` crashes the node there.
 pub type CrashHook = Box<dyn FnMut(CrashPoint) -> bool + Send>;

@@ -194,6 +194,20 @@ pub fn push_snapshot_pair(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
     out.extend_from_slice(value);
 }
 
+/// Largest part of anything the replica cuts into records of its own (snapshot chunks, relocated
+/// batches, request-window pairs): 4 MiB, or half the log's record limit if that is smaller. One
+/// pair larger than this still goes in a record of its own (every pair fits a record: a value fits
+/// a Raft entry).
+pub fn chunk_bytes(max_record_bytes: u32) -> usize {
+    (max_record_bytes as usize / 2).min(4 << 20)
+}
+
+/// The hard state a snapshot implies on top of `durable`: it commits at least up to its index, in
+/// at least its term (a recovery point stored with a snapshot's flush carries it).
+pub fn snapshot_hard_state(durable: HardStateRecord, meta: &SnapshotMeta) -> HardStateRecord {
+    HardStateRecord { commit: durable.commit.max(meta.index), term: durable.term.max(meta.term), ..durable }
+}
+
 /// Bytes of a RELOCATED payload before its pairs.
 pub const RELOCATED_HEADER: usize = 8;
 

@@ -62,7 +62,7 @@ pub(crate) struct Recovering {
     /// Snapshot chunks seen since the last complete snapshot: (snapshot index, locator).
     chunks: Vec<(u64, Locator)>,
     /// The newest complete snapshot: its index and chunk locators.
-    snapshot: Option<(u64, Vec<Locator>)>,
+    snapshot: Option<(records::SnapshotMeta, Vec<Locator>)>,
 }
 
 impl Recovering {
@@ -197,7 +197,7 @@ impl Recovering {
                 }
                 self.chunks.clear();
                 store.apply_snapshot(meta.index, meta.term, meta.voters.clone());
-                self.snapshot = Some((meta.index, mine));
+                self.snapshot = Some((meta, mine));
             }
             // Values the log GC moved: the index points at them once a flush made that durable;
             // recovery has nothing to rebuild from them.
@@ -238,12 +238,21 @@ impl Recovering {
                 "shard {shard}: the index is flushed up to entry {applied} but the log commits only up to {commit}"
             )));
         }
-        if let Some((index, locators)) = self.snapshot.take()
-            && index > applied
+        if let Some((meta, locators)) = self.snapshot.take()
+            && meta.index > applied
         {
-            tracing::info!(shard, index, "re-installing the snapshot into the index");
-            applier.install_snapshot(index, &locators)?;
-            applied = index;
+            tracing::info!(shard, index = meta.index, "re-installing the snapshot into the index");
+            // This recovery's own start stays valid for the next one: the snapshot's records are
+            // above it.
+            let note = records::encode_recovery_point(&records::RecoveryPoint {
+                scan_from: recovered.scan_from,
+                snapshot_index: meta.index,
+                snapshot_term: meta.term,
+                hard_state: records::snapshot_hard_state(*hs, &meta),
+                voters: meta.voters.clone(),
+            });
+            applier.install_snapshot(meta.index, &locators, &note)?;
+            applied = meta.index;
         }
         if applied + 1 < store.first() {
             return Err(storage(format!(

@@ -42,6 +42,8 @@ const INBOX_CAPACITY: usize = 65_536;
 /// Dropping it is a crash: nothing is failed or flushed, pending requests are never answered.
 pub struct DrivenLoop {
     node_loop: NodeLoop,
+    /// The log garbage collector, run between turns (`gc.enabled`).
+    gc: Option<crate::gc::InlineGc>,
 }
 
 impl DrivenLoop {
@@ -49,7 +51,11 @@ impl DrivenLoop {
     /// barriers), ticks every group's Raft clock once if `tick`, persists, sends, applies and
     /// answers. Returns false once a shutdown was asked for.
     pub fn turn(&mut self, now: Instant, tick: bool) -> bool {
-        self.node_loop.drive(now, tick) == crate::node::Turn::Continue
+        let going = self.node_loop.drive(now, tick) == crate::node::Turn::Continue;
+        if going && let Some(gc) = &mut self.gc {
+            gc.after_turn(&mut self.node_loop, now);
+        }
+        going
     }
 
     /// Whether the crash hook crashed this node; it then does nothing more.
@@ -144,10 +150,9 @@ impl ReplicaConfig {
     }
 
     fn log_config(&self) -> LogConfig {
-        // The record limit is the default one, which `SEGMENT_BYTES_RANGE` is computed from.
         LogConfig {
             segment_size_bytes: self.segment_bytes,
-            max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
+            max_record_bytes: self.max_record_bytes,
             ..LogConfig::default()
         }
     }
@@ -219,11 +224,26 @@ impl Node {
                 .map_err(|e| ReplicaError::Open(format!("opening the log {name}: {e}")))?;
             Ok(Arc::new(log))
         };
+        let gc_config = config.gc.clone();
         let (node, mut node_loop) = Self::open_parts(config, transport, &open_log, true)?;
+        // The collector runs between turns, on the driving thread.
+        let gc = gc_config.enabled.then(|| {
+            let states =
+                node_loop.groups.iter().map(|(shard, group)| (*shard, group.state.clone())).collect();
+            let mut collector = crate::gc::Collector::new(
+                gc_config,
+                node_loop.ctx.raft_log.clone(),
+                states,
+                node_loop.ctx.pins.clone(),
+                node_loop.ctx.gc_status.clone(),
+            );
+            collector.reclaim_before_flush = mutation == Some(crate::Mutation::GcReclaimsBeforeFlush);
+            crate::gc::InlineGc::new(collector)
+        });
         node_loop.ctx.mutation = mutation;
         node_loop.ctx.crash_hook = crash_hook;
         node_loop.ctx.clock.unix_ms_at_start = SIMULATED_UNIX_MS;
-        Ok((node, DrivenLoop { node_loop }))
+        Ok((node, DrivenLoop { node_loop, gc }))
     }
 
     /// Everything [`Node::open`] does but starting the thread.

@@ -193,8 +193,17 @@ impl RequestWindow {
     }
 }
 
-/// The window as of `snapshot`, as snapshot pairs' values (each under the empty key).
-pub(crate) fn snapshot_pairs(snapshot: &TreeSnapshot) -> Result<Vec<Vec<u8>>, ReplicaError> {
+/// Ids in one snapshot pair of at most `chunk_bytes` ([`crate::records::chunk_bytes`]).
+pub(crate) fn ids_per_pair(chunk_bytes: usize) -> usize {
+    (chunk_bytes.saturating_sub(64) / SNAPSHOT_ID_BYTES).clamp(1, IDS_PER_SNAPSHOT_PAIR)
+}
+
+/// The window as of `snapshot`, as snapshot pairs' values (each under the empty key), each with at
+/// most `ids_per_pair` ids.
+pub(crate) fn snapshot_pairs(
+    snapshot: &TreeSnapshot,
+    ids_per_pair: usize,
+) -> Result<Vec<Vec<u8>>, ReplicaError> {
     let mut pairs = Vec::new();
     let mut current: Vec<u8> = Vec::new();
     let mut count = 0u32;
@@ -203,7 +212,7 @@ pub(crate) fn snapshot_pairs(snapshot: &TreeSnapshot) -> Result<Vec<Vec<u8>>, Re
         let (page, more) = snapshot.range_meta(&start, 4096).map_err(|e| storage(format!("{e}")))?;
         for (key, value) in &page {
             let (id, r) = decode_pair(key, value).map_err(|e| storage(format!("request window: {e}")))?;
-            if count as usize == IDS_PER_SNAPSHOT_PAIR {
+            if count as usize == ids_per_pair {
                 pairs.push(finish_pair(std::mem::take(&mut current), count));
                 count = 0;
             }
@@ -326,7 +335,10 @@ mod tests {
             w.on_entry(i, i, Some((id(i), i % 2 == 0)));
         }
         tree.publish(state::last_seqno(n as u64));
-        let pairs = snapshot_pairs(&tree.snapshot()).unwrap();
+        let pairs = snapshot_pairs(&tree.snapshot(), IDS_PER_SNAPSHOT_PAIR).unwrap();
+        assert_eq!(ids_per_pair(4 << 20), IDS_PER_SNAPSHOT_PAIR);
+        assert_eq!(ids_per_pair(8 << 10), (8192 - 64) / SNAPSHOT_ID_BYTES);
+        assert_eq!(snapshot_pairs(&tree.snapshot(), 1000).unwrap().len(), n.div_ceil(1000));
         assert_eq!(pairs.len(), 2);
         let (_dir2, _tree2, mut other) = window();
         for pair in pairs.iter().rev() {

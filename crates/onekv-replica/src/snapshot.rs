@@ -263,7 +263,10 @@ impl Build {
             }
         }
         // The request-id window travels as pairs with the empty key (user keys are never empty).
-        for pair in crate::requests::snapshot_pairs(&self.view).map_err(|e| e.to_string())? {
+        let ids = crate::requests::ids_per_pair(crate::records::chunk_bytes(
+            self.state.raft_log.config().max_record_bytes,
+        ));
+        for pair in crate::requests::snapshot_pairs(&self.view, ids).map_err(|e| e.to_string())? {
             records::push_snapshot_pair(&mut out, b"", &pair);
         }
         if out.len() > self.max_bytes {

@@ -52,6 +52,10 @@ struct Args {
     /// Run the broken variant that serves reads without ReadIndex.
     #[arg(long)]
     bug_reads_without_read_index: bool,
+    /// Run the broken variant whose log GC deletes a segment before the moved values' new
+    /// locators are durable.
+    #[arg(long)]
+    bug_gc_reclaims_before_flush: bool,
     /// Run every seed twice and fail if the two runs differ (determinism check).
     #[arg(long)]
     twice: bool,
@@ -84,6 +88,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::AckBeforeFsync)
         } else if args.bug_reads_without_read_index {
             Some(Bug::ReadsWithoutReadIndex)
+        } else if args.bug_gc_reclaims_before_flush {
+            Some(Bug::GcReclaimsBeforeFlush)
         } else {
             None
         },

@@ -52,6 +52,9 @@ pub enum Bug {
     AckBeforeFsync,
     /// Reads skip ReadIndex: a replica answers from whatever it has applied, leader or not.
     ReadsWithoutReadIndex,
+    /// The log GC deletes a segment without waiting for the flush that makes the moved values'
+    /// new locators durable: a crash in between leaves keys pointing at deleted bytes.
+    GcReclaimsBeforeFlush,
 }
 
 /// What a run simulates.
@@ -675,6 +678,8 @@ impl Sim {
     fn crash(&mut self, index: usize, downtime: u64) {
         let node = &mut self.nodes[index];
         if let Some(up) = node.up.take() {
+            let reclaimed = up.node.statuses().first().map_or(0, |status| status.gc.segments_reclaimed);
+            *self.faults.entry("gc-segments-reclaimed").or_default() += reclaimed;
             drop(up.driven);
             drop(up.node);
         }
@@ -720,6 +725,19 @@ impl Sim {
         config.raft_log_keep_entries = 8;
         config.flush_every_entries = 16;
         config.snapshot_timeout = Duration::from_millis(2_000);
+        // Small records and segments, so the log GC (run between turns, on simulated time)
+        // relocates and reclaims constantly; the limits shrink to fit a record.
+        config.max_record_bytes = 8 << 10;
+        config.segment_bytes = 12 << 10;
+        config.limits.max_batch_ops = 64;
+        config.limits.max_batch_bytes = 4 << 10;
+        config.limits.max_value_bytes = 2 << 10;
+        config.limits.max_key_bytes = 256;
+        config.gc = onekv_replica::GcConfig {
+            interval: Duration::from_millis(50),
+            bytes_per_sec: 0,
+            ..onekv_replica::GcConfig::default()
+        };
         // The node may crash at any step of an index flush (between sealing and writing the table,
         // between two trees' flushes, before compacting); its own generator keeps runs replayable.
         let allowed = self.flush_crashes_allowed.clone();
@@ -738,6 +756,7 @@ impl Sim {
         let transport: Arc<dyn Transport> = Arc::new(Outbox(node.outbox.clone()));
         let mutation = match self.config.bug {
             Some(Bug::ReadsWithoutReadIndex) => Some(Mutation::ReadsWithoutReadIndex),
+            Some(Bug::GcReclaimsBeforeFlush) => Some(Mutation::GcReclaimsBeforeFlush),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1059,6 +1078,15 @@ impl Sim {
             violations.extend(checker::check_no_lost_writes(&history, &self.finals, &shard_of));
             violations.extend(checker::check_converged(&self.finals));
         }
+        // Segments the nodes' log GC deleted since their last restart (those before were counted
+        // when they crashed).
+        let reclaimed: u64 = self
+            .nodes
+            .iter()
+            .filter_map(|node| node.up.as_ref())
+            .map(|up| up.node.statuses().first().map_or(0, |status| status.gc.segments_reclaimed))
+            .sum();
+        *self.faults.entry("gc-segments-reclaimed").or_default() += reclaimed;
         let mut hasher = DefaultHasher::new();
         history.hash(&mut hasher);
         self.finals.hash(&mut hasher);

@@ -31,13 +31,14 @@ pub enum BenchCommand {
 pub struct WorkloadArgs {
     /// YCSB core workload: load (insert every record), a (50% read / 50% update, zipfian), b (95/5
     /// read/update), c (read only), d (95% read latest / 5% insert), e (95% scan / 5% insert),
-    /// f (50% read / 50% read-modify-write).
+    /// f (50% read / 50% read-modify-write), or w (not YCSB's: 100% update, uniform; endless
+    /// overwrites, for the log GC).
     #[arg(long, default_value = "a")]
     workload: WorkloadKind,
     /// Records in the key space (Load inserts this many).
     #[arg(long, default_value_t = 10_000)]
     records: u64,
-    /// Operations of a workload a–f [default: --records].
+    /// Operations of a workload a–f or w [default: --records].
     #[arg(long)]
     operations: Option<u64>,
     /// Time bound of each phase, in seconds (operations in flight complete).
@@ -104,8 +105,9 @@ pub struct CompareArgs {
     #[command(flatten)]
     workload: WorkloadArgs,
     /// Storage modes to compare, the first being the baseline of the ratios, each with 16 shards or
-    /// `MODE:SHARDS` (`onelog:1` is a single Raft group); `etcd` adds a local etcd cluster (same
-    /// number of members, default durability) as one more contender.
+    /// `MODE:SHARDS` (`onelog:1` is a single Raft group), and `:nogc` to run it with its log
+    /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`); `etcd` adds a local etcd cluster
+    /// (same number of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
     modes: Vec<String>,
     /// The etcd executable used when --modes names etcd (scripts/install-etcd installs one).
@@ -121,6 +123,10 @@ pub struct CompareArgs {
     /// temporary directory].
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Sample every node's data-directory size this often, in milliseconds, into the JSON report
+    /// (`disk_samples`, for `scripts/plot-gc.py`); 0: no samples.
+    #[arg(long, default_value_t = 0)]
+    sample_disk_ms: u64,
 }
 
 /// Runs one bench subcommand. SIGINT or SIGTERM abandons it: dropping its future stops the local
@@ -201,7 +207,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         let mode = Contender::parse(name.trim()).with_context(|| {
             format!(
                 "unknown storage mode {name:?}; expected onelog, separated, classic (each optionally \
-                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards) or etcd"
+                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards; and optionally :nogc) or etcd"
             )
         })?;
         if modes.contains(&mode) {
@@ -221,6 +227,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         run: args.workload.run_config()?,
         dir: args.dir.clone(),
         leader_timeout: Duration::from_secs(30),
+        sample_disk: (args.sample_disk_ms > 0).then(|| Duration::from_millis(args.sample_disk_ms)),
     };
     let report = compare(&config, |run| {
         eprintln!("{} round {}:", run.mode, run.round);

@@ -1,0 +1,607 @@
+//! The log garbage collector (XLL §4.2.3): bounded disk in `onelog` mode, where values live inside
+//! the Raft entries of the node's one log and nothing else would ever free them.
+//!
+//! One collector per node, on a thread of its own, over the shared log. The log is reclaimed from
+//! its oldest end (a prefix of whole segments: `Log::reclaim_below`), so no hole ever appears in
+//! the log's address space and recovery's contiguity checks stay as they are. Each round:
+//!
+//! 1. **Census.** Every shard's index is walked (keys and locators only, at a bounded rate) and the
+//!    bytes keys point at are summed per segment: the live bytes, and log bytes ÷ live is the space
+//!    amplification (segments begun during the walk count as wholly live).
+//! 2. **Decide.** Only when that exceeds `target_space_amp` is the oldest segment collected. It must
+//!    lie wholly below the node's **persistence point** (the lowest recovery point of all shards:
+//!    recovery never reads below it, and every Raft entry below it is below its shard's Raft log
+//!    compaction point, so no follower is served from it either). Shards whose recovery point still
+//!    falls inside it are asked to flush (an idle shard also lets Raft forget every applied entry its
+//!    followers have, so its recovery point can move at all).
+//! 3. **Relocate.** The oldest segment's live values are appended at the log's head as RELOCATED
+//!    records (durable before anything else changes), then the loop points each key at its new copy
+//!    if the key still points at the old one ([`crate::group::Group::relocate`], at a sequence number
+//!    no replay or later write can collide with: `state::relocation_seqno`), publishes, and flushes
+//!    the shard's tree.
+//! 4. **Reclaim.** Once every touched tree's flush covering the new locators is durable and every
+//!    reader that might still hold an old locator is done (`pins`), the segment file is deleted.
+//!
+//! A crash anywhere loses nothing: before the flush, the trees on disk still point at the old
+//! segment, which still exists; after it, they point at the RELOCATED records, which were durable
+//! first. Crash points: `gc-after-relocate-append`, `gc-after-index-update`, `gc-before-reclaim`,
+//! `gc-after-reclaim` (feature `failpoints`).
+//!
+//! In `separated` and `classic` mode no locator points into the Raft log: it is reclaimed below the
+//! persistence point without relocation. Classic's data WAL is reclaimed below the position it had
+//! when every write before it was already in a durable table. Separated's value log is not
+//! collected yet (its VALUE records do not name their keys).
+//!
+//! What this module does not own: the index updates themselves (the loop's, in `group`), when
+//! trees flush (the loop's), the log's files (`onekv-log`).
+
+mod link;
+mod values;
+
+pub(crate) use link::{Gc, InlineGc, Link};
+
+use crate::StorageMode;
+use crate::pins::ReadPins;
+use crate::records;
+use crate::state::State;
+use onekv_index::IndexValue;
+use onekv_log::{Locator, Log, SegmentInfo};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use values::{ValueInRecord, values_in_record};
+
+/// Keys read per page of the census's walk of a shard's index (one consistent view each).
+const CENSUS_PAGE: usize = 1024;
+
+/// What one key costs the census against the rate limit, beyond its key and index value bytes.
+const CENSUS_KEY_COST: u64 = 32;
+
+/// How long the collector waits for the loop to answer, for a flush covering its relocations, or
+/// for readers of old locators, before it gives the round up (and tries again next round).
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// Settings of the log garbage collector.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GcConfig {
+    /// Whether the collector runs. Off, the log grows without bound (for comparisons).
+    pub enabled: bool,
+    /// The collector reclaims while the log holds more than this many times its live bytes.
+    /// At least 1.1.
+    pub target_space_amp: f64,
+    /// Bytes per second the collector reads and writes (census scans and relocations together),
+    /// so it takes a bounded share of the disk from foreground writes. 0: unlimited.
+    pub bytes_per_sec: u64,
+    /// Pause between rounds.
+    pub interval: Duration,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            enabled: true,
+            target_space_amp: 1.5,
+            bytes_per_sec: 64 << 20,
+            interval: Duration::from_secs(1),
+        }
+    }
+}
+
+impl GcConfig {
+    /// The smallest `target_space_amp` accepted: below it the collector would rewrite live data
+    /// over and over for almost nothing.
+    pub const MIN_TARGET_SPACE_AMP: f64 = 1.1;
+
+    /// Checks the values; an error names the first one that is off.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.target_space_amp.is_finite() || self.target_space_amp < Self::MIN_TARGET_SPACE_AMP {
+            return Err(format!(
+                "gc target_space_amp = {} must be at least {}",
+                self.target_space_amp,
+                Self::MIN_TARGET_SPACE_AMP
+            ));
+        }
+        if self.interval.is_zero() {
+            return Err("gc interval must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// What the collector has done since the node started (node-wide; every shard's status carries
+/// the same copy).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GcStatus {
+    /// Whether the collector runs on this node.
+    pub enabled: bool,
+    /// Bytes in the log's segment files at the last round.
+    pub log_bytes: u64,
+    /// Estimated live bytes in the log (records whose values some key still points at; segments not
+    /// scanned yet count as live).
+    pub live_bytes: u64,
+    /// `log_bytes / live_bytes` at the last round (1 when the log is empty).
+    pub space_amp: f64,
+    /// Rounds run.
+    pub rounds: u64,
+    /// Bytes of log segments read to find the values to move.
+    pub bytes_scanned: u64,
+    /// Values moved to the log's head, and their bytes.
+    pub values_relocated: u64,
+    /// Bytes of values moved (with their checksums).
+    pub bytes_relocated: u64,
+    /// Segment files deleted, and their bytes.
+    pub segments_reclaimed: u64,
+    /// Bytes of the segment files deleted.
+    pub bytes_reclaimed: u64,
+    /// Milliseconds spent in rounds.
+    pub busy_ms: u64,
+    /// What the collector is waiting for, when it cannot reclaim (e.g. a shard's flush).
+    pub waiting: Option<String>,
+    /// The last round's error, if it failed (the next round tries again).
+    pub last_error: Option<String>,
+}
+
+/// A value to move: `key` of the group's shard points at `from` and should point at `to`.
+pub(crate) struct Move {
+    pub key: Vec<u8>,
+    pub from: Locator,
+    pub to: Locator,
+}
+
+/// What the loop did with a batch of [`Move`]s.
+#[derive(Debug)]
+pub(crate) struct Relocated {
+    /// Keys now pointing at their new copies.
+    pub moved: usize,
+    /// Keys still pointing at their old copies (the loop could not move them now).
+    pub left: usize,
+}
+
+/// Where a crash may stop the collector, between its durable steps (real processes: the
+/// `failpoints` of the same names; a simulation: its crash hook, as [`crate::CrashPoint`]s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GcPoint {
+    /// The relocated copies are durable; no key points at them yet.
+    AfterRelocateAppend,
+    /// Keys point at the copies in memory; the flush that makes it durable has not run.
+    AfterIndexUpdate,
+    /// The flush is durable; the old segment is not deleted yet.
+    BeforeReclaim,
+    /// The old segment is deleted.
+    AfterReclaim,
+}
+
+impl GcPoint {
+    /// The failpoint of this step.
+    pub fn failpoint(self) -> &'static str {
+        match self {
+            GcPoint::AfterRelocateAppend => "gc-after-relocate-append",
+            GcPoint::AfterIndexUpdate => "gc-after-index-update",
+            GcPoint::BeforeReclaim => "gc-before-reclaim",
+            GcPoint::AfterReclaim => "gc-after-reclaim",
+        }
+    }
+}
+
+/// Requests from the collector to the node loop.
+pub(crate) enum GcInput {
+    /// Point keys at relocated copies (only those still pointing at the old ones).
+    Relocate { shard: u64, moves: Vec<Move>, done: SyncSender<Result<Relocated, String>> },
+    /// Flush these shards' trees soon, letting Raft forget every entry it can, so their recovery
+    /// points move up.
+    Flush { shards: Vec<u64> },
+}
+
+/// Why a round ended early.
+pub(crate) enum RoundError {
+    /// The collector was asked to stop (or, in a simulation, the node crashed).
+    Stopped,
+    Failed(String),
+}
+
+impl From<String> for RoundError {
+    fn from(error: String) -> Self {
+        RoundError::Failed(error)
+    }
+}
+
+/// A value some key still points at.
+struct LiveValue {
+    shard: u64,
+    key: Vec<u8>,
+    /// Where it is now.
+    at: Locator,
+    /// Its stored bytes (checksum and value).
+    stored: Vec<u8>,
+}
+
+/// The last census: live bytes per segment, from one walk of every shard's index.
+#[derive(Default)]
+struct Census {
+    /// Segment base -> bytes of the values keys pointed at in it during the walk.
+    live: BTreeMap<u64, u64>,
+    /// The log's end when the walk started: segments from there on count as wholly live.
+    end: u64,
+}
+
+/// The collector's state between rounds; each round reaches the node loop through a [`Link`].
+pub(crate) struct Collector {
+    config: GcConfig,
+    mode: StorageMode,
+    log: Arc<Log>,
+    states: BTreeMap<u64, Arc<State>>,
+    pins: Arc<ReadPins>,
+    status: Arc<Mutex<GcStatus>>,
+    census: Census,
+    /// A broken variant for the simulation ([`crate::Mutation::GcReclaimsBeforeFlush`]).
+    pub reclaim_before_flush: bool,
+    /// Classic mode: a data WAL position and the highest seqno each shard's tree had written when
+    /// it was taken; once every tree's durable seqno reaches its own, the WAL below is obsolete.
+    data_wal_checkpoint: Option<(u64, BTreeMap<u64, u64>)>,
+}
+
+impl Collector {
+    /// A collector for `log` and the shards in `states` (their trees say what is live and where
+    /// recovery starts).
+    pub fn new(
+        config: GcConfig,
+        log: Arc<Log>,
+        states: BTreeMap<u64, Arc<State>>,
+        pins: Arc<ReadPins>,
+        status: Arc<Mutex<GcStatus>>,
+    ) -> Collector {
+        let mode = states.values().next().map_or(StorageMode::OneLog, |state| state.mode);
+        lock(&status).enabled = true;
+        Collector {
+            config,
+            mode,
+            log,
+            states,
+            pins,
+            status,
+            census: Census::default(),
+            reclaim_before_flush: false,
+            data_wal_checkpoint: None,
+        }
+    }
+
+    /// The pause between rounds.
+    pub fn interval(&self) -> Duration {
+        self.config.interval
+    }
+
+    /// One round, with its outcome in status; `false` if the collector must stop.
+    pub fn run_round(&mut self, link: &mut dyn Link) -> bool {
+        let started = Instant::now();
+        let outcome = match self.mode {
+            StorageMode::OneLog => self.round(link),
+            StorageMode::Separated | StorageMode::Classic => self.truncate_round(link),
+        };
+        let mut status = lock(&self.status);
+        status.rounds += 1;
+        status.busy_ms += started.elapsed().as_millis() as u64;
+        match outcome {
+            Ok(()) => status.last_error = None,
+            Err(RoundError::Stopped) => return false,
+            Err(RoundError::Failed(error)) => {
+                if status.last_error.as_ref() != Some(&error) {
+                    tracing::warn!(%error, "a log GC round failed; trying again next round");
+                }
+                status.last_error = Some(error);
+            }
+        }
+        true
+    }
+
+    /// One round in onelog mode (see the module documentation): collects oldest segments while
+    /// the log is over its target and they are below the persistence point.
+    fn round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
+        self.take_census(link)?;
+        loop {
+            let segments = self.log.segments();
+            let Some((_, sealed)) = segments.split_last() else { return Ok(()) };
+            let log_bytes: u64 = segments.iter().map(|s| s.len).sum();
+            let live: u64 = segments
+                .iter()
+                .map(|s| match s.base < self.census.end {
+                    true => self.census.live.get(&s.base).copied().unwrap_or(0),
+                    false => s.len,
+                })
+                .sum();
+            let space_amp = if live == 0 { 1.0 } else { log_bytes as f64 / live as f64 };
+            {
+                let mut status = lock(&self.status);
+                status.log_bytes = log_bytes;
+                status.live_bytes = live;
+                status.space_amp = space_amp;
+            }
+            let Some(oldest) = sealed.first().copied() else {
+                lock(&self.status).waiting = None;
+                return Ok(());
+            };
+            if space_amp <= self.config.target_space_amp {
+                lock(&self.status).waiting = None;
+                return Ok(());
+            }
+            if !self.below_persistence_point(oldest, link)? || !self.collect(oldest, link)? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Whether `segment` lies wholly below every shard's recovery point; if not, asks the shards
+    /// that hold it to flush, and says so in status.
+    fn below_persistence_point(
+        &mut self,
+        segment: SegmentInfo,
+        link: &mut dyn Link,
+    ) -> Result<bool, RoundError> {
+        let holders: Vec<u64> = self
+            .states
+            .iter()
+            .filter(|(shard, state)| recovery_point(**shard, state) < segment.end())
+            .map(|(shard, _)| *shard)
+            .collect();
+        if holders.is_empty() {
+            return Ok(true);
+        }
+        lock(&self.status).waiting = Some(format!(
+            "the recovery points of shards {holders:?} are in the oldest segment (at {}); they were asked \
+             to flush",
+            segment.base
+        ));
+        link.flush(holders)?;
+        Ok(false)
+    }
+
+    /// Walks every shard's index (keys and locators, no value read), a page per consistent view,
+    /// at the rate limit, and sums the bytes keys point at per segment. A segment's live bytes
+    /// only drop after the walk (new values go to the log's head), so the census may overstate
+    /// what is live, never understate it: the collector may wait longer, never reclaim early.
+    fn take_census(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
+        let end = self.log.end_position();
+        let mut live: BTreeMap<u64, u64> = self.log.segments().iter().map(|s| (s.base, 0)).collect();
+        for state in self.states.values() {
+            let mut start: Vec<u8> = Vec::new();
+            let mut first = true;
+            loop {
+                let (page, more) = state
+                    .tree
+                    .snapshot()
+                    .range(&start, None, CENSUS_PAGE + 1, false)
+                    .map_err(|e| format!("walking the index: {e}"))?;
+                // Pages after the first start at the previous page's last key, already counted.
+                let skip = usize::from(!first);
+                let counted = &page[skip.min(page.len())..page.len().min(skip + CENSUS_PAGE)];
+                let mut cost = 0;
+                for (key, stored) in counted {
+                    cost += (key.len() + stored.len()) as u64 + CENSUS_KEY_COST;
+                    if let Ok(IndexValue::Locator(at)) = IndexValue::decode(stored)
+                        && let Some((_, bytes)) = live.range_mut(..=at.position).next_back()
+                    {
+                        *bytes += at.len;
+                    }
+                }
+                link.throttle(cost, self.config.bytes_per_sec)?;
+                match counted.last() {
+                    Some((key, _)) if more || page.len() > skip + counted.len() => {
+                        start = key.clone();
+                        first = false;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        self.census = Census { live, end };
+        Ok(())
+    }
+
+    /// Moves the live values out of `oldest` and deletes it; `false` if it must wait (readers).
+    fn collect(&mut self, oldest: SegmentInfo, link: &mut dyn Link) -> Result<bool, RoundError> {
+        let (live, holders) = self.live_values(oldest, link)?;
+        let batch_bytes = records::chunk_bytes(self.log.config().max_record_bytes);
+        let mut by_shard: BTreeMap<u64, Vec<LiveValue>> = BTreeMap::new();
+        for value in live {
+            by_shard.entry(value.shard).or_default().push(value);
+        }
+        for (shard, values) in by_shard {
+            let mut batch: Vec<LiveValue> = Vec::new();
+            let mut bytes = 0usize;
+            let mut values = values.into_iter().peekable();
+            while let Some(value) = values.next() {
+                bytes += value.key.len() + value.stored.len() + 8;
+                batch.push(value);
+                if bytes >= batch_bytes || values.peek().is_none() {
+                    self.relocate(shard, std::mem::take(&mut batch), link)?;
+                    bytes = 0;
+                }
+            }
+        }
+        link.crash_point(GcPoint::AfterIndexUpdate)?;
+        // Every shard with values in the segment, moved or dead, flushes past this moment before
+        // the segment goes: the moved values' new locators must be durable, and so must whatever
+        // made the others dead (a later write or delete that only a memtable holds would be undone
+        // by a crash, and the key would point into the deleted segment again).
+        let targets: Vec<(u64, u64)> =
+            holders.iter().map(|shard| (*shard, self.states[shard].tree.last_written_seqno())).collect();
+        if !self.reclaim_before_flush {
+            link.flush(holders.into_iter().collect())?;
+        }
+        for (shard, seqno) in targets.iter().filter(|_| !self.reclaim_before_flush) {
+            let state = self.states[shard].clone();
+            link.wait_until(&|| state.tree.durable_seqno() >= *seqno).map_err(|error| match error {
+                RoundError::Failed(why) => RoundError::Failed(format!(
+                    "shard {shard} did not flush before its values' segment could go: {why}"
+                )),
+                stopped => stopped,
+            })?;
+        }
+        link.crash_point(GcPoint::BeforeReclaim)?;
+        if !self.pins.wait_for_earlier_readers(WAIT_LIMIT) {
+            lock(&self.status).waiting =
+                Some("a reader (a snapshot build?) still holds locators into the oldest segment".into());
+            return Ok(false);
+        }
+        let reclaimed =
+            self.log.reclaim_below(oldest.end()).map_err(|e| format!("reclaiming log segments: {e}"))?;
+        link.crash_point(GcPoint::AfterReclaim)?;
+        self.census.live.remove(&oldest.base);
+        let mut status = lock(&self.status);
+        status.segments_reclaimed += reclaimed.segments;
+        status.bytes_reclaimed += reclaimed.bytes;
+        status.waiting = None;
+        Ok(true)
+    }
+
+    /// Appends `values` of `shard` as one RELOCATED record and has the loop point their keys at
+    /// it. Values the loop could not move end the round: their segment cannot be reclaimed yet.
+    fn relocate(
+        &mut self,
+        shard: u64,
+        values: Vec<LiveValue>,
+        link: &mut dyn Link,
+    ) -> Result<(), RoundError> {
+        let mut pairs = Vec::new();
+        let mut offsets = Vec::with_capacity(values.len());
+        for value in &values {
+            records::push_stored_pair(&mut pairs, &value.key, &value.stored);
+            // The stored value (crc and bytes) ends the pair.
+            offsets.push((pairs.len() - value.stored.len(), value.stored.len()));
+        }
+        let payload = records::encode_relocated(shard, &pairs);
+        link.throttle(payload.len() as u64, self.config.bytes_per_sec)?;
+        let at = self
+            .log
+            .append(&[(records::RELOCATED, &payload)])
+            .map_err(|e| format!("appending relocated values: {e}"))?[0];
+        link.crash_point(GcPoint::AfterRelocateAppend)?;
+        let moves: Vec<Move> = values
+            .into_iter()
+            .zip(offsets)
+            .map(|(value, (offset, len))| Move {
+                key: value.key,
+                from: value.at,
+                to: at.slice((records::RELOCATED_HEADER + offset) as u64, len as u64).expect("inside"),
+            })
+            .collect();
+        let bytes: u64 = moves.iter().map(|m| m.to.len).sum();
+        let relocated = link.relocate(shard, moves)?;
+        {
+            let mut status = lock(&self.status);
+            status.values_relocated += relocated.moved as u64;
+            status.bytes_relocated += bytes;
+        }
+        if relocated.left > 0 {
+            return Err(RoundError::Failed(format!(
+                "shard {shard} could not move {} values now; the segment stays",
+                relocated.left
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads every record of `segment` and returns the values keys still point at, and every shard
+    /// with values in it (live or not).
+    fn live_values(
+        &mut self,
+        segment: SegmentInfo,
+        link: &mut dyn Link,
+    ) -> Result<(Vec<LiveValue>, BTreeSet<u64>), RoundError> {
+        let mut live = Vec::new();
+        let mut holders = BTreeSet::new();
+        for record in self.log.iter_from(segment.base) {
+            let record = record.map_err(|e| format!("reading segment {}: {e}", segment.base))?;
+            if record.position >= segment.end() {
+                break;
+            }
+            link.throttle(record.payload.len() as u64, self.config.bytes_per_sec)?;
+            let values = values_in_record(record.kind, &record.payload)
+                .map_err(|e| format!("record at log position {} does not decode: {e}", record.position))?;
+            for ValueInRecord { shard, key, span } in values {
+                let Some(state) = self.states.get(&shard) else { continue };
+                holders.insert(shard);
+                let at = record.locator.slice(span.offset as u64, span.len as u64).ok_or_else(|| {
+                    format!("a value span leaves its record at log position {}", record.position)
+                })?;
+                let current = state.tree.get(key).map_err(|e| format!("index lookup: {e}"))?;
+                let still_there = current
+                    .and_then(|stored| IndexValue::decode(&stored).ok())
+                    .is_some_and(|value| value == IndexValue::Locator(at));
+                if still_there {
+                    let stored = record.payload[span.offset..span.offset + span.len].to_vec();
+                    live.push(LiveValue { shard, key: key.to_vec(), at, stored });
+                }
+            }
+        }
+        lock(&self.status).bytes_scanned += segment.len;
+        Ok((live, holders))
+    }
+
+    /// Separated and classic mode: no locator points into the Raft log, so it is reclaimed below
+    /// the persistence point at once; classic's data WAL below its last checkpoint that every tree
+    /// has flushed past.
+    fn truncate_round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
+        let point = self.states.iter().map(|(shard, state)| recovery_point(*shard, state)).min().unwrap_or(0);
+        let before = self.log.segments();
+        if let Some(oldest) = before.first()
+            && before.len() > 1
+            && point < oldest.end()
+        {
+            let holders: Vec<u64> = self
+                .states
+                .iter()
+                .filter(|(shard, state)| recovery_point(**shard, state) < oldest.end())
+                .map(|(shard, _)| *shard)
+                .collect();
+            link.flush(holders)?;
+        }
+        let mut reclaimed =
+            self.log.reclaim_below(point).map_err(|e| format!("reclaiming the Raft log: {e}"))?;
+        if self.mode == StorageMode::Classic
+            && let Some(wal) = self.states.values().next().and_then(|state| state.second_log.clone())
+        {
+            if let Some((position, seqnos)) = &self.data_wal_checkpoint
+                && seqnos.iter().all(|(shard, seqno)| self.states[shard].tree.durable_seqno() >= *seqno)
+            {
+                let more =
+                    wal.reclaim_below(*position).map_err(|e| format!("reclaiming the data WAL: {e}"))?;
+                reclaimed.segments += more.segments;
+                reclaimed.bytes += more.bytes;
+                self.data_wal_checkpoint = None;
+            }
+            if self.data_wal_checkpoint.is_none() {
+                // The position first: every APPLIED record below it was written after its writes
+                // reached the tree, so their seqnos are at most what the trees say next.
+                let position = wal.end_position();
+                let seqnos = self
+                    .states
+                    .iter()
+                    .map(|(shard, state)| (*shard, state.tree.last_written_seqno()))
+                    .collect();
+                // No flush is asked for: the trees' own flushes (on size, entries or age) pass it.
+                self.data_wal_checkpoint = Some((position, seqnos));
+            }
+        }
+        let mut status = lock(&self.status);
+        status.segments_reclaimed += reclaimed.segments;
+        status.bytes_reclaimed += reclaimed.bytes;
+        status.log_bytes = self.log.segments().iter().map(|s| s.len).sum();
+        Ok(())
+    }
+}
+
+/// The log position below which `shard`'s recovery never reads: the `scan_from` of the recovery
+/// point stored with its last durable flush; 0 (nothing may go) if it has none.
+fn recovery_point(shard: u64, state: &State) -> u64 {
+    match state.tree.flush_note() {
+        Some(note) if !note.is_empty() => {
+            records::decode_recovery_point(&note, shard).map_or(0, |point| point.scan_from)
+        }
+        _ => 0,
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,121 @@
+//! Which values a log record holds: the bytes an index may point at, with their keys and shards.
+//! The collector's census and its relocation read segments through this; it knows every record
+//! kind that carries values (ENTRY commands, SNAP_CHUNK and RELOCATED pairs).
+
+use crate::codec::{self, DecodedCommand, ValueSpan};
+use crate::records;
+use onekv_log::RecordKind;
+
+/// A value inside a record: its shard and key, and its span in the record's payload (covering
+/// the value's checksum and bytes, as a locator does).
+#[derive(Clone, Copy)]
+pub(crate) struct ValueInRecord<'a> {
+    pub shard: u64,
+    pub key: &'a [u8],
+    pub span: ValueSpan,
+}
+
+/// Every value a record holds that an index may point at.
+pub(crate) fn values_in_record(
+    kind: RecordKind,
+    payload: &[u8],
+) -> Result<Vec<ValueInRecord<'_>>, codec::CodecError> {
+    let pairs_at = |shard: u64, start: usize| -> Result<Vec<ValueInRecord<'_>>, codec::CodecError> {
+        let pairs = payload.get(start..).ok_or(codec::CodecError("record too short"))?;
+        records::SnapshotPairs::new(pairs)
+            .filter(|pair| !matches!(pair, Ok((key, _)) if key.is_empty()))
+            .map(|pair| {
+                pair.map(|(key, span)| ValueInRecord {
+                    shard,
+                    key,
+                    span: ValueSpan { offset: start + span.offset, len: span.len },
+                })
+            })
+            .collect()
+    };
+    match kind {
+        records::ENTRY => {
+            let entry = records::decode_entry(payload)?;
+            // Only normal entries carry commands (type 0); no-ops carry nothing.
+            if entry.entry_type != 0 || entry.data.is_empty() {
+                return Ok(Vec::new());
+            }
+            let decoded = codec::decode(entry.data)?;
+            let shard = entry.shard;
+            let value = |key, span: ValueSpan| ValueInRecord {
+                shard,
+                key,
+                span: ValueSpan { offset: entry.data_offset + span.offset, len: span.len },
+            };
+            Ok(match decoded.command {
+                DecodedCommand::Write(ops) | DecodedCommand::Txn { ops, .. } => {
+                    ops.into_iter().filter_map(|op| op.value.map(|span| value(op.key, span))).collect()
+                }
+                DecodedCommand::Cas { key, new, .. } => {
+                    new.map(|span| value(key, span)).into_iter().collect()
+                }
+                DecodedCommand::Repair { key, value: span } => vec![value(key, span)],
+                DecodedCommand::RepairRequest { .. } => Vec::new(),
+            })
+        }
+        records::SNAP_CHUNK => {
+            let (shard, ..) = records::decode_snapshot_chunk(payload)?;
+            pairs_at(shard, records::SNAP_CHUNK_HEADER)
+        }
+        records::RELOCATED => {
+            let shard = records::record_shard(kind, payload)?;
+            pairs_at(shard, records::RELOCATED_HEADER)
+        }
+        _ => Ok(Vec::new()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Command, RequestId, WriteOp};
+
+    #[test]
+    fn a_record_names_every_value_an_index_may_point_at() {
+        let command = Command::Write(vec![
+            WriteOp { key: b"a".to_vec(), value: Some(b"one".to_vec()) },
+            WriteOp { key: b"b".to_vec(), value: None },
+            WriteOp { key: b"c".to_vec(), value: Some(b"three".to_vec()) },
+        ]);
+        let entry = raft::eraftpb::Entry {
+            term: 2,
+            index: 9,
+            data: codec::encode(RequestId { client: 1, seq: 1 }, 0, &command).into(),
+            ..Default::default()
+        };
+        let payload = records::encode_entry(7, &entry);
+        let found = values_in_record(records::ENTRY, &payload).unwrap();
+        let values: Vec<(u64, &[u8], &[u8])> = found
+            .iter()
+            .map(|v| (v.shard, v.key, &payload[v.span.offset + 4..v.span.offset + v.span.len]))
+            .collect();
+        assert_eq!(values, vec![(7, &b"a"[..], &b"one"[..]), (7, &b"c"[..], &b"three"[..])]);
+
+        let mut pairs = Vec::new();
+        records::push_snapshot_pair(&mut pairs, b"k", b"value");
+        records::push_snapshot_pair(&mut pairs, b"", b"window ids");
+        let stored = codec::stored_value(b"moved");
+        records::push_stored_pair(&mut pairs, b"m", &stored);
+        let payload = records::encode_relocated(3, &pairs);
+        let found = values_in_record(records::RELOCATED, &payload).unwrap();
+        assert_eq!(found.len(), 2, "the request-window pair (empty key) is no value");
+        let ValueInRecord { shard, key, span } = found[1];
+        assert_eq!((shard, key), (3, &b"m"[..]));
+        assert_eq!(&payload[span.offset..span.offset + span.len], &stored[..]);
+        codec::verify_stored_value(&payload[span.offset..span.offset + span.len]).unwrap();
+
+        let chunk = records::encode_snapshot_chunk(5, 40, 0, &pairs);
+        let found = values_in_record(records::SNAP_CHUNK, &chunk).unwrap();
+        assert_eq!(
+            found.iter().map(|v| (v.shard, v.key)).collect::<Vec<_>>(),
+            vec![(5, &b"k"[..]), (5, &b"m"[..])]
+        );
+        assert!(values_in_record(records::HARD_STATE, &[0; 32]).unwrap().is_empty());
+        assert!(values_in_record(records::ENTRY, &payload[..3]).is_err());
+    }
+}
