@@ -1,7 +1,8 @@
 //! The log garbage collector (XLL §4.2.3): bounded disk in `onelog` mode, where values live inside
 //! the Raft entries of the node's one log and nothing else would ever free them.
 //!
-//! One collector per node, on a thread of its own, over the shared log. The log is reclaimed from
+//! One collector per node, on a thread of its own over the shared log (in a simulation, between
+//! the node's turns on the driving thread: `link`). The log is reclaimed from
 //! its oldest end (a prefix of whole segments: `Log::reclaim_below`), so no hole ever appears in
 //! the log's address space and recovery's contiguity checks stay as they are. Each round:
 //!
@@ -17,15 +18,16 @@
 //! 3. **Relocate.** The oldest segment's live values are appended at the log's head as RELOCATED
 //!    records (durable before anything else changes), then the loop points each key at its new copy
 //!    if the key still points at the old one ([`crate::group::Group::relocate`], at a sequence number
-//!    no replay or later write can collide with: `state::relocation_seqno`), publishes, and flushes
-//!    the shard's tree.
-//! 4. **Reclaim.** Once every touched tree's flush covering the new locators is durable and every
-//!    reader that might still hold an old locator is done (`pins`), the segment file is deleted.
+//!    no replay or later write can collide with: `state::relocation_seqno`) and publishes.
+//! 4. **Reclaim.** Every shard with values in the segment, moved or dead, flushes past this point
+//!    (a value judged dead from the index in memory must stay dead after a crash: the write that
+//!    killed it must be durable too); once those flushes are durable and every reader that might
+//!    still hold an old locator is done (`pins`), the segment file is deleted.
 //!
 //! A crash anywhere loses nothing: before the flush, the trees on disk still point at the old
 //! segment, which still exists; after it, they point at the RELOCATED records, which were durable
-//! first. Crash points: `gc-after-relocate-append`, `gc-after-index-update`, `gc-before-reclaim`,
-//! `gc-after-reclaim` (feature `failpoints`).
+//! first. Crash points ([`GcPoint`]): `gc-after-relocate-append`, `gc-after-index-update`,
+//! `gc-before-reclaim`, `gc-after-reclaim` (feature `failpoints`; the simulation's crash hook).
 //!
 //! In `separated` and `classic` mode no locator points into the Raft log: it is reclaimed below the
 //! persistence point without relocation. Classic's data WAL is reclaimed below the position it had
@@ -57,6 +59,12 @@ const CENSUS_PAGE: usize = 1024;
 
 /// What one key costs the census against the rate limit, beyond its key and index value bytes.
 const CENSUS_KEY_COST: u64 = 32;
+
+/// Most segments one pass collects (one flush of their shards covers them all).
+const MAX_SEGMENTS_PER_PASS: usize = 8;
+
+/// Passes per round at most (each takes a census, collects, and waits for a flush).
+const PASSES_PER_ROUND: usize = 4;
 
 /// How long the collector waits for the loop to answer, for a flush covering its relocations, or
 /// for readers of old locators, before it gives the round up (and tries again next round).
@@ -294,65 +302,79 @@ impl Collector {
         true
     }
 
-    /// One round in onelog mode (see the module documentation): collects oldest segments while
-    /// the log is over its target and they are below the persistence point.
+    /// One round in onelog mode (see the module documentation): while the log is over its target,
+    /// takes a census and collects the oldest segments below the persistence point, several at
+    /// once (one flush of their shards covers them all), a few passes per round. A pass's flush
+    /// moves every shard's recovery point to the log's head, so the next pass finds the segments
+    /// the previous one could not take yet.
     fn round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
-        self.take_census(link)?;
-        loop {
-            let segments = self.log.segments();
-            let Some((_, sealed)) = segments.split_last() else { return Ok(()) };
-            let log_bytes: u64 = segments.iter().map(|s| s.len).sum();
-            let live: u64 = segments
-                .iter()
-                .map(|s| match s.base < self.census.end {
-                    true => self.census.live.get(&s.base).copied().unwrap_or(0),
-                    false => s.len,
-                })
-                .sum();
-            let space_amp = if live == 0 { 1.0 } else { log_bytes as f64 / live as f64 };
-            {
-                let mut status = lock(&self.status);
-                status.log_bytes = log_bytes;
-                status.live_bytes = live;
-                status.space_amp = space_amp;
-            }
-            let Some(oldest) = sealed.first().copied() else {
-                lock(&self.status).waiting = None;
-                return Ok(());
-            };
-            if space_amp <= self.config.target_space_amp {
-                lock(&self.status).waiting = None;
-                return Ok(());
-            }
-            if !self.below_persistence_point(oldest, link)? || !self.collect(oldest, link)? {
-                return Ok(());
+        for _ in 0..PASSES_PER_ROUND {
+            if !self.pass(link)? {
+                break;
             }
         }
+        Ok(())
     }
 
-    /// Whether `segment` lies wholly below every shard's recovery point; if not, asks the shards
-    /// that hold it to flush, and says so in status.
-    fn below_persistence_point(
-        &mut self,
-        segment: SegmentInfo,
-        link: &mut dyn Link,
-    ) -> Result<bool, RoundError> {
+    /// One pass of a round; `false` when there is nothing more to do this round.
+    fn pass(&mut self, link: &mut dyn Link) -> Result<bool, RoundError> {
+        self.take_census(link)?;
+        let segments = self.log.segments();
+        let Some((_, sealed)) = segments.split_last() else { return Ok(false) };
+        let live_in = |s: &SegmentInfo| match s.base < self.census.end {
+            true => self.census.live.get(&s.base).copied().unwrap_or(0),
+            false => s.len,
+        };
+        let log_bytes: u64 = segments.iter().map(|s| s.len).sum();
+        let live: u64 = segments.iter().map(live_in).sum();
+        let space_amp = if live == 0 { 1.0 } else { log_bytes as f64 / live as f64 };
+        {
+            let mut status = lock(&self.status);
+            status.log_bytes = log_bytes;
+            status.live_bytes = live;
+            status.space_amp = space_amp;
+            status.waiting = None;
+        }
+        let target = (self.config.target_space_amp * live as f64) as u64;
+        // The oldest segments whose garbage brings the log back to its target (a segment's live
+        // bytes are written again at the head).
+        let mut excess = log_bytes.saturating_sub(target);
+        let mut chosen = Vec::new();
+        for segment in sealed {
+            if excess == 0 || chosen.len() == MAX_SEGMENTS_PER_PASS {
+                break;
+            }
+            excess = excess.saturating_sub(segment.len.saturating_sub(live_in(segment)));
+            chosen.push(*segment);
+        }
+        let Some(last) = chosen.last().copied() else { return Ok(false) };
+        let point = self.states.iter().map(|(shard, state)| recovery_point(*shard, state)).min().unwrap_or(0);
+        let ready = chosen.iter().take_while(|segment| segment.end() <= point).count();
+        if ready == 0 {
+            // Every shard whose recovery point is below the last chosen segment's end flushes, so
+            // the next round may take them all.
+            self.ask_holders_to_flush(last, link)?;
+            return Ok(false);
+        }
+        self.collect(&chosen[..ready], link)?;
+        Ok(true)
+    }
+
+    /// Asks the shards whose recovery points are below `segment`'s end to flush, and says so in
+    /// status.
+    fn ask_holders_to_flush(&mut self, segment: SegmentInfo, link: &mut dyn Link) -> Result<(), RoundError> {
         let holders: Vec<u64> = self
             .states
             .iter()
             .filter(|(shard, state)| recovery_point(**shard, state) < segment.end())
             .map(|(shard, _)| *shard)
             .collect();
-        if holders.is_empty() {
-            return Ok(true);
-        }
         lock(&self.status).waiting = Some(format!(
-            "the recovery points of shards {holders:?} are in the oldest segment (at {}); they were asked \
-             to flush",
+            "the recovery points of shards {holders:?} are below the end of the segment at {}; they were \
+             asked to flush",
             segment.base
         ));
-        link.flush(holders)?;
-        Ok(false)
+        link.flush(holders)
     }
 
     /// Walks every shard's index (keys and locators, no value read), a page per consistent view,
@@ -397,24 +419,28 @@ impl Collector {
         Ok(())
     }
 
-    /// Moves the live values out of `oldest` and deletes it; `false` if it must wait (readers).
-    fn collect(&mut self, oldest: SegmentInfo, link: &mut dyn Link) -> Result<bool, RoundError> {
-        let (live, holders) = self.live_values(oldest, link)?;
+    /// Moves the live values out of `oldest` (the log's first segments, in order) and deletes them.
+    fn collect(&mut self, oldest: &[SegmentInfo], link: &mut dyn Link) -> Result<(), RoundError> {
         let batch_bytes = records::chunk_bytes(self.log.config().max_record_bytes);
-        let mut by_shard: BTreeMap<u64, Vec<LiveValue>> = BTreeMap::new();
-        for value in live {
-            by_shard.entry(value.shard).or_default().push(value);
-        }
-        for (shard, values) in by_shard {
-            let mut batch: Vec<LiveValue> = Vec::new();
-            let mut bytes = 0usize;
-            let mut values = values.into_iter().peekable();
-            while let Some(value) = values.next() {
-                bytes += value.key.len() + value.stored.len() + 8;
-                batch.push(value);
-                if bytes >= batch_bytes || values.peek().is_none() {
-                    self.relocate(shard, std::mem::take(&mut batch), link)?;
-                    bytes = 0;
+        let mut holders = BTreeSet::new();
+        for segment in oldest {
+            let (live, with_values) = self.live_values(*segment, link)?;
+            holders.extend(with_values);
+            let mut by_shard: BTreeMap<u64, Vec<LiveValue>> = BTreeMap::new();
+            for value in live {
+                by_shard.entry(value.shard).or_default().push(value);
+            }
+            for (shard, values) in by_shard {
+                let mut batch: Vec<LiveValue> = Vec::new();
+                let mut bytes = 0usize;
+                let mut values = values.into_iter().peekable();
+                while let Some(value) = values.next() {
+                    bytes += value.key.len() + value.stored.len() + 8;
+                    batch.push(value);
+                    if bytes >= batch_bytes || values.peek().is_none() {
+                        self.relocate(shard, std::mem::take(&mut batch), link)?;
+                        bytes = 0;
+                    }
                 }
             }
         }
@@ -440,18 +466,17 @@ impl Collector {
         link.crash_point(GcPoint::BeforeReclaim)?;
         if !self.pins.wait_for_earlier_readers(WAIT_LIMIT) {
             lock(&self.status).waiting =
-                Some("a reader (a snapshot build?) still holds locators into the oldest segment".into());
-            return Ok(false);
+                Some("a reader (a snapshot build?) still holds locators into the oldest segments".into());
+            return Ok(());
         }
-        let reclaimed =
-            self.log.reclaim_below(oldest.end()).map_err(|e| format!("reclaiming log segments: {e}"))?;
+        let end = oldest.last().map_or(0, |segment| segment.end());
+        let reclaimed = self.log.reclaim_below(end).map_err(|e| format!("reclaiming log segments: {e}"))?;
         link.crash_point(GcPoint::AfterReclaim)?;
-        self.census.live.remove(&oldest.base);
+        self.census.live.retain(|base, _| *base >= end);
         let mut status = lock(&self.status);
         status.segments_reclaimed += reclaimed.segments;
         status.bytes_reclaimed += reclaimed.bytes;
-        status.waiting = None;
-        Ok(true)
+        Ok(())
     }
 
     /// Appends `values` of `shard` as one RELOCATED record and has the loop point their keys at
