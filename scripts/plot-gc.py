@@ -39,12 +39,13 @@ def main():
     for path in paths:
         with open(path) as f:
             report = json.load(f)
-        workload = ",".join(sorted({p["workload"] for r in report["runs"] for p in r["phases"]}))
         for run in report["runs"]:
             points = series(run)
             if not points:
                 continue
-            label = f"{run['mode']} r{run['round']} ({workload})"
+            phases = " + ".join(p["workload"] for p in run["phases"])
+            value_bytes = run["phases"][0].get("value_bytes", "?")
+            label = f"{run['mode']} r{run['round']} ({phases}, {value_bytes} B values)"
             ax.plot([t for t, _ in points], [r for _, r in points], label=label)
             ratios = [r for _, r in points]
             print(f"{path}: {label}: last {ratios[-1]:.2f}, largest {max(ratios):.2f}")
