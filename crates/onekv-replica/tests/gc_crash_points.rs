@@ -11,15 +11,13 @@
 //! The child is this test binary run again with `ONEKV_GC_CRASH_CHILD` set. Needs the
 //! `failpoints` feature (`scripts/test` turns it on).
 
-use onekv_replica::failpoints::CRASH_EXIT_CODE;
-use onekv_replica::local::Router;
+mod common;
+
 use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command as Process, Stdio};
-use std::sync::Arc;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const WRITERS: usize = 4;
 const SHARDS: u64 = 4;
@@ -56,15 +54,7 @@ fn config(dir: &Path) -> ReplicaConfig {
 }
 
 fn open(dir: &Path) -> Node {
-    let router = Arc::new(Router::default());
-    let node = Node::open(config(dir), router.clone()).expect("open");
-    router.add(1, node.replicas()[0].clone());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while node.statuses().iter().any(|status| status.role != "leader") {
-        assert!(Instant::now() < deadline, "the single node did not lead every shard");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    node
+    common::open_leading(config(dir))
 }
 
 fn shard(writer: usize) -> u64 {
@@ -124,45 +114,8 @@ fn child_overwriter() {
 /// Runs the child with `point` armed at its `skip + 1`-th hit, overwriting from `start`; returns
 /// the highest acknowledged overwrite per writer.
 fn crash_run(dir: &Path, point: &str, skip: usize, start: usize) -> Vec<Option<usize>> {
-    let mut child = Process::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_overwriter", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, dir)
-        .env("ONEKV_GC_START", start.to_string())
-        .env("ONEKV_FAILPOINTS", format!("{point}={skip}*off->return"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the child");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{point}: the child did not reach the crash point within 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    assert_eq!(status.code(), Some(CRASH_EXIT_CODE), "{point}: the child did not stop at the crash point");
-    let mut acked = vec![None; WRITERS];
-    while let Ok(line) = rx.recv_timeout(Duration::from_secs(2)) {
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        if let ["ack", writer, n] = parts[..]
-            && let (Ok(writer), Ok(n)) = (writer.parse::<usize>(), n.parse::<usize>())
-        {
-            acked[writer] = acked[writer].max(Some(n));
-        }
-    }
-    acked
+    let env = [(CHILD_ENV, dir.display().to_string()), ("ONEKV_GC_START", start.to_string())];
+    common::crash_child("child_overwriter", &env, point, skip, WRITERS, Duration::from_secs(90))
 }
 
 /// Reopens `dir` and checks every key against what was acknowledged (overwrites from `start`);
