@@ -8,14 +8,18 @@
 //!
 //! 1. **Census.** Every shard's index is walked (keys and locators only, at a bounded rate) and the
 //!    bytes keys point at are summed per segment: the live bytes, and log bytes ÷ live is the space
-//!    amplification (segments begun during the walk count as wholly live).
+//!    amplification (segments begun during the walk count as wholly live). For the oldest sealed
+//!    segments it also keeps the keys that point into them (up to a bound): since no key ever gains
+//!    a locator into a sealed segment, those are all of their live values.
 //! 2. **Decide.** Only when that exceeds `target_space_amp` is the oldest segment collected. It must
 //!    lie wholly below the node's **persistence point** (the lowest recovery point of all shards:
 //!    recovery never reads below it, and every Raft entry below it is below its shard's Raft log
 //!    compaction point, so no follower is served from it either). Shards whose recovery point still
 //!    falls inside it are asked to flush (an idle shard also lets Raft forget every applied entry its
 //!    followers have, so its recovery point can move at all).
-//! 3. **Relocate.** The oldest segment's live values are appended at the log's head as RELOCATED
+//! 3. **Relocate.** The chosen segments' live values (read by locator when the census kept their
+//!    keys, else found by reading the whole segment and looking each value up) are appended at the
+//!    log's head as RELOCATED
 //!    records (durable before anything else changes), then the loop points each key at its new copy
 //!    if the key still points at the old one ([`crate::group::Group::relocate`], at a sequence number
 //!    no replay or later write can collide with: `state::relocation_seqno`) and publishes.
@@ -59,6 +63,9 @@ const CENSUS_PAGE: usize = 1024;
 
 /// What one key costs the census against the rate limit, beyond its key and index value bytes.
 const CENSUS_KEY_COST: u64 = 32;
+
+/// Most keys the census keeps for the segments it may collect next (about 100 bytes each).
+const MAX_KEPT_KEYS: usize = 1 << 20;
 
 /// Most segments one pass collects (one flush of their shards covers them all).
 const MAX_SEGMENTS_PER_PASS: usize = 8;
@@ -231,6 +238,16 @@ struct Census {
     live: BTreeMap<u64, u64>,
     /// The log's end when the walk started: segments from there on count as wholly live.
     end: u64,
+    /// For the oldest sealed segments (whole lists only), every key that pointed into each during
+    /// the walk: all of its live values, since no key gains a locator into a sealed segment.
+    keys: BTreeMap<u64, Vec<LiveKey>>,
+}
+
+/// A key the census found pointing into a segment.
+struct LiveKey {
+    shard: u64,
+    key: Vec<u8>,
+    at: Locator,
 }
 
 /// The collector's state between rounds; each round reaches the node loop through a [`Link`].
@@ -383,8 +400,23 @@ impl Collector {
     /// what is live, never understate it: the collector may wait longer, never reclaim early.
     fn take_census(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
         let end = self.log.end_position();
-        let mut live: BTreeMap<u64, u64> = self.log.segments().iter().map(|s| (s.base, 0)).collect();
-        for state in self.states.values() {
+        let segments = self.log.segments();
+        let sealed_end = segments.last().map_or(0, |active| active.base);
+        let mut live: BTreeMap<u64, u64> = segments.iter().map(|s| (s.base, 0)).collect();
+        // The keys of the oldest segments' live values are kept, so collecting them reads only
+        // those values; past a bound on their number, the later segments are scanned instead.
+        // Only segments sealed when the walk starts (ending at or before the active one's base):
+        // no key can gain a locator into those during or after the walk.
+        let window_end = segments
+            .iter()
+            .take_while(|s| s.end() <= sealed_end)
+            .take(MAX_SEGMENTS_PER_PASS)
+            .last()
+            .map_or(0, |s| s.end());
+        let mut keys: BTreeMap<u64, Vec<LiveKey>> = BTreeMap::new();
+        let mut kept = 0usize;
+        let mut keys_end = window_end;
+        for (shard, state) in &self.states {
             let mut start: Vec<u8> = Vec::new();
             let mut first = true;
             loop {
@@ -400,9 +432,23 @@ impl Collector {
                 for (key, stored) in counted {
                     cost += (key.len() + stored.len()) as u64 + CENSUS_KEY_COST;
                     if let Ok(IndexValue::Locator(at)) = IndexValue::decode(stored)
-                        && let Some((_, bytes)) = live.range_mut(..=at.position).next_back()
+                        && let Some((base, bytes)) = live.range_mut(..=at.position).next_back()
                     {
                         *bytes += at.len;
+                        if at.position < keys_end {
+                            if kept == MAX_KEPT_KEYS {
+                                // Keep only the segments below this one whole.
+                                keys_end = *base;
+                                keys.retain(|kept_base, _| *kept_base < keys_end);
+                            } else {
+                                kept += 1;
+                                keys.entry(*base).or_default().push(LiveKey {
+                                    shard: *shard,
+                                    key: key.clone(),
+                                    at,
+                                });
+                            }
+                        }
                     }
                 }
                 link.throttle(cost, self.config.bytes_per_sec)?;
@@ -415,7 +461,11 @@ impl Collector {
                 }
             }
         }
-        self.census = Census { live, end };
+        // Segments below `keys_end` with no live value have an (empty) list too.
+        for base in live.keys().filter(|base| **base < keys_end) {
+            keys.entry(*base).or_default();
+        }
+        self.census = Census { live, end, keys };
         Ok(())
     }
 
@@ -424,8 +474,20 @@ impl Collector {
         let batch_bytes = records::chunk_bytes(self.log.config().max_record_bytes);
         let mut holders = BTreeSet::new();
         for segment in oldest {
-            let (live, with_values) = self.live_values(*segment, link)?;
-            holders.extend(with_values);
+            // A segment whose live keys the census kept is not read: only its live values are
+            // (which shards had dead values in it is not known then, so every shard flushes).
+            // Otherwise the whole segment is read, and its live values found by lookups.
+            let live = match self.census.keys.remove(&segment.base) {
+                Some(keys) => {
+                    holders.extend(self.states.keys().copied());
+                    self.read_live(keys, link)?
+                }
+                None => {
+                    let (live, with_values) = self.live_values(*segment, link)?;
+                    holders.extend(with_values);
+                    live
+                }
+            };
             let mut by_shard: BTreeMap<u64, Vec<LiveValue>> = BTreeMap::new();
             for value in live {
                 by_shard.entry(value.shard).or_default().push(value);
@@ -524,6 +586,19 @@ impl Collector {
             )));
         }
         Ok(())
+    }
+
+    /// Reads the stored bytes of the values `keys` point at (their checksums are kept as they are:
+    /// the bytes are copied, not judged).
+    fn read_live(&mut self, keys: Vec<LiveKey>, link: &mut dyn Link) -> Result<Vec<LiveValue>, RoundError> {
+        let mut live = Vec::with_capacity(keys.len());
+        for LiveKey { shard, key, at } in keys {
+            link.throttle(at.len, self.config.bytes_per_sec)?;
+            let stored = self.log.read(at).map_err(|e| format!("reading a live value at {at}: {e}"))?;
+            lock(&self.status).bytes_scanned += at.len;
+            live.push(LiveValue { shard, key, at, stored });
+        }
+        Ok(live)
     }
 
     /// Reads every record of `segment` and returns the values keys still point at, and every shard
