@@ -236,8 +236,10 @@ fn a_leader_whose_storage_fails_loses_all_client_traffic() {
         let status = cluster.status(1).await.expect("status of the failed node");
         assert!(status.failure.contains("fail-raft-append"), "{status:?}");
 
-        // It gets no client writes any more: its put count stands still while the writers go on.
-        let settled = failed_at + Duration::from_secs(4);
+        // It gets no client writes any more: its put count stands still while the writers go on
+        // (from 4 s after the failure, and at least 2 s after the writes resumed elsewhere: until
+        // then clients without a leader still try every node, this one too).
+        let settled = (failed_at + Duration::from_secs(4)).max(resumed + Duration::from_secs(2));
         tokio::time::sleep(settled.saturating_duration_since(Instant::now())).await;
         let puts_then = put_requests(&http(1));
         let acked_then = record.acked_count();
