@@ -1,11 +1,11 @@
-//! The log garbage collector (issue 16): under endless overwrites a onelog node's log stays a few
-//! segments long instead of growing with every write, every key keeps reading its latest value
+//! The log garbage collector (issue 16): under endless overwrites a onelog node's log (and a
+//! separated node's value log) stays a few segments long instead of growing with every write, every key keeps reading its latest value
 //! (while the collector runs, and after a restart from the collected log), and a shard that
 //! nobody writes does not pin the log (the collector has it flush and forget its old entries).
 
 mod common;
 
-use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, RequestId, ShardConfig, WriteOp};
+use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, RequestId, ShardConfig, StorageMode, WriteOp};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,8 +18,9 @@ const COLD: usize = 48;
 const VALUE_BYTES: usize = 16 << 10;
 const OPS_PER_WRITE: usize = 8;
 
-fn config(dir: &Path) -> ReplicaConfig {
+fn config(dir: &Path, storage: StorageMode) -> ReplicaConfig {
     let mut config = ReplicaConfig::new(1, vec![1], dir);
+    config.storage = storage;
     config.shards = (1..=SHARDS).map(|id| ShardConfig { id, voters: vec![1], primary: None }).collect();
     config.tick = Duration::from_millis(10);
     // The smallest segment the record limit allows (about 16 MiB), so the run rolls many.
@@ -30,8 +31,8 @@ fn config(dir: &Path) -> ReplicaConfig {
     config
 }
 
-fn open(dir: &Path) -> Node {
-    common::open_leading(config(dir))
+fn open(dir: &Path, storage: StorageMode) -> Node {
+    common::open_leading(config(dir, storage))
 }
 
 fn key(k: usize) -> Vec<u8> {
@@ -76,8 +77,17 @@ fn check_latest(node: &Node, round_of: &[usize], when: &str) {
 
 #[test]
 fn overwrites_keep_the_log_bounded_and_every_value_reads_back() {
+    overwrite_and_collect(StorageMode::OneLog);
+}
+
+#[test]
+fn overwrites_keep_the_value_log_of_separated_mode_bounded() {
+    overwrite_and_collect(StorageMode::Separated);
+}
+
+fn overwrite_and_collect(storage: StorageMode) {
     let dir = tempfile::tempdir().unwrap();
-    let node = open(dir.path());
+    let node = open(dir.path(), storage);
     let segment = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
     let mut round_of = vec![0usize; KEYS];
     let mut seq = 0u64;
@@ -140,7 +150,7 @@ fn overwrites_keep_the_log_bounded_and_every_value_reads_back() {
     drop(node);
 
     // The collected log recovers: every key still reads its latest value, and the node writes on.
-    let node = open(dir.path());
+    let node = open(dir.path(), storage);
     check_latest(&node, &round_of, "after a restart");
     seq += 1;
     write(&node, 1, seq, vec![WriteOp { key: key(0), value: Some(value(0, rounds + 1)) }]);

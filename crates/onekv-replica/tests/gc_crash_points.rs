@@ -6,14 +6,17 @@
 //! flush, after the flush but before the old segment is deleted, or right after the deletion. The
 //! parent reopens the directory and checks that every key reads its last acknowledged value (or the
 //! one write in flight after it) and every cold key its only value; then a second crash on the same
-//! directory, and the same checks.
+//! directory, and the same checks. In `onelog` mode the collector moves values within the Raft
+//! log; in `separated` mode within the value log (both are run).
 //!
 //! The child is this test binary run again with `ONEKV_GC_CRASH_CHILD` set. Needs the
 //! `failpoints` feature (`scripts/test` turns it on).
 
 mod common;
 
-use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp};
+use onekv_replica::{
+    Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, StorageMode, WriteOp,
+};
 use std::io::Write;
 use std::path::Path;
 use std::sync::mpsc;
@@ -26,6 +29,8 @@ const SLOTS: usize = 8;
 /// Keys each writer writes once, before overwriting.
 const COLD: usize = 16;
 const CHILD_ENV: &str = "ONEKV_GC_CRASH_CHILD";
+/// The storage mode the child runs in (by name).
+const STORAGE_ENV: &str = "ONEKV_GC_STORAGE";
 
 fn key(writer: usize, slot: usize) -> Vec<u8> {
     format!("w{writer}-{slot:02}").into_bytes()
@@ -42,8 +47,9 @@ fn value(writer: usize, n: usize) -> Vec<u8> {
     value
 }
 
-fn config(dir: &Path) -> ReplicaConfig {
+fn config(dir: &Path, storage: StorageMode) -> ReplicaConfig {
     let mut config = ReplicaConfig::new(1, vec![1], dir);
+    config.storage = storage;
     config.shards = (1..=SHARDS).map(|id| ShardConfig { id, voters: vec![1], primary: None }).collect();
     config.tick = Duration::from_millis(10);
     config.memtable_bytes = 64 << 10;
@@ -53,8 +59,8 @@ fn config(dir: &Path) -> ReplicaConfig {
     config
 }
 
-fn open(dir: &Path) -> Node {
-    common::open_leading(config(dir))
+fn open(dir: &Path, storage: StorageMode) -> Node {
+    common::open_leading(config(dir, storage))
 }
 
 fn shard(writer: usize) -> u64 {
@@ -77,7 +83,8 @@ fn put(node: &Node, writer: usize, seq: u64, key: Vec<u8>, value: Vec<u8>) -> Re
 fn child_overwriter() {
     let Ok(dir) = std::env::var(CHILD_ENV) else { return };
     let start: usize = std::env::var("ONEKV_GC_START").unwrap().parse().unwrap();
-    let node = open(Path::new(&dir));
+    let storage = StorageMode::parse(&std::env::var(STORAGE_ENV).unwrap()).unwrap();
+    let node = open(Path::new(&dir), storage);
     let threads: Vec<_> = (0..WRITERS)
         .map(|writer| {
             let node = node.clone();
@@ -113,15 +120,19 @@ fn child_overwriter() {
 
 /// Runs the child with `point` armed at its `skip + 1`-th hit, overwriting from `start`; returns
 /// the highest acknowledged overwrite per writer.
-fn crash_run(dir: &Path, point: &str, skip: usize, start: usize) -> Vec<Option<usize>> {
-    let env = [(CHILD_ENV, dir.display().to_string()), ("ONEKV_GC_START", start.to_string())];
+fn crash_run(dir: &Path, storage: StorageMode, point: &str, skip: usize, start: usize) -> Vec<Option<usize>> {
+    let env = [
+        (CHILD_ENV, dir.display().to_string()),
+        ("ONEKV_GC_START", start.to_string()),
+        (STORAGE_ENV, storage.name().to_string()),
+    ];
     common::crash_child("child_overwriter", &env, point, skip, WRITERS, Duration::from_secs(90))
 }
 
 /// Reopens `dir` and checks every key against what was acknowledged (overwrites from `start`);
 /// returns the node's collector status from before the check's own writes.
-fn check_recovered(dir: &Path, point: &str, start: usize, acked: &[Option<usize>]) {
-    let node = open(dir);
+fn check_recovered(dir: &Path, storage: StorageMode, point: &str, start: usize, acked: &[Option<usize>]) {
+    let node = open(dir, storage);
     for (writer, acked) in acked.iter().enumerate() {
         let replica = node.replica(shard(writer)).unwrap();
         for i in 0..COLD {
@@ -153,13 +164,16 @@ fn check_recovered(dir: &Path, point: &str, start: usize, acked: &[Option<usize>
 }
 
 fn crash_point(point: &str, skips: [usize; 2]) {
-    let dir = tempfile::tempdir().unwrap();
-    let acked = crash_run(dir.path(), point, skips[0], 0);
-    check_recovered(dir.path(), point, 0, &acked);
-    // Again on the recovered directory, overwriting further.
-    let start = acked.iter().flatten().max().map_or(0, |n| n + 2);
-    let acked = crash_run(dir.path(), point, skips[1], start);
-    check_recovered(dir.path(), point, start, &acked);
+    for storage in [StorageMode::OneLog, StorageMode::Separated] {
+        let dir = tempfile::tempdir().unwrap();
+        let point_in = format!("{point} ({})", storage.name());
+        let acked = crash_run(dir.path(), storage, point, skips[0], 0);
+        check_recovered(dir.path(), storage, &point_in, 0, &acked);
+        // Again on the recovered directory, overwriting further.
+        let start = acked.iter().flatten().max().map_or(0, |n| n + 2);
+        let acked = crash_run(dir.path(), storage, point, skips[1], start);
+        check_recovered(dir.path(), storage, &point_in, start, &acked);
+    }
 }
 
 #[test]

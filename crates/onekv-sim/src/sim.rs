@@ -678,8 +678,7 @@ impl Sim {
     fn crash(&mut self, index: usize, downtime: u64) {
         let node = &mut self.nodes[index];
         if let Some(up) = node.up.take() {
-            let reclaimed = up.node.statuses().first().map_or(0, |status| status.gc.segments_reclaimed);
-            *self.faults.entry("gc-segments-reclaimed").or_default() += reclaimed;
+            count_gc(&mut self.faults, &up.node);
             drop(up.driven);
             drop(up.node);
         }
@@ -1080,13 +1079,9 @@ impl Sim {
         }
         // Segments the nodes' log GC deleted since their last restart (those before were counted
         // when they crashed).
-        let reclaimed: u64 = self
-            .nodes
-            .iter()
-            .filter_map(|node| node.up.as_ref())
-            .map(|up| up.node.statuses().first().map_or(0, |status| status.gc.segments_reclaimed))
-            .sum();
-        *self.faults.entry("gc-segments-reclaimed").or_default() += reclaimed;
+        for up in self.nodes.iter().filter_map(|node| node.up.as_ref()) {
+            count_gc(&mut self.faults, &up.node);
+        }
         let mut hasher = DefaultHasher::new();
         history.hash(&mut hasher);
         self.finals.hash(&mut hasher);
@@ -1116,4 +1111,11 @@ impl Sim {
             history,
         }
     }
+}
+
+/// Adds what `node`'s log GC did since it started (segments deleted, values moved) to `faults`.
+fn count_gc(faults: &mut BTreeMap<&'static str, u64>, node: &onekv_replica::Node) {
+    let Some(gc) = node.statuses().first().map(|status| status.gc.clone()) else { return };
+    *faults.entry("gc-segments-reclaimed").or_default() += gc.segments_reclaimed;
+    *faults.entry("gc-values-relocated").or_default() += gc.values_relocated;
 }

@@ -33,10 +33,13 @@
 //! first. Crash points ([`GcPoint`]): `gc-after-relocate-append`, `gc-after-index-update`,
 //! `gc-before-reclaim`, `gc-after-reclaim` (feature `failpoints`; the simulation's crash hook).
 //!
-//! In `separated` and `classic` mode no locator points into the Raft log: it is reclaimed below the
-//! persistence point without relocation. Classic's data WAL is reclaimed below the position it had
-//! when every write before it was already in a durable table. Separated's value log is not
-//! collected yet (its VALUE records do not name their keys).
+//! In `separated` mode the same rounds run over the value log, where the locators point (recovery
+//! replays the Raft log and copies its values again, so the persistence point does not bound the
+//! value log). Its VALUE records do not name their keys, so only segments whose live keys the
+//! census kept are collected (the oldest ones, up to [`MAX_KEPT_KEYS`] keys). In `separated` and
+//! `classic` mode no locator points into the Raft log: it is reclaimed below the persistence point
+//! without relocation. Classic's data WAL is reclaimed below the position it had when every write
+//! before it was already in a durable table.
 //!
 //! What this module does not own: the index updates themselves (the loop's, in `group`), when
 //! trees flush (the loop's), the log's files (`onekv-log`).
@@ -254,7 +257,11 @@ struct LiveKey {
 pub(crate) struct Collector {
     config: GcConfig,
     mode: StorageMode,
-    log: Arc<Log>,
+    /// The node's Raft log (in `onelog` mode also where the values live).
+    raft_log: Arc<Log>,
+    /// The log the index's locators point into: the Raft log in `onelog` mode, the value log in
+    /// `separated` mode (none in `classic` mode, where values are inline).
+    values: Option<Arc<Log>>,
     states: BTreeMap<u64, Arc<State>>,
     pins: Arc<ReadPins>,
     status: Arc<Mutex<GcStatus>>,
@@ -277,11 +284,17 @@ impl Collector {
         status: Arc<Mutex<GcStatus>>,
     ) -> Collector {
         let mode = states.values().next().map_or(StorageMode::OneLog, |state| state.mode);
+        let values = match mode {
+            StorageMode::OneLog => Some(log.clone()),
+            StorageMode::Separated => states.values().next().and_then(|state| state.second_log.clone()),
+            StorageMode::Classic => None,
+        };
         lock(&status).enabled = true;
         Collector {
             config,
             mode,
-            log,
+            raft_log: log,
+            values,
             states,
             pins,
             status,
@@ -301,7 +314,8 @@ impl Collector {
         let started = Instant::now();
         let outcome = match self.mode {
             StorageMode::OneLog => self.round(link),
-            StorageMode::Separated | StorageMode::Classic => self.truncate_round(link),
+            StorageMode::Separated => self.round(link).and_then(|()| self.truncate_round(link)),
+            StorageMode::Classic => self.truncate_round(link),
         };
         let mut status = lock(&self.status);
         status.rounds += 1;
@@ -319,11 +333,11 @@ impl Collector {
         true
     }
 
-    /// One round in onelog mode (see the module documentation): while the log is over its target,
-    /// takes a census and collects the oldest segments below the persistence point, several at
-    /// once (one flush of their shards covers them all), a few passes per round. A pass's flush
-    /// moves every shard's recovery point to the log's head, so the next pass finds the segments
-    /// the previous one could not take yet.
+    /// One round over the log values live in (see the module documentation): while it is over its
+    /// target, takes a census and collects its oldest segments, several at once (one flush of
+    /// their shards covers them all), a few passes per round. In `onelog` mode only segments below
+    /// the persistence point go; a pass's flush moves every shard's recovery point to the log's
+    /// head, so the next pass finds the segments the previous one could not take yet.
     fn round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
         for _ in 0..PASSES_PER_ROUND {
             if !self.pass(link)? {
@@ -333,10 +347,16 @@ impl Collector {
         Ok(())
     }
 
+    /// The log the index's locators point into (not in `classic` mode).
+    fn values_log(&self) -> Arc<Log> {
+        self.values.clone().expect("only onelog and separated mode relocate values")
+    }
+
     /// One pass of a round; `false` when there is nothing more to do this round.
     fn pass(&mut self, link: &mut dyn Link) -> Result<bool, RoundError> {
         self.take_census(link)?;
-        let segments = self.log.segments();
+        let log = self.values_log();
+        let segments = log.segments();
         let Some((_, sealed)) = segments.split_last() else { return Ok(false) };
         let live_in = |s: &SegmentInfo| match s.base < self.census.end {
             true => self.census.live.get(&s.base).copied().unwrap_or(0),
@@ -344,12 +364,16 @@ impl Collector {
         };
         let log_bytes: u64 = segments.iter().map(|s| s.len).sum();
         let live: u64 = segments.iter().map(live_in).sum();
-        let space_amp = if live == 0 { 1.0 } else { log_bytes as f64 / live as f64 };
         {
+            // In separated mode the Raft log's bytes count against the live values too.
+            let other: u64 = match self.mode {
+                StorageMode::Separated => self.raft_log.segments().iter().map(|s| s.len).sum(),
+                _ => 0,
+            };
             let mut status = lock(&self.status);
-            status.log_bytes = log_bytes;
+            status.log_bytes = log_bytes + other;
             status.live_bytes = live;
-            status.space_amp = space_amp;
+            status.space_amp = if live == 0 { 1.0 } else { (log_bytes + other) as f64 / live as f64 };
             status.waiting = None;
         }
         let target = (self.config.target_space_amp * live as f64) as u64;
@@ -361,12 +385,32 @@ impl Collector {
             if excess == 0 || chosen.len() == MAX_SEGMENTS_PER_PASS {
                 break;
             }
+            if self.mode == StorageMode::Separated && !self.census.keys.contains_key(&segment.base) {
+                // A value-log record does not name its key, so a segment is collected only when
+                // the census kept its keys (it keeps those of the oldest segments, up to a bound).
+                if chosen.is_empty() {
+                    lock(&self.status).waiting = Some(format!(
+                        "the value-log segment at {} has more live values than the census keeps \
+                         ({MAX_KEPT_KEYS})",
+                        segment.base
+                    ));
+                }
+                break;
+            }
             excess = excess.saturating_sub(segment.len.saturating_sub(live_in(segment)));
             chosen.push(*segment);
         }
         let Some(last) = chosen.last().copied() else { return Ok(false) };
-        let point = self.states.iter().map(|(shard, state)| recovery_point(*shard, state)).min().unwrap_or(0);
-        let ready = chosen.iter().take_while(|segment| segment.end() <= point).count();
+        // Recovery replays the Raft log from each shard's recovery point: in onelog mode, where
+        // the values are the Raft entries, no segment at or above the lowest of them may go.
+        // In separated mode replay copies values again, so the value log has no such bound.
+        let ready = match self.mode {
+            StorageMode::OneLog => {
+                let point = self.persistence_point();
+                chosen.iter().take_while(|segment| segment.end() <= point).count()
+            }
+            _ => chosen.len(),
+        };
         if ready == 0 {
             // Every shard whose recovery point is below the last chosen segment's end flushes, so
             // the next round may take them all.
@@ -375,6 +419,11 @@ impl Collector {
         }
         self.collect(&chosen[..ready], link)?;
         Ok(true)
+    }
+
+    /// The lowest recovery point of all shards: recovery never reads the Raft log below it.
+    fn persistence_point(&self) -> u64 {
+        self.states.iter().map(|(shard, state)| recovery_point(*shard, state)).min().unwrap_or(0)
     }
 
     /// Asks the shards whose recovery points are below `segment`'s end to flush, and says so in
@@ -399,8 +448,9 @@ impl Collector {
     /// only drop after the walk (new values go to the log's head), so the census may overstate
     /// what is live, never understate it: the collector may wait longer, never reclaim early.
     fn take_census(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
-        let end = self.log.end_position();
-        let segments = self.log.segments();
+        let log = self.values_log();
+        let end = log.end_position();
+        let segments = log.segments();
         let sealed_end = segments.last().map_or(0, |active| active.base);
         let mut live: BTreeMap<u64, u64> = segments.iter().map(|s| (s.base, 0)).collect();
         // The keys of the oldest segments' live values are kept, so collecting them reads only
@@ -471,7 +521,8 @@ impl Collector {
 
     /// Moves the live values out of `oldest` (the log's first segments, in order) and deletes them.
     fn collect(&mut self, oldest: &[SegmentInfo], link: &mut dyn Link) -> Result<(), RoundError> {
-        let batch_bytes = records::chunk_bytes(self.log.config().max_record_bytes);
+        let log = self.values_log();
+        let batch_bytes = records::chunk_bytes(log.config().max_record_bytes);
         let mut holders = BTreeSet::new();
         for segment in oldest {
             // A segment whose live keys the census kept is not read: only its live values are
@@ -481,6 +532,14 @@ impl Collector {
                 Some(keys) => {
                     holders.extend(self.states.keys().copied());
                     self.read_live(keys, link)?
+                }
+                None if self.mode == StorageMode::Separated => {
+                    // `pass` chooses only segments whose keys were kept: a value-log record does
+                    // not name its key, so a scan would find nothing live.
+                    return Err(RoundError::Failed(format!(
+                        "the census kept no keys for the value-log segment at {}",
+                        segment.base
+                    )));
                 }
                 None => {
                     let (live, with_values) = self.live_values(*segment, link)?;
@@ -532,7 +591,7 @@ impl Collector {
             return Ok(());
         }
         let end = oldest.last().map_or(0, |segment| segment.end());
-        let reclaimed = self.log.reclaim_below(end).map_err(|e| format!("reclaiming log segments: {e}"))?;
+        let reclaimed = log.reclaim_below(end).map_err(|e| format!("reclaiming log segments: {e}"))?;
         link.crash_point(GcPoint::AfterReclaim)?;
         self.census.live.retain(|base, _| *base >= end);
         let mut status = lock(&self.status);
@@ -559,7 +618,7 @@ impl Collector {
         let payload = records::encode_relocated(shard, &pairs);
         link.throttle(payload.len() as u64, self.config.bytes_per_sec)?;
         let at = self
-            .log
+            .values_log()
             .append(&[(records::RELOCATED, &payload)])
             .map_err(|e| format!("appending relocated values: {e}"))?[0];
         link.crash_point(GcPoint::AfterRelocateAppend)?;
@@ -591,10 +650,11 @@ impl Collector {
     /// Reads the stored bytes of the values `keys` point at (their checksums are kept as they are:
     /// the bytes are copied, not judged).
     fn read_live(&mut self, keys: Vec<LiveKey>, link: &mut dyn Link) -> Result<Vec<LiveValue>, RoundError> {
+        let log = self.values_log();
         let mut live = Vec::with_capacity(keys.len());
         for LiveKey { shard, key, at } in keys {
             link.throttle(at.len, self.config.bytes_per_sec)?;
-            let stored = self.log.read(at).map_err(|e| format!("reading a live value at {at}: {e}"))?;
+            let stored = log.read(at).map_err(|e| format!("reading a live value at {at}: {e}"))?;
             lock(&self.status).bytes_scanned += at.len;
             live.push(LiveValue { shard, key, at, stored });
         }
@@ -610,7 +670,7 @@ impl Collector {
     ) -> Result<(Vec<LiveValue>, BTreeSet<u64>), RoundError> {
         let mut live = Vec::new();
         let mut holders = BTreeSet::new();
-        for record in self.log.iter_from(segment.base) {
+        for record in self.values_log().iter_from(segment.base) {
             let record = record.map_err(|e| format!("reading segment {}: {e}", segment.base))?;
             if record.position >= segment.end() {
                 break;
@@ -642,8 +702,8 @@ impl Collector {
     /// the persistence point at once; classic's data WAL below its last checkpoint that every tree
     /// has flushed past.
     fn truncate_round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
-        let point = self.states.iter().map(|(shard, state)| recovery_point(*shard, state)).min().unwrap_or(0);
-        let before = self.log.segments();
+        let point = self.persistence_point();
+        let before = self.raft_log.segments();
         if let Some(oldest) = before.first()
             && before.len() > 1
             && point < oldest.end()
@@ -657,7 +717,7 @@ impl Collector {
             link.flush(holders)?;
         }
         let mut reclaimed =
-            self.log.reclaim_below(point).map_err(|e| format!("reclaiming the Raft log: {e}"))?;
+            self.raft_log.reclaim_below(point).map_err(|e| format!("reclaiming the Raft log: {e}"))?;
         if self.mode == StorageMode::Classic
             && let Some(wal) = self.states.values().next().and_then(|state| state.second_log.clone())
         {
@@ -686,7 +746,9 @@ impl Collector {
         let mut status = lock(&self.status);
         status.segments_reclaimed += reclaimed.segments;
         status.bytes_reclaimed += reclaimed.bytes;
-        status.log_bytes = self.log.segments().iter().map(|s| s.len).sum();
+        if self.mode == StorageMode::Classic {
+            status.log_bytes = self.raft_log.segments().iter().map(|s| s.len).sum();
+        }
         Ok(())
     }
 }
