@@ -1,10 +1,11 @@
 //! The replica's decoders on arbitrary bytes: commands (from Raft entries, which peers send) and
-//! every record kind the replica writes to the log. None may panic or read out of bounds.
+//! every record kind the replica writes to the log, and the log GC's compressed blocks. None may
+//! panic or read out of bounds.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use onekv_replica::{codec, records};
+use onekv_replica::{codec, packed, records};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(decoded) = codec::decode(data) {
@@ -38,5 +39,13 @@ fuzz_target!(|data: &[u8]| {
         if pair.is_err() {
             break;
         }
+    }
+    // A block's claimed length is bounded before anything is allocated for it.
+    if let Ok(raw) = packed::unpack(data) {
+        assert!(raw.len() <= packed::MAX_BLOCK_BYTES);
+        let _ = packed::stored_value(&raw, 0, raw.len() as u32);
+    }
+    if let Ok(spans) = packed::blocks(data) {
+        assert!(spans.iter().all(|span| span.end <= data.len()));
     }
 });

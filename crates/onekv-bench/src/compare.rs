@@ -32,16 +32,38 @@ pub enum Contender {
         mode: StorageMode,
         /// Shards of the cluster.
         shards: u32,
-        /// Whether the nodes run their log garbage collector (the default).
-        gc: bool,
+        /// How the nodes run their log garbage collector.
+        gc: GcVariant,
     },
     /// An etcd cluster with its default (fsync per commit) durability.
     Etcd,
 }
 
+/// How a onekv contender's nodes run their log garbage collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GcVariant {
+    /// As configured by default (on, small values compressed when moved).
+    On,
+    /// Off (`:nogc`): the log grows with every write.
+    Off,
+    /// On, but moving every value as it is (`:nocompress`, `gc.compress_below_bytes = 0`).
+    Uncompressed,
+}
+
+impl GcVariant {
+    /// The contender name's suffix for this variant (none for the default).
+    fn suffix(self) -> Option<&'static str> {
+        match self {
+            GcVariant::On => None,
+            GcVariant::Off => Some("nogc"),
+            GcVariant::Uncompressed => Some("nocompress"),
+        }
+    }
+}
+
 impl Contender {
     /// `etcd`, or the storage mode's name, then `:SHARDS` unless the default shard count, then
-    /// `:nogc` when the log garbage collector is off.
+    /// `:nogc` when the log garbage collector is off or `:nocompress` when it compresses nothing.
     pub fn name(self) -> String {
         match self {
             Contender::Onekv { mode, shards, gc } => {
@@ -49,8 +71,9 @@ impl Contender {
                 if shards != onekv_placement::DEFAULT_SHARDS {
                     name.push_str(&format!(":{shards}"));
                 }
-                if !gc {
-                    name.push_str(":nogc");
+                if let Some(suffix) = gc.suffix() {
+                    name.push(':');
+                    name.push_str(suffix);
                 }
                 name
             }
@@ -59,7 +82,7 @@ impl Contender {
     }
 
     /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`,
-    /// `onelog:nogc`, `onelog:1:nogc`.
+    /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`.
     pub fn parse(name: &str) -> Option<Contender> {
         if name == "etcd" {
             return Some(Contender::Etcd);
@@ -67,11 +90,14 @@ impl Contender {
         let mut parts = name.split(':');
         let mode = StorageMode::parse(parts.next()?)?;
         let mut shards = onekv_placement::DEFAULT_SHARDS;
-        let mut gc = true;
+        let mut gc = GcVariant::On;
         let mut rest: Vec<&str> = parts.collect();
-        if rest.last() == Some(&"nogc") {
-            gc = false;
-            rest.pop();
+        for variant in [GcVariant::Off, GcVariant::Uncompressed] {
+            if rest.last().copied() == variant.suffix() {
+                gc = variant;
+                rest.pop();
+                break;
+            }
         }
         match rest[..] {
             [] => {}
@@ -198,7 +224,7 @@ async fn run_onekv(
     config: &CompareConfig,
     mode: StorageMode,
     shards: u32,
-    gc: bool,
+    gc: GcVariant,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
     let name = Contender::Onekv { mode, shards, gc }.name();
@@ -438,28 +464,33 @@ mod tests {
     fn contenders_parse_as_they_are_named() {
         for contender in [
             Contender::Etcd,
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: true },
-            Contender::Onekv { mode: StorageMode::Classic, shards: 16, gc: true },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: true },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: false },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: false },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::On },
+            Contender::Onekv { mode: StorageMode::Classic, shards: 16, gc: GcVariant::On },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: GcVariant::On },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::Off },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Off },
         ] {
             assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
         assert_eq!(Contender::parse("etcd3"), None);
         assert_eq!(
             Contender::parse("onelog:1"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: true })
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: GcVariant::On })
         );
         assert_eq!(
             Contender::parse("onelog"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: true })
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::On })
         );
         assert_eq!(
             Contender::parse("onelog:nogc"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: false })
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::Off })
+        );
+        assert_eq!(
+            Contender::parse("onelog:4:nocompress"),
+            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Uncompressed })
         );
         assert_eq!(Contender::parse("onelog:nogc:1"), None);
+        assert_eq!(Contender::parse("onelog:nogc:nocompress"), None);
         assert_eq!(Contender::parse("onelog:1:2"), None);
         assert_eq!(Contender::parse("onelog:0"), None);
         assert_eq!(Contender::parse("onelog:1025"), None);

@@ -18,9 +18,11 @@ pub mod local_cluster;
 pub mod local_etcd;
 pub mod runner;
 pub mod target;
+pub mod values;
 pub mod workload;
 
 pub use etcd::EtcdTarget;
 pub use runner::{BenchReport, OpReport, RunConfig, RunError, RunReport, live_bytes, run, run_phases};
 pub use target::{OnekvTarget, Target, TargetError, TargetResult};
+pub use values::ValueKind;
 pub use workload::{Distribution, OpType, WorkloadKind, WorkloadSpec};

@@ -18,6 +18,7 @@ use onekv_server::ServerConfig;
 use onekv_server::config::{MemberConfig, StorageMode};
 
 use crate::amplification::NodeProbe;
+use crate::compare::GcVariant;
 
 /// How long a node gets to exit after SIGINT before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,7 +65,7 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC on or off), in a fresh directory under
+    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says), in a fresh directory under
     /// `parent` (the system's temporary directory if `None`). Returns once they are spawned; see
     /// [`LocalCluster::wait_for_leader`].
     pub fn start(
@@ -73,7 +74,7 @@ impl LocalCluster {
         count: u64,
         storage: StorageMode,
         shards: u32,
-        gc: bool,
+        gc: GcVariant,
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
         let mut builder = tempfile::Builder::new();
@@ -113,7 +114,13 @@ impl LocalCluster {
                 peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
                 cluster: onekv_server::config::ClusterConfig { shards, replicas: None },
-                gc: onekv_server::config::GcConfig { enabled: gc, ..Default::default() },
+                gc: match gc {
+                    GcVariant::On => Default::default(),
+                    GcVariant::Off => onekv_server::config::GcConfig { enabled: false, ..Default::default() },
+                    GcVariant::Uncompressed => {
+                        onekv_server::config::GcConfig { compress_below_bytes: 0, ..Default::default() }
+                    }
+                },
                 ..ServerConfig::default()
             };
             config.validate().map_err(|error| ClusterError::Config(error.to_string()))?;

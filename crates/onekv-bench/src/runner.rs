@@ -14,12 +14,13 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
+use rand::SeedableRng;
 use rand::rngs::StdRng;
-use rand::{RngCore as _, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use crate::generator::{KEY_BYTES, record_key};
 use crate::target::Target;
+use crate::values::ValueKind;
 use crate::workload::{KeySpace, Op, OpChooser, OpType, WorkloadKind};
 
 /// Highest latency the histograms track exactly; slower operations are recorded as this.
@@ -40,8 +41,10 @@ pub struct RunConfig {
     pub duration: Option<Duration>,
     /// Concurrent client tasks, each with one operation outstanding.
     pub threads: usize,
-    /// Bytes of each value written (random bytes).
+    /// Bytes of each value written.
     pub value_bytes: usize,
+    /// What the values contain.
+    pub values: ValueKind,
     /// Seeds every task's RNG (task `i` uses `seed + i`), so the same run issues the same operations.
     pub seed: u64,
     /// Draws a progress bar on stderr when it is a terminal.
@@ -401,7 +404,7 @@ async fn client_task<T: Target>(shared: &Shared<T>, task: u64) -> TaskStats {
         } else {
             chooser.next(&mut rng, &shared.keys)
         };
-        rng.fill_bytes(&mut value);
+        crate::values::fill(config.values, &mut rng, &mut value);
         execute(shared, op, &value, &mut stats).await;
         shared.answered.fetch_add(1, Ordering::Relaxed);
     }
@@ -545,6 +548,7 @@ mod tests {
             duration: None,
             threads: 4,
             value_bytes: 16,
+            values: ValueKind::Random,
             seed: 1,
             progress: false,
         }

@@ -64,7 +64,7 @@ pub use config::IndexConfig;
 pub use error::IndexError;
 pub use index::Index;
 pub use tree::{Tree, TreeSnapshot};
-pub use value::IndexValue;
+pub use value::{IndexValue, Packed};
 
 /// The smallest sequence number a write may carry.
 pub const MIN_SEQNO: u64 = 1;

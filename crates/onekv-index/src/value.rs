@@ -1,11 +1,13 @@
-//! What a replica stores per key: a locator into the log, or (classic storage mode) the value itself.
+//! What a replica stores per key: a locator into the log, a place inside a compressed block of the
+//! log (small values the log GC moved), or (classic storage mode) the value itself.
 //!
-//! Encoding: one tag byte, then the payload.
+//! Encoding: one tag byte, then the payload (integers little-endian).
 //!
 //! | tag | payload |
 //! |---|---|
 //! | `1` | a 16-byte [`Locator`] (`Locator::to_bytes`) |
 //! | `2` | the value bytes, any length (including none) |
+//! | `3` | the block's 16-byte [`Locator`], then `offset:u32 len:u32` inside the decompressed block |
 //!
 //! Decoding accepts exactly these forms and reports anything else as an error; it never panics.
 
@@ -14,6 +16,7 @@ use onekv_log::Locator;
 
 const TAG_LOCATOR: u8 = 1;
 const TAG_INLINE: u8 = 2;
+const TAG_PACKED: u8 = 3;
 
 /// The value of one key in a tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +25,24 @@ pub enum IndexValue {
     Locator(Locator),
     /// The value's bytes themselves.
     Inline(Vec<u8>),
+    /// The value's bytes are inside a compressed block in the log.
+    Packed(Packed),
+}
+
+/// Where a value is inside a compressed block: the block's bytes in the log, and the value's
+/// range in the block once decompressed (what the replica's log GC writes; it owns the block format).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packed {
+    /// The block's bytes in the log (header and compressed data).
+    pub block: Locator,
+    /// Where the value starts in the decompressed block.
+    pub offset: u32,
+    /// The value's length there.
+    pub len: u32,
+}
+
+impl Packed {
+    const ENCODED_LEN: usize = Locator::ENCODED_LEN + 8;
 }
 
 impl IndexValue {
@@ -40,6 +61,24 @@ impl IndexValue {
                 out.extend_from_slice(bytes);
                 out
             }
+            IndexValue::Packed(packed) => {
+                let mut out = Vec::with_capacity(1 + Packed::ENCODED_LEN);
+                out.push(TAG_PACKED);
+                out.extend_from_slice(&packed.block.to_bytes());
+                out.extend_from_slice(&packed.offset.to_le_bytes());
+                out.extend_from_slice(&packed.len.to_le_bytes());
+                out
+            }
+        }
+    }
+
+    /// The log bytes this value occupies, if it is in the log: its own locator, or its block's
+    /// (which it shares with other values).
+    pub fn log_bytes(&self) -> Option<Locator> {
+        match self {
+            IndexValue::Locator(locator) => Some(*locator),
+            IndexValue::Packed(packed) => Some(packed.block),
+            IndexValue::Inline(_) => None,
         }
     }
 
@@ -57,6 +96,24 @@ impl IndexValue {
                 })
             }
             Some((&TAG_INLINE, payload)) => Ok(IndexValue::Inline(payload.to_vec())),
+            Some((&TAG_PACKED, payload)) => {
+                let invalid = || {
+                    IndexError::InvalidValue(format!(
+                        "packed payload of {} bytes (expected {}) or a range that overflows",
+                        payload.len(),
+                        Packed::ENCODED_LEN
+                    ))
+                };
+                if payload.len() != Packed::ENCODED_LEN {
+                    return Err(invalid());
+                }
+                let (block, place) = payload.split_at(Locator::ENCODED_LEN);
+                let block = Locator::from_bytes(block).ok_or_else(invalid)?;
+                let offset = u32::from_le_bytes(place[..4].try_into().expect("4 bytes"));
+                let len = u32::from_le_bytes(place[4..].try_into().expect("4 bytes"));
+                offset.checked_add(len).ok_or_else(invalid)?;
+                Ok(IndexValue::Packed(Packed { block, offset, len }))
+            }
             Some((tag, _)) => Err(IndexError::InvalidValue(format!("unknown tag {tag}"))),
         }
     }
@@ -83,7 +140,7 @@ mod tests {
 
     #[test]
     fn malformed_encodings_are_rejected() {
-        for bad in [&[][..], &[0], &[3, 1], &[255], &[1], &[1; 16], &[1; 18]] {
+        for bad in [&[][..], &[0], &[3, 1], &[255], &[1], &[1; 16], &[1; 18], &[3; 24], &[3; 26]] {
             assert!(matches!(IndexValue::decode(bad), Err(IndexError::InvalidValue(_))), "accepted {bad:?}");
         }
         let mut overflowing = vec![1];
@@ -97,6 +154,14 @@ mod tests {
                 .prop_filter("range fits", |(p, l)| p.checked_add(*l).is_some())
                 .prop_map(|(p, l)| IndexValue::Locator(Locator::new(p, l))),
             proptest::collection::vec(any::<u8>(), 0..64).prop_map(IndexValue::Inline),
+            (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>())
+                .prop_filter("ranges fit", |(p, l, o, n)| p.checked_add(*l).is_some()
+                    && o.checked_add(*n).is_some())
+                .prop_map(|(p, l, offset, len)| IndexValue::Packed(Packed {
+                    block: Locator::new(p, l),
+                    offset,
+                    len
+                })),
         ]
     }
 

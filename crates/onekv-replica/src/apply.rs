@@ -197,12 +197,15 @@ impl Applier {
         let Some(current) = current else {
             return Ok(()); // deleted since: nothing to offer or repair
         };
-        let locator = match IndexValue::decode(&current).map_err(|e| storage(format!("index value: {e}")))? {
-            IndexValue::Locator(locator) => locator,
-            // Inline values (classic mode) are never reported damaged here.
-            IndexValue::Inline(_) => return Ok(()),
-        };
-        let read = state.read_value(key, locator);
+        // The damaged bytes' place (a packed value's: its block) and the stored value's length.
+        let (locator, stored_len) =
+            match IndexValue::decode(&current).map_err(|e| storage(format!("index value: {e}")))? {
+                IndexValue::Locator(locator) => (locator, locator.len),
+                IndexValue::Packed(packed) => (packed.block, u64::from(packed.len)),
+                // Inline values (classic mode) are never reported damaged here.
+                IndexValue::Inline(_) => return Ok(()),
+            };
+        let read = state.resolve(key, &current);
         match (repair, read) {
             (None, Ok(value)) => self.offers.push((key.to_vec(), value)),
             // Damaged here too: this replica asks for a copy itself (reading reported it).
@@ -213,7 +216,7 @@ impl Applier {
             // Damaged, and the copy has the damaged value's length: the copy was read from the
             // same version (a later write of the key would have replaced the damaged locator
             // here, as everywhere), so taking it keeps this replica's state the others'.
-            (Some(span), Err(ReplicaError::Corrupt { .. })) if span.len as u64 == locator.len => {
+            (Some(span), Err(ReplicaError::Corrupt { .. })) if span.len as u64 == stored_len => {
                 let stored = match placements.into_iter().next() {
                     Some(Placement::Locator(new)) => IndexValue::Locator(new),
                     Some(Placement::Inline) => IndexValue::Inline(span.value(&entry.data).to_vec()),

@@ -313,10 +313,8 @@ impl Group {
     /// deleted since).
     fn still_damaged(&self, key: &[u8], position: u64) -> bool {
         match self.state.tree.get(key) {
-            Ok(Some(stored)) => matches!(
-                onekv_index::IndexValue::decode(&stored),
-                Ok(onekv_index::IndexValue::Locator(locator)) if locator.position == position
-            ),
+            Ok(Some(stored)) => onekv_index::IndexValue::decode(&stored)
+                .is_ok_and(|value| value.log_bytes().is_some_and(|at| at.position == position)),
             Ok(None) => false,
             // The index failing is not the repair's to report: assume the damage is still there.
             Err(_) => true,
@@ -659,10 +657,8 @@ impl Group {
         let tree = &self.state.tree;
         let still_there = |m: &crate::gc::Move| -> Result<bool, String> {
             let current = tree.get(&m.key).map_err(|e| format!("index lookup: {e}"))?;
-            Ok(current.is_some_and(|stored| {
-                onekv_index::IndexValue::decode(&stored)
-                    .is_ok_and(|v| v == onekv_index::IndexValue::Locator(m.from))
-            }))
+            Ok(current
+                .is_some_and(|stored| onekv_index::IndexValue::decode(&stored).is_ok_and(|v| v == m.from)))
         };
         let applied = self.raw.store().applied_index;
         let Some(seqno) = state::relocation_seqno(applied, tree.last_written_seqno()) else {
@@ -675,7 +671,7 @@ impl Group {
         let mut moved = 0;
         for m in &moves {
             if still_there(m)? {
-                tree.insert(&m.key, &onekv_index::IndexValue::Locator(m.to).encode(), seqno);
+                tree.insert(&m.key, &m.to.encode(), seqno);
                 moved += 1;
             }
         }

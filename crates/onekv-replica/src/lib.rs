@@ -32,6 +32,7 @@ mod identity;
 pub mod local;
 mod maintenance;
 mod node;
+pub mod packed;
 mod pins;
 mod raft_store;
 pub mod records;

@@ -12,6 +12,8 @@
 //! VALUE       shard:u64 stored_value                          (separated mode's value log)
 //! APPLIED     shard:u64 index:u64 count:u32 (kind:u8 key [value])*count   (classic mode's data WAL)
 //! RELOCATED   shard:u64 pairs                                 (values the log GC moved; `gc`)
+//! PACKED      shard:u64 block*                                (small values it moved, compressed;
+//!                                                              blocks: see `packed`)
 //! ```
 //!
 //! A snapshot is written as chunk records followed by one meta record; it counts only if the meta
@@ -34,6 +36,8 @@ pub const VALUE: RecordKind = kind(5);
 pub const APPLIED: RecordKind = kind(6);
 /// Live values the log garbage collector moved out of a segment it reclaims (`gc`).
 pub const RELOCATED: RecordKind = kind(7);
+/// Small live values the log garbage collector moved, in compressed blocks (`packed`).
+pub const PACKED: RecordKind = kind(8);
 
 const fn kind(n: u8) -> RecordKind {
     match RecordKind::new(n) {
@@ -87,7 +91,7 @@ pub fn encode_entry(shard: u64, entry: &raft::eraftpb::Entry) -> Vec<u8> {
 /// The shard a record of any kind belongs to (every kind starts with it), so recovery can split
 /// one scan of the log by shard before decoding the rest.
 pub fn record_shard(kind: RecordKind, payload: &[u8]) -> Result<u64, CodecError> {
-    if !matches!(kind, ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED) {
+    if !matches!(kind, ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED | PACKED) {
         return Err(CodecError("unknown record kind"));
     }
     Reader { data: payload, at: 0 }.u64()
@@ -216,6 +220,17 @@ pub fn encode_relocated(shard: u64, pairs: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(RELOCATED_HEADER + pairs.len());
     out.extend_from_slice(&shard.to_le_bytes());
     out.extend_from_slice(pairs);
+    out
+}
+
+/// Bytes of a PACKED payload before its blocks.
+pub const PACKED_HEADER: usize = 8;
+
+/// Encodes a PACKED payload: the shard, then `blocks` (whole framed blocks, `packed::push_block`).
+pub fn encode_packed(shard: u64, blocks: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(PACKED_HEADER + blocks.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(blocks);
     out
 }
 

@@ -201,7 +201,7 @@ impl Recovering {
             }
             // Values the log GC moved: the index points at them once a flush made that durable;
             // recovery has nothing to rebuild from them.
-            records::RELOCATED => {}
+            records::RELOCATED | records::PACKED => {}
             kind => {
                 return Err(storage(format!(
                     "unknown record kind {} at log position {}",

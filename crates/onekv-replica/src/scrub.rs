@@ -164,10 +164,11 @@ impl Scrubber {
             for (key, stored) in page.iter().skip(usize::from(!first)).take(PAGE) {
                 self.check_stop()?;
                 charged += PER_KEY_COST + key.len() as u64;
-                if let Ok(IndexValue::Locator(locator)) = IndexValue::decode(stored) {
-                    charged += locator.len;
+                // Values in the log (by locator, or in a compressed block): read and checked.
+                if let Some(at) = IndexValue::decode(stored).ok().and_then(|value| value.log_bytes()) {
+                    charged += at.len;
                     values += 1;
-                    match self.state.read_value(key, locator) {
+                    match self.state.resolve(key, stored) {
                         Ok(_) => {}
                         Err(ReplicaError::Corrupt { .. }) => corrupt += 1,
                         // Not damage: e.g. the key was overwritten and its old bytes reclaimed

@@ -178,7 +178,27 @@ impl State {
         match IndexValue::decode(stored).map_err(|e| storage(format!("index value: {e}")))? {
             IndexValue::Inline(bytes) => Ok(bytes),
             IndexValue::Locator(locator) => self.read_value(key, locator),
+            IndexValue::Packed(packed) => self.read_packed(key, packed),
         }
+    }
+
+    /// Reads `key`'s value from its compressed block (`packed`): one positional read of the whole
+    /// block, whose CRC and then the value's are checked. Damage to either is reported and
+    /// answered as [`ReplicaError::Corrupt`], as in [`State::read_value`].
+    pub fn read_packed(&self, key: &[u8], packed: onekv_index::Packed) -> Result<Vec<u8>, ReplicaError> {
+        let block = self
+            .value_log()
+            .read(packed.block)
+            .map_err(|e| storage(format!("reading a packed block at {}: {e}", packed.block)))?;
+        let value = crate::packed::unpack(&block).and_then(|raw| {
+            let stored = crate::packed::stored_value(&raw, packed.offset, packed.len)?;
+            codec::verify_stored_value(stored).map(<[u8]>::to_vec)
+        });
+        value.map_err(|e| {
+            let log = self.mode.log_names().last().copied().unwrap_or("log");
+            self.corruption.report(log, key, packed.block, e.0);
+            ReplicaError::Corrupt { key: key.to_vec(), position: packed.block.position }
+        })
     }
 
     /// Reads `key`'s stored value (`crc || bytes`) by locator: one positional read of exactly its

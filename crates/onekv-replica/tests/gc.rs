@@ -158,3 +158,72 @@ fn overwrite_and_collect(storage: StorageMode) {
     check_latest(&node, &round_of, "after a restart and a write");
     node.shutdown();
 }
+
+/// A small value that compresses as real records do (text with repeated field names).
+fn small_value(k: usize) -> Vec<u8> {
+    format!(
+        "{{\"user\":\"user{k:08}\",\"field0\":\"{}\",\"field1\":\"{}\"}}",
+        "abcdefgh".repeat(12),
+        k * 7919
+    )
+    .into_bytes()
+}
+
+#[test]
+fn small_values_are_compressed_when_moved_and_read_back() {
+    const SMALL: usize = 40_000;
+    let dir = tempfile::tempdir().unwrap();
+    let node = open(dir.path(), StorageMode::OneLog);
+    let mut seq = 0u64;
+    // 40 000 small values (about 7 MiB of pairs), written once: cold data the collector must move.
+    for start in (0..SMALL).step_by(500) {
+        for shard in 1..=3u64 {
+            seq += 1;
+            let ops = (start..start + 500)
+                .filter(|k| shard_of(*k) == shard)
+                .map(|k| WriteOp { key: format!("small-{k:06}").into_bytes(), value: Some(small_value(k)) })
+                .collect();
+            write(&node, shard, seq, ops);
+        }
+    }
+    let check_small = |node: &Node, when: &str| {
+        for k in (0..SMALL).step_by(7) {
+            let got = node.replica(shard_of(k)).unwrap().get(format!("small-{k:06}").as_bytes()).unwrap();
+            assert!(got == Some(small_value(k)), "{when}: small key {k} does not read its value");
+        }
+    };
+    // Overwrites of large values roll segments until the small values have been moved, twice (the
+    // second time out of their compressed blocks).
+    let mut round_of = vec![0usize; KEYS];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut round = 0;
+    loop {
+        round += 1;
+        for (k, last) in round_of.iter_mut().enumerate() {
+            seq += 1;
+            write(&node, shard_of(k), seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
+            *last = round;
+        }
+        let gc = node.statuses()[0].gc.clone();
+        if gc.values_packed >= 2 * SMALL as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the small values were not moved twice: {gc:?}");
+    }
+    let gc = node.statuses()[0].gc.clone();
+    assert!(gc.last_error.is_none(), "{gc:?}");
+    assert!(
+        gc.packed_bytes * 3 < gc.packed_raw_bytes,
+        "compressible small values should shrink to under a third: {gc:?}"
+    );
+    check_small(&node, "after moving");
+    for (k, round) in round_of.iter().enumerate() {
+        let got = node.replica(shard_of(k)).unwrap().get(&key(k)).unwrap();
+        assert!(got == Some(value(k, *round)), "key {k} does not read its value of round {round}");
+    }
+    node.shutdown();
+    drop(node);
+    let node = open(dir.path(), StorageMode::OneLog);
+    check_small(&node, "after a restart");
+    node.shutdown();
+}

@@ -245,6 +245,9 @@ pub struct GcConfig {
     pub bytes_per_sec: u64,
     /// Milliseconds between the collector's rounds, 10 ..= 60000. Default 1000.
     pub interval_ms: u64,
+    /// Values smaller than this many bytes are LZ4-compressed, in blocks of several values, when
+    /// the collector moves them; 0 compresses nothing; at most 65536. Default 4096.
+    pub compress_below_bytes: u64,
 }
 
 impl Default for GcConfig {
@@ -255,6 +258,7 @@ impl Default for GcConfig {
             target_space_amp: defaults.target_space_amp,
             bytes_per_sec: defaults.bytes_per_sec,
             interval_ms: defaults.interval.as_millis() as u64,
+            compress_below_bytes: defaults.compress_below,
         }
     }
 }
@@ -656,6 +660,12 @@ impl ServerConfig {
         check_range(&mut problem, "disk.min_free_bytes", self.disk.min_free_bytes, bounds::MIN_FREE_BYTES);
         check_range(&mut problem, "disk.reserve_bytes", self.disk.reserve_bytes, bounds::RESERVE_BYTES);
         check_range(&mut problem, "gc.interval_ms", self.gc.interval_ms, bounds::GC_INTERVAL_MS);
+        check_range(
+            &mut problem,
+            "gc.compress_below_bytes",
+            self.gc.compress_below_bytes,
+            (0, onekv_replica::packed::MAX_COMPRESS_BELOW),
+        );
         let least_amp = onekv_replica::GcConfig::MIN_TARGET_SPACE_AMP;
         if !(self.gc.target_space_amp >= least_amp && self.gc.target_space_amp <= 100.0) {
             problem(
@@ -759,6 +769,7 @@ impl ServerConfig {
             target_space_amp: self.gc.target_space_amp,
             bytes_per_sec: self.gc.bytes_per_sec,
             interval: Duration::from_millis(self.gc.interval_ms),
+            compress_below: self.gc.compress_below_bytes,
         };
         config
     }

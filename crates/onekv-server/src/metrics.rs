@@ -212,6 +212,21 @@ fn describe_state_metrics() {
         "Bytes of the segment files the log GC deleted."
     );
     describe_counter!("onekv_gc_bytes_scanned_total", Bytes, "Bytes of log segments the log GC read.");
+    describe_counter!(
+        "onekv_gc_values_packed_total",
+        Count,
+        "Small values the log GC moved into compressed blocks."
+    );
+    describe_counter!(
+        "onekv_gc_packed_raw_bytes_total",
+        Bytes,
+        "Bytes of the pairs the log GC compressed, before compression."
+    );
+    describe_counter!(
+        "onekv_gc_packed_bytes_total",
+        Bytes,
+        "Bytes of the compressed blocks the log GC wrote."
+    );
     describe_counter!("onekv_gc_busy_seconds_total", Seconds, "Seconds the log GC spent in its rounds.");
     describe_counter!("onekv_scrub_values_checked_total", Count, "Values the background scrub verified.");
     describe_gauge!(
@@ -278,6 +293,9 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_gc_segments_reclaimed_total").absolute(gc.segments_reclaimed);
     counter!("onekv_gc_bytes_reclaimed_total").absolute(gc.bytes_reclaimed);
     counter!("onekv_gc_bytes_scanned_total").absolute(gc.bytes_scanned);
+    counter!("onekv_gc_values_packed_total").absolute(gc.values_packed);
+    counter!("onekv_gc_packed_raw_bytes_total").absolute(gc.packed_raw_bytes);
+    counter!("onekv_gc_packed_bytes_total").absolute(gc.packed_bytes);
     counter!("onekv_gc_busy_seconds_total").absolute(gc.busy_ms / 1000);
 }
 

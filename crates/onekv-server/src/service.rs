@@ -686,6 +686,9 @@ impl<B: Backend> Kv for KvService<B> {
                     bytes_scanned: status.gc.bytes_scanned,
                     waiting: status.gc.waiting.clone().unwrap_or_default(),
                     last_error: status.gc.last_error.clone().unwrap_or_default(),
+                    values_packed: status.gc.values_packed,
+                    packed_raw_bytes: status.gc.packed_raw_bytes,
+                    packed_bytes: status.gc.packed_bytes,
                 }),
             }))
         })

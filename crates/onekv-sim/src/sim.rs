@@ -735,6 +735,13 @@ impl Sim {
         config.gc = onekv_replica::GcConfig {
             interval: Duration::from_millis(50),
             bytes_per_sec: 0,
+            // Odd nodes move small values into compressed blocks, even ones move every value as
+            // it is: both forms are in every run.
+            compress_below: if node.id % 2 == 1 {
+                onekv_replica::GcConfig::default().compress_below
+            } else {
+                0
+            },
             ..onekv_replica::GcConfig::default()
         };
         // The node may crash at any step of an index flush (between sealing and writing the table,
@@ -1113,9 +1120,11 @@ impl Sim {
     }
 }
 
-/// Adds what `node`'s log GC did since it started (segments deleted, values moved) to `faults`.
+/// Adds what `node`'s log GC did since it started (segments deleted, values moved, values moved
+/// into compressed blocks) to `faults`.
 fn count_gc(faults: &mut BTreeMap<&'static str, u64>, node: &onekv_replica::Node) {
     let Some(gc) = node.statuses().first().map(|status| status.gc.clone()) else { return };
     *faults.entry("gc-segments-reclaimed").or_default() += gc.segments_reclaimed;
     *faults.entry("gc-values-relocated").or_default() += gc.values_relocated;
+    *faults.entry("gc-values-packed").or_default() += gc.values_packed;
 }

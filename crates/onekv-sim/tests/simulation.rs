@@ -116,7 +116,7 @@ fn a_log_gc_that_reclaims_before_its_flush_is_caught() {
                 caught += 1;
             }
         }
-        // Deterministic: 6 (onelog) and 7 (separated) of these 10 seeds catch it with this code (a
+        // Deterministic: 8 (onelog) and 7 (separated) of these 10 seeds catch it with this code (a
         // node that crashed after the collector deleted a segment its durable index still points
         // into cannot read or reopen).
         assert!(caught >= 4, "{storage:?}: the broken log GC was caught in only {caught} of 10 seeds");

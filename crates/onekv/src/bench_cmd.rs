@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use onekv_bench::amplification::{self, NodeProbe};
 use onekv_bench::compare::{CompareConfig, Contender, compare};
-use onekv_bench::{BenchReport, EtcdTarget, OnekvTarget, RunConfig, WorkloadKind, live_bytes, run_phases};
+use onekv_bench::{
+    BenchReport, EtcdTarget, OnekvTarget, RunConfig, ValueKind, WorkloadKind, live_bytes, run_phases,
+};
 
 /// The benchmark subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -50,6 +52,10 @@ pub struct WorkloadArgs {
     /// Bytes per value (keys are 24 bytes, YCSB-style).
     #[arg(long, default_value_t = 1024)]
     value_bytes: usize,
+    /// What values contain: random (bytes no compressor shrinks) or text (words in `field=...`
+    /// runs, compressible about as much as JSON records).
+    #[arg(long, default_value = "random")]
+    values: ValueKind,
     /// Seed of the request generators.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -75,6 +81,7 @@ impl WorkloadArgs {
             duration,
             threads: self.threads,
             value_bytes: self.value_bytes,
+            values: self.values,
             seed: self.seed,
             progress: !self.quiet,
         })
@@ -106,7 +113,8 @@ pub struct CompareArgs {
     workload: WorkloadArgs,
     /// Storage modes to compare, the first being the baseline of the ratios, each with 16 shards or
     /// `MODE:SHARDS` (`onelog:1` is a single Raft group), and `:nogc` to run it with its log
-    /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`); `etcd` adds a local etcd cluster
+    /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`) or `:nocompress` with a collector
+    /// that moves small values uncompressed; `etcd` adds a local etcd cluster
     /// (same number of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
     modes: Vec<String>,
@@ -207,7 +215,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         let mode = Contender::parse(name.trim()).with_context(|| {
             format!(
                 "unknown storage mode {name:?}; expected onelog, separated, classic (each optionally \
-                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards; and optionally :nogc) or etcd"
+                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards; and optionally :nogc or :nocompress) or etcd"
             )
         })?;
         if modes.contains(&mode) {

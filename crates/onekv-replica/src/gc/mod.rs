@@ -44,6 +44,7 @@
 //! What this module does not own: the index updates themselves (the loop's, in `group`), when
 //! trees flush (the loop's), the log's files (`onekv-log`).
 
+mod batch;
 mod link;
 mod values;
 
@@ -53,13 +54,15 @@ use crate::StorageMode;
 use crate::pins::ReadPins;
 use crate::records;
 use crate::state::State;
+use crate::{codec, packed};
+use batch::Batch;
 use onekv_index::IndexValue;
 use onekv_log::{Locator, Log, SegmentInfo};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use values::{ValueInRecord, values_in_record};
+use values::{ValueInRecord, packed_values_in_record, values_in_record};
 
 /// Keys read per page of the census's walk of a shard's index (one consistent view each).
 const CENSUS_PAGE: usize = 1024;
@@ -68,7 +71,7 @@ const CENSUS_PAGE: usize = 1024;
 const CENSUS_KEY_COST: u64 = 32;
 
 /// Most keys the census keeps for the segments it may collect next (about 100 bytes each).
-const MAX_KEPT_KEYS: usize = 1 << 20;
+pub(crate) const MAX_KEPT_KEYS: usize = 1 << 20;
 
 /// Most segments one pass collects (one flush of their shards covers them all).
 const MAX_SEGMENTS_PER_PASS: usize = 8;
@@ -93,6 +96,9 @@ pub struct GcConfig {
     pub bytes_per_sec: u64,
     /// Pause between rounds.
     pub interval: Duration,
+    /// Values smaller than this many bytes are moved into LZ4-compressed blocks of several values
+    /// (`packed`); larger ones are moved as they are. 0: nothing is compressed.
+    pub compress_below: u64,
 }
 
 impl Default for GcConfig {
@@ -102,6 +108,7 @@ impl Default for GcConfig {
             target_space_amp: 1.5,
             bytes_per_sec: 64 << 20,
             interval: Duration::from_secs(1),
+            compress_below: 4 << 10,
         }
     }
 }
@@ -122,6 +129,13 @@ impl GcConfig {
         }
         if self.interval.is_zero() {
             return Err("gc interval must be positive".into());
+        }
+        if self.compress_below > crate::packed::MAX_COMPRESS_BELOW {
+            return Err(format!(
+                "gc compress_below = {} must be at most {}",
+                self.compress_below,
+                crate::packed::MAX_COMPRESS_BELOW
+            ));
         }
         Ok(())
     }
@@ -148,6 +162,12 @@ pub struct GcStatus {
     pub values_relocated: u64,
     /// Bytes of values moved (with their checksums).
     pub bytes_relocated: u64,
+    /// Values moved into compressed blocks (counted in `values_relocated` too).
+    pub values_packed: u64,
+    /// Bytes of the pairs (keys and stored values) put into compressed blocks.
+    pub packed_raw_bytes: u64,
+    /// Bytes those blocks take in the log (frames included).
+    pub packed_bytes: u64,
     /// Segment files deleted, and their bytes.
     pub segments_reclaimed: u64,
     /// Bytes of the segment files deleted.
@@ -163,8 +183,8 @@ pub struct GcStatus {
 /// A value to move: `key` of the group's shard points at `from` and should point at `to`.
 pub(crate) struct Move {
     pub key: Vec<u8>,
-    pub from: Locator,
-    pub to: Locator,
+    pub from: IndexValue,
+    pub to: IndexValue,
 }
 
 /// What the loop did with a batch of [`Move`]s.
@@ -224,12 +244,12 @@ impl From<String> for RoundError {
     }
 }
 
-/// A value some key still points at.
+/// A value in the log with its key: one some key still points at, once the collector checked.
 struct LiveValue {
     shard: u64,
     key: Vec<u8>,
-    /// Where it is now.
-    at: Locator,
+    /// Where it is now (a locator, or a place in a compressed block).
+    at: IndexValue,
     /// Its stored bytes (checksum and value).
     stored: Vec<u8>,
 }
@@ -250,7 +270,9 @@ struct Census {
 struct LiveKey {
     shard: u64,
     key: Vec<u8>,
-    at: Locator,
+    at: IndexValue,
+    /// The log bytes `at` occupies (its block's, for a packed value).
+    bytes: Locator,
 }
 
 /// The collector's state between rounds; each round reaches the node loop through a [`Link`].
@@ -268,6 +290,9 @@ pub(crate) struct Collector {
     census: Census,
     /// A broken variant for the simulation ([`crate::Mutation::GcReclaimsBeforeFlush`]).
     pub reclaim_before_flush: bool,
+    /// Most keys a census keeps ([`MAX_KEPT_KEYS`]; the simulation lowers it so that segments are
+    /// also collected by reading them whole).
+    pub max_kept_keys: usize,
     /// Classic mode: a data WAL position and the highest seqno each shard's tree had written when
     /// it was taken; once every tree's durable seqno reaches its own, the WAL below is obsolete.
     data_wal_checkpoint: Option<(u64, BTreeMap<u64, u64>)>,
@@ -300,6 +325,7 @@ impl Collector {
             status,
             census: Census::default(),
             reclaim_before_flush: false,
+            max_kept_keys: MAX_KEPT_KEYS,
             data_wal_checkpoint: None,
         }
     }
@@ -391,8 +417,8 @@ impl Collector {
                 if chosen.is_empty() {
                     lock(&self.status).waiting = Some(format!(
                         "the value-log segment at {} has more live values than the census keeps \
-                         ({MAX_KEPT_KEYS})",
-                        segment.base
+                         ({})",
+                        segment.base, self.max_kept_keys
                     ));
                 }
                 break;
@@ -464,6 +490,8 @@ impl Collector {
             .last()
             .map_or(0, |s| s.end());
         let mut keys: BTreeMap<u64, Vec<LiveKey>> = BTreeMap::new();
+        // A compressed block counts once, however many keys point into it.
+        let mut blocks_seen: HashSet<u64> = HashSet::new();
         let mut kept = 0usize;
         let mut keys_end = window_end;
         for (shard, state) in &self.states {
@@ -481,12 +509,19 @@ impl Collector {
                 let mut cost = 0;
                 for (key, stored) in counted {
                     cost += (key.len() + stored.len()) as u64 + CENSUS_KEY_COST;
-                    if let Ok(IndexValue::Locator(at)) = IndexValue::decode(stored)
+                    let Ok(value) = IndexValue::decode(stored) else { continue };
+                    if let Some(at) = value.log_bytes()
                         && let Some((base, bytes)) = live.range_mut(..=at.position).next_back()
                     {
-                        *bytes += at.len;
+                        let counted = match value {
+                            IndexValue::Packed(_) => blocks_seen.insert(at.position),
+                            _ => true,
+                        };
+                        if counted {
+                            *bytes += at.len;
+                        }
                         if at.position < keys_end {
-                            if kept == MAX_KEPT_KEYS {
+                            if kept == self.max_kept_keys {
                                 // Keep only the segments below this one whole.
                                 keys_end = *base;
                                 keys.retain(|kept_base, _| *kept_base < keys_end);
@@ -495,7 +530,8 @@ impl Collector {
                                 keys.entry(*base).or_default().push(LiveKey {
                                     shard: *shard,
                                     key: key.clone(),
-                                    at,
+                                    at: value,
+                                    bytes: at,
                                 });
                             }
                         }
@@ -600,43 +636,51 @@ impl Collector {
         Ok(())
     }
 
-    /// Appends `values` of `shard` as one RELOCATED record and has the loop point their keys at
-    /// it. Values the loop could not move end the round: their segment cannot be reclaimed yet.
+    /// Appends `values` of `shard` at the log's head (small ones in compressed blocks of a PACKED
+    /// record, the others in a RELOCATED record; one append) and has the loop point their keys
+    /// there. Values the loop could not move end the round: their segment cannot be reclaimed yet.
     fn relocate(
         &mut self,
         shard: u64,
         values: Vec<LiveValue>,
         link: &mut dyn Link,
     ) -> Result<(), RoundError> {
-        let mut pairs = Vec::new();
-        let mut offsets = Vec::with_capacity(values.len());
-        for value in &values {
-            records::push_stored_pair(&mut pairs, &value.key, &value.stored);
-            // The stored value (crc and bytes) ends the pair.
-            offsets.push((pairs.len() - value.stored.len(), value.stored.len()));
-        }
-        let payload = records::encode_relocated(shard, &pairs);
-        link.throttle(payload.len() as u64, self.config.bytes_per_sec)?;
-        let at = self
+        let compress_below = self.config.compress_below;
+        let (small, large): (Vec<LiveValue>, Vec<LiveValue>) = values.into_iter().partition(|value| {
+            (value.stored.len().saturating_sub(codec::STORED_VALUE_PREFIX) as u64) < compress_below
+        });
+        let relocated = Batch::relocated(shard, &large);
+        let packed = Batch::packed(shard, &small);
+        let batches: Vec<(onekv_log::RecordKind, Batch)> =
+            [(records::RELOCATED, relocated), (records::PACKED, packed)]
+                .into_iter()
+                .filter(|(_, batch)| !batch.places.is_empty())
+                .collect();
+        let bytes: u64 = batches.iter().map(|(_, batch)| batch.payload.len() as u64).sum();
+        link.throttle(bytes, self.config.bytes_per_sec)?;
+        let appended = self
             .values_log()
-            .append(&[(records::RELOCATED, &payload)])
-            .map_err(|e| format!("appending relocated values: {e}"))?[0];
+            .append(&batches.iter().map(|(kind, batch)| (*kind, &batch.payload[..])).collect::<Vec<_>>())
+            .map_err(|e| format!("appending relocated values: {e}"))?;
         link.crash_point(GcPoint::AfterRelocateAppend)?;
-        let moves: Vec<Move> = values
-            .into_iter()
-            .zip(offsets)
-            .map(|(value, (offset, len))| Move {
-                key: value.key,
-                from: value.at,
-                to: at.slice((records::RELOCATED_HEADER + offset) as u64, len as u64).expect("inside"),
-            })
-            .collect();
-        let bytes: u64 = moves.iter().map(|m| m.to.len).sum();
+        let mut moves = Vec::new();
+        for ((_, batch), at) in batches.iter().zip(appended) {
+            moves.extend(batch.places.iter().map(|place| place.at(at)));
+        }
+        let values = large.into_iter().chain(small);
+        let moves: Vec<Move> =
+            values.zip(moves).map(|(value, to)| Move { key: value.key, from: value.at, to }).collect();
+        let moved_bytes: u64 = moves.iter().filter_map(|m| m.to.log_bytes()).map(|at| at.len).sum();
         let relocated = link.relocate(shard, moves)?;
         {
             let mut status = lock(&self.status);
             status.values_relocated += relocated.moved as u64;
-            status.bytes_relocated += bytes;
+            status.bytes_relocated += moved_bytes;
+            if let Some((_, packed)) = batches.iter().find(|(kind, _)| *kind == records::PACKED) {
+                status.values_packed += packed.places.len() as u64;
+                status.packed_raw_bytes += packed.raw_bytes;
+                status.packed_bytes += (packed.payload.len() - records::PACKED_HEADER) as u64;
+            }
         }
         if relocated.left > 0 {
             return Err(RoundError::Failed(format!(
@@ -647,15 +691,45 @@ impl Collector {
         Ok(())
     }
 
-    /// Reads the stored bytes of the values `keys` point at (their checksums are kept as they are:
-    /// the bytes are copied, not judged).
-    fn read_live(&mut self, keys: Vec<LiveKey>, link: &mut dyn Link) -> Result<Vec<LiveValue>, RoundError> {
+    /// Reads the stored bytes of the values `keys` point at, in log order (so a compressed block
+    /// is read and decompressed once for all its keys); their checksums are kept as they are: the
+    /// bytes are copied, not judged.
+    fn read_live(
+        &mut self,
+        mut keys: Vec<LiveKey>,
+        link: &mut dyn Link,
+    ) -> Result<Vec<LiveValue>, RoundError> {
         let log = self.values_log();
+        keys.sort_by_key(|key| key.bytes.position);
         let mut live = Vec::with_capacity(keys.len());
-        for LiveKey { shard, key, at } in keys {
-            link.throttle(at.len, self.config.bytes_per_sec)?;
-            let stored = log.read(at).map_err(|e| format!("reading a live value at {at}: {e}"))?;
-            lock(&self.status).bytes_scanned += at.len;
+        let mut block: Option<(Locator, Vec<u8>)> = None;
+        for LiveKey { shard, key, at, bytes } in keys {
+            let stored = match at {
+                IndexValue::Packed(packed) => {
+                    if block.as_ref().is_none_or(|(read, _)| *read != packed.block) {
+                        link.throttle(bytes.len, self.config.bytes_per_sec)?;
+                        let framed =
+                            log.read(bytes).map_err(|e| format!("reading a packed block at {bytes}: {e}"))?;
+                        lock(&self.status).bytes_scanned += bytes.len;
+                        // A damaged block cannot be moved value by value: the round fails and the
+                        // segment stays (the scrub reports the damage).
+                        let raw = packed::unpack(&framed)
+                            .map_err(|e| format!("the packed block at {bytes} is damaged: {e}"))?;
+                        block = Some((packed.block, raw));
+                    }
+                    let raw = &block.as_ref().expect("just read").1;
+                    packed::stored_value(raw, packed.offset, packed.len)
+                        .map_err(|e| format!("the packed block at {bytes} is damaged: {e}"))?
+                        .to_vec()
+                }
+                _ => {
+                    link.throttle(bytes.len, self.config.bytes_per_sec)?;
+                    let stored =
+                        log.read(bytes).map_err(|e| format!("reading a live value at {bytes}: {e}"))?;
+                    lock(&self.status).bytes_scanned += bytes.len;
+                    stored
+                }
+            };
             live.push(LiveValue { shard, key, at, stored });
         }
         Ok(live)
@@ -676,21 +750,33 @@ impl Collector {
                 break;
             }
             link.throttle(record.payload.len() as u64, self.config.bytes_per_sec)?;
-            let values = values_in_record(record.kind, &record.payload)
-                .map_err(|e| format!("record at log position {} does not decode: {e}", record.position))?;
-            for ValueInRecord { shard, key, span } in values {
-                let Some(state) = self.states.get(&shard) else { continue };
-                holders.insert(shard);
-                let at = record.locator.slice(span.offset as u64, span.len as u64).ok_or_else(|| {
-                    format!("a value span leaves its record at log position {}", record.position)
-                })?;
-                let current = state.tree.get(key).map_err(|e| format!("index lookup: {e}"))?;
+            let undecodable = |e: codec::CodecError| {
+                format!("record at log position {} does not decode: {e}", record.position)
+            };
+            // Every value in the record; those whose keys still point at them are live.
+            let found = if record.kind == records::PACKED {
+                packed_values_in_record(&record.payload, record.locator).map_err(undecodable)?
+            } else {
+                let values = values_in_record(record.kind, &record.payload).map_err(undecodable)?;
+                let mut found = Vec::with_capacity(values.len());
+                for ValueInRecord { shard, key, span } in values {
+                    let at = record.locator.slice(span.offset as u64, span.len as u64).ok_or_else(|| {
+                        format!("a value span leaves its record at log position {}", record.position)
+                    })?;
+                    let stored = record.payload[span.offset..span.offset + span.len].to_vec();
+                    found.push(LiveValue { shard, key: key.to_vec(), at: IndexValue::Locator(at), stored });
+                }
+                found
+            };
+            for value in found {
+                let Some(state) = self.states.get(&value.shard) else { continue };
+                holders.insert(value.shard);
+                let current = state.tree.get(&value.key).map_err(|e| format!("index lookup: {e}"))?;
                 let still_there = current
                     .and_then(|stored| IndexValue::decode(&stored).ok())
-                    .is_some_and(|value| value == IndexValue::Locator(at));
+                    .is_some_and(|current| current == value.at);
                 if still_there {
-                    let stored = record.payload[span.offset..span.offset + span.len].to_vec();
-                    live.push(LiveValue { shard, key: key.to_vec(), at, stored });
+                    live.push(value);
                 }
             }
         }

@@ -1,10 +1,12 @@
 //! Which values a log record holds: the bytes an index may point at, with their keys and shards.
-//! The collector's census and its relocation read segments through this; it knows every record
-//! kind that carries values (ENTRY commands, SNAP_CHUNK and RELOCATED pairs).
+//! The collector reads segments it cannot collect by key through this; it knows every record kind
+//! that carries values (ENTRY commands, SNAP_CHUNK, RELOCATED and PACKED pairs).
 
+use super::LiveValue;
 use crate::codec::{self, DecodedCommand, ValueSpan};
-use crate::records;
-use onekv_log::RecordKind;
+use crate::{packed, records};
+use onekv_index::{IndexValue, Packed};
+use onekv_log::{Locator, RecordKind};
 
 /// A value inside a record: its shard and key, and its span in the record's payload (covering
 /// the value's checksum and bytes, as a locator does).
@@ -68,6 +70,33 @@ pub(crate) fn values_in_record(
         }
         _ => Ok(Vec::new()),
     }
+}
+
+/// Every value in the compressed blocks of a PACKED record at `record` (its payload's locator),
+/// with where an index pointing at it points. A block that does not match its checksum or does not
+/// decompress is an error (nothing in it can be judged dead).
+pub(crate) fn packed_values_in_record(
+    payload: &[u8],
+    record: Locator,
+) -> Result<Vec<LiveValue>, codec::CodecError> {
+    let shard = records::record_shard(records::PACKED, payload)?;
+    let mut found = Vec::new();
+    for span in packed::blocks(payload)? {
+        let block = record
+            .slice(span.start as u64, span.len() as u64)
+            .ok_or(codec::CodecError("a block leaves its record"))?;
+        let raw = packed::unpack(&payload[span])?;
+        for pair in records::SnapshotPairs::new(&raw) {
+            let (key, value) = pair?;
+            found.push(LiveValue {
+                shard,
+                key: key.to_vec(),
+                at: IndexValue::Packed(Packed { block, offset: value.offset as u32, len: value.len as u32 }),
+                stored: raw[value.offset..value.offset + value.len].to_vec(),
+            });
+        }
+    }
+    Ok(found)
 }
 
 #[cfg(test)]
