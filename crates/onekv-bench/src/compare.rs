@@ -166,6 +166,47 @@ pub struct CompareRun {
     /// Data-directory sizes over the run, when sampled ([`CompareConfig::sample_disk`]).
     #[serde(default)]
     pub disk_samples: Vec<DiskSample>,
+    /// What the nodes' log garbage collectors did, summed over the nodes (onekv only).
+    #[serde(default)]
+    pub gc: Option<GcTotals>,
+}
+
+/// The log garbage collectors' counters at the end of a run, summed over the nodes that answered.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GcTotals {
+    /// Nodes whose status was read.
+    pub nodes: u64,
+    /// Live values moved to the log's head.
+    pub values_relocated: u64,
+    /// Bytes of those values (as stored, before any compression).
+    pub bytes_relocated: u64,
+    /// Values moved into compressed blocks.
+    pub values_packed: u64,
+    /// Bytes of the pairs put into compressed blocks, before compression.
+    pub packed_raw_bytes: u64,
+    /// Bytes those blocks took in the log.
+    pub packed_bytes: u64,
+    /// Segment files deleted.
+    pub segments_reclaimed: u64,
+    /// Bytes of the segment files deleted.
+    pub bytes_reclaimed: u64,
+}
+
+/// Sums the log GC counters of every node `client` reaches.
+async fn gc_totals(client: &onekv_client::Client) -> GcTotals {
+    let mut totals = GcTotals::default();
+    for (_, status) in client.status_all().await {
+        let Some(gc) = status.ok().and_then(|status| status.gc) else { continue };
+        totals.nodes += 1;
+        totals.values_relocated += gc.values_relocated;
+        totals.bytes_relocated += gc.bytes_relocated;
+        totals.values_packed += gc.values_packed;
+        totals.packed_raw_bytes += gc.packed_raw_bytes;
+        totals.packed_bytes += gc.packed_bytes;
+        totals.segments_reclaimed += gc.segments_reclaimed;
+        totals.bytes_reclaimed += gc.bytes_reclaimed;
+    }
+    totals
 }
 
 /// One node's data-directory size at one moment of a run.
@@ -248,8 +289,9 @@ async fn run_onekv(
     let phases = phases?;
     let after = amplification::snapshot(&client, &probes).await;
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
+    let gc = Some(gc_totals(&client).await);
     cluster.stop();
-    Ok(CompareRun { mode: name, round, phases, nodes, disk_samples })
+    Ok(CompareRun { mode: name, round, phases, nodes, disk_samples, gc })
 }
 
 async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, CompareError> {
@@ -268,7 +310,7 @@ async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, Comp
     let user_bytes = phases.iter().map(|phase| phase.payload_bytes_written).sum();
     let nodes = etcd_amplification(&before, &after, user_bytes, live_bytes(config.run.records, &phases));
     cluster.stop();
-    Ok(CompareRun { mode: "etcd".into(), round, phases, nodes, disk_samples: Vec::new() })
+    Ok(CompareRun { mode: "etcd".into(), round, phases, nodes, disk_samples: Vec::new(), gc: None })
 }
 
 /// Adds every node's data-directory size to `samples` every `every`, until aborted.
@@ -576,6 +618,7 @@ mod tests {
             phases: vec![phase],
             nodes: vec![node],
             disk_samples: Vec::new(),
+            gc: None,
         }
     }
 

@@ -655,11 +655,7 @@ impl Group {
     /// once; the tree is flushed soon after, so the collector may delete the old copies.
     pub fn relocate(&mut self, moves: Vec<crate::gc::Move>) -> Result<crate::gc::Relocated, String> {
         let tree = &self.state.tree;
-        let still_there = |m: &crate::gc::Move| -> Result<bool, String> {
-            let current = tree.get(&m.key).map_err(|e| format!("index lookup: {e}"))?;
-            Ok(current
-                .is_some_and(|stored| onekv_index::IndexValue::decode(&stored).is_ok_and(|v| v == m.from)))
-        };
+        let still_there = |m: &crate::gc::Move| self.state.points_at(&m.key, &m.from);
         let applied = self.raw.store().applied_index;
         let Some(seqno) = state::relocation_seqno(applied, tree.last_written_seqno()) else {
             let mut left = 0;

@@ -218,6 +218,13 @@ impl State {
         Ok(stored)
     }
 
+    /// Whether `key` points at `value` now (the log GC's test of whether a copy is still the live
+    /// one: a write, delete or earlier move since makes it not).
+    pub fn points_at(&self, key: &[u8], value: &IndexValue) -> Result<bool, String> {
+        let current = self.tree.get(key).map_err(|e| format!("index lookup: {e}"))?;
+        Ok(current.is_some_and(|stored| IndexValue::decode(&stored).is_ok_and(|current| current == *value)))
+    }
+
     /// The current value of `key` as applied here.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         let _pin = self.pins.pin();

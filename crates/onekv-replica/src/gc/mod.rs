@@ -7,7 +7,8 @@
 //! the log's address space and recovery's contiguity checks stay as they are. Each round:
 //!
 //! 1. **Census.** Every shard's index is walked (keys and locators only, at a bounded rate) and the
-//!    bytes keys point at are summed per segment: the live bytes, and log bytes ÷ live is the space
+//!    bytes moving each live value would write (key and stored value, a packed value's share of
+//!    its compressed block) are summed per segment: the live bytes, and log bytes ÷ live is the space
 //!    amplification (segments begun during the walk count as wholly live). For the oldest sealed
 //!    segments it also keeps the keys that point into them (up to a bound): since no key ever gains
 //!    a locator into a sealed segment, those are all of their live values.
@@ -58,7 +59,7 @@ use crate::{codec, packed};
 use batch::Batch;
 use onekv_index::IndexValue;
 use onekv_log::{Locator, Log, SegmentInfo};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -149,8 +150,9 @@ pub struct GcStatus {
     pub enabled: bool,
     /// Bytes in the log's segment files at the last round.
     pub log_bytes: u64,
-    /// Estimated live bytes in the log (records whose values some key still points at; segments not
-    /// scanned yet count as live).
+    /// Estimated live bytes in the log: for every value some key points at, its key and stored
+    /// bytes (a packed value's at the compression ratio seen so far); segments begun since the
+    /// last census count as wholly live.
     pub live_bytes: u64,
     /// `log_bytes / live_bytes` at the last round (1 when the log is empty).
     pub space_amp: f64,
@@ -490,8 +492,15 @@ impl Collector {
             .last()
             .map_or(0, |s| s.end());
         let mut keys: BTreeMap<u64, Vec<LiveKey>> = BTreeMap::new();
-        // A compressed block counts once, however many keys point into it.
-        let mut blocks_seen: HashSet<u64> = HashSet::new();
+        // A packed value counts its share of its block: its pair's bytes at the compression ratio
+        // seen so far (a block mostly dead is mostly garbage, though it cannot go alone).
+        let packed_ratio = {
+            let status = lock(&self.status);
+            match status.packed_raw_bytes {
+                0 => 1.0,
+                raw => status.packed_bytes as f64 / raw as f64,
+            }
+        };
         let mut kept = 0usize;
         let mut keys_end = window_end;
         for (shard, state) in &self.states {
@@ -513,13 +522,13 @@ impl Collector {
                     if let Some(at) = value.log_bytes()
                         && let Some((base, bytes)) = live.range_mut(..=at.position).next_back()
                     {
-                        let counted = match value {
-                            IndexValue::Packed(_) => blocks_seen.insert(at.position),
-                            _ => true,
+                        // What moving it would write: its key and stored value in a pair.
+                        *bytes += match value {
+                            IndexValue::Packed(packed) => {
+                                (pair_bytes(key, u64::from(packed.len)) as f64 * packed_ratio) as u64
+                            }
+                            _ => pair_bytes(key, at.len),
                         };
-                        if counted {
-                            *bytes += at.len;
-                        }
                         if at.position < keys_end {
                             if kept == self.max_kept_keys {
                                 // Keep only the segments below this one whole.
@@ -667,10 +676,10 @@ impl Collector {
         for ((_, batch), at) in batches.iter().zip(appended) {
             moves.extend(batch.places.iter().map(|place| place.at(at)));
         }
+        let moved_bytes: u64 = large.iter().chain(&small).map(|value| value.stored.len() as u64).sum();
         let values = large.into_iter().chain(small);
         let moves: Vec<Move> =
             values.zip(moves).map(|(value, to)| Move { key: value.key, from: value.at, to }).collect();
-        let moved_bytes: u64 = moves.iter().filter_map(|m| m.to.log_bytes()).map(|at| at.len).sum();
         let relocated = link.relocate(shard, moves)?;
         {
             let mut status = lock(&self.status);
@@ -771,11 +780,7 @@ impl Collector {
             for value in found {
                 let Some(state) = self.states.get(&value.shard) else { continue };
                 holders.insert(value.shard);
-                let current = state.tree.get(&value.key).map_err(|e| format!("index lookup: {e}"))?;
-                let still_there = current
-                    .and_then(|stored| IndexValue::decode(&stored).ok())
-                    .is_some_and(|current| current == value.at);
-                if still_there {
+                if state.points_at(&value.key, &value.at)? {
                     live.push(value);
                 }
             }
@@ -837,6 +842,13 @@ impl Collector {
         }
         Ok(())
     }
+}
+
+/// Bytes a pair of `key` and a stored value of `stored` bytes takes in a moved record (lengths
+/// and all): what the census counts as live for a value, so that log ÷ live is what moving every
+/// live value would bring the log down to, whatever the size of keys and values.
+fn pair_bytes(key: &[u8], stored: u64) -> u64 {
+    key.len() as u64 + stored + 8
 }
 
 /// The log position below which `shard`'s recovery never reads: the `scan_from` of the recovery
