@@ -5,7 +5,9 @@
 
 mod common;
 
-use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, RequestId, ShardConfig, StorageMode, WriteOp};
+use onekv_replica::{
+    Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, StorageMode, WriteOp,
+};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -175,6 +177,10 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
     let node = open(dir.path(), StorageMode::OneLog);
     let mut seq = 0u64;
+    // One value whose marker LZ4 keeps as it is (letters that occur nowhere else), so its copy
+    // inside a compressed block can be found and damaged at the end.
+    seq += 1;
+    write(&node, 1, seq, vec![WriteOp { key: b"marked".to_vec(), value: Some(marked_value()) }]);
     // 40 000 small values (about 7 MiB of pairs), written once: cold data the collector must move.
     for start in (0..SMALL).step_by(500) {
         for shard in 1..=3u64 {
@@ -225,5 +231,39 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     drop(node);
     let node = open(dir.path(), StorageMode::OneLog);
     check_small(&node, "after a restart");
+    assert_eq!(node.replica(1).unwrap().get(b"marked").unwrap(), Some(marked_value()));
+
+    // A byte flipped inside the compressed block (under the running node, as bit rot would): the
+    // read fails as damage (a single node has no copy to repair from), never with wrong bytes.
+    let damaged = damage_marker(&dir.path().join("log"));
+    assert!(damaged > 0, "the marked value is on disk");
+    match node.replica(1).unwrap().get(b"marked") {
+        Err(ReplicaError::Corrupt { key, .. }) => assert_eq!(key, b"marked"),
+        other => panic!("a damaged block must read as corrupt, not {other:?}"),
+    }
     node.shutdown();
+}
+
+const MARKER: &[u8] = b"<QZXJVKWQPMRTYHNGLSDBWKZQXJ>";
+
+fn marked_value() -> Vec<u8> {
+    let mut value = MARKER.to_vec();
+    value.resize(300, b'm');
+    value
+}
+
+/// Flips a byte inside every copy of [`MARKER`] in the log's segment files; returns how many.
+fn damage_marker(log: &Path) -> usize {
+    use std::os::unix::fs::FileExt;
+    let mut damaged = 0;
+    for entry in std::fs::read_dir(log).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        for (at, _) in bytes.windows(MARKER.len()).enumerate().filter(|(_, w)| *w == MARKER) {
+            file.write_at(&[bytes[at + 10] ^ 0x20], (at + 10) as u64).unwrap();
+            damaged += 1;
+        }
+    }
+    damaged
 }
