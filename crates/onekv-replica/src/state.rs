@@ -98,8 +98,9 @@ pub(crate) struct Corruption {
     found: AtomicU64,
     /// Damaged values replaced by a healthy copy from another replica.
     repaired: AtomicU64,
-    /// Their positions in the value log.
-    seen: Mutex<BTreeSet<u64>>,
+    /// Their places in the value log: position, and the offset inside a compressed block (0 for
+    /// a value stored whole), so each value of a damaged block is reported and repaired.
+    seen: Mutex<BTreeSet<(u64, u32)>>,
     /// Newly found damaged values, `(key, position)`, for the loop to ask a repair of.
     found_keys: Mutex<Vec<(Vec<u8>, u64)>>,
 }
@@ -131,15 +132,16 @@ impl Corruption {
         );
     }
 
-    /// Records that the value of `key` at `locator` in the log `log` is damaged: logs and counts
-    /// it the first time this position is seen.
-    fn report(&self, log: &str, key: &[u8], locator: Locator, why: &str) {
+    /// Records that the value of `key` at `locator` in the log `log` (at `within` of the
+    /// decompressed block there, for a packed value) is damaged: logs and counts it the first time
+    /// this place is seen.
+    pub(crate) fn report(&self, log: &str, key: &[u8], locator: Locator, within: u32, why: &str) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.contains(&locator.position) {
+        if seen.contains(&(locator.position, within)) {
             return;
         }
         if seen.len() < MAX_REMEMBERED_CORRUPT {
-            seen.insert(locator.position);
+            seen.insert((locator.position, within));
         }
         drop(seen);
         let mut found_keys = self.found_keys.lock().unwrap_or_else(|e| e.into_inner());
@@ -182,6 +184,11 @@ impl State {
         }
     }
 
+    /// The name of the log values live in, for reports.
+    pub fn value_log_name(&self) -> &'static str {
+        self.mode.log_names().last().copied().unwrap_or("log")
+    }
+
     /// Reads `key`'s value from its compressed block (`packed`): one positional read of the whole
     /// block, whose CRC and then the value's are checked. Damage to either is reported and
     /// answered as [`ReplicaError::Corrupt`], as in [`State::read_value`].
@@ -195,8 +202,7 @@ impl State {
             codec::verify_stored_value(stored).map(<[u8]>::to_vec)
         });
         value.map_err(|e| {
-            let log = self.mode.log_names().last().copied().unwrap_or("log");
-            self.corruption.report(log, key, packed.block, e.0);
+            self.corruption.report(self.value_log_name(), key, packed.block, packed.offset, e.0);
             ReplicaError::Corrupt { key: key.to_vec(), position: packed.block.position }
         })
     }
@@ -210,8 +216,7 @@ impl State {
             .read(locator)
             .map_err(|e| storage(format!("reading value at {locator}: {e}")))?;
         if let Err(e) = codec::verify_stored_value(&stored) {
-            let log = self.mode.log_names().last().copied().unwrap_or("log");
-            self.corruption.report(log, key, locator, e.0);
+            self.corruption.report(self.value_log_name(), key, locator, 0, e.0);
             return Err(ReplicaError::Corrupt { key: key.to_vec(), position: locator.position });
         }
         stored.drain(..codec::STORED_VALUE_PREFIX);

@@ -233,14 +233,43 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     check_small(&node, "after a restart");
     assert_eq!(node.replica(1).unwrap().get(b"marked").unwrap(), Some(marked_value()));
 
-    // A byte flipped inside the compressed block (under the running node, as bit rot would): the
-    // read fails as damage (a single node has no copy to repair from), never with wrong bytes.
-    let damaged = damage_marker(&dir.path().join("log"));
-    assert!(damaged > 0, "the marked value is on disk");
-    match node.replica(1).unwrap().get(b"marked") {
-        Err(ReplicaError::Corrupt { key, .. }) => assert_eq!(key, b"marked"),
-        other => panic!("a damaged block must read as corrupt, not {other:?}"),
+    // A byte flipped inside the compressed block, as bit rot would (with the node stopped, so the
+    // collector deletes nothing meanwhile; in a sealed segment, which the log does not read at
+    // open): the read fails as damage (a single node has no copy to repair from), never with
+    // wrong bytes.
+    let log = dir.path().join("log");
+    let newest = || std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().path()).max().unwrap();
+    while marker_copies(&log).iter().any(|(path, _)| *path == newest()) {
+        round += 1;
+        for k in 0..KEYS {
+            seq += 1;
+            write(&node, shard_of(k), seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
+        }
     }
+    node.shutdown();
+    drop(node);
+    let damaged = damage_marker(&log);
+    assert!(damaged > 0, "the marked value is on disk");
+    let node = open(dir.path(), StorageMode::OneLog);
+    let expect_corrupt = |node: &Node, when: &str| match node.replica(1).unwrap().get(b"marked") {
+        Err(ReplicaError::Corrupt { key, .. }) => assert_eq!(key, b"marked"),
+        other => panic!("{when}: a damaged block must read as corrupt, not {other:?}"),
+    };
+    expect_corrupt(&node, "damaged");
+
+    // The collector does not stop at the damaged block: its values move as damaged stand-ins (the
+    // marker's bytes are gone from the log once its segment is reclaimed) and still read as damage.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !marker_copies(&log).is_empty() {
+        round += 1;
+        for k in 0..KEYS {
+            seq += 1;
+            write(&node, shard_of(k), seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
+        }
+        let gc = node.statuses()[0].gc.clone();
+        assert!(Instant::now() < deadline, "the damaged block was never collected: {gc:?}");
+    }
+    expect_corrupt(&node, "after the damaged block moved");
     node.shutdown();
 }
 
@@ -252,18 +281,29 @@ fn marked_value() -> Vec<u8> {
     value
 }
 
-/// Flips a byte inside every copy of [`MARKER`] in the log's segment files; returns how many.
-fn damage_marker(log: &Path) -> usize {
-    use std::os::unix::fs::FileExt;
-    let mut damaged = 0;
+/// Every copy of [`MARKER`] in the log's segment files: file and offset.
+fn marker_copies(log: &Path) -> Vec<(std::path::PathBuf, usize)> {
+    let mut copies = Vec::new();
     for entry in std::fs::read_dir(log).unwrap() {
         let path = entry.unwrap().path();
-        let bytes = std::fs::read(&path).unwrap();
-        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let Ok(bytes) = std::fs::read(&path) else { continue }; // deleted meanwhile
         for (at, _) in bytes.windows(MARKER.len()).enumerate().filter(|(_, w)| *w == MARKER) {
-            file.write_at(&[bytes[at + 10] ^ 0x20], (at + 10) as u64).unwrap();
-            damaged += 1;
+            copies.push((path.clone(), at));
         }
     }
-    damaged
+    copies
+}
+
+/// Flips the byte just before every copy of [`MARKER`] in the log's segment files (the value's
+/// checksum, inside a block: its data), leaving the marker findable; returns how many.
+fn damage_marker(log: &Path) -> usize {
+    use std::os::unix::fs::FileExt;
+    let copies = marker_copies(log);
+    for (path, at) in &copies {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+        let mut byte = [0u8];
+        file.read_exact_at(&mut byte, (at - 1) as u64).unwrap();
+        file.write_at(&[byte[0] ^ 0x20], (at - 1) as u64).unwrap();
+    }
+    copies.len()
 }

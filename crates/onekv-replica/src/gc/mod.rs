@@ -655,8 +655,13 @@ impl Collector {
         link: &mut dyn Link,
     ) -> Result<(), RoundError> {
         let compress_below = self.config.compress_below;
+        // A block closes once it holds TARGET_BLOCK_BYTES, so its raw size stays below that plus
+        // one pair; a pair with a huge key (possible with a library user's own key limit) moves
+        // whole, so no block can claim more than a read accepts.
         let (small, large): (Vec<LiveValue>, Vec<LiveValue>) = values.into_iter().partition(|value| {
             (value.stored.len().saturating_sub(codec::STORED_VALUE_PREFIX) as u64) < compress_below
+                && value.key.len() + value.stored.len() + 8 + packed::TARGET_BLOCK_BYTES
+                    <= packed::MAX_BLOCK_BYTES
         });
         let relocated = Batch::relocated(shard, &large);
         let packed = Batch::packed(shard, &small);
@@ -702,7 +707,10 @@ impl Collector {
 
     /// Reads the stored bytes of the values `keys` point at, in log order (so a compressed block
     /// is read and decompressed once for all its keys); their checksums are kept as they are: the
-    /// bytes are copied, not judged.
+    /// bytes are copied, not judged. A damaged block's values cannot be read back: each is reported
+    /// as damaged (so its replica asks another for a copy, as a read would) and moved as a
+    /// stand-in of its length that fails its checksum, so damage stays damage and the collector
+    /// does not stop at it.
     fn read_live(
         &mut self,
         mut keys: Vec<LiveKey>,
@@ -711,7 +719,8 @@ impl Collector {
         let log = self.values_log();
         keys.sort_by_key(|key| key.bytes.position);
         let mut live = Vec::with_capacity(keys.len());
-        let mut block: Option<(Locator, Vec<u8>)> = None;
+        // The last block read: its locator, and its raw bytes or why it is damaged.
+        let mut block: Option<(Locator, Result<Vec<u8>, codec::CodecError>)> = None;
         for LiveKey { shard, key, at, bytes } in keys {
             let stored = match at {
                 IndexValue::Packed(packed) => {
@@ -720,16 +729,27 @@ impl Collector {
                         let framed =
                             log.read(bytes).map_err(|e| format!("reading a packed block at {bytes}: {e}"))?;
                         lock(&self.status).bytes_scanned += bytes.len;
-                        // A damaged block cannot be moved value by value: the round fails and the
-                        // segment stays (the scrub reports the damage).
-                        let raw = packed::unpack(&framed)
-                            .map_err(|e| format!("the packed block at {bytes} is damaged: {e}"))?;
-                        block = Some((packed.block, raw));
+                        block = Some((packed.block, packed::unpack(&framed)));
                     }
                     let raw = &block.as_ref().expect("just read").1;
-                    packed::stored_value(raw, packed.offset, packed.len)
-                        .map_err(|e| format!("the packed block at {bytes} is damaged: {e}"))?
-                        .to_vec()
+                    match raw
+                        .as_ref()
+                        .map_err(|e| codec::CodecError(e.0))
+                        .and_then(|raw| packed::stored_value(raw, packed.offset, packed.len))
+                    {
+                        Ok(stored) => stored.to_vec(),
+                        Err(why) => {
+                            let state = &self.states[&shard];
+                            state.corruption.report(
+                                state.value_log_name(),
+                                &key,
+                                packed.block,
+                                packed.offset,
+                                why.0,
+                            );
+                            damaged_stand_in(packed.len as usize)
+                        }
+                    }
                 }
                 _ => {
                     link.throttle(bytes.len, self.config.bytes_per_sec)?;
@@ -842,6 +862,16 @@ impl Collector {
         }
         Ok(())
     }
+}
+
+/// A stored value of `len` bytes (at least its checksum's) that fails its checksum: what a value
+/// of a damaged block becomes when it moves, so it keeps reading as damaged (and keeps its length,
+/// which a repair from another replica checks).
+fn damaged_stand_in(len: usize) -> Vec<u8> {
+    let mut stored = vec![0u8; len.max(codec::STORED_VALUE_PREFIX)];
+    let crc = crc32c::crc32c(&stored[codec::STORED_VALUE_PREFIX..]) ^ 1;
+    stored[..codec::STORED_VALUE_PREFIX].copy_from_slice(&crc.to_le_bytes());
+    stored
 }
 
 /// Bytes a pair of `key` and a stored value of `stored` bytes takes in a moved record (lengths
