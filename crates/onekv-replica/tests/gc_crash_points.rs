@@ -1,7 +1,8 @@
 //! The log garbage collector's crash points (issue 16) on a real process: a child process
 //! overwrites a few keys per writer in a one-node cluster of four shards (after writing some cold
-//! keys once, which the collector must move) with the collector running constantly on the smallest
-//! segments, and reports every acknowledgement; an armed point ends it abruptly after the relocated
+//! keys once, small values which the collector must move into compressed blocks) with the
+//! collector running constantly on the smallest segments, and reports every acknowledgement; an
+//! armed point ends it abruptly after the relocated
 //! values are durable but before the index points at them, after the index update but before its
 //! flush, after the flush but before the old segment is deleted, or right after the deletion. The
 //! parent reopens the directory and checks that every key reads its last acknowledged value (or the
@@ -44,6 +45,14 @@ fn cold_key(writer: usize, i: usize) -> Vec<u8> {
 fn value(writer: usize, n: usize) -> Vec<u8> {
     let mut value = vec![(writer * 31 + n) as u8; 16 << 10];
     value[..20].copy_from_slice(format!("{writer:02}-{n:017}").as_bytes());
+    value
+}
+
+/// A cold key's value: small (1 KiB, below `gc.compress_below_bytes`), so the collector moves
+/// cold values into compressed blocks and the crash points cover PACKED records too.
+fn cold_value(writer: usize, i: usize) -> Vec<u8> {
+    let mut value = format!("cold value {i} of writer {writer}: ").into_bytes();
+    value.resize(1 << 10, b'c');
     value
 }
 
@@ -92,7 +101,7 @@ fn child_overwriter() {
                 let seq_base = (start as u64 + 1) * 1_000_000;
                 if start == 0 {
                     for i in 0..COLD {
-                        if put(&node, writer, 1 + i as u64, cold_key(writer, i), value(writer, 1_000 + i))
+                        if put(&node, writer, 1 + i as u64, cold_key(writer, i), cold_value(writer, i))
                             .is_err()
                         {
                             return;
@@ -138,7 +147,7 @@ fn check_recovered(dir: &Path, storage: StorageMode, point: &str, start: usize, 
         for i in 0..COLD {
             assert_eq!(
                 replica.get(&cold_key(writer, i)).unwrap(),
-                Some(value(writer, 1_000 + i)),
+                Some(cold_value(writer, i)),
                 "{point}: cold key {i} of writer {writer} lost its value"
             );
         }
