@@ -217,10 +217,7 @@ pub const RELOCATED_HEADER: usize = 8;
 
 /// Encodes a RELOCATED payload holding `pairs` (whole pairs in the snapshot-pairs format).
 pub fn encode_relocated(shard: u64, pairs: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(RELOCATED_HEADER + pairs.len());
-    out.extend_from_slice(&shard.to_le_bytes());
-    out.extend_from_slice(pairs);
-    out
+    shard_then(shard, pairs)
 }
 
 /// Bytes of a PACKED payload before its blocks.
@@ -228,9 +225,14 @@ pub const PACKED_HEADER: usize = 8;
 
 /// Encodes a PACKED payload: the shard, then `blocks` (whole framed blocks, `packed::push_block`).
 pub fn encode_packed(shard: u64, blocks: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(PACKED_HEADER + blocks.len());
+    shard_then(shard, blocks)
+}
+
+/// A payload that is the shard (8 bytes) followed by `body` as it is.
+fn shard_then(shard: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + body.len());
     out.extend_from_slice(&shard.to_le_bytes());
-    out.extend_from_slice(blocks);
+    out.extend_from_slice(body);
     out
 }
 

@@ -161,6 +161,14 @@ fn overwrite_and_collect(storage: StorageMode) {
     node.shutdown();
 }
 
+/// Overwrites every key with its value of `round`, one write each.
+fn overwrite_all(node: &Node, seq: &mut u64, round: usize) {
+    for k in 0..KEYS {
+        *seq += 1;
+        write(node, shard_of(k), *seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
+    }
+}
+
 /// A small value that compresses as real records do (text with repeated field names).
 fn small_value(k: usize) -> Vec<u8> {
     format!(
@@ -205,11 +213,8 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     let mut round = 0;
     loop {
         round += 1;
-        for (k, last) in round_of.iter_mut().enumerate() {
-            seq += 1;
-            write(&node, shard_of(k), seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
-            *last = round;
-        }
+        overwrite_all(&node, &mut seq, round);
+        round_of.fill(round);
         let gc = node.statuses()[0].gc.clone();
         if gc.values_packed >= 2 * SMALL as u64 {
             break;
@@ -241,10 +246,7 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     let newest = || std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().path()).max().unwrap();
     while marker_copies(&log).iter().any(|(path, _)| *path == newest()) {
         round += 1;
-        for k in 0..KEYS {
-            seq += 1;
-            write(&node, shard_of(k), seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
-        }
+        overwrite_all(&node, &mut seq, round);
     }
     node.shutdown();
     drop(node);
@@ -262,10 +264,7 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !marker_copies(&log).is_empty() {
         round += 1;
-        for k in 0..KEYS {
-            seq += 1;
-            write(&node, shard_of(k), seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
-        }
+        overwrite_all(&node, &mut seq, round);
         let gc = node.statuses()[0].gc.clone();
         assert!(Instant::now() < deadline, "the damaged block was never collected: {gc:?}");
     }
