@@ -29,6 +29,24 @@ pub struct CommandSpec {
 }
 
 impl CommandSpec {
+    /// The positions of the key arguments of a call of this command with `argc` arguments (the
+    /// name included), by the table's key positions.
+    pub fn key_positions(&self, argc: usize) -> impl Iterator<Item = usize> + use<> {
+        let first = usize::try_from(self.first_key).unwrap_or(0);
+        let last = match self.last_key {
+            -1 => argc.saturating_sub(1),
+            last => usize::try_from(last).unwrap_or(0).min(argc.saturating_sub(1)),
+        };
+        let step = usize::try_from(self.step).unwrap_or(1).max(1);
+        let range = if first == 0 || first > last { 0..0 } else { first..last + 1 };
+        range.step_by(step)
+    }
+
+    /// The key arguments of a call of this command (`args[0]` is its name).
+    pub fn key_arguments<'a>(&self, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a Vec<u8>> + use<'a> {
+        self.key_positions(args.len()).map(move |position| &args[position])
+    }
+
     /// Whether `argc` arguments (the name included) fit the command's arity.
     pub fn arity_ok(&self, argc: usize) -> bool {
         let argc = i64::try_from(argc).unwrap_or(i64::MAX);
@@ -67,12 +85,18 @@ const ALL_KEYS: (i64, i64, i64) = (1, -1, 1);
 pub static COMMANDS: &[CommandSpec] = &[
     spec("append", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "2.0.0",
         "Appends to a key's value (creating it); returns the new length. A compare-and-swap loop."),
+    spec("bitcount", -2, &["readonly"], ONE_KEY, "bitmap", "2.6.0",
+        "Counts the set bits of a value, or of a range of bytes or bits."),
+    spec("bitpos", -3, &["readonly"], ONE_KEY, "bitmap", "2.8.7",
+        "The first bit set (or clear) in a value, or in a range of bytes or bits."),
     spec("client", -2, &["stale"], NO_KEYS, "connection", "2.4.0",
         "CLIENT SETNAME, GETNAME, ID, INFO, SETINFO: this connection's name, id and library."),
     spec("command", -1, &["loading", "stale"], NO_KEYS, "server", "2.8.13",
         "COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS, COMMAND LIST: this table."),
     spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "2.0.0",
         "CONFIG GET: a few read-only parameters that describe onekv in Redis's terms."),
+    spec("copy", -3, &["write", "denyoom"], (1, 2, 1), "generic", "6.2.0",
+        "Copies a key's value to another key (same shard); one replicated transaction."),
     spec("dbsize", 1, &["readonly", "fast"], NO_KEYS, "server", "1.0.0",
         "The number of keys, counted by a linearizable scan of the whole key space."),
     spec("decr", 2, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
@@ -88,38 +112,88 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Runs the commands queued since MULTI atomically (one replicated transaction); null if a watched key changed."),
     spec("exists", -2, &["readonly", "fast"], ALL_KEYS, "generic", "1.0.1",
         "Counts the given keys that exist (linearizable reads)."),
+    spec("expiretime", 2, &["readonly", "fast"], ONE_KEY, "generic", "7.0.0",
+        "-1 (onekv keys never expire) or -2 if the key does not exist."),
+    spec("flushall", -1, &["write"], NO_KEYS, "server", "1.0.0",
+        "Deletes every key, a page of keys at a time (not atomic: see docs/redis.md)."),
+    spec("flushdb", -1, &["write"], NO_KEYS, "server", "1.0.0",
+        "FLUSHALL: onekv has one database."),
+    spec("function", -2, &["noscript"], NO_KEYS, "scripting", "7.0.0",
+        "FUNCTION FLUSH and LIST: onekv runs no functions, so there is none to flush or list."),
     spec("get", 2, &["readonly", "fast"], ONE_KEY, "string", "1.0.0",
         "A key's value (linearizable read from the leader)."),
+    spec("getbit", 3, &["readonly", "fast"], ONE_KEY, "bitmap", "2.2.0",
+        "The bit at an offset of a value."),
     spec("getdel", 2, &["write", "fast"], ONE_KEY, "string", "6.2.0",
         "Returns a key's value and deletes it. A compare-and-swap loop."),
+    spec("getex", -2, &["write", "fast"], ONE_KEY, "string", "6.2.0",
+        "GET; PERSIST is accepted (keys never expire), the expiry options are not supported."),
+    spec("getrange", 4, &["readonly"], ONE_KEY, "string", "2.4.0",
+        "A range of a value's bytes (negative offsets count from the end)."),
+    spec("getset", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
+        "Sets a key and returns its old value. A compare-and-swap loop."),
     spec("hello", -1, &["noscript", "loading", "stale", "fast"], NO_KEYS, "connection", "6.0.0",
         "The handshake: protocol 2 (RESP2) or 3 (RESP3). AUTH accepts the user default."),
     spec("incr", 2, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
         "Increments an integer value by one. A compare-and-swap loop."),
     spec("incrby", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
         "Increments an integer value. A compare-and-swap loop."),
+    spec("incrbyfloat", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "2.6.0",
+        "Increments a float value (stored as the shortest exact decimal). A compare-and-swap loop."),
     spec("info", -1, &["loading", "stale"], NO_KEYS, "server", "1.0.0",
         "Server, clients, replication, stats and keyspace sections from onekv's state."),
+    spec("keys", 2, &["readonly"], NO_KEYS, "generic", "1.0.0",
+        "Every key matching a pattern: a full keys-only scan (use SCAN on large data sets)."),
+    spec("lcs", -3, &["readonly"], (1, 2, 1), "string", "7.0.0",
+        "The longest common subsequence of two values (LEN, IDX, MINMATCHLEN, WITHMATCHLEN)."),
     spec("mget", -2, &["readonly", "fast"], ALL_KEYS, "string", "1.0.0",
         "The values of several keys (one linearizable read each, not one snapshot)."),
     spec("mset", -3, &["write", "denyoom"], (1, -1, 2), "string", "1.0.1",
         "Sets several keys atomically (one batch, one Raft entry). A blind write."),
+    spec("msetnx", -3, &["write", "denyoom"], (1, -1, 2), "string", "1.0.1",
+        "Sets several keys (same shard) only if none exists; one replicated transaction."),
     spec("multi", 1, &["noscript", "loading", "stale", "fast", "allow_busy"], NO_KEYS, "transactions", "1.2.0",
         "Starts a transaction: later commands are queued until EXEC or DISCARD."),
+    spec("object", -2, &["readonly"], (2, 2, 1), "generic", "2.2.3",
+        "OBJECT ENCODING (int, embstr or raw, by Redis's rules), REFCOUNT, IDLETIME, HELP."),
+    spec("persist", 2, &["write", "fast"], ONE_KEY, "generic", "2.2.0",
+        "0: onekv keys never expire, so there is no expiry to remove."),
+    spec("pexpiretime", 2, &["readonly", "fast"], ONE_KEY, "generic", "7.0.0",
+        "-1 (onekv keys never expire) or -2 if the key does not exist."),
     spec("ping", -1, &["fast", "stale"], NO_KEYS, "connection", "1.0.0",
         "PONG, or its argument; answered by this node without touching the cluster."),
+    spec("pttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "2.6.0",
+        "-1 (onekv keys never expire) or -2 if the key does not exist."),
     spec("quit", -1, &["fast", "stale", "loading"], NO_KEYS, "connection", "1.0.0",
         "Closes the connection after replying OK."),
+    spec("randomkey", 1, &["readonly"], NO_KEYS, "generic", "1.0.0",
+        "A key found by a keys-only scan from a random position (nil when there is none)."),
+    spec("rename", 3, &["write"], (1, 2, 1), "generic", "1.0.0",
+        "Moves a key's value to another key (same shard); one replicated transaction."),
+    spec("renamenx", 3, &["write", "fast"], (1, 2, 1), "generic", "1.0.0",
+        "RENAME only if the new key does not exist; one replicated transaction."),
     spec("scan", -2, &["readonly"], NO_KEYS, "generic", "2.8.0",
         "Keys in byte order, a page at a time; cursors live on the node that made them."),
     spec("select", 2, &["loading", "stale", "fast"], NO_KEYS, "connection", "1.0.0",
         "SELECT 0: onekv has one database."),
     spec("set", -3, &["write", "denyoom"], ONE_KEY, "string", "1.0.0",
         "Sets a key. Without NX/XX/GET a blind write, else a compare-and-swap loop."),
+    spec("setbit", 4, &["write", "denyoom"], ONE_KEY, "bitmap", "2.2.0",
+        "Sets or clears the bit at an offset, returning the old bit. A compare-and-swap loop."),
     spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
         "Sets a key only if it is absent (one compare-and-swap); 1 if it was set."),
+    spec("setrange", 4, &["write", "denyoom"], ONE_KEY, "string", "2.2.0",
+        "Overwrites part of a value from an offset (zero-padded); returns the new length."),
     spec("strlen", 2, &["readonly", "fast"], ONE_KEY, "string", "2.2.0",
         "The length of a key's value (0 if absent)."),
+    spec("substr", 4, &["readonly"], ONE_KEY, "string", "1.0.0",
+        "GETRANGE."),
+    spec("touch", -2, &["readonly", "fast"], ALL_KEYS, "generic", "3.2.1",
+        "Counts the given keys that exist (onekv does not track access times)."),
+    spec("ttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
+        "-1 (onekv keys never expire) or -2 if the key does not exist."),
+    spec("type", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
+        "string, or none if the key does not exist (onekv holds strings only)."),
     spec("unlink", -2, &["write", "fast"], ALL_KEYS, "generic", "4.0.0",
         "DEL: deletes keys, returns how many existed (onekv frees space the same way for both)."),
     spec("unwatch", 1, &["noscript", "loading", "stale", "fast", "allow_busy"], NO_KEYS, "transactions", "2.2.0",
@@ -147,6 +221,23 @@ pub fn syntax(name: &str) -> &'static str {
         "scan" => "cursor [MATCH pattern] [COUNT count] [TYPE type]",
         "select" => "index",
         "set" => "key value [NX|XX] [GET] [KEEPTTL]",
+        "getset" => "key value",
+        "getrange" | "substr" => "key start end",
+        "setrange" => "key offset value",
+        "incrbyfloat" => "key increment",
+        "msetnx" => "(key value)...",
+        "rename" | "renamenx" => "key newkey",
+        "copy" => "source destination [DB destination-db] [REPLACE]",
+        "keys" => "pattern",
+        "type" | "ttl" | "pttl" | "expiretime" | "pexpiretime" | "persist" => "key",
+        "touch" => "key...",
+        "getbit" => "key offset",
+        "setbit" => "key offset value",
+        "bitcount" => "key [start] [end] [BYTE|BIT]",
+        "bitpos" => "key bit [start] [end] [BYTE|BIT]",
+        "lcs" => "key1 key2 [LEN] [IDX] [MINMATCHLEN min-match-len] [WITHMATCHLEN]",
+        "getex" => "key [PERSIST]",
+        "flushall" | "flushdb" => "[ASYNC|SYNC]",
         _ => "",
     }
 }
@@ -154,6 +245,11 @@ pub fn syntax(name: &str) -> &'static str {
 /// The table entry for `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static CommandSpec> {
     COMMANDS.iter().find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// Where `spec` (an entry of [`COMMANDS`]) is in the table.
+pub fn position(spec: &CommandSpec) -> usize {
+    COMMANDS.iter().position(|entry| entry.name == spec.name).unwrap_or(usize::MAX)
 }
 
 /// `SET`'s options.
@@ -258,7 +354,7 @@ mod tests {
         assert!(!get.arity_ok(1) && !get.arity_ok(3));
         let del = lookup(b"DEL").unwrap();
         assert!(!del.arity_ok(1) && del.arity_ok(2) && del.arity_ok(9));
-        assert!(lookup(b"flushall").is_none());
+        assert!(lookup(b"hset").is_none());
     }
 
     #[test]

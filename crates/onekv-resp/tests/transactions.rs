@@ -1,22 +1,28 @@
 //! MULTI/EXEC/WATCH through [`RespContext::execute`] against a small in-memory `Kv` server (no
 //! replica): what EXEC reads, commits and answers; WATCH aborting on a changed value; another
 //! client's write between EXEC's read and its commit making the transaction decide again; and a
-//! runtime error of one queued command leaving the others applied. The real 3-node cluster with
-//! redis-py is `crates/onekv/tests/redis_tools.rs`.
+//! runtime error of one queued command leaving the others applied. Also the commands that are
+//! transactions of their own (MSETNX, RENAME, COPY) and those that page through every key (KEYS,
+//! FLUSHALL, RANDOMKEY) over more keys than one page holds. The real 3-node cluster with redis-py
+//! is `crates/onekv/tests/redis_tools.rs`, and Redis's own test suite `tests/redis-suite`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use onekv_proto::kv_server::{Kv, KvServer};
 use onekv_proto::{
-    BatchRequest, CasRequest, CasResponse, DeleteRequest, GetRequest, GetResponse, PutRequest, ScanRequest,
-    ScanResponse, StatusRequest, StatusResponse, TxnRequest, TxnResponse, WriteResponse,
+    BatchRequest, CasRequest, CasResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, PutRequest,
+    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnRequest, TxnResponse, WriteResponse,
 };
 use onekv_resp::exec::Session;
 use onekv_resp::{Reply, RespContext, RespSettings};
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+
+/// Most pairs one scan of the store returns: small, so the commands that page through every key
+/// are tested over many pages.
+const SCAN_PAGE: usize = 64;
 
 /// A store that applies each call atomically under one lock, as the replica applies entries.
 #[derive(Default)]
@@ -103,8 +109,28 @@ impl Kv for Store {
         Ok(Response::new(TxnResponse { applied, index: 1 }))
     }
 
-    async fn scan(&self, _: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
-        Err(Status::unimplemented("not needed here"))
+    /// Forward or reverse over `start..end`, at most `limit` pairs (the store's own bound is
+    /// [`SCAN_PAGE`], as a node caps a page at `limits.max_scan_pairs`).
+    async fn scan(&self, request: Request<ScanRequest>) -> Result<Response<ScanResponse>, Status> {
+        let request = request.into_inner();
+        let data = self.data.lock().unwrap();
+        let end = (!request.end.is_empty()).then_some(request.end);
+        let in_range = data
+            .range(request.start..)
+            .filter(|(key, _)| end.as_ref().is_none_or(|end| *key < end))
+            .map(|(key, value)| KeyValue {
+                key: key.clone(),
+                value: if request.keys_only { Vec::new() } else { value.clone() },
+            });
+        let limit = (request.limit as usize).clamp(1, SCAN_PAGE);
+        let mut pairs: Vec<KeyValue> = if request.reverse {
+            in_range.rev().take(limit + 1).collect()
+        } else {
+            in_range.take(limit + 1).collect()
+        };
+        let more = pairs.len() > limit;
+        pairs.truncate(limit);
+        Ok(Response::new(ScanResponse { pairs, more }))
     }
 
     /// No cluster map: the client takes the store for one shard.
@@ -267,4 +293,190 @@ async fn read_only_transactions_commit_nothing_unless_several_keys_must_agree() 
         Reply::Array(vec![Reply::Array(vec![Reply::text("1"), Reply::text("2")])])
     );
     assert_eq!(*store.txns.lock().unwrap(), (1, 0), "two keys: a conditions-only transaction");
+}
+
+#[tokio::test]
+async fn multi_key_writes_are_one_transaction_each() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    store.set("a", "1");
+    assert_eq!(run(&context, s, &["MSETNX", "a", "x", "b", "y"]).await, Reply::Integer(0));
+    assert_eq!((store.value("a").as_deref(), store.value("b")), (Some("1"), None));
+    assert_eq!(run(&context, s, &["MSETNX", "b", "y", "c", "z"]).await, Reply::Integer(1));
+    assert_eq!((store.value("b").as_deref(), store.value("c").as_deref()), (Some("y"), Some("z")));
+    assert_eq!(
+        run(&context, s, &["MSETNX", "d", "1", "e"]).await,
+        Reply::err("wrong number of arguments for 'msetnx' command")
+    );
+
+    assert_eq!(run(&context, s, &["RENAME", "a", "moved"]).await, Reply::ok());
+    assert_eq!((store.value("a"), store.value("moved").as_deref()), (None, Some("1")));
+    assert_eq!(run(&context, s, &["RENAME", "a", "moved"]).await, Reply::err("no such key"));
+    assert_eq!(run(&context, s, &["RENAMENX", "moved", "b"]).await, Reply::Integer(0));
+    assert_eq!(run(&context, s, &["RENAMENX", "moved", "fresh"]).await, Reply::Integer(1));
+    assert_eq!(store.value("fresh").as_deref(), Some("1"));
+
+    assert_eq!(run(&context, s, &["COPY", "fresh", "b"]).await, Reply::Integer(0));
+    assert_eq!(run(&context, s, &["COPY", "fresh", "b", "REPLACE"]).await, Reply::Integer(1));
+    assert_eq!(store.value("b").as_deref(), Some("1"));
+    assert_eq!(run(&context, s, &["COPY", "nothing", "b2"]).await, Reply::Integer(0));
+    assert_eq!(
+        run(&context, s, &["COPY", "b", "b"]).await,
+        Reply::err("source and destination objects are the same")
+    );
+    assert_eq!(
+        run(&context, s, &["COPY", "b", "c", "DB", "16"]).await,
+        Reply::err("DB index is out of range")
+    );
+    assert_eq!(run(&context, s, &["COPY", "b", "c", "BOGUS"]).await, Reply::err("syntax error"));
+
+    // A racing write between the read and the commit makes it decide again on the new value.
+    store.interfere.lock().unwrap().push((b"src".to_vec(), b"new".to_vec()));
+    store.set("src", "old");
+    assert_eq!(run(&context, s, &["RENAME", "src", "dst"]).await, Reply::ok());
+    assert_eq!((store.value("src"), store.value("dst").as_deref()), (None, Some("new")));
+
+    // Inside MULTI they are part of the one transaction.
+    assert_eq!(run(&context, s, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["RENAME", "dst", "t1"]).await, queued());
+    assert_eq!(run(&context, s, &["GETRANGE", "t1", "0", "1"]).await, queued());
+    assert_eq!(run(&context, s, &["SETRANGE", "t1", "1", "EW!"]).await, queued());
+    assert_eq!(run(&context, s, &["TYPE", "dst"]).await, queued());
+    assert_eq!(
+        run(&context, s, &["EXEC"]).await,
+        Reply::Array(vec![Reply::ok(), Reply::text("ne"), Reply::Integer(4), Reply::Simple("none".into())])
+    );
+    assert_eq!(store.value("t1").as_deref(), Some("nEW!"));
+}
+
+#[tokio::test]
+async fn single_key_commands_decide_on_the_value_they_find() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    assert_eq!(run(&context, s, &["GETSET", "k", "one"]).await, Reply::Nil);
+    assert_eq!(run(&context, s, &["GETSET", "k", "two"]).await, Reply::text("one"));
+    assert_eq!(run(&context, s, &["SETRANGE", "k", "5", "x"]).await, Reply::Integer(6));
+    assert_eq!(store.value("k").as_deref(), Some("two\0\0x"));
+    assert_eq!(run(&context, s, &["SETRANGE", "absent", "5", ""]).await, Reply::Integer(0));
+    assert_eq!(store.value("absent"), None);
+    assert_eq!(run(&context, s, &["SETBIT", "bits", "9", "1"]).await, Reply::Integer(0));
+    assert_eq!(run(&context, s, &["SETBIT", "bits", "9", "1"]).await, Reply::Integer(1));
+    assert_eq!(run(&context, s, &["GETBIT", "bits", "9"]).await, Reply::Integer(1));
+    assert_eq!(run(&context, s, &["BITCOUNT", "bits"]).await, Reply::Integer(1));
+    assert_eq!(run(&context, s, &["BITPOS", "bits", "1"]).await, Reply::Integer(9));
+    assert_eq!(run(&context, s, &["INCRBYFLOAT", "f", "10.5"]).await, Reply::text("10.5"));
+    assert_eq!(run(&context, s, &["INCRBYFLOAT", "f", "0.1"]).await, Reply::text("10.6"));
+    assert_eq!(
+        run(&context, s, &["INCRBYFLOAT", "f", "inf"]).await,
+        Reply::err("increment would produce NaN or Infinity")
+    );
+    assert_eq!(store.value("f").as_deref(), Some("10.6"));
+    assert_eq!(run(&context, s, &["INCRBYFLOAT", "k", "1"]).await, Reply::err("value is not a valid float"));
+    assert_eq!(run(&context, s, &["TTL", "f"]).await, Reply::Integer(-1));
+    assert_eq!(run(&context, s, &["TTL", "nothing"]).await, Reply::Integer(-2));
+    assert_eq!(run(&context, s, &["TOUCH", "f", "k", "nothing"]).await, Reply::Integer(2));
+    store.set("a", "ohmytext");
+    store.set("b", "mynewtext");
+    assert_eq!(run(&context, s, &["LCS", "a", "b"]).await, Reply::text("mytext"));
+}
+
+#[tokio::test]
+async fn keys_flushall_and_randomkey_page_through_every_key() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    // Many times more keys than one scan page holds.
+    let keys = SCAN_PAGE * 10 + 7;
+    for i in 0..keys {
+        store.set(&format!("user:{i:05}"), "v");
+    }
+    store.set("other", "v");
+    let Reply::Array(matched) = run(&context, s, &["KEYS", "user:*"]).await else { panic!() };
+    assert_eq!(matched.len(), keys);
+    let Reply::Array(matched) = run(&context, s, &["KEYS", "*9"]).await else { panic!() };
+    assert_eq!(matched.len(), (0..keys).filter(|i| i % 10 == 9).count());
+    assert_eq!(run(&context, s, &["KEYS", "nope*"]).await, Reply::Array(Vec::new()));
+    assert_eq!(run(&context, s, &["DBSIZE"]).await, Reply::Integer(keys as i64 + 1));
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let Reply::Bulk(key) = run(&context, s, &["RANDOMKEY"]).await else { panic!() };
+        assert!(store.value(std::str::from_utf8(&key).unwrap()).is_some());
+        seen.insert(key);
+    }
+    assert!(seen.len() > 20, "RANDOMKEY returned only {} distinct keys", seen.len());
+    // INFO keyspace reuses its count for a few seconds (clients send INFO on every connection);
+    // DBSIZE always counts, and a flush forgets the reused count.
+    let info = |reply: Reply| match reply {
+        Reply::Verbatim(text) => text,
+        other => panic!("{other:?}"),
+    };
+    let expected = format!("db0:keys={},", keys + 1);
+    assert!(info(run(&context, s, &["INFO", "keyspace"]).await).contains(&expected));
+    store.set("one-more", "v");
+    assert!(info(run(&context, s, &["INFO", "keyspace"]).await).contains(&expected));
+    assert_eq!(run(&context, s, &["DBSIZE"]).await, Reply::Integer(keys as i64 + 2));
+    assert_eq!(run(&context, s, &["FLUSHALL", "bogus"]).await, Reply::err("syntax error"));
+    assert_eq!(run(&context, s, &["FLUSHALL"]).await, Reply::ok());
+    assert!(store.data.lock().unwrap().is_empty());
+    assert!(!info(run(&context, s, &["INFO", "keyspace"]).await).contains("db0:"));
+    assert_eq!(run(&context, s, &["RANDOMKEY"]).await, Reply::Nil);
+    assert_eq!(run(&context, s, &["FLUSHDB", "ASYNC"]).await, Reply::ok());
+}
+
+#[tokio::test]
+async fn databases_are_separate_key_spaces() {
+    let (context, store) = start().await;
+    let (mut zero, mut three) = (context.new_session(), context.new_session());
+    store.set("k", "zero");
+    store.set("only-zero", "x");
+    assert_eq!(run(&context, &mut three, &["SELECT", "3"]).await, Reply::ok());
+    assert_eq!(run(&context, &mut three, &["GET", "k"]).await, Reply::Nil);
+    assert_eq!(run(&context, &mut three, &["SET", "k", "three"]).await, Reply::ok());
+    assert_eq!(run(&context, &mut three, &["INCR", "n"]).await, Reply::Integer(1));
+    assert_eq!(run(&context, &mut three, &["GET", "k"]).await, Reply::text("three"));
+    assert_eq!(run(&context, &mut zero, &["GET", "k"]).await, Reply::text("zero"));
+    assert_eq!(store.value("k").as_deref(), Some("zero"), "database 0 is the plain key space");
+    assert_eq!(
+        run(&context, &mut three, &["KEYS", "*"]).await,
+        Reply::Array(vec![Reply::text("k"), Reply::text("n")])
+    );
+    assert_eq!(
+        run(&context, &mut three, &["SCAN", "0", "COUNT", "100"]).await,
+        Reply::Array(vec![Reply::text("0"), Reply::Array(vec![Reply::text("k"), Reply::text("n")])])
+    );
+    assert_eq!(run(&context, &mut zero, &["DBSIZE"]).await, Reply::Integer(2));
+    assert_eq!(run(&context, &mut three, &["DBSIZE"]).await, Reply::Integer(2));
+    let Reply::Bulk(random) = run(&context, &mut three, &["RANDOMKEY"]).await else { panic!() };
+    assert!(random == b"k" || random == b"n", "{random:?}");
+    let Reply::Verbatim(info) = run(&context, &mut zero, &["INFO", "keyspace"]).await else { panic!() };
+    assert!(info.contains("db0:keys=2,") && info.contains("db3:keys=2,"), "{info}");
+    // COPY ... DB moves across databases; a transaction sees the connection's database.
+    assert_eq!(
+        run(&context, &mut zero, &["COPY", "only-zero", "copied", "DB", "3"]).await,
+        Reply::Integer(1)
+    );
+    assert_eq!(run(&context, &mut three, &["GET", "copied"]).await, Reply::text("x"));
+    assert_eq!(run(&context, &mut three, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, &mut three, &["RENAME", "copied", "renamed"]).await, queued());
+    assert_eq!(run(&context, &mut three, &["EXEC"]).await, Reply::Array(vec![Reply::ok()]));
+    assert_eq!(run(&context, &mut three, &["EXISTS", "copied", "renamed"]).await, Reply::Integer(1));
+    // A SELECT queued inside MULTI applies to the commands queued after it, as they run after it.
+    assert_eq!(run(&context, &mut zero, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, &mut zero, &["SELECT", "3"]).await, queued());
+    assert_eq!(run(&context, &mut zero, &["GET", "renamed"]).await, queued());
+    assert_eq!(run(&context, &mut zero, &["EXEC"]).await, Reply::Array(vec![Reply::ok(), Reply::text("x")]));
+    assert_eq!(run(&context, &mut zero, &["SELECT", "0"]).await, Reply::ok());
+    // FLUSHDB empties one database, FLUSHALL all of them.
+    assert_eq!(run(&context, &mut three, &["FLUSHDB"]).await, Reply::ok());
+    assert_eq!(run(&context, &mut three, &["DBSIZE"]).await, Reply::Integer(0));
+    assert_eq!(run(&context, &mut zero, &["DBSIZE"]).await, Reply::Integer(2));
+    assert_eq!(run(&context, &mut three, &["SET", "again", "1"]).await, Reply::ok());
+    assert_eq!(run(&context, &mut zero, &["FLUSHALL"]).await, Reply::ok());
+    assert!(store.data.lock().unwrap().is_empty());
+    // Database 0 cannot hold keys in the other databases' range.
+    let reserved = vec![b"SET".to_vec(), vec![0xFF, 0xFF, 3, b'k'], b"v".to_vec()];
+    assert!(context.execute(&mut zero, reserved).await.reply.is_error());
+    assert!(store.data.lock().unwrap().is_empty());
 }

@@ -15,6 +15,10 @@
 //! (transactional) `pipeline()`, errors inside and before EXEC, WATCH aborting, and two clients on
 //! two nodes incrementing one counter 200 times each with WATCH/MULTI/EXEC, ending at exactly 400.
 //!
+//! A fourth runs the go-redis and ioredis checks in `tests/clients/` (the libraries' default options,
+//! so RESP3; a transactional pipeline; an error inside EXEC; WATCH aborting; the same two-node
+//! counter ending at 400).
+//!
 //! If the tools are missing the test fails (it does not skip), naming the package to install.
 
 mod common;
@@ -191,7 +195,15 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
                 (&["DBSIZE"], "2"),
                 (&["CONFIG", "GET", "appendonly"], "appendonly\nyes"),
                 (&["CLIENT", "GETNAME"], ""),
-                (&["FLUSHALL"], "ERR unknown command 'FLUSHALL', with args beginning with: "),
+                (&["HSET"], "ERR unknown command 'HSET', with args beginning with: "),
+                (&["SET", "{t}x", "hello"], "OK"),
+                (&["RENAME", "{t}x", "{t}y"], "OK"),
+                (&["GETRANGE", "{t}y", "1", "-2"], "ell"),
+                (&["COPY", "{t}y", "{t}z"], "1"),
+                (&["MSETNX", "{t}z", "1", "{t}w", "2"], "0"),
+                (&["KEYS", "{t}*"], "{t}y\n{t}z"),
+                (&["INCRBYFLOAT", "{t}f", "1.5"], "1.5"),
+                (&["DEL", "{t}y", "{t}z", "{t}f"], "3"),
                 (&["GET"], "ERR wrong number of arguments for 'get' command"),
             ],
         )
@@ -416,5 +428,86 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
         assert!(stdout.contains("transactions ok: counter 400"), "{stdout}");
         // The gRPC API sees the same counter.
         assert_eq!(cluster.client().get(b"tx:counter").await.unwrap().as_deref(), Some(&b"400"[..]));
+    });
+}
+
+/// Runs `command` (a client library's check program, given the RESP addresses of a follower and
+/// the leader) to completion and checks it printed its success line.
+async fn run_client_check(mut command: tokio::process::Command, name: &str, success: &str) {
+    let output = command.stdin(Stdio::null()).kill_on_drop(true).output().await;
+    let output = output.unwrap_or_else(|error| panic!("running the {name} check: {error}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the {name} check failed:\n{stdout}\n{stderr}");
+    eprintln!("{stdout}");
+    assert!(stdout.contains(success), "{stdout}");
+}
+
+/// The first of `candidates` that runs (`--version` succeeds), or a panic naming what to install.
+fn tool(candidates: &[&str], install: &str) -> String {
+    let found = candidates.iter().find(|tool| {
+        std::process::Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    });
+    found
+        .map(|tool| tool.to_string())
+        .unwrap_or_else(|| panic!("{} is not installed: {install}", candidates[0]))
+}
+
+#[test]
+fn go_redis_and_ioredis_work_with_their_defaults_against_a_three_node_cluster() {
+    // `go version` rather than `--version`: check for Go separately.
+    let go = ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|go| {
+            std::process::Command::new(go).arg("version").output().is_ok_and(|out| out.status.success())
+        })
+        .expect("Go is not installed: run scripts/install-test-deps (Debian's golang-go, or go.dev)");
+    let node = tool(&["node"], "run scripts/install-test-deps (Debian's nodejs and npm)");
+    let npm = tool(&["npm"], "run scripts/install-test-deps (Debian's npm)");
+    let clients = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients");
+    // ioredis is installed into a scratch copy, so the test writes nothing into the source tree.
+    let scratch = tempfile::Builder::new().prefix("onekv-ioredis").tempdir().expect("a temporary dir");
+    for file in ["index.js", "package.json", "package-lock.json"] {
+        std::fs::copy(clients.join("node").join(file), scratch.path().join(file))
+            .expect("copying the ioredis check");
+    }
+    run_bounded(Duration::from_secs(420), async {
+        let installed = tokio::process::Command::new(&npm)
+            .args(["ci", "--no-audit", "--no-fund", "--prefer-offline"])
+            .current_dir(scratch.path())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("running npm ci");
+        assert!(installed.status.success(), "npm ci failed: {}", String::from_utf8_lossy(&installed.stderr));
+        let mut ports = HashSet::new();
+        while ports.len() < 3 {
+            ports.insert(free_port());
+        }
+        let ports: Vec<u16> = ports.into_iter().collect();
+        let resp_ports = ports.clone();
+        let mut cluster = TestCluster::start(3, move |config| {
+            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
+        })
+        .await;
+        let leader = cluster.leader().await;
+        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+        let address_of = |id: u64| format!("127.0.0.1:{}", ports[id as usize - 1]);
+        // One client through a follower (every command routed to the leader), one through the leader.
+        let addresses = [address_of(follower), address_of(leader)];
+
+        let mut go_check = tokio::process::Command::new(go);
+        go_check.arg("run").arg(".").args(&addresses).current_dir(clients.join("go"));
+        run_client_check(go_check, "go-redis", "WATCH counter 400").await;
+
+        let mut node_check = tokio::process::Command::new(&node);
+        node_check.arg("index.js").args(&addresses).current_dir(scratch.path());
+        run_client_check(node_check, "ioredis", "WATCH counter 400").await;
     });
 }

@@ -4,7 +4,7 @@
 //! real one), and applied indexes that match the nodes'. Also takes a screenshot and checks it is
 //! a real PNG of the page.
 //!
-//! Needs Debian's `chromium` (`scripts/install-chromium`, which `.ci/run` calls); without it the
+//! Needs Debian's `chromium` (`scripts/install-chromium`, which `scripts/install-test-deps` runs); without it the
 //! test fails, saying how to install it.
 
 mod common;

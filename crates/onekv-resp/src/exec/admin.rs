@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::databases::DATABASES;
 use super::{
     Outcome, REDIS_COMPATIBLE_VERSION, RespContext, Session, parse_integer, unknown_subcommand, wrong_arity,
 };
@@ -77,7 +78,7 @@ impl RespContext {
             ("appendonly", "yes".into()),
             ("bind", host.trim_start_matches('[').trim_end_matches(']').to_string()),
             ("cluster-enabled", "no".into()),
-            ("databases", "1".into()),
+            ("databases", DATABASES.to_string()),
             ("maxclients", settings.max_connections.to_string()),
             ("maxmemory", "0".into()),
             ("maxmemory-policy", "noeviction".into()),
@@ -110,12 +111,17 @@ impl RespContext {
     }
 
     pub(super) async fn info(&self, args: &[Vec<u8>]) -> Outcome {
-        const SECTIONS: [&str; 5] = ["server", "clients", "replication", "stats", "keyspace"];
+        // Redis's order; `default` (and no argument) is every section but commandstats.
+        const SECTIONS: [&str; 8] =
+            ["server", "clients", "memory", "stats", "replication", "cpu", "commandstats", "keyspace"];
         let requested: Vec<String> =
             args[1..].iter().map(|section| String::from_utf8_lossy(section).to_ascii_lowercase()).collect();
-        let all = requested.is_empty()
-            || requested.iter().any(|section| matches!(section.as_str(), "default" | "all" | "everything"));
-        let wanted = |section: &str| all || requested.iter().any(|requested| requested == section);
+        let all = requested.iter().any(|section| matches!(section.as_str(), "all" | "everything"));
+        let default = requested.is_empty() || requested.iter().any(|section| section == "default");
+        let wanted = |section: &str| {
+            all || (default && section != "commandstats")
+                || requested.iter().any(|requested| requested == section)
+        };
         let settings = &self.shared.settings;
         let stats = &self.shared.stats;
         let mut text = String::new();
@@ -170,6 +176,39 @@ impl RespContext {
                         Err(error) => field("onekv_status_error", error.to_string()),
                     }
                 }
+                "memory" => {
+                    let resident = resident_bytes().unwrap_or(0);
+                    field("used_memory", resident.to_string());
+                    field("used_memory_human", format!("{:.2}M", resident as f64 / (1 << 20) as f64));
+                    field("used_memory_rss", resident.to_string());
+                    field("maxmemory", "0".into());
+                    field("maxmemory_policy", "noeviction".into());
+                }
+                "cpu" => {
+                    let [user, system, children_user, children_system] = cpu_seconds().unwrap_or_default();
+                    field("used_cpu_sys", format!("{system:.6}"));
+                    field("used_cpu_user", format!("{user:.6}"));
+                    field("used_cpu_sys_children", format!("{children_system:.6}"));
+                    field("used_cpu_user_children", format!("{children_user:.6}"));
+                }
+                "commandstats" => {
+                    for (spec, counters) in commands::COMMANDS.iter().zip(stats.per_command.iter()) {
+                        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+                        let (calls, rejected) = (load(&counters.calls), load(&counters.rejected));
+                        if calls == 0 && rejected == 0 {
+                            continue;
+                        }
+                        let micros = load(&counters.micros);
+                        field(
+                            &format!("cmdstat_{}", spec.name),
+                            format!(
+                                "calls={calls},usec={micros},usec_per_call={:.2},rejected_calls={rejected},failed_calls={}",
+                                micros as f64 / calls.max(1) as f64,
+                                load(&counters.failed)
+                            ),
+                        );
+                    }
+                }
                 "stats" => {
                     let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed).to_string();
                     field("total_connections_received", load(&stats.connections_received));
@@ -178,15 +217,51 @@ impl RespContext {
                     field("onekv_write_timeout_disconnections", load(&stats.write_timeouts));
                 }
                 _ => {
-                    let keys = self.count_keys().await?;
-                    if keys > 0 {
-                        field("db0", format!("keys={keys},expires=0,avg_ttl=0"));
+                    let counts = self.key_counts().await?;
+                    for (db, keys) in counts.into_iter().enumerate().filter(|(_, keys)| *keys > 0) {
+                        field(&format!("db{db}"), format!("keys={keys},expires=0,avg_ttl=0"));
                     }
                 }
             }
         }
         // Plain text, which Redis sends as a verbatim string in RESP3 (a bulk string in RESP2).
         Ok(Reply::Verbatim(text))
+    }
+}
+
+/// This process's resident memory in bytes (Linux's `/proc/self/statm`; `None` elsewhere).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // The kernel's page size on every platform onekv is built for.
+    Some(pages * 4096)
+}
+
+/// This process's CPU time in seconds: user, system, and the same for its waited-for children
+/// (Linux's `/proc/self/stat`, in clock ticks of 1/100 s; `None` elsewhere).
+fn cpu_seconds() -> Option<[f64; 4]> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may contain spaces), from field 3 (the state) on.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |field: usize| -> Option<f64> { Some(fields.get(field - 3)?.parse::<f64>().ok()? / 100.0) };
+    Some([ticks(14)?, ticks(15)?, ticks(16)?, ticks(17)?])
+}
+
+/// `FUNCTION FLUSH [ASYNC|SYNC]` and `FUNCTION LIST`: onekv runs no server-side functions, so there
+/// is never one to flush or list (Redis's test harness flushes them before every test file).
+pub(super) fn function_command(args: &[Vec<u8>]) -> Outcome {
+    let subcommand = args[1].to_ascii_uppercase();
+    match (subcommand.as_slice(), &args[2..]) {
+        (b"FLUSH", []) => Ok(Reply::ok()),
+        (b"FLUSH", [mode]) if mode.eq_ignore_ascii_case(b"ASYNC") || mode.eq_ignore_ascii_case(b"SYNC") => {
+            Ok(Reply::ok())
+        }
+        (b"FLUSH", _) => Err(Reply::err("syntax error")),
+        (b"LIST", _) => Ok(Reply::Array(Vec::new())),
+        _ => Err(Reply::err(format!(
+            "onekv runs no functions: FUNCTION {} is not supported",
+            String::from_utf8_lossy(&subcommand[..subcommand.len().min(64)])
+        ))),
     }
 }
 

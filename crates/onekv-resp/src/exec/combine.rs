@@ -198,6 +198,11 @@ impl RespContext {
     pub(super) fn forget(&self, key: &[u8]) {
         self.shared.remembered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(key);
     }
+
+    /// Forgets every remembered value (after FLUSHALL).
+    pub(super) fn forget_all(&self) {
+        self.shared.remembered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+    }
 }
 
 #[cfg(test)]

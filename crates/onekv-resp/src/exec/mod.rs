@@ -11,9 +11,14 @@
 //! Does not own framing (`protocol`) or sockets (`server`).
 //!
 //! The parts, by concern: this module dispatches ([`RespContext::execute`]) and holds the shared
-//! state and the per-connection [`Session`]; `strings` the string commands and plain reads;
-//! `combine` the per-key compare-and-swap combiner and the value cache; `keyspace` SCAN, its
-//! cursors and key counting; `admin` the node's own answers (HELLO, CLIENT, COMMAND, CONFIG, INFO).
+//! state and the per-connection [`Session`]; `strings` the string commands that write and the
+//! plain reads; `reads` the other commands that only read values (ranges, bits, LCS, TYPE, the
+//! TTL family); `bytes` their arithmetic on values; `combine` the per-key compare-and-swap combiner
+//! and the value cache; `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
+//! its cursors and the commands that page through every key of a database (DBSIZE, KEYS,
+//! RANDOMKEY, FLUSHDB, FLUSHALL); `transaction` MULTI/EXEC and the multi-key writes run as
+//! transactions of their own (MSETNX, RENAME, COPY); `admin` the node's own answers (HELLO,
+//! CLIENT, COMMAND, CONFIG, INFO).
 //!
 //! Read-modify-write commands on one key are combined per node: while one compare-and-swap on the
 //! key is in flight, the commands that arrive queue up, and the next swap applies all of them in
@@ -24,11 +29,15 @@
 //! nodes may still race; the loser decides again on the value its failed swap returned.
 
 mod admin;
+mod bytes;
 mod combine;
+mod databases;
 mod keyspace;
+mod reads;
 mod strings;
 mod transaction;
 
+pub use self::databases::DATABASES;
 pub use self::transaction::same_shard;
 
 use std::collections::HashMap;
@@ -42,7 +51,7 @@ use rand::Rng as _;
 use crate::commands::{self, CommandSpec};
 use crate::protocol::{ParserLimits, Protocol, Reply};
 
-use self::admin::{client_command, command_command};
+use self::admin::{client_command, command_command, function_command};
 use self::combine::Pending;
 use self::keyspace::Cursors;
 
@@ -116,9 +125,24 @@ impl RespSettings {
     }
 }
 
+/// One command's counters, reported by INFO commandstats.
+#[derive(Debug, Default)]
+pub(crate) struct CommandCounters {
+    /// Calls that ran (or were queued inside MULTI).
+    pub(crate) calls: AtomicU64,
+    /// Microseconds spent in them.
+    pub(crate) micros: AtomicU64,
+    /// Calls refused before running (a wrong number of arguments).
+    pub(crate) rejected: AtomicU64,
+    /// Calls that ran and answered an error.
+    pub(crate) failed: AtomicU64,
+}
+
 /// Counters of the front end, reported by INFO.
 #[derive(Debug, Default)]
 pub(crate) struct Stats {
+    /// Per command, in the order of [`commands::COMMANDS`].
+    pub(crate) per_command: Box<[CommandCounters]>,
     pub(crate) connections_received: AtomicU64,
     pub(crate) connected: AtomicU64,
     pub(crate) rejected: AtomicU64,
@@ -144,6 +168,8 @@ struct Shared {
     combining: Mutex<HashMap<Vec<u8>, Vec<Pending>>>,
     remembered: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     cursors: Mutex<Cursors>,
+    /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
+    key_counts: tokio::sync::Mutex<Option<(Instant, [u64; DATABASES as usize])>>,
 }
 
 impl std::fmt::Debug for RespContext {
@@ -158,6 +184,8 @@ pub struct Session {
     id: u64,
     name: Option<Vec<u8>>,
     protocol: Protocol,
+    /// The database SELECT chose (0 to [`DATABASES`] - 1).
+    db: u8,
     /// The client's address, for CLIENT INFO.
     peer: Option<std::net::SocketAddr>,
     /// What CLIENT SETINFO said: the library's name and version.
@@ -217,13 +245,17 @@ impl RespContext {
                 settings,
                 client,
                 started: Instant::now(),
-                stats: Stats::default(),
+                stats: Stats {
+                    per_command: commands::COMMANDS.iter().map(|_| CommandCounters::default()).collect(),
+                    ..Stats::default()
+                },
                 next_client_id: AtomicU64::new(1),
                 combining: Mutex::new(HashMap::new()),
                 remembered: Mutex::new(HashMap::new()),
                 // Random first ids, so a cursor from another node or an earlier run is unlikely to
                 // name a live one; below 2^53 so clients that keep cursors as doubles are exact.
                 cursors: Mutex::new(Cursors::new(random.random_range(1..1u64 << 52))),
+                key_counts: tokio::sync::Mutex::new(None),
             }),
         })
     }
@@ -247,6 +279,7 @@ impl RespContext {
         Session {
             id: self.shared.next_client_id.fetch_add(1, Ordering::Relaxed),
             name: None,
+            db: 0,
             protocol: Protocol::Resp2,
             peer: None,
             lib_name: Vec::new(),
@@ -260,6 +293,7 @@ impl RespContext {
     pub async fn execute(&self, session: &mut Session, args: Vec<Vec<u8>>) -> Executed {
         let started = Instant::now();
         let spec = args.first().and_then(|name| commands::lookup(name));
+        let args_len = args.len();
         let op = spec.map_or("unknown", |spec| spec.name);
         let mut close = false;
         let reply = match spec {
@@ -268,13 +302,35 @@ impl RespContext {
             Some(spec) if !spec.arity_ok(args.len()) => {
                 transaction::refuse_queueing(session, Some(spec), &args)
             }
-            Some(spec) if session.in_transaction() && transaction::queues(spec) => self.queue(session, args),
             Some(spec) => {
-                close = spec.name == "quit";
-                self.run(spec, session, &args).await.unwrap_or_else(|error| error)
+                match databases::translate(session.transaction.selected().unwrap_or(session.db), spec, args) {
+                    // A key the connection's database cannot hold: refused like a malformed command.
+                    Err(error) => transaction::refuse_queueing_with(session, error),
+                    Ok(args) if session.in_transaction() && transaction::queues(spec) => {
+                        self.queue(session, args)
+                    }
+                    Ok(args) => {
+                        close = spec.name == "quit";
+                        self.run(spec, session, &args).await.unwrap_or_else(|error| error)
+                    }
+                }
             }
         };
         self.shared.stats.commands_processed.fetch_add(1, Ordering::Relaxed);
+        let counters =
+            spec.and_then(|spec| Some((spec, self.shared.stats.per_command.get(commands::position(spec))?)));
+        if let Some((spec, counters)) = counters {
+            if !spec.arity_ok(args_len) {
+                counters.rejected.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counters.calls.fetch_add(1, Ordering::Relaxed);
+                let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                counters.micros.fetch_add(micros, Ordering::Relaxed);
+                if reply.is_error() {
+                    counters.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         let outcome = if reply.is_error() { "error" } else { "ok" };
         metrics::counter!("onekv_requests_total", "protocol" => "resp", "op" => op, "outcome" => outcome)
             .increment(1);
@@ -295,17 +351,20 @@ impl RespContext {
             },
             "echo" => Ok(Reply::Bulk(args[1].clone())),
             "quit" => Ok(Reply::ok()),
-            "select" => match parse_integer(&args[1]) {
-                Some(0) => Ok(Reply::ok()),
-                Some(_) => Err(Reply::err("DB index is out of range")),
-                None => Err(not_an_integer()),
-            },
+            "select" => {
+                session.db = databases::parse_index(&args[1])?;
+                Ok(Reply::ok())
+            }
             "hello" => self.hello(session, args),
             "client" => client_command(session, args),
             "command" => command_command(args),
             "config" => self.config(args),
+            "function" => function_command(args),
             "info" => self.info(args).await,
-            "dbsize" => Ok(Reply::Integer(i64::try_from(self.count_keys().await?).unwrap_or(i64::MAX))),
+            "dbsize" => {
+                let count = self.count_keys(session.db).await?;
+                Ok(Reply::Integer(i64::try_from(count).unwrap_or(i64::MAX)))
+            }
             "get" => Ok(Reply::optional(self.get(&args[1]).await?)),
             "mget" => {
                 let values = self.get_many(&args[1..], true).await?;
@@ -323,11 +382,17 @@ impl RespContext {
                 Ok(Reply::Integer(i64::from(swapped)))
             }
             "del" | "unlink" => self.delete(&args[1..]).await,
-            "getdel" | "incr" | "decr" | "incrby" | "decrby" | "append" => {
+            name if strings::is_single_key_write(name) => {
                 let decide = self.decision(spec.name, args)?;
                 self.read_modify_write(&args[1], decide).await
             }
-            "scan" => self.scan(args).await,
+            name if reads::is_value_read(name) => self.read_command(spec, args).await,
+            "msetnx" | "rename" | "renamenx" | "copy" => self.atomically(session, args).await,
+            "scan" => self.scan(session.db, args).await,
+            "keys" => self.keys(session.db, &args[1]).await,
+            "randomkey" => self.random_key(session.db).await,
+            "flushall" => self.flush(None, args).await,
+            "flushdb" => self.flush(Some(session.db), args).await,
             "multi" | "exec" | "discard" | "watch" | "unwatch" => {
                 self.transaction_command(spec.name, session, args).await
             }
@@ -421,7 +486,9 @@ mod tests {
         assert_eq!(run(&context, s, &["ping", "hi"]), Reply::text("hi"));
         assert_eq!(run(&context, s, &["ECHO", ""]), Reply::text(""));
         assert_eq!(run(&context, s, &["SELECT", "0"]), Reply::ok());
-        assert_eq!(run(&context, s, &["SELECT", "1"]), Reply::err("DB index is out of range"));
+        assert_eq!(run(&context, s, &["SELECT", "16"]), Reply::err("DB index is out of range"));
+        assert_eq!(run(&context, s, &["SELECT", "15"]), Reply::ok());
+        assert_eq!(run(&context, s, &["SELECT", "0"]), Reply::ok());
         assert_eq!(run(&context, s, &["CLIENT", "GETNAME"]), Reply::Nil);
         assert_eq!(run(&context, s, &["CLIENT", "SETNAME", "bench"]), Reply::ok());
         assert_eq!(run(&context, s, &["CLIENT", "GETNAME"]), Reply::text("bench"));
@@ -512,9 +579,24 @@ mod tests {
         let mut session = context.new_session();
         let s = &mut session;
         assert_eq!(
-            run(&context, s, &["FLUSHALL", "x"]),
-            Reply::err("unknown command 'FLUSHALL', with args beginning with: 'x' ")
+            run(&context, s, &["HSET", "h", "f", "v"]),
+            Reply::err("unknown command 'HSET', with args beginning with: 'h' 'f' 'v' ")
         );
+        assert_eq!(run(&context, s, &["FLUSHALL", "x"]), Reply::err("syntax error"));
+        assert_eq!(run(&context, s, &["SETRANGE", "k", "-1", "v"]), Reply::err("offset is out of range"));
+        assert_eq!(
+            run(&context, s, &["SETRANGE", "k", "1048576", "v"]),
+            Reply::err("string exceeds maximum allowed size (onekv's limits.max_value_bytes = 1048576)")
+        );
+        assert_eq!(
+            run(&context, s, &["SETBIT", "k", "0", "2"]),
+            Reply::err("bit is not an integer or out of range")
+        );
+        assert_eq!(
+            run(&context, s, &["SETBIT", "k", "8388608", "1"]),
+            Reply::err("bit offset is not an integer or out of range")
+        );
+        assert_eq!(run(&context, s, &["INCRBYFLOAT", "k", "1 "]), Reply::err("value is not a valid float"));
         assert_eq!(run(&context, s, &["GET"]), Reply::err("wrong number of arguments for 'get' command"));
         assert_eq!(
             run(&context, s, &["MSET", "a", "1", "b"]),

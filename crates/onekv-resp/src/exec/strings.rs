@@ -1,11 +1,33 @@
 //! The string commands and plain reads: GET, MGET, EXISTS, STRLEN, SET (every option), MSET,
-//! SETNX, INCR/DECR and their BY forms. Blind writes are puts and batches; the others decide
+//! SETNX, GETSET, INCR/DECR and their BY forms, INCRBYFLOAT, APPEND, SETRANGE and SETBIT. Blind writes are puts and batches; the others decide
 //! through the combiner (`combine`).
 
+use super::bytes;
 use super::combine::{Change, Decide};
+use super::reads::bit_offset;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
+
+/// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
+/// decides: run through the combiner alone, against the snapshot inside a transaction.
+pub(super) fn is_single_key_write(name: &str) -> bool {
+    matches!(
+        name,
+        "set"
+            | "setnx"
+            | "getdel"
+            | "getset"
+            | "incr"
+            | "decr"
+            | "incrby"
+            | "decrby"
+            | "incrbyfloat"
+            | "append"
+            | "setrange"
+            | "setbit"
+    )
+}
 
 /// Reads one MGET or EXISTS keeps in flight at once.
 const GET_MANY_CONCURRENCY: usize = 32;
@@ -66,18 +88,20 @@ impl RespContext {
 
     /// Refuses a value over the node's limit, as Redis words it.
     pub(super) fn check_value(&self, value: &[u8]) -> Outcome<()> {
+        self.check_length(value.len())
+    }
+
+    /// Refuses a value length over the node's limit, as Redis words it.
+    pub(super) fn check_length(&self, len: usize) -> Outcome<()> {
         let max = self.shared.settings.max_value_bytes;
-        if value.len() > max {
-            return Err(Reply::err(format!(
-                "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
-            )));
+        if len > max {
+            return Err(value_too_long(max));
         }
         Ok(())
     }
 
     /// What a single-key read-modify-write string command (`args[1]` is the key) decides from
-    /// the value it finds: APPEND, GETDEL, INCR, INCRBY, DECR, DECRBY, SET (any options) and
-    /// SETNX. Its arguments are checked here, before anything is read. The combiner runs it
+    /// the value it finds: the commands of [`is_single_key_write`]. Its arguments are checked here, before anything is read. The combiner runs it
     /// against the value it reads; a transaction runs it against its snapshot.
     pub(super) fn decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
         let increment = |by: i64| -> Decide {
@@ -105,9 +129,7 @@ impl RespContext {
                 Box::new(move |current| {
                     let mut value = current.unwrap_or_default().to_vec();
                     if value.len() + suffix.len() > max {
-                        return Err(Reply::err(format!(
-                            "string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"
-                        )));
+                        return Err(value_too_long(max));
                     }
                     value.extend_from_slice(&suffix);
                     let len = value.len() as i64;
@@ -149,6 +171,58 @@ impl RespContext {
                         (false, true) => Change::Keep(old),
                         (false, false) => Change::Keep(Reply::Nil),
                     })
+                })
+            }
+            "getset" => {
+                self.check_value(&args[2])?;
+                let value = args[2].clone();
+                Box::new(move |current| {
+                    Ok(Change::Write(Some(value.clone()), Reply::optional(current.map(<[u8]>::to_vec))))
+                })
+            }
+            "setrange" => {
+                let offset = parse_integer(&args[2]).ok_or_else(not_an_integer)?;
+                let offset = usize::try_from(offset).map_err(|_| Reply::err("offset is out of range"))?;
+                let patch = args[3].clone();
+                if !patch.is_empty() {
+                    self.check_length(offset.saturating_add(patch.len()))?;
+                }
+                Box::new(move |current| {
+                    Ok(match bytes::set_range(current, offset, &patch) {
+                        Some(value) => {
+                            let len = value.len() as i64;
+                            Change::Write(Some(value), Reply::Integer(len))
+                        }
+                        None => Change::Keep(Reply::Integer(current.map_or(0, <[u8]>::len) as i64)),
+                    })
+                })
+            }
+            "setbit" => {
+                let offset = bit_offset(&args[2], self.shared.settings.max_value_bytes)?;
+                let bit = match args[3].as_slice() {
+                    b"0" => false,
+                    b"1" => true,
+                    _ => return Err(Reply::err("bit is not an integer or out of range")),
+                };
+                Box::new(move |current| {
+                    let (value, old) = bytes::set_bit(current, offset, bit);
+                    Ok(Change::Write(Some(value), Reply::Integer(i64::from(old))))
+                })
+            }
+            "incrbyfloat" => {
+                let not_a_float = || Reply::err("value is not a valid float");
+                let by = bytes::parse_float(&args[2]).ok_or_else(not_a_float)?;
+                Box::new(move |current| {
+                    let old = match current {
+                        None => 0.0,
+                        Some(value) => bytes::parse_float(value).ok_or_else(not_a_float)?,
+                    };
+                    let new = old + by;
+                    if !new.is_finite() {
+                        return Err(Reply::err("increment would produce NaN or Infinity"));
+                    }
+                    let text = bytes::format_float(new).into_bytes();
+                    Ok(Change::Write(Some(text.clone()), Reply::Bulk(text)))
                 })
             }
             other => return Err(Reply::err(format!("'{other}' is not a read-modify-write"))),
@@ -211,6 +285,11 @@ impl RespContext {
         }
         Ok(values)
     }
+}
+
+/// The error for a value longer than the node's `max` bytes, as Redis words it.
+fn value_too_long(max: usize) -> Reply {
+    Reply::err(format!("string exceeds maximum allowed size (onekv's limits.max_value_bytes = {max})"))
 }
 
 /// DEL's decision for one key: delete it if present; 1 if it was.

@@ -33,8 +33,9 @@ use std::time::Duration;
 use rand::Rng as _;
 
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
-use super::strings::delete_decision;
+use super::strings::{delete_decision, is_single_key_write};
 use super::{Outcome, RespContext, Session, unknown_command, wrong_arity};
+use super::{databases, reads};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -59,12 +60,20 @@ pub(super) struct Transaction {
     watched: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// Bytes of the watched keys and values.
     watched_bytes: usize,
+    /// The database of the last SELECT queued: the commands queued after it use its keys, as
+    /// they will run after it.
+    selected: Option<u8>,
 }
 
 impl Transaction {
     /// Whether the connection is between MULTI and EXEC/DISCARD.
     pub(super) fn active(&self) -> bool {
         self.queued.is_some()
+    }
+
+    /// The database the next queued command's keys belong to, if a queued SELECT chose one.
+    pub(super) fn selected(&self) -> Option<u8> {
+        self.selected
     }
 
     /// A command rejected while queueing: EXEC will answer EXECABORT.
@@ -86,18 +95,6 @@ pub fn same_shard(map: &onekv_placement::ClusterMap, keys: &[&[u8]]) -> bool {
     let mut shards = keys.iter().map(|key| map.shard_of_key(key));
     let first = shards.next();
     shards.all(|shard| Some(shard) == first)
-}
-
-/// The key arguments of a command, from its table entry.
-fn key_arguments<'a>(spec: &CommandSpec, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a Vec<u8>> {
-    let first = usize::try_from(spec.first_key).unwrap_or(0);
-    let last = match spec.last_key {
-        -1 => args.len().saturating_sub(1),
-        last => usize::try_from(last).unwrap_or(0).min(args.len().saturating_sub(1)),
-    };
-    let step = usize::try_from(spec.step).unwrap_or(1).max(1);
-    let range = if first == 0 { 0..0 } else { first..last + 1 };
-    args[range].iter().step_by(step)
 }
 
 /// What one evaluation of the queue found, before anything is committed.
@@ -158,6 +155,11 @@ impl RespContext {
             return queue_too_long(limits.max_args, limits.max_request_bytes);
         }
         transaction.queued_bytes += bytes;
+        if args[0].eq_ignore_ascii_case(b"select")
+            && let Ok(db) = databases::parse_index(&args[1])
+        {
+            transaction.selected = Some(db);
+        }
         queued.push(args);
         Reply::Simple("QUEUED".into())
     }
@@ -244,6 +246,16 @@ impl RespContext {
         Ok(Reply::ok())
     }
 
+    /// Runs one command as a transaction of its own: a multi-key write (MSETNX, RENAME, COPY)
+    /// whose keys must share a shard, applied atomically (one replicated transaction).
+    pub(super) async fn atomically(&self, session: &mut Session, args: &[Vec<u8>]) -> Outcome {
+        let transaction = Transaction { queued: Some(vec![args.to_vec()]), ..Transaction::default() };
+        match self.exec(session, transaction).await? {
+            Reply::Array(mut replies) if replies.len() == 1 => Ok(replies.remove(0)),
+            other => Err(Reply::err(format!("onekv: unexpected transaction reply {other:?}"))),
+        }
+    }
+
     /// EXEC of a transaction that was not doomed.
     async fn exec(&self, session: &mut Session, transaction: Transaction) -> Outcome {
         let queued = transaction.queued.unwrap_or_default();
@@ -260,7 +272,7 @@ impl RespContext {
         }
         for args in &queued {
             let Some(spec) = commands::lookup(&args[0]) else { continue };
-            for key in key_arguments(spec, args) {
+            for key in spec.key_arguments(args) {
                 all_keys.push(key);
                 if !commands::is_blind_write(args) && self.storable(key) && seen.insert(key.as_slice()) {
                     read_keys.push(key.clone());
@@ -386,7 +398,66 @@ impl RespContext {
                 }
                 Reply::Integer(deleted)
             }
-            "set" | "setnx" | "getdel" | "incr" | "decr" | "incrby" | "decrby" | "append" => {
+            "msetnx" => {
+                if args.len().is_multiple_of(2) {
+                    return Some(wrong_arity("msetnx"));
+                }
+                if let Some(error) =
+                    args[1..].chunks_exact(2).find_map(|pair| self.unwritable(&pair[0], &pair[1]))
+                {
+                    return Some(error);
+                }
+                if args[1..].chunks_exact(2).any(|pair| snapshot.get(&pair[0]).is_some()) {
+                    return Some(Reply::Integer(0));
+                }
+                for pair in args[1..].chunks_exact(2) {
+                    snapshot.set(&pair[0], Some(pair[1].clone()));
+                }
+                Reply::Integer(1)
+            }
+            "rename" | "renamenx" => {
+                let (source, destination) = (&args[1], &args[2]);
+                let only_if_absent = spec.name == "renamenx";
+                let Some(value) = value(snapshot, source) else { return Some(Reply::err("no such key")) };
+                if source == destination {
+                    return Some(if only_if_absent { Reply::Integer(0) } else { Reply::ok() });
+                }
+                if only_if_absent && snapshot.get(destination).is_some() {
+                    return Some(Reply::Integer(0));
+                }
+                if let Some(error) = self.unwritable(destination, &value) {
+                    return Some(error);
+                }
+                snapshot.set(destination, Some(value));
+                snapshot.set(source, None);
+                if only_if_absent { Reply::Integer(1) } else { Reply::ok() }
+            }
+            "copy" => {
+                let (source, destination) = (&args[1], &args[2]);
+                // `DB n` was applied to the destination key when the command came in (`databases`).
+                if args[3..].iter().any(|option| !option.eq_ignore_ascii_case(b"REPLACE")) {
+                    return Some(Reply::err("syntax error"));
+                }
+                let replace = args.len() > 3;
+                if source == destination {
+                    return Some(Reply::err("source and destination objects are the same"));
+                }
+                let Some(value) = value(snapshot, source) else { return Some(Reply::Integer(0)) };
+                if !replace && snapshot.get(destination).is_some() {
+                    return Some(Reply::Integer(0));
+                }
+                if let Some(error) = self.unwritable(destination, &value) {
+                    return Some(error);
+                }
+                snapshot.set(destination, Some(value));
+                Reply::Integer(1)
+            }
+            name if reads::is_value_read(name) => {
+                let keys: Vec<&Vec<u8>> = spec.key_arguments(args).collect();
+                let values: Vec<Option<&[u8]>> = keys.iter().map(|key| snapshot.get(key)).collect();
+                reads::answer_read(name, args, &values, self.shared.settings.max_value_bytes)
+            }
+            name if is_single_key_write(name) => {
                 let key = &args[1];
                 if let Some(error) = self.unwritable(key, &[]) {
                     // A read of a key onekv cannot hold finds it absent; a write is refused.
@@ -442,13 +513,21 @@ fn bulk_bytes(reply: &Reply) -> usize {
 /// The reply to a command a connection inside MULTI sends, when it is refused rather than queued
 /// (its name is unknown or its arity wrong): the transaction is doomed.
 pub(super) fn refuse_queueing(session: &mut Session, spec: Option<&CommandSpec>, args: &[Vec<u8>]) -> Reply {
+    let error = match spec {
+        None => unknown_command(args),
+        Some(spec) => wrong_arity(spec.name),
+    };
+    refuse_queueing_with(session, error)
+}
+
+/// The reply to a command refused before it runs for a reason other than its name or arity (a
+/// key its database cannot hold): inside MULTI the transaction is doomed, as Redis dooms it for
+/// any command refused while queueing.
+pub(super) fn refuse_queueing_with(session: &mut Session, error: Reply) -> Reply {
     if session.transaction.active() {
         Arc::make_mut(&mut session.transaction).reject();
     }
-    match spec {
-        None => unknown_command(args),
-        Some(spec) => wrong_arity(spec.name),
-    }
+    error
 }
 
 /// Whether a connection inside MULTI queues this command rather than running it.
@@ -640,12 +719,16 @@ mod tests {
         let keys = |command: &[&str]| {
             let command = args(command);
             let spec = commands::lookup(&command[0]).unwrap();
-            key_arguments(spec, &command).cloned().collect::<Vec<_>>()
+            spec.key_arguments(&command).cloned().collect::<Vec<_>>()
         };
         assert_eq!(keys(&["SET", "k", "v", "NX"]), args(&["k"]));
         assert_eq!(keys(&["MSET", "a", "1", "b", "2"]), args(&["a", "b"]));
         assert_eq!(keys(&["DEL", "a", "b", "c"]), args(&["a", "b", "c"]));
         assert_eq!(keys(&["PING"]), Vec::<Vec<u8>>::new());
+        assert_eq!(keys(&["COPY", "a", "b", "REPLACE"]), args(&["a", "b"]));
+        assert_eq!(keys(&["MSETNX", "a", "1", "b", "2"]), args(&["a", "b"]));
+        assert_eq!(keys(&["OBJECT", "ENCODING", "k"]), args(&["k"]));
+        assert_eq!(keys(&["OBJECT", "HELP"]), Vec::<Vec<u8>>::new());
         let map = onekv_placement::ClusterMap::build(&[1, 2, 3], 16, 3).unwrap();
         assert!(same_shard(&map, &[b"{user1}.a", b"{user1}.b"]), "one hash tag, one shard");
         let apart = (0..100)
