@@ -90,7 +90,7 @@ pub static COMMANDS: &[CommandSpec] = &[
     spec("bitpos", -3, &["readonly"], ONE_KEY, "bitmap", "2.8.7",
         "The first bit set (or clear) in a value, or in a range of bytes or bits."),
     spec("client", -2, &["stale"], NO_KEYS, "connection", "2.4.0",
-        "CLIENT SETNAME, GETNAME, ID, INFO, SETINFO: this connection's name, id and library."),
+        "CLIENT SETNAME, GETNAME, ID, INFO, SETINFO, LIST: this node's connections, their names and libraries."),
     spec("command", -1, &["loading", "stale"], NO_KEYS, "server", "2.8.13",
         "COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS, COMMAND LIST: this table."),
     spec("config", -2, &["admin", "noscript", "loading", "stale"], NO_KEYS, "server", "2.0.0",

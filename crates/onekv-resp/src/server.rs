@@ -156,6 +156,8 @@ async fn serve_connection(
     let write_timeout = ctx.settings().write_timeout.max(Duration::from_millis(1));
     let mut parser = RequestParser::new(ctx.parser_limits());
     let mut session = ctx.new_session().with_peer(peer);
+    // Listed by CLIENT LIST while the connection lasts, however it ends.
+    let _registration = ctx.register(&session);
     let mut input = BytesMut::with_capacity(READ_BYTES);
     let mut output: Vec<u8> = Vec::with_capacity(READ_BYTES);
     loop {

@@ -3,7 +3,8 @@
 //!
 //! Checks pipelined replies in order (multibulk and inline, written a byte at a time), a protocol
 //! error closing only its own connection, the connection limit, QUIT, shutdown, the write timeout
-//! closing a connection whose client stopped reading, and HELLO switching between RESP2 and RESP3.
+//! closing a connection whose client stopped reading, HELLO switching between RESP2 and RESP3, and
+//! CLIENT LIST following connections as they open, change and close.
 
 use std::time::{Duration, Instant};
 
@@ -261,4 +262,51 @@ async fn pipelined_reads_inside_multi_are_queued_on_the_connection() {
     let queued: &[u8] = b"+OK\r\n+QUEUED\r\n+QUEUED\r\n+QUEUED\r\n-ERR onekv";
     let received = read_exactly(&mut stream, queued.len()).await;
     assert!(received.starts_with(queued), "{}", String::from_utf8_lossy(&received));
+}
+
+/// Sends one inline command and reads its reply: a bulk string's payload, or the line.
+async fn inline(stream: &mut TcpStream, command: &str) -> String {
+    stream.write_all(format!("{command}\r\n").as_bytes()).await.unwrap();
+    let mut reply = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let read =
+            tokio::time::timeout(TIMEOUT, stream.read(&mut buffer)).await.expect("a reply in time").unwrap();
+        assert!(read > 0, "closed before replying to {command}");
+        reply.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&reply).into_owned();
+        let Some((header, rest)) = text.split_once("\r\n") else { continue };
+        match header.strip_prefix('$') {
+            Some(len) if rest.len() >= len.parse::<usize>().unwrap() + 2 => {
+                return rest[..len.parse::<usize>().unwrap()].to_string();
+            }
+            Some(_) => continue,
+            None => return header.to_string(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn client_list_shows_each_open_connection_and_forgets_closed_ones() {
+    let (address, _stop, _task) = start(8).await;
+    let mut first = TcpStream::connect(&address).await.unwrap();
+    let mut second = TcpStream::connect(&address).await.unwrap();
+    assert_eq!(inline(&mut second, "CLIENT SETNAME second").await, "+OK");
+    assert_eq!(inline(&mut second, "SELECT 4").await, "+OK");
+    let list = inline(&mut first, "CLIENT LIST").await;
+    assert_eq!(list.lines().count(), 2, "{list}");
+    let second_line = list.lines().find(|line| line.contains("name=second")).expect("the named connection");
+    assert!(second_line.contains(" db=4 "), "{second_line}");
+    assert!(second_line.contains(&format!("addr={}", second.local_addr().unwrap())), "{second_line}");
+    drop(second);
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let list = inline(&mut first, "CLIENT LIST").await;
+        if list.lines().count() == 1 {
+            assert!(!list.contains("name=second"), "{list}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the closed connection is still listed: {list}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

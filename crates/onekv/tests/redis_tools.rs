@@ -398,24 +398,12 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
         "redis-py is not installed: `python3 -m pip install redis` (or run scripts/install-redis)"
     );
     run_bounded(Duration::from_secs(240), async {
-        let mut ports = HashSet::new();
-        while ports.len() < 3 {
-            ports.insert(free_port());
-        }
-        let ports: Vec<u16> = ports.into_iter().collect();
-        let resp_ports = ports.clone();
-        let mut cluster = TestCluster::start(3, move |config| {
-            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
-        })
-        .await;
-        let leader = cluster.leader().await;
-        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
-        let port_of = |id: u64| ports[id as usize - 1].to_string();
+        let (cluster, [follower_port, leader_port]) = start_resp_cluster().await;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/transactions.py");
         // One client through a follower (every command routed to the leader), one through the leader.
         let output = tokio::process::Command::new("python3")
             .arg(&script)
-            .args([port_of(follower), port_of(leader)])
+            .args([follower_port.to_string(), leader_port.to_string()])
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output()
@@ -429,6 +417,25 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
         // The gRPC API sees the same counter.
         assert_eq!(cluster.client().get(b"tx:counter").await.unwrap().as_deref(), Some(&b"400"[..]));
     });
+}
+
+/// A 3-node cluster with the RESP front end on every node, and the RESP ports of a follower and of
+/// the leader.
+async fn start_resp_cluster() -> (TestCluster, [u16; 2]) {
+    let mut ports = HashSet::new();
+    while ports.len() < 3 {
+        ports.insert(free_port());
+    }
+    let ports: Vec<u16> = ports.into_iter().collect();
+    let resp_ports = ports.clone();
+    let mut cluster = TestCluster::start(3, move |config| {
+        config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
+    })
+    .await;
+    let leader = cluster.leader().await;
+    let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+    let port_of = |id: u64| ports[id as usize - 1];
+    (cluster, [port_of(follower), port_of(leader)])
 }
 
 /// Runs `command` (a client library's check program, given the RESP addresses of a follower and
@@ -486,21 +493,9 @@ fn go_redis_and_ioredis_work_with_their_defaults_against_a_three_node_cluster() 
             .await
             .expect("running npm ci");
         assert!(installed.status.success(), "npm ci failed: {}", String::from_utf8_lossy(&installed.stderr));
-        let mut ports = HashSet::new();
-        while ports.len() < 3 {
-            ports.insert(free_port());
-        }
-        let ports: Vec<u16> = ports.into_iter().collect();
-        let resp_ports = ports.clone();
-        let mut cluster = TestCluster::start(3, move |config| {
-            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
-        })
-        .await;
-        let leader = cluster.leader().await;
-        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
-        let address_of = |id: u64| format!("127.0.0.1:{}", ports[id as usize - 1]);
+        let (_cluster, ports) = start_resp_cluster().await;
         // One client through a follower (every command routed to the leader), one through the leader.
-        let addresses = [address_of(follower), address_of(leader)];
+        let addresses = ports.map(|port| format!("127.0.0.1:{port}"));
 
         let mut go_check = tokio::process::Command::new(go);
         go_check.arg("run").arg(".").args(&addresses).current_dir(clients.join("go"));

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::clients::ClientEntry;
 use super::databases::DATABASES;
 use super::{
     Outcome, REDIS_COMPATIBLE_VERSION, RespContext, Session, parse_integer, unknown_subcommand, wrong_arity,
@@ -265,50 +266,90 @@ pub(super) fn function_command(args: &[Vec<u8>]) -> Outcome {
     }
 }
 
-pub(super) fn client_command(session: &mut Session, args: &[Vec<u8>]) -> Outcome {
-    let subcommand = args[1].to_ascii_uppercase();
-    match (subcommand.as_slice(), args.len()) {
-        (b"SETNAME", 3) => {
-            session.name = Some(check_client_name(&args[2])?).filter(|name| !name.is_empty());
-            Ok(Reply::ok())
-        }
-        (b"GETNAME", 2) => Ok(Reply::optional(session.name.clone())),
-        (b"ID", 2) => Ok(Reply::Integer(i64::try_from(session.id).unwrap_or(i64::MAX))),
-        (b"SETINFO", 4) => {
-            let value = &args[3];
-            if value.iter().any(|&byte| !(b'!'..=b'~').contains(&byte)) {
-                return Err(Reply::err(format!(
-                    "{} cannot contain spaces, newlines or special characters.",
-                    String::from_utf8_lossy(&args[2])
-                )));
+impl RespContext {
+    /// `CLIENT SETNAME|GETNAME|ID|SETINFO|INFO|LIST`.
+    pub(super) fn client_command(&self, session: &mut Session, args: &[Vec<u8>]) -> Outcome {
+        let subcommand = args[1].to_ascii_uppercase();
+        match (subcommand.as_slice(), args.len()) {
+            (b"SETNAME", 3) => {
+                session.name = Some(check_client_name(&args[2])?).filter(|name| !name.is_empty());
+                Ok(Reply::ok())
             }
-            match args[2].to_ascii_lowercase().as_slice() {
-                b"lib-name" => session.lib_name = value.clone(),
-                b"lib-ver" => session.lib_version = value.clone(),
-                _ => {
+            (b"GETNAME", 2) => Ok(Reply::optional(session.name.clone())),
+            (b"ID", 2) => Ok(Reply::Integer(i64::try_from(session.id).unwrap_or(i64::MAX))),
+            (b"SETINFO", 4) => {
+                let value = &args[3];
+                if value.iter().any(|&byte| !(b'!'..=b'~').contains(&byte)) {
                     return Err(Reply::err(format!(
-                        "Unrecognized option '{}'",
+                        "{} cannot contain spaces, newlines or special characters.",
                         String::from_utf8_lossy(&args[2])
                     )));
                 }
+                match args[2].to_ascii_lowercase().as_slice() {
+                    b"lib-name" => session.lib_name = value.clone(),
+                    b"lib-ver" => session.lib_version = value.clone(),
+                    _ => {
+                        return Err(Reply::err(format!(
+                            "Unrecognized option '{}'",
+                            String::from_utf8_lossy(&args[2])
+                        )));
+                    }
+                }
+                Ok(Reply::ok())
             }
-            Ok(Reply::ok())
+            (b"INFO", 2) => {
+                Ok(Reply::Verbatim(ClientEntry::of(session).line(&self.shared.settings.resp_address)))
+            }
+            (b"LIST", _) => {
+                // `[TYPE normal|master|replica|pubsub] [ID id...]`: every connection is a normal one.
+                let mut ids: Option<Vec<u64>> = None;
+                let mut normal = true;
+                let mut options = args[2..].iter();
+                while let Some(option) = options.next() {
+                    match option.to_ascii_uppercase().as_slice() {
+                        b"TYPE" => {
+                            let kind = options
+                                .next()
+                                .ok_or_else(|| Reply::err("syntax error"))?
+                                .to_ascii_lowercase();
+                            match kind.as_slice() {
+                                b"normal" => {}
+                                b"master" | b"replica" | b"slave" | b"pubsub" => normal = false,
+                                _ => {
+                                    return Err(Reply::err(format!(
+                                        "Unknown client type '{}'",
+                                        String::from_utf8_lossy(&kind)
+                                    )));
+                                }
+                            }
+                        }
+                        b"ID" => {
+                            let listed: Vec<u64> = options
+                                .by_ref()
+                                .map(|id| {
+                                    parse_integer(id)
+                                        .and_then(|id| u64::try_from(id).ok())
+                                        .filter(|&id| id > 0)
+                                        .ok_or_else(|| Reply::err("Invalid client ID"))
+                                })
+                                .collect::<Outcome<_>>()?;
+                            if listed.is_empty() {
+                                return Err(Reply::err("syntax error"));
+                            }
+                            ids = Some(listed);
+                        }
+                        _ => return Err(Reply::err("syntax error")),
+                    }
+                }
+                let list = if normal { self.client_list(ids.as_deref()) } else { String::new() };
+                Ok(Reply::Verbatim(list))
+            }
+            (b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO", _) => Err(wrong_arity(&format!(
+                "client|{}",
+                String::from_utf8_lossy(&args[1]).to_ascii_lowercase()
+            ))),
+            _ => Err(unknown_subcommand(&args[1], "CLIENT")),
         }
-        (b"INFO", 2) => {
-            let peer = session.peer.map(|peer| peer.to_string()).unwrap_or_default();
-            Ok(Reply::Verbatim(format!(
-                "id={} addr={peer} name={} resp={} lib-name={} lib-ver={}\n",
-                session.id,
-                String::from_utf8_lossy(session.name.as_deref().unwrap_or_default()),
-                session.protocol.version(),
-                String::from_utf8_lossy(&session.lib_name),
-                String::from_utf8_lossy(&session.lib_version),
-            )))
-        }
-        (b"SETNAME" | b"GETNAME" | b"ID" | b"SETINFO" | b"INFO", _) => {
-            Err(wrong_arity(&format!("client|{}", String::from_utf8_lossy(&args[1]).to_ascii_lowercase())))
-        }
-        _ => Err(unknown_subcommand(&args[1], "CLIENT")),
     }
 }
 

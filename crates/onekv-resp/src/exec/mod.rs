@@ -30,6 +30,7 @@
 
 mod admin;
 mod bytes;
+mod clients;
 mod combine;
 mod databases;
 mod keyspace;
@@ -37,6 +38,7 @@ mod reads;
 mod strings;
 mod transaction;
 
+pub use self::clients::Registration;
 pub use self::databases::DATABASES;
 pub use self::transaction::same_shard;
 
@@ -51,7 +53,8 @@ use rand::Rng as _;
 use crate::commands::{self, CommandSpec};
 use crate::protocol::{ParserLimits, Protocol, Reply};
 
-use self::admin::{client_command, command_command, function_command};
+use self::admin::{command_command, function_command};
+use self::clients::ClientEntry;
 use self::combine::Pending;
 use self::keyspace::Cursors;
 
@@ -168,6 +171,8 @@ struct Shared {
     combining: Mutex<HashMap<Vec<u8>, Vec<Pending>>>,
     remembered: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     cursors: Mutex<Cursors>,
+    /// Every connection's entry for CLIENT LIST (see `clients`).
+    clients: Mutex<HashMap<u64, ClientEntry>>,
     /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
     key_counts: tokio::sync::Mutex<Option<(Instant, [u64; DATABASES as usize])>>,
 }
@@ -186,6 +191,8 @@ pub struct Session {
     protocol: Protocol,
     /// The database SELECT chose (0 to [`DATABASES`] - 1).
     db: u8,
+    /// When the connection was accepted (CLIENT LIST's `age`).
+    connected: Instant,
     /// The client's address, for CLIENT INFO.
     peer: Option<std::net::SocketAddr>,
     /// What CLIENT SETINFO said: the library's name and version.
@@ -256,6 +263,7 @@ impl RespContext {
                 // name a live one; below 2^53 so clients that keep cursors as doubles are exact.
                 cursors: Mutex::new(Cursors::new(random.random_range(1..1u64 << 52))),
                 key_counts: tokio::sync::Mutex::new(None),
+                clients: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -280,6 +288,7 @@ impl RespContext {
             id: self.shared.next_client_id.fetch_add(1, Ordering::Relaxed),
             name: None,
             db: 0,
+            connected: Instant::now(),
             protocol: Protocol::Resp2,
             peer: None,
             lib_name: Vec::new(),
@@ -316,6 +325,10 @@ impl RespContext {
                 }
             }
         };
+        if spec.is_some_and(|spec| matches!(spec.name, "hello" | "client" | "select" | "exec")) {
+            // The command may have changed what CLIENT LIST shows of this connection.
+            self.publish(session);
+        }
         self.shared.stats.commands_processed.fetch_add(1, Ordering::Relaxed);
         let counters =
             spec.and_then(|spec| Some((spec, self.shared.stats.per_command.get(commands::position(spec))?)));
@@ -356,7 +369,7 @@ impl RespContext {
                 Ok(Reply::ok())
             }
             "hello" => self.hello(session, args),
-            "client" => client_command(session, args),
+            "client" => self.client_command(session, args),
             "command" => command_command(args),
             "config" => self.config(args),
             "function" => function_command(args),
@@ -567,10 +580,34 @@ mod tests {
         assert!(run(&context, s, &["CLIENT", "SETINFO", "other", "x"]).is_error());
         assert!(run(&context, s, &["CLIENT", "SETINFO", "lib-name"]).is_error());
         assert_eq!(run(&context, s, &["CLIENT", "ID"]), id);
-        assert_eq!(
-            run(&context, s, &["CLIENT", "INFO"]),
-            Reply::Verbatim(format!("id={} addr= name=x resp=2 lib-name=redis-py lib-ver=8.0.0\n", s.id))
+        let line = format!(
+            "id={} addr= laddr=127.0.0.1:6379 name=x age=0 idle=0 flags=N db=0 sub=0 psub=0 ssub=0 \
+             user=default resp=2 lib-name=redis-py lib-ver=8.0.0\n",
+            s.id
         );
+        assert_eq!(run(&context, s, &["CLIENT", "INFO"]), Reply::Verbatim(line.clone()));
+        // Only registered connections (the listener registers each) are listed.
+        assert_eq!(run(&context, s, &["CLIENT", "LIST"]), Reply::Verbatim(String::new()));
+        let registration = context.register(s);
+        assert_eq!(run(&context, s, &["CLIENT", "LIST"]), Reply::Verbatim(line.clone()));
+        let mut other = context.new_session();
+        let _other = context.register(&other);
+        assert_eq!(run(&context, &mut other, &["SELECT", "7"]), Reply::ok());
+        let Reply::Verbatim(both) = run(&context, s, &["CLIENT", "LIST"]) else { panic!() };
+        assert_eq!(both.lines().count(), 2);
+        assert!(both.contains(&format!("id={} ", other.id)) && both.contains(" db=7 "), "{both}");
+        let only = format!("{}", s.id);
+        assert_eq!(run(&context, s, &["CLIENT", "LIST", "ID", &only]), Reply::Verbatim(line.clone()));
+        assert_eq!(run(&context, s, &["CLIENT", "LIST", "TYPE", "pubsub"]), Reply::Verbatim(String::new()));
+        assert_eq!(
+            run(&context, s, &["CLIENT", "LIST", "TYPE", "normal", "ID", &only]),
+            Reply::Verbatim(line)
+        );
+        assert!(run(&context, s, &["CLIENT", "LIST", "ID", "x"]).is_error());
+        assert!(run(&context, s, &["CLIENT", "LIST", "TYPE", "bogus"]).is_error());
+        drop(registration);
+        let Reply::Verbatim(left) = run(&context, s, &["CLIENT", "LIST"]) else { panic!() };
+        assert_eq!(left.lines().count(), 1, "{left}");
     }
 
     #[test]

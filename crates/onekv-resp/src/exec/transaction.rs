@@ -375,19 +375,18 @@ impl RespContext {
             "exists" => {
                 Reply::Integer(args[1..].iter().filter(|key| snapshot.get(key).is_some()).count() as i64)
             }
-            "mset" => {
-                if args.len().is_multiple_of(2) {
-                    return Some(wrong_arity("mset"));
+            "mset" | "msetnx" => {
+                let pairs = match self.writable_pairs(spec.name, args) {
+                    Ok(pairs) => pairs,
+                    Err(error) => return Some(error),
+                };
+                if spec.name == "msetnx" && pairs.clone().any(|pair| snapshot.get(&pair[0]).is_some()) {
+                    return Some(Reply::Integer(0));
                 }
-                if let Some(error) =
-                    args[1..].chunks_exact(2).find_map(|pair| self.unwritable(&pair[0], &pair[1]))
-                {
-                    return Some(error);
-                }
-                for pair in args[1..].chunks_exact(2) {
+                for pair in pairs {
                     snapshot.set(&pair[0], Some(pair[1].clone()));
                 }
-                Reply::ok()
+                if spec.name == "msetnx" { Reply::Integer(1) } else { Reply::ok() }
             }
             "del" | "unlink" => {
                 let mut deleted = 0;
@@ -397,23 +396,6 @@ impl RespContext {
                     }
                 }
                 Reply::Integer(deleted)
-            }
-            "msetnx" => {
-                if args.len().is_multiple_of(2) {
-                    return Some(wrong_arity("msetnx"));
-                }
-                if let Some(error) =
-                    args[1..].chunks_exact(2).find_map(|pair| self.unwritable(&pair[0], &pair[1]))
-                {
-                    return Some(error);
-                }
-                if args[1..].chunks_exact(2).any(|pair| snapshot.get(&pair[0]).is_some()) {
-                    return Some(Reply::Integer(0));
-                }
-                for pair in args[1..].chunks_exact(2) {
-                    snapshot.set(&pair[0], Some(pair[1].clone()));
-                }
-                Reply::Integer(1)
             }
             "rename" | "renamenx" => {
                 let (source, destination) = (&args[1], &args[2]);
@@ -471,6 +453,23 @@ impl RespContext {
             "unwatch" => Reply::ok(),
             _ => return None,
         })
+    }
+
+    /// The (key, value) pairs of MSET or MSETNX (`name`), each checked as the node would check its
+    /// write.
+    fn writable_pairs<'a>(
+        &self,
+        name: &str,
+        args: &'a [Vec<u8>],
+    ) -> Outcome<std::slice::ChunksExact<'a, Vec<u8>>> {
+        if args.len().is_multiple_of(2) {
+            return Err(wrong_arity(name));
+        }
+        let pairs = args[1..].chunks_exact(2);
+        match pairs.clone().find_map(|pair| self.unwritable(&pair[0], &pair[1])) {
+            Some(error) => Err(error),
+            None => Ok(pairs),
+        }
     }
 
     /// The error of writing `value` under `key`, as the node would word it, if it cannot be
