@@ -418,6 +418,16 @@ async fn keys_flushall_and_randomkey_page_through_every_key() {
     assert!(info(run(&context, s, &["INFO", "keyspace"]).await).contains(&expected));
     assert_eq!(run(&context, s, &["DBSIZE"]).await, Reply::Integer(keys as i64 + 2));
     assert_eq!(run(&context, s, &["FLUSHALL", "bogus"]).await, Reply::err("syntax error"));
+    // Not atomic, so not part of a transaction: refused while queueing, which dooms it.
+    assert_eq!(run(&context, s, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["SET", "queued", "v"]).await, queued());
+    assert!(run(&context, s, &["FLUSHDB"]).await.is_error());
+    assert_eq!(
+        run(&context, s, &["EXEC"]).await,
+        Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+    );
+    assert_eq!(store.value("queued"), None);
+    assert_eq!(run(&context, s, &["DBSIZE"]).await, Reply::Integer(keys as i64 + 2));
     assert_eq!(run(&context, s, &["FLUSHALL"]).await, Reply::ok());
     assert!(store.data.lock().unwrap().is_empty());
     assert!(!info(run(&context, s, &["INFO", "keyspace"]).await).contains("db0:"));

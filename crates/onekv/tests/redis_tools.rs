@@ -159,7 +159,7 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
                 (&["PING"], "PONG"),
                 (&["ECHO", "a b"], "a b"),
                 (&["SELECT", "0"], "OK"),
-                (&["SELECT", "1"], "ERR DB index is out of range"),
+                (&["SELECT", "16"], "ERR DB index is out of range"),
                 (&["SET", "greeting", "hello"], "OK"),
                 (&["GET", "greeting"], "hello"),
                 (&["APPEND", "greeting", " world"], "11"),

@@ -10,10 +10,16 @@ use super::parse_integer;
 /// `start..end` (end exclusive) of a value of `len` bytes (or bits) for GETRANGE's and BITCOUNT's
 /// inclusive `start` and `end`, negative counting from the end; `None` when the range is empty.
 pub(super) fn inclusive_range(len: usize, start: i64, end: i64) -> Option<(usize, usize)> {
-    let len = i64::try_from(len).unwrap_or(i64::MAX);
     if start < 0 && end < 0 && start > end {
         return None;
     }
+    clamped_range(len, start, end)
+}
+
+/// [`inclusive_range`] without its first rule (two negative offsets in reverse order select
+/// nothing), as BITPOS converts its range: both are clamped to the value instead.
+fn clamped_range(len: usize, start: i64, end: i64) -> Option<(usize, usize)> {
+    let len = i64::try_from(len).unwrap_or(i64::MAX);
     let start = if start < 0 { len.saturating_add(start) } else { start }.max(0);
     let mut end = if end < 0 { len.saturating_add(end) } else { end }.max(0);
     if end >= len {
@@ -79,10 +85,15 @@ pub(super) struct BitRange {
 
 /// The bits of `value` a range selects: the bytes they lie in, with the bits outside the range
 /// forced to `outside` (0 or 1) in the first and last byte. `None`: an empty range.
-fn selected_bytes(value: &[u8], range: Option<BitRange>, outside: bool) -> Option<(usize, Vec<u8>)> {
+fn selected_bytes(
+    value: &[u8],
+    range: Option<BitRange>,
+    outside: bool,
+    convert: fn(usize, i64, i64) -> Option<(usize, usize)>,
+) -> Option<(usize, Vec<u8>)> {
     let Some(range) = range else { return Some((0, value.to_vec())) };
     let units = if range.in_bits { value.len() * 8 } else { value.len() };
-    let (start, end) = inclusive_range(units, range.start, range.end)?;
+    let (start, end) = convert(units, range.start, range.end)?;
     if !range.in_bits {
         return Some((start, value[start..end].to_vec()));
     }
@@ -105,7 +116,7 @@ fn selected_bytes(value: &[u8], range: Option<BitRange>, outside: bool) -> Optio
 
 /// BITCOUNT: the set bits in the range (the whole value without one).
 pub(super) fn bit_count(value: &[u8], range: Option<BitRange>) -> u64 {
-    selected_bytes(value, range, false)
+    selected_bytes(value, range, false, inclusive_range)
         .map_or(0, |(_, bytes)| bytes.iter().map(|byte| u64::from(byte.count_ones())).sum())
 }
 
@@ -113,7 +124,11 @@ pub(super) fn bit_count(value: &[u8], range: Option<BitRange>) -> u64 {
 /// Looking for a 0 without an explicit end finds the first bit past the value when every bit in
 /// range is 1 (the value is treated as padded with zeros), as Redis does.
 pub(super) fn bit_position(value: &[u8], bit: bool, range: Option<BitRange>, end_given: bool) -> i64 {
-    let Some((first_byte, bytes)) = selected_bytes(value, range, !bit) else { return -1 };
+    // An empty value is an empty range, even for a 0 bit (Redis: start 0 > end -1).
+    if value.is_empty() {
+        return -1;
+    }
+    let Some((first_byte, bytes)) = selected_bytes(value, range, !bit, clamped_range) else { return -1 };
     let found = bytes.iter().enumerate().find_map(|(index, &byte)| {
         let byte = if bit { byte } else { !byte };
         (byte != 0).then(|| index * 8 + byte.leading_zeros() as usize)
@@ -135,10 +150,59 @@ pub(super) fn parse_float(text: &[u8]) -> Option<f64> {
     text.parse::<f64>().ok().filter(|value| !value.is_nan())
 }
 
-/// A float as INCRBYFLOAT stores it: the shortest decimal that reads back as the same double, never
-/// in exponent notation and never `-0`.
+/// Why INCRBYFLOAT cannot add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FloatError {
+    /// The current value or the increment is not a float.
+    NotAFloat,
+    /// The sum would be infinite (or NaN).
+    NotFinite,
+}
+
+/// Digits after the point INCRBYFLOAT keeps: Redis prints its `long double` sum with `%.17Lf` and
+/// trims the trailing zeros.
+const FLOAT_DECIMALS: u32 = 17;
+
+/// INCRBYFLOAT: `current` (absent: 0) plus `increment`, as the text Redis stores. The sum is exact
+/// in decimal when both fit a 96-bit decimal (any ordinary number: `0.1 + 0.2` is `0.3`, as with
+/// Redis's `long double`), else computed in 64-bit floating point; either way rounded to 17 digits
+/// after the point, trailing zeros trimmed, never in exponent notation and never `-0`.
+pub(super) fn add_floats(current: Option<&[u8]>, increment: &[u8]) -> Result<Vec<u8>, FloatError> {
+    let current = current.unwrap_or(b"0");
+    let (old, by) = (parse_float(current), parse_float(increment));
+    let (Some(old), Some(by)) = (old, by) else { return Err(FloatError::NotAFloat) };
+    if let (Some(old), Some(by)) = (parse_decimal(current), parse_decimal(increment))
+        && let Some(sum) = old.checked_add(by)
+    {
+        let sum = sum
+            .round_dp_with_strategy(FLOAT_DECIMALS, rust_decimal::RoundingStrategy::MidpointNearestEven)
+            .normalize();
+        let text = if sum.is_zero() { "0".to_string() } else { sum.to_string() };
+        return Ok(text.into_bytes());
+    }
+    let sum = old + by;
+    if !sum.is_finite() {
+        return Err(FloatError::NotFinite);
+    }
+    Ok(format_float(sum).into_bytes())
+}
+
+/// A float's text as an exact decimal, if it is one that fits (`None`: use floating point).
+fn parse_decimal(text: &[u8]) -> Option<rust_decimal::Decimal> {
+    let text = std::str::from_utf8(text).ok()?;
+    if text.contains(['e', 'E']) {
+        rust_decimal::Decimal::from_scientific(text).ok()
+    } else {
+        // Exact: more digits than a 96-bit decimal holds is an error, not a rounding.
+        rust_decimal::Decimal::from_str_exact(text).ok()
+    }
+}
+
+/// A double as `%.17f` prints it with the trailing zeros (and point) trimmed, never `-0`.
 pub(super) fn format_float(value: f64) -> String {
-    if value == 0.0 { "0".to_string() } else { format!("{value}") }
+    let text = format!("{value:.17}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" || text.is_empty() { "0".to_string() } else { text.to_string() }
 }
 
 /// Integers below this are shared objects in Redis, and OBJECT REFCOUNT reports them as such.
@@ -294,6 +358,10 @@ mod tests {
         assert_eq!(bit_position(&[0xFF, 0xFF], false, bits(3, 5), true), -1);
         assert_eq!(bit_position(&[0xFF, 0xFB], false, bits(3, 13), true), 13);
         assert_eq!(bit_position(&[0xFF, 0xFB], false, bits(3, 12), true), -1);
+        // Unlike BITCOUNT, two negative offsets in reverse order are clamped, not empty.
+        assert_eq!(bit_count(&[0xFF], bytes(-1, -5)), 0);
+        assert_eq!(bit_position(&[0x01, 0x00], true, bytes(-100, -200), true), 7);
+        assert_eq!(bit_position(b"", false, None, false), -1);
     }
 
     #[test]
@@ -304,11 +372,31 @@ mod tests {
         for bad in [&b""[..], b" 1", b"1 ", b"nan", b"1\x002", b"abc"] {
             assert_eq!(parse_float(bad), None, "{bad:?}");
         }
-        assert_eq!(format_float(10.5 + 0.1), "10.6");
-        assert_eq!(format_float(17179869184.0 + 1.5), "17179869185.5");
-        assert_eq!(format_float(3.0), "3");
+        let add = |current: Option<&str>, by: &str| {
+            add_floats(current.map(str::as_bytes), by.as_bytes()).map(|sum| String::from_utf8(sum).unwrap())
+        };
+        assert_eq!(add(Some("10.5"), "0.1"), Ok("10.6".into()));
+        assert_eq!(add(Some("0.1"), "0.2"), Ok("0.3".into()));
+        assert_eq!(add(Some("3.3000000000000003"), "0"), Ok("3.3000000000000003".into()));
+        assert_eq!(add(None, "1.1"), Ok("1.1".into()));
+        assert_eq!(add(Some("2.2"), "1.1"), Ok("3.3".into()));
+        assert_eq!(add(Some("17179869184"), "1.5"), Ok("17179869185.5".into()));
+        assert_eq!(add(Some("1"), "-1.1"), Ok("-0.1".into()));
+        assert_eq!(add(None, "1e-20"), Ok("0".into()), "17 digits after the point, as %.17Lf");
+        assert_eq!(add(Some("5.0e3"), "+1"), Ok("5001".into()));
+        assert_eq!(add(Some("0.0244"), "-0.0244"), Ok("0".into()));
+        // Beyond a 96-bit decimal: floating point, printed in full (as %.17Lf would).
+        let huge = add(Some("1e300"), "1e300").unwrap();
+        assert!(huge.starts_with("2000000000000000") && huge.len() == 301 && !huge.contains('.'), "{huge}");
+        assert_eq!(add(None, "inf"), Err(FloatError::NotFinite));
+        assert_eq!(add(Some("1.7976931348623157e308"), "1.7976931348623157e308"), Err(FloatError::NotFinite));
+        assert_eq!(add(Some("abc"), "1"), Err(FloatError::NotAFloat));
+        assert_eq!(add(None, "1 "), Err(FloatError::NotAFloat));
+        // More digits than a 96-bit decimal holds: floating point, not a silently rounded decimal.
+        assert_eq!(add(Some("0.1234567890123456789012345678901234"), "0"), Ok("0.12345678901234568".into()));
         assert_eq!(format_float(-0.0), "0");
         assert_eq!(format_float(1e21), "1000000000000000000000");
+        assert_eq!(format_float(0.5), "0.5");
     }
 
     #[test]

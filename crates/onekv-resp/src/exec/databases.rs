@@ -75,23 +75,27 @@ pub(super) fn parse_index(arg: &[u8]) -> Outcome<u8> {
 pub(super) fn translate(db: u8, spec: &CommandSpec, mut args: Vec<Vec<u8>>) -> Outcome<Vec<Vec<u8>>> {
     let positions: Vec<usize> = spec.key_positions(args.len()).collect();
     let mut destination_db = db;
-    if spec.name == "copy"
-        && let Some(option) = args.iter().skip(3).position(|arg| arg.eq_ignore_ascii_case(b"DB"))
-    {
-        let option = option + 3;
-        let index = args.get(option + 1).ok_or_else(|| Reply::err("syntax error"))?;
-        destination_db = parse_index(index)?;
-        args.drain(option..option + 2);
+    if spec.name == "copy" {
+        // Every `DB n` is taken out; the last one counts, as in Redis.
+        while let Some(option) = args.iter().skip(3).position(|arg| arg.eq_ignore_ascii_case(b"DB")) {
+            let option = option + 3;
+            let index = args.get(option + 1).ok_or_else(|| Reply::err("syntax error"))?;
+            destination_db = parse_index(index)?;
+            args.drain(option..option + 2);
+        }
     }
     for position in positions {
+        let target = if spec.name == "copy" && position == 2 { destination_db } else { db };
         let key = &mut args[position];
-        if db == 0 && key.starts_with(&RESERVED) {
+        if target == 0 && key.starts_with(&RESERVED) {
             return Err(Reply::err(
                 "onekv: keys beginning with the bytes FF FF are reserved for databases 1 to 15 (SELECT)",
             ));
         }
-        let target = if spec.name == "copy" && position == 2 { destination_db } else { db };
-        *key = stored_key(target, key);
+        // The empty key stays empty, so every database refuses it alike.
+        if !key.is_empty() {
+            *key = stored_key(target, key);
+        }
     }
     Ok(args)
 }
@@ -149,6 +153,19 @@ mod tests {
             translated(0, &["COPY", "a", "b", "DB", "16"]),
             Err(Reply::err("DB index is out of range"))
         );
+        assert_eq!(
+            translated(0, &["COPY", "a", "b", "DB", "3", "DB", "4"]),
+            Ok(vec![b"COPY".to_vec(), b"a".to_vec(), stored_key(4, b"b")]),
+            "the last DB counts"
+        );
+        assert_eq!(translated(2, &["GET", ""]), Ok(args(&["GET", ""])), "the empty key is refused alike");
+        // The reserved prefix is checked in the database each key is stored in.
+        let into_zero =
+            vec![b"COPY".to_vec(), b"a".to_vec(), vec![0xFF, 0xFF, 5, b'x'], b"DB".to_vec(), b"0".to_vec()];
+        assert!(translate(1, commands::lookup(b"copy").unwrap(), into_zero).is_err());
+        let into_three =
+            vec![b"COPY".to_vec(), b"a".to_vec(), vec![0xFF, 0xFF, b'z'], b"DB".to_vec(), b"3".to_vec()];
+        assert!(translate(0, commands::lookup(b"copy").unwrap(), into_three).is_ok());
         assert_eq!(translated(0, &["COPY", "a", "b", "DB"]), Err(Reply::err("syntax error")));
         assert_eq!(parse_index(b"15"), Ok(15));
         assert_eq!(parse_index(b"-1"), Err(Reply::err("DB index is out of range")));

@@ -16,8 +16,10 @@ const MAX_CURSORS: usize = 4096;
 const RANDOM_KEY_LEVELS: usize = 16;
 /// How old INFO keyspace's counts may be. DBSIZE always counts.
 const KEY_COUNTS_MAX_AGE: Duration = Duration::from_secs(5);
-/// Largest reply KEYS builds (the bytes of its keys), so one call cannot make the node buffer
-/// gigabytes.
+/// Bytes a key costs in KEYS's reply beyond its own (the reply element and its allocation).
+const KEY_REPLY_OVERHEAD: usize = 48;
+/// Largest reply KEYS builds (its keys' bytes and [`KEY_REPLY_OVERHEAD`] per key), so one call
+/// cannot make the node buffer gigabytes.
 const MAX_KEYS_REPLY_BYTES: usize = 64 << 20;
 
 /// Pages of keys in `start..end`, read by linearizable keys-only scans, each page continuing just
@@ -122,10 +124,11 @@ impl RespContext {
         while let Some(keys) = pages.next(self).await? {
             let keys = keys.into_iter().map(|key| databases::user_key(db, key));
             for key in keys.filter(|key| pattern.matches(key)) {
-                bytes += key.len();
+                // The key and what holding it as a reply costs besides its bytes.
+                bytes += key.len() + KEY_REPLY_OVERHEAD;
                 if bytes > MAX_KEYS_REPLY_BYTES {
                     return Err(Reply::err(format!(
-                        "onekv: KEYS would return more than {MAX_KEYS_REPLY_BYTES} bytes of keys; use SCAN"
+                        "onekv: KEYS would build a reply of more than {MAX_KEYS_REPLY_BYTES} bytes; use SCAN"
                     )));
                 }
                 matched.push(Reply::Bulk(key));

@@ -400,6 +400,8 @@ impl RespContext {
                 self.read_modify_write(&args[1], decide).await
             }
             name if reads::is_value_read(name) => self.read_command(spec, args).await,
+            // A key without its value is refused before anything is read.
+            "msetnx" if args.len().is_multiple_of(2) => Err(wrong_arity("msetnx")),
             "msetnx" | "rename" | "renamenx" | "copy" => self.atomically(session, args).await,
             "scan" => self.scan(session.db, args).await,
             "keys" => self.keys(session.db, &args[1]).await,
@@ -620,6 +622,7 @@ mod tests {
             Reply::err("unknown command 'HSET', with args beginning with: 'h' 'f' 'v' ")
         );
         assert_eq!(run(&context, s, &["FLUSHALL", "x"]), Reply::err("syntax error"));
+        assert_eq!(run(&context, s, &["MSETNX", "a", "1", "b"]), wrong_arity("msetnx"));
         assert_eq!(run(&context, s, &["SETRANGE", "k", "-1", "v"]), Reply::err("offset is out of range"));
         assert_eq!(
             run(&context, s, &["SETRANGE", "k", "1048576", "v"]),

@@ -2,7 +2,7 @@
 //! SETNX, GETSET, INCR/DECR and their BY forms, INCRBYFLOAT, APPEND, SETRANGE and SETBIT. Blind writes are puts and batches; the others decide
 //! through the combiner (`combine`).
 
-use super::bytes;
+use super::bytes::{self, FloatError};
 use super::combine::{Change, Decide};
 use super::reads::bit_offset;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
@@ -211,18 +211,12 @@ impl RespContext {
             }
             "incrbyfloat" => {
                 let not_a_float = || Reply::err("value is not a valid float");
-                let by = bytes::parse_float(&args[2]).ok_or_else(not_a_float)?;
-                Box::new(move |current| {
-                    let old = match current {
-                        None => 0.0,
-                        Some(value) => bytes::parse_float(value).ok_or_else(not_a_float)?,
-                    };
-                    let new = old + by;
-                    if !new.is_finite() {
-                        return Err(Reply::err("increment would produce NaN or Infinity"));
-                    }
-                    let text = bytes::format_float(new).into_bytes();
-                    Ok(Change::Write(Some(text.clone()), Reply::Bulk(text)))
+                bytes::parse_float(&args[2]).ok_or_else(not_a_float)?;
+                let increment = args[2].clone();
+                Box::new(move |current| match bytes::add_floats(current, &increment) {
+                    Ok(sum) => Ok(Change::Write(Some(sum.clone()), Reply::Bulk(sum))),
+                    Err(FloatError::NotAFloat) => Err(not_a_float()),
+                    Err(FloatError::NotFinite) => Err(Reply::err("increment would produce NaN or Infinity")),
                 })
             }
             other => return Err(Reply::err(format!("'{other}' is not a read-modify-write"))),

@@ -154,6 +154,14 @@ impl RespContext {
             transaction.queued_bytes = 0;
             return queue_too_long(limits.max_args, limits.max_request_bytes);
         }
+        if args[0].eq_ignore_ascii_case(b"flushall") || args[0].eq_ignore_ascii_case(b"flushdb") {
+            // They delete page by page, not as one step, so they cannot be part of one.
+            transaction.doomed = true;
+            return Reply::err(
+                "onekv: FLUSHALL and FLUSHDB cannot be queued in MULTI: they are not atomic in onekv \
+                 (EXEC will answer EXECABORT)",
+            );
+        }
         transaction.queued_bytes += bytes;
         if args[0].eq_ignore_ascii_case(b"select")
             && let Ok(db) = databases::parse_index(&args[1])
