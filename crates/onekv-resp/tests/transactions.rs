@@ -380,6 +380,12 @@ async fn single_key_commands_decide_on_the_value_they_find() {
     store.set("a", "ohmytext");
     store.set("b", "mynewtext");
     assert_eq!(run(&context, s, &["LCS", "a", "b"]).await, Reply::text("mytext"));
+    // Inside MULTI too (its evaluation then runs on a blocking thread).
+    assert_eq!(run(&context, s, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["LCS", "a", "b", "LEN"]).await, queued());
+    assert_eq!(run(&context, s, &["SET", "a", "x"]).await, queued());
+    assert_eq!(run(&context, s, &["EXEC"]).await, Reply::Array(vec![Reply::Integer(6), Reply::ok()]));
+    assert_eq!(store.value("a").as_deref(), Some("x"));
 }
 
 #[tokio::test]

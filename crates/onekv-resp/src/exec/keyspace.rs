@@ -16,6 +16,8 @@ const MAX_CURSORS: usize = 4096;
 const RANDOM_KEY_LEVELS: usize = 16;
 /// How old INFO keyspace's counts may be. DBSIZE always counts.
 const KEY_COUNTS_MAX_AGE: Duration = Duration::from_secs(5);
+/// How long a failed count is answered again rather than retried.
+const KEY_COUNT_ERROR_MAX_AGE: Duration = Duration::from_secs(1);
 /// Bytes a key costs in KEYS's reply beyond its own (the reply element and its allocation).
 const KEY_REPLY_OVERHEAD: usize = 48;
 /// Largest reply KEYS builds (its keys' bytes and [`KEY_REPLY_OVERHEAD`] per key), so one call
@@ -77,17 +79,20 @@ impl RespContext {
     /// The keys of every database for INFO keyspace: counted in one pass over the whole key space,
     /// at most once per [`KEY_COUNTS_MAX_AGE`] per node (INFO is many clients' ready check, sent on
     /// every new connection, and a count costs O(keys)); concurrent callers share one count.
+    /// A failed count is reused too, for [`KEY_COUNT_ERROR_MAX_AGE`]: the INFOs waiting behind it
+    /// must not each spend the client's retry budget on the same outage, one after another.
     pub(super) async fn key_counts(&self) -> Outcome<[u64; DATABASES as usize]> {
         let mut cached = self.shared.key_counts.lock().await;
-        if let Some((taken, counts)) = *cached
-            && taken.elapsed() < KEY_COUNTS_MAX_AGE
-        {
-            return Ok(counts);
+        if let Some((taken, counts)) = &*cached {
+            let max_age = if counts.is_ok() { KEY_COUNTS_MAX_AGE } else { KEY_COUNT_ERROR_MAX_AGE };
+            if taken.elapsed() < max_age {
+                return counts.clone();
+            }
         }
         let taken = Instant::now();
-        let counts = self.count_keys_per_database().await?;
-        *cached = Some((taken, counts));
-        Ok(counts)
+        let counts = self.count_keys_per_database().await;
+        *cached = Some((taken, counts.clone()));
+        counts
     }
 
     /// Forgets INFO keyspace's counts (after a flush, so the next INFO counts again).

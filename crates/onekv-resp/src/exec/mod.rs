@@ -174,7 +174,7 @@ struct Shared {
     /// Every connection's entry for CLIENT LIST (see `clients`).
     clients: Mutex<HashMap<u64, ClientEntry>>,
     /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
-    key_counts: tokio::sync::Mutex<Option<(Instant, [u64; DATABASES as usize])>>,
+    key_counts: tokio::sync::Mutex<Option<(Instant, Outcome<[u64; DATABASES as usize]>)>>,
 }
 
 impl std::fmt::Debug for RespContext {
@@ -527,6 +527,22 @@ mod tests {
         assert_eq!(run(&context, s, &["MGET", ""]), Reply::Array(vec![Reply::Nil]));
         let Reply::Map(docs) = run(&context, s, &["COMMAND", "DOCS"]) else { panic!() };
         assert_eq!(docs.len(), commands::COMMANDS.len());
+    }
+
+    #[test]
+    fn a_failed_key_count_is_reused_briefly_rather_than_retried_by_every_info() {
+        // Nothing listens on the endpoint: counting fails once the client's short budget is spent.
+        let mut settings = RespSettings::new(1, vec!["127.0.0.1:1".into()], "127.0.0.1:6379".into());
+        settings.client_options.retry_budget = Duration::from_millis(300);
+        let context = RespContext::new(settings).unwrap();
+        let mut session = context.new_session();
+        let started = Instant::now();
+        assert!(run(&context, &mut session, &["INFO", "keyspace"]).is_error());
+        let first = started.elapsed();
+        let started = Instant::now();
+        assert!(run(&context, &mut session, &["INFO", "keyspace"]).is_error());
+        let second = started.elapsed();
+        assert!(second < first / 2, "the second INFO retried the count: {first:?}, then {second:?}");
     }
 
     #[test]

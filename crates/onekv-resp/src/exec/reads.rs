@@ -42,9 +42,26 @@ impl RespContext {
     pub(super) async fn read_command(&self, spec: &CommandSpec, args: &[Vec<u8>]) -> Outcome {
         let keys: Vec<Vec<u8>> = spec.key_arguments(args).cloned().collect();
         let values = self.get_many(&keys, true).await?;
+        let max_value_bytes = self.shared.settings.max_value_bytes;
+        if is_heavy(spec.name) {
+            // Off the runtime's workers, so other connections are not held up meanwhile.
+            let (name, args) = (spec.name, args.to_vec());
+            return tokio::task::spawn_blocking(move || {
+                let values: Vec<Option<&[u8]>> = values.iter().map(Option::as_deref).collect();
+                answer_read(name, &args, &values, max_value_bytes)
+            })
+            .await
+            .map_err(|error| Reply::err(format!("onekv: {error}")));
+        }
         let values: Vec<Option<&[u8]>> = values.iter().map(Option::as_deref).collect();
-        Ok(answer_read(spec.name, args, &values, self.shared.settings.max_value_bytes))
+        Ok(answer_read(spec.name, args, &values, max_value_bytes))
     }
+}
+
+/// Whether command `name` may compute for long (LCS: up to [`MAX_LCS_CELLS`] table cells, tens of
+/// milliseconds), so it runs on a blocking thread rather than a runtime worker.
+pub(super) fn is_heavy(name: &str) -> bool {
+    name == "lcs"
 }
 
 /// The reply of read command `name` (one of [`is_value_read`]) given `values`, the values of its

@@ -302,7 +302,18 @@ impl RespContext {
             let snapshot: HashMap<Vec<u8>, Option<Vec<u8>>> = read_keys.iter().cloned().zip(values).collect();
             let conditions: Vec<(Vec<u8>, Option<Vec<u8>>)> =
                 read_keys.iter().map(|key| (key.clone(), snapshot[key].clone())).collect();
-            let evaluation = self.evaluate(&queued, snapshot)?;
+            let heavy = queued
+                .iter()
+                .any(|args| commands::lookup(&args[0]).is_some_and(|spec| reads::is_heavy(spec.name)));
+            let evaluation = if heavy {
+                // Off the runtime's workers (a queue of LCS calls could compute for seconds).
+                let (context, commands) = (self.clone(), queued.clone());
+                tokio::task::spawn_blocking(move || context.evaluate(&commands, snapshot))
+                    .await
+                    .map_err(|error| Reply::err(format!("onekv: {error}")))??
+            } else {
+                self.evaluate(&queued, snapshot)?
+            };
             if evaluation.ops.is_empty() && conditions.len() <= 1 {
                 // Nothing to write, at most one key observed: its linearizable read was the
                 // transaction.
