@@ -132,19 +132,9 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
     require_tool("redis-cli");
     require_tool("redis-benchmark");
     run_bounded(Duration::from_secs(150), async {
-        let mut ports = HashSet::new();
-        while ports.len() < 3 {
-            ports.insert(free_port());
-        }
-        let ports: Vec<u16> = ports.into_iter().collect();
-        let resp_ports = ports.clone();
-        let mut cluster = TestCluster::start(3, move |config| {
-            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
-        })
-        .await;
+        let (mut cluster, ports) = start_resp_cluster().await;
         let port_of = |id: u64| ports[id as usize - 1];
-        let leader = cluster.leader().await;
-        let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
+        let (follower, leader) = follower_and_leader(&mut cluster).await;
         for id in cluster.ids() {
             assert!(
                 cluster.log_text(id).contains(&format!("onekv node {id} resp on 127.0.0.1:{}", port_of(id))),
@@ -398,7 +388,8 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
         "redis-py is not installed: `python3 -m pip install redis` (or run scripts/install-redis)"
     );
     run_bounded(Duration::from_secs(240), async {
-        let (cluster, [follower_port, leader_port]) = start_resp_cluster().await;
+        let (mut cluster, ports) = start_resp_cluster().await;
+        let [follower_port, leader_port] = follower_and_leader_ports(&mut cluster, &ports).await;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/transactions.py");
         // One client through a follower (every command routed to the leader), one through the leader.
         let output = tokio::process::Command::new("python3")
@@ -419,23 +410,32 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
     });
 }
 
-/// A 3-node cluster with the RESP front end on every node, and the RESP ports of a follower and of
-/// the leader.
-async fn start_resp_cluster() -> (TestCluster, [u16; 2]) {
+/// A 3-node cluster with the RESP front end on every node: node I's RESP port is `ports[I - 1]`.
+async fn start_resp_cluster() -> (TestCluster, Vec<u16>) {
     let mut ports = HashSet::new();
     while ports.len() < 3 {
         ports.insert(free_port());
     }
     let ports: Vec<u16> = ports.into_iter().collect();
     let resp_ports = ports.clone();
-    let mut cluster = TestCluster::start(3, move |config| {
+    let cluster = TestCluster::start(3, move |config| {
         config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
     })
     .await;
+    (cluster, ports)
+}
+
+/// The id of a follower and of the leader.
+async fn follower_and_leader(cluster: &mut TestCluster) -> (u64, u64) {
     let leader = cluster.leader().await;
     let follower = cluster.ids().into_iter().find(|&id| id != leader).expect("a follower");
-    let port_of = |id: u64| ports[id as usize - 1];
-    (cluster, [port_of(follower), port_of(leader)])
+    (follower, leader)
+}
+
+/// The RESP ports of a follower and of the leader of a [`start_resp_cluster`] cluster.
+async fn follower_and_leader_ports(cluster: &mut TestCluster, ports: &[u16]) -> [u16; 2] {
+    let (follower, leader) = follower_and_leader(cluster).await;
+    [ports[follower as usize - 1], ports[leader as usize - 1]]
 }
 
 /// Runs `command` (a client library's check program, given the RESP addresses of a follower and
@@ -493,9 +493,10 @@ fn go_redis_and_ioredis_work_with_their_defaults_against_a_three_node_cluster() 
             .await
             .expect("running npm ci");
         assert!(installed.status.success(), "npm ci failed: {}", String::from_utf8_lossy(&installed.stderr));
-        let (_cluster, ports) = start_resp_cluster().await;
+        let (mut cluster, ports) = start_resp_cluster().await;
         // One client through a follower (every command routed to the leader), one through the leader.
-        let addresses = ports.map(|port| format!("127.0.0.1:{port}"));
+        let addresses =
+            follower_and_leader_ports(&mut cluster, &ports).await.map(|port| format!("127.0.0.1:{port}"));
 
         let mut go_check = tokio::process::Command::new(go);
         go_check.arg("run").arg(".").args(&addresses).current_dir(clients.join("go"));
