@@ -13,12 +13,11 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{TestCluster, free_port, run_bounded};
+use common::{run_bounded, start_resp_cluster};
 
 /// The whole test: cluster start, every expected unit without the slow ones (about 70 s against a
 /// debug build on two cores), and the cluster's shutdown.
@@ -59,14 +58,7 @@ fn redis_own_test_suite_passes_its_expected_units() {
     require_tclsh();
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     run_bounded(TEST_TIME_LIMIT, async {
-        let mut ports = HashSet::new();
-        while ports.len() < 3 {
-            ports.insert(free_port());
-        }
-        let ports: Vec<u16> = ports.into_iter().collect();
-        let resp_ports = ports.clone();
-        let _cluster = TestCluster::start(3, move |config| {
-            config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
+        let (_cluster, ports) = start_resp_cluster(3, |config| {
             // As `onekv cluster start` makes it: commands on several keys cross shards.
             config.cluster.shards = onekv_server::ServerConfig::default().cluster.shards;
         })

@@ -23,14 +23,13 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{TestCluster, free_port, run_bounded};
+use common::{TestCluster, free_port, run_bounded, start_resp_cluster};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Requests per redis-benchmark test; 2000 keeps a debug-build run to a few seconds per test.
@@ -132,7 +131,7 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
     require_tool("redis-cli");
     require_tool("redis-benchmark");
     run_bounded(Duration::from_secs(150), async {
-        let (mut cluster, ports) = start_resp_cluster().await;
+        let (mut cluster, ports) = start_resp_cluster(3, |_| {}).await;
         let port_of = |id: u64| ports[id as usize - 1];
         let (follower, leader) = follower_and_leader(&mut cluster).await;
         for id in cluster.ids() {
@@ -388,7 +387,7 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
         "redis-py is not installed: `python3 -m pip install redis` (or run scripts/install-redis)"
     );
     run_bounded(Duration::from_secs(240), async {
-        let (mut cluster, ports) = start_resp_cluster().await;
+        let (mut cluster, ports) = start_resp_cluster(3, |_| {}).await;
         let [follower_port, leader_port] = follower_and_leader_ports(&mut cluster, &ports).await;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/transactions.py");
         // One client through a follower (every command routed to the leader), one through the leader.
@@ -408,21 +407,6 @@ fn redis_py_transactions_are_atomic_against_a_three_node_cluster() {
         // The gRPC API sees the same counter.
         assert_eq!(cluster.client().get(b"tx:counter").await.unwrap().as_deref(), Some(&b"400"[..]));
     });
-}
-
-/// A 3-node cluster with the RESP front end on every node: node I's RESP port is `ports[I - 1]`.
-async fn start_resp_cluster() -> (TestCluster, Vec<u16>) {
-    let mut ports = HashSet::new();
-    while ports.len() < 3 {
-        ports.insert(free_port());
-    }
-    let ports: Vec<u16> = ports.into_iter().collect();
-    let resp_ports = ports.clone();
-    let cluster = TestCluster::start(3, move |config| {
-        config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
-    })
-    .await;
-    (cluster, ports)
 }
 
 /// The id of a follower and of the leader.
@@ -493,7 +477,7 @@ fn go_redis_and_ioredis_work_with_their_defaults_against_a_three_node_cluster() 
             .await
             .expect("running npm ci");
         assert!(installed.status.success(), "npm ci failed: {}", String::from_utf8_lossy(&installed.stderr));
-        let (mut cluster, ports) = start_resp_cluster().await;
+        let (mut cluster, ports) = start_resp_cluster(3, |_| {}).await;
         // One client through a follower (every command routed to the leader), one through the leader.
         let addresses =
             follower_and_leader_ports(&mut cluster, &ports).await.map(|port| format!("127.0.0.1:{port}"));

@@ -484,3 +484,23 @@ where
     all.truncate(10);
     (count, all)
 }
+
+/// A cluster of `count` nodes with the Redis front end on every node (the rest of each node's
+/// configuration changed by `tweak`): node I's RESP port is `ports[I - 1]`.
+pub async fn start_resp_cluster(
+    count: u64,
+    tweak: impl Fn(&mut ServerConfig) + Send + Sync + 'static,
+) -> (TestCluster, Vec<u16>) {
+    let mut ports = HashSet::new();
+    while ports.len() < count as usize {
+        ports.insert(free_port());
+    }
+    let ports: Vec<u16> = ports.into_iter().collect();
+    let resp_ports = ports.clone();
+    let cluster = TestCluster::start(count, move |config| {
+        config.resp_listen = Some(format!("127.0.0.1:{}", resp_ports[config.node_id as usize - 1]));
+        tweak(config);
+    })
+    .await;
+    (cluster, ports)
+}
