@@ -294,6 +294,9 @@ pub enum Mutation {
     /// The log GC deletes a segment without waiting for the flush that makes the moved values'
     /// new locators durable (driven mode's collector only).
     GcReclaimsBeforeFlush,
+    /// A replica that lost its Raft state (a wiped data directory) votes at once, as if it held
+    /// the log it acknowledged, instead of waiting until it has caught up.
+    VotesWhileRejoining,
 }
 
 /// Why a request failed.
@@ -383,6 +386,9 @@ pub struct ReplicaStatus {
     /// The storage failure that stopped this replica's writes, if one did: it then takes no part in
     /// replication until restarted (the log refuses every write after a failed fsync).
     pub failure: Option<String>,
+    /// Whether this replica is rejoining its group after losing its Raft state (a new or wiped
+    /// data directory): until it has caught up it votes for no candidate that has entries.
+    pub rejoining: bool,
     /// Times this node learned of a new leader (another node, or a new term's) since it started.
     pub leader_changes: u64,
     /// Each log of the data directory, by directory name, with its counters since open.

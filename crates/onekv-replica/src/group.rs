@@ -114,6 +114,10 @@ pub(crate) struct Group {
     /// The log garbage collector needs this tree flushed (values were relocated, or the shard's
     /// recovery point holds back the segment it wants to reclaim).
     pub gc_flush: bool,
+    /// Set while this replica is rejoining its group after losing its Raft state (`rejoin`).
+    pub rejoin: Option<crate::rejoin::Rejoin>,
+    /// `rejoin` changed since the node last wrote the rejoining file.
+    pub rejoin_changed: bool,
 }
 
 impl Group {
@@ -131,6 +135,7 @@ impl Group {
             // A failed node takes no further part in Raft: its state may be inconsistent.
             GroupInput::Step(_) if ctx.failed.is_some() => {}
             GroupInput::Step(message) => {
+                let Some(message) = self.screen(message, ctx) else { return };
                 if let Err(err) = self.raw.step(message) {
                     tracing::debug!(shard = self.shard, %err, "dropped a peer message");
                 }
@@ -186,6 +191,9 @@ impl Group {
     /// shard's primary when it is due.
     pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
         self.raw.tick();
+        if let Some(rejoin) = &mut self.rejoin {
+            rejoin.ticks = rejoin.ticks.saturating_add(1);
+        }
         self.retry_lost_snapshots(now, ctx);
         self.prefer_primary(now, ctx);
     }
@@ -813,6 +821,7 @@ impl Group {
             recovery_records: self.shared.recovery_records,
             recovery_replayed: self.shared.recovery_replayed,
             failure: ctx.failed.clone(),
+            rejoining: self.rejoin.is_some(),
             leader_changes,
             logs,
             index_flushes: self.state.index.flushes(),

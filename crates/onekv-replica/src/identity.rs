@@ -13,8 +13,9 @@
 //! ```
 //!
 //! A crash while the file is first written can leave `IDENTITY.tmp` and no `IDENTITY`: the
-//! directory was never used (nothing is written before the identity exists), so the leftover is
-//! removed and, if nothing else is there, the directory is set up as new.
+//! directory was never used (only the cluster map and the rejoining marker are written before the
+//! identity exists), so the leftover is removed and, if nothing else is there, the directory is
+//! set up as new.
 //!
 //! Also owns [`create_dir_all_synced`], which makes the data directory durable: creating a
 //! directory is an entry in its parent, lost on power failure until the parent is fsynced.
@@ -27,9 +28,15 @@ use std::path::{Path, PathBuf};
 const FILE: &str = "IDENTITY";
 const TMP_FILE: &str = "IDENTITY.tmp";
 
-/// The cluster map the server keeps in the data directory (`onekv-server`'s `cluster_map`): the
-/// one file that may be there before the identity, since it is written first.
+/// The cluster map the server keeps in the data directory (`onekv-server`'s `cluster_map`): it
+/// may be there before the identity, since it is written first.
 pub const CLUSTER_MAP_FILE: &str = "CLUSTER_MAP";
+
+/// The files a new data directory may hold before its identity: the cluster map (and its
+/// temporary name), and the rejoining marker (`rejoin`), written first so that no crash leaves a
+/// new directory whose replicas would vote as if they held their logs.
+const MAY_PRECEDE_IDENTITY: [&str; 4] =
+    [CLUSTER_MAP_FILE, "CLUSTER_MAP.tmp", crate::rejoin::FILE, crate::rejoin::TMP_FILE];
 
 /// Creates `dir` and every missing ancestor, like [`fs::create_dir_all`], then fsyncs the parent
 /// of each directory it created, so the new entries survive a power failure. Returns the
@@ -59,8 +66,15 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
 
-/// Checks the identity of `dir` against `node_id` and `storage`, writing it if the directory is new.
-pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) -> Result<(), ReplicaError> {
+/// Checks the identity of `dir` against `node_id` and `storage`. If the directory is new, first
+/// calls `on_new` (which may write the files a new directory starts with: see
+/// [`MAY_PRECEDE_IDENTITY`]), then writes the identity.
+pub(crate) fn check_or_create(
+    dir: &Path,
+    node_id: u64,
+    storage: StorageMode,
+    on_new: impl FnOnce() -> Result<(), ReplicaError>,
+) -> Result<(), ReplicaError> {
     let path = dir.join(FILE);
     let open_err =
         |what: &str, e: std::io::Error| ReplicaError::Open(format!("{what} {}: {e}", path.display()));
@@ -107,9 +121,7 @@ pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) ->
             let foreign = entries.try_fold(false, |found, entry| {
                 let entry = entry.map_err(|e| open_err("listing", e))?;
                 let name = entry.file_name();
-                let ours = name.to_str().is_some_and(|name| {
-                    name == CLUSTER_MAP_FILE || name == format!("{CLUSTER_MAP_FILE}.tmp")
-                });
+                let ours = name.to_str().is_some_and(|name| MAY_PRECEDE_IDENTITY.contains(&name));
                 Ok::<_, ReplicaError>(found || !ours)
             })?;
             if foreign {
@@ -118,6 +130,7 @@ pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) ->
                     dir.display()
                 )));
             }
+            on_new()?;
             let text = render(node_id, storage);
             let mut file = fs::File::create(&tmp).map_err(|e| open_err("creating", e))?;
             file.write_all(text.as_bytes()).map_err(|e| open_err("writing", e))?;
@@ -131,11 +144,17 @@ pub(crate) fn check_or_create(dir: &Path, node_id: u64, storage: StorageMode) ->
 }
 
 fn render(node_id: u64, storage: StorageMode) -> String {
-    let body = format!("onekv-data-dir=1\nnode_id={node_id}\nstorage={}\n", storage.name());
+    with_checksum(format!("onekv-data-dir=1\nnode_id={node_id}\nstorage={}\n", storage.name()))
+}
+
+/// `body` (`key=value` lines) followed by the line with its CRC-32C: the form of the data
+/// directory's small text files (this one, and `rejoin`'s).
+pub(crate) fn with_checksum(body: String) -> String {
     format!("{body}crc32c={:08x}\n", crc32c::crc32c(body.as_bytes()))
 }
 
-fn parse(text: &str) -> Result<(u64, StorageMode), String> {
+/// The body of a text written by [`with_checksum`], if its checksum line matches it.
+pub(crate) fn checked_body(text: &str) -> Result<&str, String> {
     let split = text.rfind("crc32c=").ok_or("no checksum line")?;
     let (body, crc_line) = text.split_at(split);
     let crc =
@@ -143,6 +162,11 @@ fn parse(text: &str) -> Result<(u64, StorageMode), String> {
     if crc != crc32c::crc32c(body.as_bytes()) {
         return Err("checksum mismatch".into());
     }
+    Ok(body)
+}
+
+fn parse(text: &str) -> Result<(u64, StorageMode), String> {
+    let body = checked_body(text)?;
     let mut node_id = None;
     let mut storage = None;
     for line in body.lines() {
@@ -166,17 +190,20 @@ mod tests {
     #[test]
     fn the_identity_is_written_once_and_checked() {
         let dir = tempfile::tempdir().unwrap();
-        check_or_create(dir.path(), 2, StorageMode::OneLog).unwrap();
-        check_or_create(dir.path(), 2, StorageMode::OneLog).unwrap();
-        let other_node = check_or_create(dir.path(), 3, StorageMode::OneLog).unwrap_err();
+        check_or_create(dir.path(), 2, StorageMode::OneLog, || Ok(())).unwrap();
+        check_or_create(dir.path(), 2, StorageMode::OneLog, || Ok(())).unwrap();
+        let other_node = check_or_create(dir.path(), 3, StorageMode::OneLog, || Ok(())).unwrap_err();
         assert!(other_node.to_string().contains("belongs to node 2"), "{other_node}");
-        let other_mode = check_or_create(dir.path(), 2, StorageMode::Classic).unwrap_err();
+        let other_mode = check_or_create(dir.path(), 2, StorageMode::Classic, || Ok(())).unwrap_err();
         assert!(other_mode.to_string().contains("storage = onelog"), "{other_mode}");
         let path = dir.path().join(FILE);
         let text = fs::read_to_string(&path).unwrap().replace("node_id=2", "node_id=3");
         fs::write(&path, text).unwrap();
         assert!(
-            check_or_create(dir.path(), 3, StorageMode::OneLog).unwrap_err().to_string().contains("damaged")
+            check_or_create(dir.path(), 3, StorageMode::OneLog, || Ok(()))
+                .unwrap_err()
+                .to_string()
+                .contains("damaged")
         );
     }
 
@@ -185,14 +212,14 @@ mod tests {
         // A crash after IDENTITY.tmp was created and before the rename.
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(TMP_FILE), b"onekv-data-dir=1\nnode_").unwrap();
-        check_or_create(dir.path(), 1, StorageMode::OneLog).unwrap();
+        check_or_create(dir.path(), 1, StorageMode::OneLog, || Ok(())).unwrap();
         assert!(!dir.path().join(TMP_FILE).exists());
-        check_or_create(dir.path(), 1, StorageMode::OneLog).unwrap();
+        check_or_create(dir.path(), 1, StorageMode::OneLog, || Ok(())).unwrap();
         // With something else beside it, the directory is still not onekv's: refused.
         let foreign = tempfile::tempdir().unwrap();
         fs::write(foreign.path().join(TMP_FILE), b"").unwrap();
         fs::write(foreign.path().join("something"), b"x").unwrap();
-        let error = check_or_create(foreign.path(), 1, StorageMode::OneLog).unwrap_err();
+        let error = check_or_create(foreign.path(), 1, StorageMode::OneLog, || Ok(())).unwrap_err();
         assert!(error.to_string().contains("not empty"), "{error}");
     }
 
@@ -200,13 +227,33 @@ mod tests {
     fn the_cluster_map_may_precede_the_identity_and_nothing_else_may() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join(CLUSTER_MAP_FILE), b"map").unwrap();
-        check_or_create(dir.path(), 1, StorageMode::OneLog).unwrap();
+        check_or_create(dir.path(), 1, StorageMode::OneLog, || Ok(())).unwrap();
         assert!(dir.path().join(FILE).exists());
         let other = tempfile::tempdir().unwrap();
         fs::write(other.path().join(CLUSTER_MAP_FILE), b"map").unwrap();
         fs::write(other.path().join("CLUSTER_MAP.old"), b"x").unwrap();
-        let error = check_or_create(other.path(), 1, StorageMode::OneLog).unwrap_err();
+        let error = check_or_create(other.path(), 1, StorageMode::OneLog, || Ok(())).unwrap_err();
         assert!(error.to_string().contains("not empty"), "{error}");
+    }
+
+    #[test]
+    fn a_new_directory_s_first_files_are_written_before_the_identity_and_again_after_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = std::cell::Cell::new(0);
+        let write_first = || {
+            calls.set(calls.get() + 1);
+            crate::rejoin::store(dir.path(), &[1, 2].into()).map_err(|e| ReplicaError::Open(e.to_string()))
+        };
+        // A crash after the rejoining file was written and before the identity: still a new
+        // directory, set up again.
+        write_first().unwrap();
+        fs::write(dir.path().join(TMP_FILE), b"onekv-data-dir=1\n").unwrap();
+        check_or_create(dir.path(), 1, StorageMode::OneLog, write_first).unwrap();
+        assert_eq!(calls.get(), 2);
+        assert!(dir.path().join(FILE).exists());
+        assert_eq!(crate::rejoin::load(dir.path()).unwrap(), [1, 2].into());
+        // Opened again: not new, nothing written first.
+        check_or_create(dir.path(), 1, StorageMode::OneLog, || panic!("not a new directory")).unwrap();
     }
 
     #[test]
@@ -226,6 +273,6 @@ mod tests {
     fn a_foreign_non_empty_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("something"), b"x").unwrap();
-        assert!(check_or_create(dir.path(), 1, StorageMode::OneLog).is_err());
+        assert!(check_or_create(dir.path(), 1, StorageMode::OneLog, || Ok(())).is_err());
     }
 }

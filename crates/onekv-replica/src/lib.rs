@@ -37,6 +37,7 @@ mod pins;
 mod raft_store;
 pub mod records;
 mod recovery;
+mod rejoin;
 mod replica;
 mod requests;
 mod scrub;

@@ -290,6 +290,7 @@ impl NodeLoop {
             at += count;
         }
         self.persist_commits()?;
+        self.persist_rejoining()?;
         for group in self.groups.values_mut() {
             group.maybe_flush(now, &mut self.ctx)?;
             if self.ctx.crashed {
@@ -301,6 +302,22 @@ impl NodeLoop {
 
     /// Appends every prepared group's records in one append and waits for the fsync; returns the
     /// locators, in the order of the records.
+    /// Rewrites the data directory's rejoining file if a replica started or ended rejoining its
+    /// group (`rejoin`). A failure to write it stops the node, as a failed log write does.
+    fn persist_rejoining(&mut self) -> Result<(), ReplicaError> {
+        let mut changed = false;
+        for group in self.groups.values_mut() {
+            changed |= group.update_rejoin();
+        }
+        if !changed {
+            return Ok(());
+        }
+        let rejoining =
+            self.groups.values().filter(|group| group.rejoin.is_some()).map(|group| group.shard).collect();
+        crate::rejoin::store(&self.ctx.config.data_dir, &rejoining)
+            .map_err(|e| ReplicaError::Storage(format!("writing the rejoining file: {e}")))
+    }
+
     fn persist(&mut self, prepared: &[(u64, Prepared)]) -> Result<Vec<onekv_log::Locator>, ReplicaError> {
         let records: Vec<_> = prepared
             .iter()

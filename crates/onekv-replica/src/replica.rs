@@ -263,7 +263,14 @@ impl Node {
         let dir = &config.data_dir;
         crate::identity::create_dir_all_synced(dir)
             .map_err(|e| ReplicaError::Open(format!("creating {}: {e}", dir.display())))?;
-        crate::identity::check_or_create(dir, config.node_id, config.storage)?;
+        // A new directory may be a wiped member's: every shard starts out rejoining.
+        let all_shards = config.shards.iter().map(|shard| shard.id).collect();
+        crate::identity::check_or_create(dir, config.node_id, config.storage, || {
+            crate::rejoin::store(dir, &all_shards).map_err(|e| {
+                ReplicaError::Open(format!("writing {}: {e}", dir.join(crate::rejoin::FILE).display()))
+            })
+        })?;
+        let rejoining = crate::rejoin::load(dir)?;
         // Before anything else writes: the reserve must be taken while there is room for it.
         let disk = Arc::new(match driven {
             true => DiskSpace::disabled(dir),
@@ -395,6 +402,10 @@ impl Node {
             };
             raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
             let hard_state = recovered.recovered.hard_state;
+            // A replica with no Raft state at all (term 0, no entries) is rejoining even if the
+            // REJOINING file does not say so: its log was lost after the file was removed.
+            let stateless = hard_state.term == 0 && recovered.store.last() == 0;
+            let rejoin_listed = rejoining.contains(&shard);
             let shared = Arc::new(GroupShared {
                 shard,
                 // Until the loop's first turn publishes the rest, status says what recovery did.
@@ -403,6 +414,7 @@ impl Node {
                     shard,
                     recovery_records: recovered.recovered.records,
                     recovery_replayed: recovered.recovered.replayed,
+                    rejoining: rejoin_listed || stateless,
                     ..Default::default()
                 }),
                 durable_commit: AtomicU64::new(hard_state.commit),
@@ -438,6 +450,8 @@ impl Node {
                     primary: config.shards.iter().find(|s| s.id == shard).and_then(|s| s.primary),
                     leader_since: None,
                     gc_flush: false,
+                    rejoin: (rejoin_listed || stateless).then(crate::rejoin::Rejoin::default),
+                    rejoin_changed: stateless && !rejoin_listed,
                 },
             );
         }

@@ -658,3 +658,48 @@ fn the_index_flushes_on_entry_count_and_age_even_when_little_is_written() {
     }
     cluster.shutdown();
 }
+
+#[test]
+fn a_wiped_replica_stays_rejoining_across_a_restart_until_it_has_caught_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, small_log);
+    for i in 0..200 {
+        cluster.put(&format!("k{i:04}"), &value(i, 64));
+    }
+    let rejoining_file = |id: u64| dir.path().join(format!("node{id}")).join("REJOINING");
+    // A new cluster's replicas stop rejoining once they have caught up with their first leader.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.ids.iter().any(|&id| cluster.replica(id).status().rejoining) {
+        assert!(Instant::now() < deadline, "a replica of a new cluster stayed rejoining");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(cluster.ids.iter().all(|&id| !rejoining_file(id).exists()));
+
+    let leader = cluster.leader();
+    let wiped = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(wiped);
+    std::fs::remove_dir_all(dir.path().join(format!("node{wiped}"))).unwrap();
+    cluster.open(wiped);
+    // Stopped again at once (it follows no leader for its first election timeouts): the file
+    // keeps it rejoining across the restart.
+    assert!(cluster.replica(wiped).status().rejoining);
+    cluster.stop(wiped);
+    assert!(std::fs::read_to_string(rejoining_file(wiped)).unwrap().contains("shards=1\n"));
+    cluster.open(wiped);
+    assert!(cluster.replica(wiped).status().rejoining);
+    let last =
+        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+    cluster.wait_applied(wiped, last.index);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.replica(wiped).status().rejoining {
+        assert!(Instant::now() < deadline, "{:?}", cluster.replica(wiped).status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!rejoining_file(wiped).exists());
+    let replica = cluster.replica(wiped);
+    assert!(replica.status().first_index > 1, "caught up without a snapshot: {:?}", replica.status());
+    for i in 0..200 {
+        assert_eq!(replica.get(format!("k{i:04}").as_bytes()).unwrap(), Some(value(i, 64)));
+    }
+    cluster.shutdown();
+}

@@ -63,11 +63,36 @@ fn a_leader_in_alarm_refuses_writes_and_keeps_serving_reads() {
     replica.shutdown();
 }
 
+/// Creates a cluster of `ids` under `dir`, lets it elect a leader and bring every replica up to
+/// date (so none is rejoining, as in a brand-new cluster), and stops it.
+fn create_cluster(dir: &std::path::Path, ids: &[u64]) {
+    let router = Arc::new(Router::default());
+    for &id in ids {
+        let mut config = ReplicaConfig::new(id, ids.to_vec(), dir.join(format!("node{id}")));
+        config.tick = Duration::from_millis(20);
+        router.add(id, Replica::open(config, router.clone()).unwrap());
+    }
+    wait_for("every replica caught up", || {
+        ids.iter().all(|&id| {
+            let status = router.get(id).unwrap().status();
+            !status.rejoining && status.leader_id.is_some()
+        })
+    });
+    for &id in ids {
+        router.get(id).unwrap().shutdown();
+        router.remove(id);
+    }
+}
+
 #[test]
 fn a_leader_in_alarm_hands_leadership_to_a_follower() {
     let dir = tempfile::tempdir().unwrap();
-    let router = Arc::new(Router::default());
     let ids = vec![1, 2, 3];
+    // An existing cluster: in a new one, no replica votes before every member asked for a vote
+    // (it cannot tell a new cluster from a member whose disk was wiped), so node 1 would not be
+    // elected first.
+    create_cluster(dir.path(), &ids);
+    let router = Arc::new(Router::default());
     for id in ids.clone() {
         let mut config = ReplicaConfig::new(id, ids.clone(), dir.path().join(format!("node{id}")));
         config.tick = Duration::from_millis(20);

@@ -624,6 +624,7 @@ impl<B: Backend> Kv for KvService<B> {
                     flushed_index: s.flushed_index,
                     voters: s.voters.clone(),
                     recovery_replayed: s.recovery_replayed,
+                    rejoining: s.rejoining,
                     last_index: s.last_index,
                 })
                 .collect();

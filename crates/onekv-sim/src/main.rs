@@ -56,6 +56,12 @@ struct Args {
     /// locators are durable.
     #[arg(long)]
     bug_gc_reclaims_before_flush: bool,
+    /// One in this many crashes also wipes the node's disks (0: none do).
+    #[arg(long, default_value_t = 4)]
+    wipe_one_in: u32,
+    /// Run the broken variant whose replicas vote at once after their disks were wiped.
+    #[arg(long)]
+    bug_votes_while_rejoining: bool,
     /// Run every seed twice and fail if the two runs differ (determinism check).
     #[arg(long)]
     twice: bool,
@@ -83,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         replicas,
         keys: args.keys,
         max_down: args.max_down,
+        wipe_one_in: args.wipe_one_in,
         storage,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
@@ -90,6 +97,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::ReadsWithoutReadIndex)
         } else if args.bug_gc_reclaims_before_flush {
             Some(Bug::GcReclaimsBeforeFlush)
+        } else if args.bug_votes_while_rejoining {
+            Some(Bug::VotesWhileRejoining)
         } else {
             None
         },

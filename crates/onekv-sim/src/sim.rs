@@ -55,6 +55,9 @@ pub enum Bug {
     /// The log GC deletes a segment without waiting for the flush that makes the moved values'
     /// new locators durable: a crash in between leaves keys pointing at deleted bytes.
     GcReclaimsBeforeFlush,
+    /// A node whose disks were wiped votes at once, as if it still held the log it acknowledged,
+    /// instead of waiting until it has caught up with its group.
+    VotesWhileRejoining,
 }
 
 /// What a run simulates.
@@ -84,6 +87,8 @@ pub struct SimConfig {
     pub fault_interval_ms: (u64, u64),
     /// Nodes that may be down (crashed, or stopped by a disk fault) at once.
     pub max_down: usize,
+    /// One in this many crashes also wipes the node's disks (0: none do).
+    pub wipe_one_in: u32,
     /// The storage mode of every replica.
     pub storage: StorageMode,
     /// A broken variant to run instead of the real node.
@@ -107,6 +112,7 @@ impl Default for SimConfig {
             faults: true,
             fault_interval_ms: (100, 500),
             max_down: 1,
+            wipe_one_in: 4,
             storage: StorageMode::OneLog,
             bug: None,
             search_budget: 5_000_000,
@@ -242,6 +248,8 @@ struct Node {
     restart_at: Option<u64>,
     /// A paused node takes no turns until then (its inbox still fills).
     paused_until: u64,
+    /// Its disks were wiped, and it has not caught up with all its groups since.
+    wiped: bool,
 }
 
 /// An answer from a replica to a client's attempt.
@@ -346,6 +354,7 @@ impl Sim {
                 next_tick: rng.random_range(0..config.tick_ms),
                 restart_at: Some(0),
                 paused_until: 0,
+                wiped: false,
             })
             .collect();
         let clients = (0..config.clients)
@@ -529,7 +538,8 @@ impl Sim {
     }
 
     /// The sum over shards of their applied index, if every node is up and healthy, and the
-    /// replicas of each shard agree on its leader and have applied everything committed.
+    /// replicas of each shard agree on its leader, have applied everything committed, and none is
+    /// still rejoining its group after a wipe.
     fn converged(&self) -> Option<u64> {
         let mut applied: BTreeMap<u64, u64> = BTreeMap::new();
         let mut leader: BTreeMap<u64, Option<u64>> = BTreeMap::new();
@@ -538,6 +548,7 @@ impl Sim {
                 if status.failure.is_some()
                     || status.applied_index != status.commit_index
                     || status.leader_id.is_none()
+                    || status.rejoining
                 {
                     return None;
                 }
@@ -617,8 +628,18 @@ impl Sim {
         match self.rng.random_range(0..9) {
             0 | 1 if may_go_down => {
                 let downtime = self.rng.random_range(20..1_000);
-                self.count("crash");
                 self.crash(victim, downtime);
+                if self.config.wipe_one_in > 0
+                    && !self.copies_missing()
+                    && self.rng.random_ratio(1, self.config.wipe_one_in)
+                {
+                    // The disk is replaced: the node comes back with an empty data directory and
+                    // must rejoin its groups without voting for a stale candidate.
+                    self.count("wipe");
+                    self.wipe(victim);
+                } else {
+                    self.count("crash");
+                }
             }
             2 if may_go_down => {
                 self.count("io-kill");
@@ -700,6 +721,36 @@ impl Sim {
         node.restart_at = Some(self.now + downtime);
     }
 
+    /// Whether a wiped node has not caught up with all its groups yet: wiping another then could
+    /// destroy the last copy of committed entries, which no replication factor of 3 survives.
+    fn copies_missing(&mut self) -> bool {
+        for node in &mut self.nodes {
+            if node.wiped {
+                match &node.up {
+                    Some(up) if up.node.statuses().iter().all(|status| !status.rejoining) => {
+                        node.wiped = false
+                    }
+                    _ => return true,
+                }
+            }
+        }
+        false
+    }
+
+    /// Node `index` (crashed) loses everything it stored: its logs, its index trees, its identity.
+    fn wipe(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        node.wiped = true;
+        for disk in node.disks.values_mut() {
+            *disk = MemDir::new();
+        }
+        if let Err(e) = std::fs::remove_dir_all(&node.data_dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            self.violations.push(format!("wiping node {}'s directory: {e}", node.id));
+        }
+    }
+
     fn restart(&mut self, index: usize) {
         let node = &mut self.nodes[index];
         node.restart_at = None;
@@ -763,6 +814,7 @@ impl Sim {
         let mutation = match self.config.bug {
             Some(Bug::ReadsWithoutReadIndex) => Some(Mutation::ReadsWithoutReadIndex),
             Some(Bug::GcReclaimsBeforeFlush) => Some(Mutation::GcReclaimsBeforeFlush),
+            Some(Bug::VotesWhileRejoining) => Some(Mutation::VotesWhileRejoining),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {

@@ -433,6 +433,8 @@ fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> 
                     format!("{} (FAILED)", node_role(status))
                 } else if !status.disk_alarm.is_empty() {
                     format!("{} (DISK FULL)", node_role(status))
+                } else if status.shards.iter().any(|replica| replica.rejoining) {
+                    format!("{} (REJOINING)", node_role(status))
                 } else {
                     node_role(status)
                 },

@@ -206,6 +206,11 @@ impl TestCluster {
         Client::new(endpoints, test_client_options()).expect("a client")
     }
 
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.node(id).config_path.parent().expect("a node directory").join("data")
+    }
+
     /// The text of node `id`'s log so far (every run of it: restarts append).
     pub fn log_text(&self, id: u64) -> String {
         String::from_utf8_lossy(&fs::read(&self.node(id).log_path).unwrap_or_default()).into_owned()
