@@ -703,3 +703,49 @@ fn a_wiped_replica_stays_rejoining_across_a_restart_until_it_has_caught_up() {
     }
     cluster.shutdown();
 }
+
+#[test]
+fn a_wiped_replica_never_helps_elect_a_candidate_missing_what_it_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, no_tweak);
+    cluster.put("before", b"everyone has it");
+    let leader = cluster.leader();
+    let (lagging, wiped) = {
+        let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+        (others[0], others[1])
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.ids.iter().any(|&id| cluster.replica(id).status().rejoining) {
+        assert!(Instant::now() < deadline, "a replica of a new cluster stayed rejoining");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // These commit on the leader and `wiped` only: `lagging` hears nothing.
+    cluster.router.set_drop_filter(Some(Box::new(move |message| message.to == lagging)));
+    for i in 0..50 {
+        cluster.put(&format!("k{i:02}"), &value(i, 32));
+    }
+    // The leader goes down, and `wiped` loses its disk: the only copy left is on the stopped leader.
+    cluster.stop(leader);
+    cluster.stop(wiped);
+    std::fs::remove_dir_all(dir.path().join(format!("node{wiped}"))).unwrap();
+    cluster.open(wiped);
+    cluster.router.set_drop_filter(None);
+    // `lagging` campaigns; a `wiped` that voted for it would elect a leader without the 50 writes.
+    // It must not: nobody leads until the old leader is back.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        for id in [lagging, wiped] {
+            let status = cluster.replica(id).status();
+            assert_ne!(
+                status.role, "leader",
+                "node {id} was elected without the committed writes: {status:?}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    cluster.open(leader);
+    for i in 0..50 {
+        assert_eq!(cluster.linearizable_get(&format!("k{i:02}")), Some(value(i, 32)), "k{i:02}");
+    }
+    cluster.shutdown();
+}
