@@ -159,7 +159,7 @@ impl Group {
                     tracing::debug!(
                         shard = self.shard,
                         candidate = message.from,
-                        "rejoining after losing the Raft log: no vote for a candidate with entries"
+                        "rejoining after losing the Raft log: no vote for a candidate behind another voter"
                     );
                     return None;
                 }
@@ -203,8 +203,8 @@ impl Group {
                         leader_thinks_we_have = message.commit,
                         last_index = last,
                         "this replica lost Raft entries it acknowledged (its data was wiped or \
-                         replaced): asking the leader to send them again, and voting for no \
-                         candidate with entries until caught up"
+                         replaced): asking the leader to send them again, and voting only for \
+                         a candidate as up to date as every other voter until caught up"
                     );
                     let reset = Message {
                         msg_type: MessageType::MsgAppendResponse,
