@@ -565,6 +565,7 @@ impl Client {
         let mut last_failed: Option<String> = None;
         let mut backoffs = 0;
         let mut previous_was_redirect = false;
+        let mut previous_cause: Option<String> = None;
         let last_cause = loop {
             attempts += 1;
             let endpoint = match (redirect_to.take(), route) {
@@ -618,7 +619,15 @@ impl Client {
                         routing.mark_unreachable(&endpoint);
                     }
                     previous_was_redirect = false;
-                    (cause, true)
+                    // An attempt the budget cut short says little on its own ("no answer within
+                    // 3ms"): keep the failure before it, which is usually the one that matters.
+                    match previous_cause.take() {
+                        Some(previous) if timeout < options.request_timeout => (
+                            format!("{cause} (cut short by the retry budget); before that: {previous}"),
+                            true,
+                        ),
+                        _ => (cause, true),
+                    }
                 }
                 Failure::Fatal(_) => unreachable!("returned above"),
             };
@@ -641,7 +650,13 @@ impl Client {
             if wait {
                 tokio::time::sleep(delay).await;
                 backoffs += 1;
+                // A loaded machine may oversleep past the budget: an attempt with no time left
+                // would only report its own timeout and hide the cause worth reporting.
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    break cause;
+                }
             }
+            previous_cause = Some(cause);
         };
         Err(ClientError::Unavailable { attempts, elapsed: started.elapsed(), last: last_cause })
     }
