@@ -115,10 +115,15 @@ pub struct ReplicaConfig {
     pub flush_every_entries: u64,
     /// Flush the index at least this often while entries are applied.
     pub flush_every: Duration,
-    /// Largest snapshot this node builds for a follower, in bytes of keys and values (a snapshot
-    /// travels in one message until streaming snapshots exist); at most [`MAX_SNAPSHOT_BYTES`],
-    /// which is what peers accept.
+    /// Largest snapshot this node builds to send whole, in one message, in bytes of keys and
+    /// values; at most [`MAX_SNAPSHOT_BYTES`], which is what peers accept. Only a simulation
+    /// (driven mode) sends snapshots whole: a running node streams them in chunks of
+    /// `snapshot_chunk_bytes`, whatever their size.
     pub max_snapshot_bytes: usize,
+    /// Bytes of keys and values a follower asks for in one chunk of a streamed snapshot (cut to
+    /// half the log's record limit: each chunk is stored as it arrives, in records of its own);
+    /// between [`SNAPSHOT_CHUNK_BYTES_RANGE`]'s bounds.
+    pub snapshot_chunk_bytes: usize,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot).
     pub raft_log_keep_entries: u64,
@@ -177,6 +182,7 @@ impl ReplicaConfig {
             flush_every_entries: 100_000,
             flush_every: Duration::from_secs(300),
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
+            snapshot_chunk_bytes: 4 << 20,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
             max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
@@ -512,10 +518,62 @@ pub struct LogStatus {
 pub trait Transport: Send + Sync + 'static {
     /// Sends each message of `shard`'s group to the node `message.to`.
     fn send(&self, shard: u64, messages: Vec<Message>);
+
+    /// Asks the node `to` for a chunk of the snapshot it is streaming (it calls
+    /// [`crate::Node::snapshot_chunk`]). Called on a thread of the replica's own, never on its
+    /// loop; may block, and must give up within a bounded time. A transport that cannot reach
+    /// peers this way keeps the default: snapshots sent to this node are then dropped, so only a
+    /// simulation, whose snapshots travel whole, may use one.
+    fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
+        let _ = request;
+        Err(format!("this transport cannot fetch snapshot chunks from node {to}"))
+    }
 }
 
 /// Pairs a scan returned, and whether more remain in its range.
 pub type ScanResult = (Vec<(Vec<u8>, Vec<u8>)>, bool);
+
+/// Where the next chunk of a streamed snapshot starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChunkCursor {
+    /// At the first key.
+    Start,
+    /// After this key (the last one the previous chunk held).
+    AfterKey(Vec<u8>),
+    /// At this pair of the request-id window, which follows the keys.
+    Window(u32),
+}
+
+/// A follower's request for the next chunk of the snapshot its leader sent it
+/// ([`Transport::fetch_snapshot_chunk`], answered by [`crate::Node::snapshot_chunk`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkRequest {
+    /// The node asking.
+    pub from: u64,
+    /// The shard whose snapshot it is.
+    pub shard: u64,
+    /// The snapshot's index (a node serves at most one snapshot per shard at a time).
+    pub index: u64,
+    /// Where the chunk starts.
+    pub cursor: ChunkCursor,
+    /// About how many bytes of pairs to answer (a chunk holds at least one pair, so a large value
+    /// may exceed it); clamped to [`SNAPSHOT_CHUNK_BYTES_RANGE`].
+    pub max_bytes: u32,
+}
+
+/// One chunk of a streamed snapshot: pairs in the snapshot-pairs format (values with their
+/// checksums; the request-id window's pairs under the empty key, after every user key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotChunk {
+    /// Whole pairs.
+    pub pairs: Vec<u8>,
+    /// Where the next chunk starts; `None` after the last one.
+    pub next: Option<ChunkCursor>,
+}
+
+/// The sizes a snapshot chunk may be asked for (inclusive): large enough that a chunk is not
+/// mostly overhead, small enough to stay a bounded buffer on both sides.
+pub const SNAPSHOT_CHUNK_BYTES_RANGE: (usize, usize) = (4 << 10, 64 << 20);
 
 /// Called once with the result of a proposal or read barrier, on the replica's loop thread: it
 /// must not block.

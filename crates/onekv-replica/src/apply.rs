@@ -356,6 +356,21 @@ impl Applier {
         Ok(locators[..locators.len() - 1].to_vec())
     }
 
+    /// Writes the metadata of a snapshot whose `chunks` chunk records a fetch already stored
+    /// (durable, in order, before this), and fsyncs it: from here on a recovery installs it.
+    pub fn persist_snapshot_meta(
+        &self,
+        meta: &records::SnapshotMeta,
+        chunks: usize,
+    ) -> Result<(), ReplicaError> {
+        let meta = records::SnapshotMeta { chunks: chunks as u32, ..meta.clone() };
+        self.state
+            .raft_log
+            .append(&[(records::SNAP_META, &records::encode_snapshot_meta(&meta))])
+            .map_err(|e| storage(format!("writing a snapshot's metadata: {e}")))?;
+        Ok(())
+    }
+
     /// Replaces the tree's contents with a snapshot's pairs (read from its durable chunk records)
     /// and flushes the tree with the snapshot's index as its flag and `note` (the shard's recovery
     /// point: never empty, since the log GC may have reclaimed the log's start) beside it.

@@ -6,7 +6,9 @@
 //! `after-raft-append=20*off->return` (crash at the 21st time the point is reached); the action
 //! `return` means "crash here". Points: `before-raft-append`, `during-raft-append` (half of a
 //! multi-entry append is made durable, then crash), `after-raft-append`, `before-apply`,
-//! `after-apply`, `after-reply`. One point injects an error instead of a crash: `fail-raft-append`
+//! `after-apply`, `after-reply`; on a follower installing a streamed snapshot,
+//! `during-snapshot-fetch` (after a chunk is stored) and `after-snapshot-meta` (its metadata is
+//! durable, the index not yet rebuilt). One point injects an error instead of a crash: `fail-raft-append`
 //! makes the Raft append fail as a failed write or fsync would.
 
 /// Exit code of a process stopped at a crash point.

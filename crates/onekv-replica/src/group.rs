@@ -22,7 +22,7 @@ use crate::raft_store::RaftStore;
 use crate::records::{self, HardStateRecord, SnapshotMeta};
 use crate::state::{self, State, storage};
 use crate::{Command, Done, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode};
-use raft::eraftpb::{Entry, Message};
+use raft::eraftpb::{Entry, Message, MessageType};
 use raft::{RawNode, StateRole};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -136,6 +136,16 @@ impl Group {
             GroupInput::Step(_) if ctx.failed.is_some() => {}
             GroupInput::Step(message) => {
                 let Some(message) = self.screen(message, ctx) else { return };
+                if message.get_msg_type() == MessageType::MsgSnapshot {
+                    let data = message.get_snapshot().data.as_ref();
+                    if data == crate::snapshot::stream::STAGED {
+                        return self.step_staged(message);
+                    }
+                    if data == crate::snapshot::stream::STREAMED {
+                        // The node fetches these before they reach the loop.
+                        return;
+                    }
+                }
                 if let Err(err) = self.raw.step(message) {
                     tracing::debug!(shard = self.shard, %err, "dropped a peer message");
                 }
@@ -196,6 +206,10 @@ impl Group {
         }
         self.retry_lost_snapshots(now, ctx);
         self.prefer_primary(now, ctx);
+        // Fetched snapshots whose message never reached Raft (dropped on the way, or refused while
+        // rejoining) stop holding the recovery point back; a later message fetches again.
+        let mut staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
+        staged.expire(Instant::now(), crate::snapshot::stream::KEEP_STAGED);
     }
 
     /// A leader that is not the shard's primary hands leadership to it once this node has led for
@@ -236,7 +250,7 @@ impl Group {
     fn retry_lost_snapshots(&mut self, now: Instant, ctx: &NodeCtx) {
         if self.role() != StateRole::Leader {
             self.snapshot_sends.clear();
-            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release();
+            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release(now);
             return;
         }
         let waiting: Vec<u64> = self
@@ -255,12 +269,22 @@ impl Group {
             *id != ctx.config.node_id
                 && (progress.state == raft::ProgressState::Snapshot || progress.next_idx < first)
         });
-        if !needed {
-            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).release();
+        let mut snapshots = self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner());
+        if needed {
+            snapshots.drop_idle(Instant::now());
+        } else {
+            snapshots.release(now);
         }
+        drop(snapshots);
         for id in waiting {
             let since = *self.snapshot_sends.entry(id).or_insert(now);
-            if now.duration_since(since) >= ctx.config.snapshot_timeout {
+            // A follower still fetching a streamed snapshot has not lost it.
+            let fetching = now.checked_sub(ctx.config.snapshot_timeout).is_some_and(|recent| {
+                self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).fetched_by(id, recent)
+            });
+            if fetching {
+                self.snapshot_sends.insert(id, now);
+            } else if now.duration_since(since) >= ctx.config.snapshot_timeout {
                 tracing::warn!(
                     shard = self.shard,
                     follower = id,
@@ -591,13 +615,19 @@ impl Group {
             // its last entries, and the log below them, for ever).
             compact_to = compact_to.max(self.fully_replicated(applied, ctx) + 1);
         }
+        // A follower fetching a streamed snapshot goes on from the entry after it.
+        let fetched =
+            self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).fetch_floor(Instant::now());
+        if let Some(index) = fetched {
+            compact_to = compact_to.min(index + 1);
+        }
         if compact_to > 0 {
             self.raw.mut_store().compact(compact_to);
         }
         let store = self.raw.store();
         let note = match store.meta(store.first()) {
             Some(first) => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
+                scan_from: self.held_back(first.locator.position - onekv_log::RECORD_HEADER_LEN as u64),
                 snapshot_index: store.snapshot_index,
                 snapshot_term: store.snapshot_term,
                 hard_state: self.persisted_hs,
@@ -606,7 +636,7 @@ impl Group {
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
             None => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: ctx.raft_log.end_position(),
+                scan_from: self.held_back(ctx.raft_log.end_position()),
                 snapshot_index: store.snapshot_index,
                 snapshot_term: store.snapshot_term,
                 hard_state: self.persisted_hs,
@@ -687,6 +717,48 @@ impl Group {
         Ok(crate::gc::Relocated { moved, left: 0 })
     }
 
+    /// `scan_from`, or the first position of a snapshot this shard is fetching if that is lower:
+    /// a recovery must find every stored chunk of it, and the log GC must keep them.
+    fn held_back(&self, scan_from: u64) -> u64 {
+        let staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).hold_back();
+        staged.map_or(scan_from, |position| position.min(scan_from))
+    }
+
+    /// Steps a snapshot message whose chunks this node's fetcher stored: only if they are still
+    /// there (anything else marked so is not ours to trust), and drops them if Raft does not take
+    /// the snapshot (it is behind what this replica has).
+    fn step_staged(&mut self, message: Message) {
+        let index = message.get_snapshot().get_metadata().index;
+        if !self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).is_complete(index) {
+            tracing::warn!(
+                shard = self.shard,
+                index,
+                from = message.from,
+                "dropped a staged snapshot with no stored chunks"
+            );
+            return;
+        }
+        if let Err(err) = self.raw.step(message) {
+            tracing::debug!(shard = self.shard, %err, "dropped a staged snapshot");
+        }
+        let taken = self
+            .raw
+            .raft
+            .raft_log
+            .unstable
+            .snapshot
+            .as_ref()
+            .is_some_and(|s| s.get_metadata().index == index);
+        if !taken {
+            tracing::info!(
+                shard = self.shard,
+                index,
+                "a fetched snapshot is behind this replica; dropping it"
+            );
+            self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).drop_complete(index);
+        }
+    }
+
     fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
         let meta = snapshot.get_metadata();
         let meta = SnapshotMeta {
@@ -703,12 +775,27 @@ impl Group {
             bytes = snapshot.data.len(),
             "installing a snapshot"
         );
-        let chunks = self.applier.persist_snapshot(&meta, &snapshot.data)?;
+        let chunks = if snapshot.data.as_ref() == crate::snapshot::stream::STAGED {
+            // Only `step_staged` lets one through, and only the loop takes stagings.
+            let chunks =
+                self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).take_complete(meta.index);
+            let chunks = chunks.ok_or_else(|| {
+                storage(format!(
+                    "shard {}: the chunks of the snapshot at {} are gone",
+                    self.shard, meta.index
+                ))
+            })?;
+            self.applier.persist_snapshot_meta(&meta, chunks.len())?;
+            crate::failpoint!("after-snapshot-meta");
+            chunks
+        } else {
+            self.applier.persist_snapshot(&meta, &snapshot.data)?
+        };
         self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.voters.clone());
         // The snapshot's metadata is in the note: a recovery from this flush starts after the
         // chunks just appended (what comes later of this shard is appended after them).
         let note = records::encode_recovery_point(&records::RecoveryPoint {
-            scan_from: self.state.raft_log.end_position(),
+            scan_from: self.held_back(self.state.raft_log.end_position()),
             snapshot_index: meta.index,
             snapshot_term: meta.term,
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),
@@ -829,7 +916,14 @@ impl Group {
             index_bytes_written: self.state.index.bytes_written(),
             memtable_bytes: self.state.tree.memtable_bytes(),
             followers: self.follower_status(ctx),
-            snapshot: store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe(),
+            snapshot: {
+                let serving = store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe();
+                let fetching = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).describe();
+                match (serving, fetching) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.or(b),
+                }
+            },
             request_ids: self.state.requests().len() as u64,
             disk: ctx.disk.status(),
             corrupt_values: self.state.corruption.count(),

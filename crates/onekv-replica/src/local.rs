@@ -5,7 +5,7 @@
 //! node, which never blocks, so the sending loop is never held up by the receiving one. A node is
 //! added by any one of its replicas; messages of every shard reach it.
 
-use crate::{Message, Replica, Transport};
+use crate::{ChunkRequest, Message, Replica, SnapshotChunk, Transport};
 use std::collections::HashMap;
 use std::sync::RwLock;
 
@@ -64,5 +64,15 @@ impl Transport for Router {
                 replica.node().step(shard, message);
             }
         }
+    }
+
+    fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
+        let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
+        if !replicas.contains_key(&request.from) {
+            return Err(format!("node {} is not added", request.from));
+        }
+        let replica = replicas.get(&to).ok_or_else(|| format!("node {to} is not added"))?.clone();
+        drop(replicas);
+        replica.node().snapshot_chunk(request).map_err(|e| e.to_string())
     }
 }

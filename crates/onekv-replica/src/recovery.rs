@@ -177,8 +177,11 @@ impl Recovering {
             }
             records::SNAP_CHUNK => {
                 let (_, index, number) = records::decode_snapshot_chunk(&record.payload).map_err(bad)?;
+                // A snapshot's chunks start at 0: earlier chunks of the same index belong to a
+                // fetch that was cut off and started over. Chunks of other snapshots may be
+                // interleaved (a fetch of the next one began before this one was installed).
                 if number == 0 {
-                    self.chunks.clear();
+                    self.chunks.retain(|(at, _)| *at != index);
                 }
                 self.chunks.push((index, record.locator));
             }
@@ -195,7 +198,8 @@ impl Recovering {
                         mine.len()
                     )));
                 }
-                self.chunks.clear();
+                // Older snapshots' chunks are never installed after this one.
+                self.chunks.retain(|(at, _)| *at > meta.index);
                 store.apply_snapshot(meta.index, meta.term, meta.voters.clone());
                 self.snapshot = Some((meta, mine));
             }

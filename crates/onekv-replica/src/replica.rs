@@ -9,8 +9,8 @@ use crate::raft_store::RaftStore;
 use crate::recovery::Recovering;
 use crate::state::{self, State};
 use crate::{
-    Command, Done, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId, StorageMode,
-    Transport,
+    ChunkRequest, Command, Done, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId,
+    SnapshotChunk, StorageMode, Transport,
 };
 use onekv_index::{Index, IndexConfig};
 use onekv_log::{Log, LogConfig, OpenOptions};
@@ -71,16 +71,22 @@ pub struct Node {
     inner: Arc<NodeInner>,
 }
 
-struct NodeInner {
-    node_id: u64,
+pub(crate) struct NodeInner {
+    pub(crate) node_id: u64,
     inbox: SyncSender<Input>,
     groups: BTreeMap<u64, Arc<GroupShared>>,
-    limits: Limits,
+    pub(crate) limits: Limits,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The "disk full" alarm the write path checks.
     disk: Arc<DiskSpace>,
     /// The log garbage collector's thread (none in a simulation, or when it is off).
     gc: Mutex<Option<crate::gc::Gc>>,
+    /// Where Raft messages go; snapshot fetches ask peers for chunks through it.
+    pub(crate) transport: Arc<dyn Transport>,
+    /// `ReplicaConfig::snapshot_chunk_bytes`.
+    pub(crate) snapshot_chunk_bytes: usize,
+    /// The snapshots this node is fetching (`snapshot::fetch`).
+    fetches: crate::snapshot::fetch::Fetches,
 }
 
 /// A handle to one shard's replica on a running node. Cheap to clone; every method may be called
@@ -127,6 +133,10 @@ impl ReplicaConfig {
         }
         if self.max_snapshot_bytes == 0 || self.max_snapshot_bytes > crate::MAX_SNAPSHOT_BYTES {
             return bad("max_snapshot_bytes must be between 1 and MAX_SNAPSHOT_BYTES (200 MiB)");
+        }
+        let (low, high) = crate::SNAPSHOT_CHUNK_BYTES_RANGE;
+        if !(low..=high).contains(&self.snapshot_chunk_bytes) {
+            return bad("snapshot_chunk_bytes must be between 4 KiB and 64 MiB");
         }
         if self.flush_every_entries == 0 || self.flush_every.is_zero() {
             return bad("flush_every_entries and flush_every must be positive");
@@ -327,6 +337,8 @@ impl Node {
                 requests: Mutex::new(requests),
                 corruption: Default::default(),
                 pins: pins.clone(),
+                served: Mutex::new(None),
+                staged: Mutex::new(Default::default()),
             });
             let snapshots =
                 crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
@@ -459,6 +471,8 @@ impl Node {
         let (inbox_tx, inbox) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
         let node_id = config.node_id;
         let limits = config.limits.clone();
+        let snapshot_chunk_bytes = config.snapshot_chunk_bytes;
+        let node_transport = transport.clone();
         let node_loop = NodeLoop {
             ctx: NodeCtx {
                 config,
@@ -487,6 +501,9 @@ impl Node {
                 thread: Mutex::new(None),
                 disk,
                 gc: Mutex::new(None),
+                transport: node_transport,
+                snapshot_chunk_bytes,
+                fetches: Default::default(),
             }),
         };
         Ok((node, node_loop))
@@ -528,9 +545,50 @@ impl Node {
     }
 
     /// Delivers a Raft message of `shard`'s group from a peer. Never blocks; messages are dropped
-    /// if the node's inbox is full, or the node holds no replica of `shard`.
+    /// if the node's inbox is full, or the node holds no replica of `shard`. A snapshot whose state
+    /// is streamed starts a fetch of its chunks instead (`snapshot::fetch`), which delivers the
+    /// message once they are stored.
     pub fn step(&self, shard: u64, message: Message) {
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot
+            && message.get_snapshot().data.as_ref() == crate::snapshot::stream::STREAMED
+        {
+            if let Some(state) = self.state(shard) {
+                self.inner.fetches.offer(self, shard, message, state);
+            }
+            return;
+        }
+        self.deliver(shard, message);
+    }
+
+    /// Queues a Raft message for the loop as it is.
+    pub(crate) fn deliver(&self, shard: u64, message: Message) {
         self.send(Input::Group(shard, GroupInput::Step(message)));
+    }
+
+    pub(crate) fn inner(&self) -> &NodeInner {
+        &self.inner
+    }
+
+    fn state(&self, shard: u64) -> Option<Arc<State>> {
+        let group = self.inner.groups.get(&shard)?;
+        group.state.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A chunk of the snapshot this node serves for `request.shard` (its leader sent the
+    /// follower asking a snapshot whose state is streamed). Called by the peer service, on any
+    /// thread but the loop's; reads the view and the log, as a scan does.
+    pub fn snapshot_chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
+        let state = self.state(request.shard).ok_or_else(|| {
+            ReplicaError::InvalidArgument(format!("this node holds no replica of shard {}", request.shard))
+        })?;
+        let served = state.served.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match served {
+            Some(served) if served.index == request.index => served.chunk(request),
+            _ => Err(ReplicaError::Dropped(format!(
+                "shard {}: no snapshot at index {} is served here (any more)",
+                request.shard, request.index
+            ))),
+        }
     }
 
     /// Queues `input` for the loop; if it cannot be queued, fails its reply (if it has one).
@@ -550,6 +608,8 @@ impl Node {
     /// Stops the loop thread. Pending requests fail with [`ReplicaError::Stopping`]. Nothing is
     /// flushed: the index has no WAL and the next open replays what it needs from the log.
     pub fn shutdown(&self) {
+        // Fetches write to the log; they end at their next chunk.
+        self.inner.fetches.stop();
         // The collector first: it may be waiting for the loop.
         if let Some(mut gc) = self.inner.gc.lock().unwrap_or_else(|e| e.into_inner()).take() {
             gc.stop();
@@ -612,7 +672,7 @@ impl Replica {
     /// Delivers a Raft message of this shard from a peer. Never blocks; messages are dropped if
     /// the node's inbox is full.
     pub fn step(&self, message: Message) {
-        self.send(GroupInput::Step(message));
+        self.node.step(self.group.shard, message);
     }
 
     /// Proposes `command` (leader only); `done` runs once it is applied here, or fails. While the

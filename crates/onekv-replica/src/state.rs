@@ -83,6 +83,10 @@ pub(crate) struct State {
     /// The node's read pins: held by every reader from its index lookup to its last value read,
     /// so the log GC never deletes bytes a reader is about to read (`pins`).
     pub pins: Arc<crate::pins::ReadPins>,
+    /// The snapshot this replica serves to followers in chunks, while it leads (`snapshot`).
+    pub served: Mutex<Option<Arc<crate::snapshot::stream::Served>>>,
+    /// The chunks of snapshots this replica fetched or is fetching, not yet installed.
+    pub staged: Mutex<crate::snapshot::stream::Stagings>,
 }
 
 /// Damaged values remembered per position, so a hot damaged key logs one error and counts once

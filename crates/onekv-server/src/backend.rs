@@ -5,7 +5,10 @@
 //! implementation; this module owns nothing but the delegation. Every call names the shard it is
 //! for; the services choose it from the key (placement), never the backend.
 
-use onekv_replica::{Command, Done, Message, Node, Outcome, ReplicaError, ReplicaStatus, RequestId};
+use onekv_replica::{
+    ChunkRequest, Command, Done, Message, Node, Outcome, ReplicaError, ReplicaStatus, RequestId,
+    SnapshotChunk,
+};
 
 /// Pairs a scan returns, and whether more remain in the range.
 pub type ScanResult = (Vec<(Vec<u8>, Vec<u8>)>, bool);
@@ -56,6 +59,10 @@ pub trait Backend: Send + Sync + 'static {
     /// The node as a whole ([`ReplicaStatus::summarize`] of [`Backend::statuses`]).
     fn summary(&self) -> ReplicaStatus {
         ReplicaStatus::summarize(&self.statuses())
+    }
+    /// [`onekv_replica::Node::snapshot_chunk`]. The default serves none.
+    fn snapshot_chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
+        Err(ReplicaError::Dropped(format!("no snapshot of shard {} is served here", request.shard)))
     }
     /// The storage failure that stopped the node, if one did (every replica shares it: one disk).
     fn failure(&self) -> Option<String> {
@@ -118,5 +125,9 @@ impl Backend for Node {
 
     fn statuses(&self) -> Vec<ReplicaStatus> {
         Node::statuses(self)
+    }
+
+    fn snapshot_chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
+        Node::snapshot_chunk(self, request)
     }
 }

@@ -171,6 +171,9 @@ pub struct RaftConfig {
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot). Default 10000.
     pub raft_log_keep_entries: u64,
+    /// Bytes of keys and values a follower fetches per chunk of a streamed snapshot; 4 KiB to
+    /// 64 MiB. Default 4 MiB.
+    pub snapshot_chunk_bytes: u64,
 }
 
 /// `[limits]`: bounds on what one request may carry; requests over a bound are rejected with
@@ -316,6 +319,7 @@ impl Default for RaftConfig {
             election_ticks: defaults.election_ticks,
             heartbeat_ticks: defaults.heartbeat_ticks,
             raft_log_keep_entries: defaults.raft_log_keep_entries,
+            snapshot_chunk_bytes: defaults.snapshot_chunk_bytes as u64,
         }
     }
 }
@@ -598,6 +602,13 @@ impl ServerConfig {
             raft.raft_log_keep_entries,
             bounds::RAFT_LOG_KEEP_ENTRIES,
         );
+        let (low, high) = onekv_replica::SNAPSHOT_CHUNK_BYTES_RANGE;
+        check_range(
+            &mut problem,
+            "raft.snapshot_chunk_bytes",
+            raft.snapshot_chunk_bytes,
+            (low as u64, high as u64),
+        );
 
         let limits = &self.limits;
         let as_u64 = |n: usize| n as u64;
@@ -758,6 +769,7 @@ impl ServerConfig {
         config.election_ticks = self.raft.election_ticks;
         config.heartbeat_ticks = self.raft.heartbeat_ticks;
         config.raft_log_keep_entries = self.raft.raft_log_keep_entries;
+        config.snapshot_chunk_bytes = self.raft.snapshot_chunk_bytes as usize;
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
         config.segment_bytes = self.log.segment_bytes;

@@ -12,10 +12,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use onekv_proto::{
-    PeerAck, PeerMessages,
+    PeerAck, PeerMessages, SnapshotChunkReply, SnapshotChunkRequest,
     peer_server::{Peer, PeerServer},
 };
-use onekv_replica::Message;
+use onekv_replica::{ChunkCursor, ChunkRequest, Message, SnapshotChunk};
 use protobuf::Message as _;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
@@ -162,5 +162,94 @@ impl<B: Backend> Peer for PeerService<B> {
             self.backend.step(shard, message);
         }
         Ok(Response::new(PeerAck {}))
+    }
+
+    async fn snapshot_chunk(
+        &self,
+        request: Request<SnapshotChunkRequest>,
+    ) -> Result<Response<SnapshotChunkReply>, Status> {
+        let wire = request.into_inner();
+        if !self.members.contains(&wire.from) {
+            return Err(Status::permission_denied(format!(
+                "node {} is not a member of this cluster (this is node {})",
+                wire.from, self.node_id
+            )));
+        }
+        let request = chunk_request_from_wire(wire)?;
+        // Reads up to a chunk of values from disk: not on an async worker.
+        let backend = Arc::clone(&self.backend);
+        let chunk = tokio::task::spawn_blocking(move || backend.snapshot_chunk(&request))
+            .await
+            .map_err(|error| Status::internal(format!("serving a snapshot chunk failed: {error}")))?
+            .map_err(|error| Status::unavailable(error.to_string()))?;
+        Ok(Response::new(chunk_to_wire(chunk)))
+    }
+}
+
+/// A chunk request as the replica takes it; INVALID_ARGUMENT for an unknown cursor kind.
+pub fn chunk_request_from_wire(wire: SnapshotChunkRequest) -> Result<ChunkRequest, Status> {
+    let cursor = cursor_from_wire(wire.cursor, wire.after_key, wire.window_pair)?;
+    Ok(ChunkRequest {
+        from: wire.from,
+        shard: wire.shard,
+        index: wire.index,
+        cursor,
+        max_bytes: wire.max_bytes,
+    })
+}
+
+/// The wire form of a chunk request.
+pub fn chunk_request_to_wire(request: &ChunkRequest) -> SnapshotChunkRequest {
+    let (cursor, after_key, window_pair) = cursor_to_wire(&request.cursor);
+    SnapshotChunkRequest {
+        from: request.from,
+        shard: request.shard,
+        index: request.index,
+        cursor,
+        after_key,
+        window_pair,
+        max_bytes: request.max_bytes,
+    }
+}
+
+/// The wire form of a chunk.
+pub fn chunk_to_wire(chunk: SnapshotChunk) -> SnapshotChunkReply {
+    let (next_cursor, next_after_key, next_window_pair) =
+        chunk.next.as_ref().map(cursor_to_wire).unwrap_or_default();
+    SnapshotChunkReply {
+        pairs: chunk.pairs,
+        more: chunk.next.is_some(),
+        next_cursor,
+        next_after_key,
+        next_window_pair,
+    }
+}
+
+/// A chunk as the replica takes it; an error for an unknown cursor kind.
+pub fn chunk_from_wire(wire: SnapshotChunkReply) -> Result<SnapshotChunk, String> {
+    let next = match wire.more {
+        true => Some(
+            cursor_from_wire(wire.next_cursor, wire.next_after_key, wire.next_window_pair)
+                .map_err(|status| status.message().to_string())?,
+        ),
+        false => None,
+    };
+    Ok(SnapshotChunk { pairs: wire.pairs, next })
+}
+
+fn cursor_from_wire(kind: u32, after_key: Vec<u8>, window_pair: u32) -> Result<ChunkCursor, Status> {
+    match kind {
+        0 => Ok(ChunkCursor::Start),
+        1 => Ok(ChunkCursor::AfterKey(after_key)),
+        2 => Ok(ChunkCursor::Window(window_pair)),
+        other => Err(Status::invalid_argument(format!("unknown snapshot chunk cursor kind {other}"))),
+    }
+}
+
+fn cursor_to_wire(cursor: &ChunkCursor) -> (u32, Vec<u8>, u32) {
+    match cursor {
+        ChunkCursor::Start => (0, Vec::new(), 0),
+        ChunkCursor::AfterKey(key) => (1, key.clone(), 0),
+        ChunkCursor::Window(at) => (2, Vec::new(), *at),
     }
 }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use onekv_proto::{PeerMessages, peer_client::PeerClient};
-use onekv_replica::{Message, Transport};
+use onekv_replica::{ChunkRequest, Message, SnapshotChunk, Transport};
 use protobuf::Message as _;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
@@ -98,6 +98,9 @@ struct PeerQueue {
     queued_bytes: Arc<AtomicUsize>,
     /// Set when a full queue was reported, so a down peer logs once rather than per message.
     full_reported: Arc<AtomicBool>,
+    /// A connection of its own for snapshot chunk calls (made on first use), so a chunk in
+    /// flight never holds up the Raft messages.
+    chunks: Option<Channel>,
 }
 
 /// A [`Transport`] over gRPC: one queue and one task per peer. Create it inside a Tokio runtime.
@@ -107,6 +110,8 @@ pub struct GrpcTransport {
     options: TransportOptions,
     counters: Arc<Counters>,
     closed: watch::Sender<bool>,
+    /// The runtime the peer tasks run on; snapshot fetch threads block on it for their calls.
+    runtime: tokio::runtime::Handle,
 }
 
 impl GrpcTransport {
@@ -128,10 +133,18 @@ impl GrpcTransport {
                 continue;
             }
             let (sender, receiver) = mpsc::channel(options.queue_messages.max(1));
+            let chunks = Endpoint::from_shared(format!("http://{address}")).ok().map(|endpoint| {
+                endpoint
+                    .connect_timeout(options.connect_timeout)
+                    .timeout(options.call_timeout)
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            });
             let queue = PeerQueue {
                 sender,
                 queued_bytes: Arc::new(AtomicUsize::new(0)),
                 full_reported: Arc::new(AtomicBool::new(false)),
+                chunks,
             };
             let task = PeerTask {
                 node_id,
@@ -147,7 +160,14 @@ impl GrpcTransport {
             tokio::spawn(task.run());
             queues.insert(peer_id, queue);
         }
-        GrpcTransport { node_id, peers: queues, options, counters, closed }
+        GrpcTransport {
+            node_id,
+            peers: queues,
+            options,
+            counters,
+            closed,
+            runtime: tokio::runtime::Handle::current(),
+        }
     }
 
     /// What the transport has done so far.
@@ -170,6 +190,13 @@ impl GrpcTransport {
 }
 
 impl Transport for GrpcTransport {
+    fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
+        if *self.closed.borrow() {
+            return Err("the transport is closed".into());
+        }
+        self.runtime.block_on(self.snapshot_chunk(to, request))
+    }
+
     fn send(&self, shard: u64, messages: Vec<Message>) {
         for message in messages {
             let Some(queue) = self.peers.get(&message.to) else {
@@ -195,6 +222,34 @@ impl Transport for GrpcTransport {
                 }
             }
         }
+    }
+}
+
+impl GrpcTransport {
+    /// One `SnapshotChunk` call to `to`, bounded by the call timeout.
+    async fn snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
+        let channel = self
+            .peers
+            .get(&to)
+            .and_then(|peer| peer.chunks.clone())
+            .ok_or_else(|| format!("node {to} is not a peer with a valid address"))?;
+        let mut client = PeerClient::new(channel)
+            .max_encoding_message_size(MAX_PEER_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_PEER_MESSAGE_BYTES);
+        let mut call = tonic::Request::new(crate::peer::chunk_request_to_wire(request));
+        if let Some(secret) = &self.options.secret {
+            call.metadata_mut().insert(PEER_SECRET_METADATA, secret.metadata_value());
+        }
+        let reply = tokio::time::timeout(self.options.call_timeout, client.snapshot_chunk(call))
+            .await
+            .map_err(|_| {
+                format!(
+                    "node {to} did not answer a snapshot chunk call within {:?}",
+                    self.options.call_timeout
+                )
+            })?
+            .map_err(|status| format!("node {to}: {status}"))?;
+        crate::peer::chunk_from_wire(reply.into_inner())
     }
 }
 

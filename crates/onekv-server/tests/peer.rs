@@ -274,6 +274,13 @@ impl Peer for GatedPeer {
         self.gate.acquire().await.unwrap().forget();
         Ok(Response::new(PeerAck {}))
     }
+
+    async fn snapshot_chunk(
+        &self,
+        _request: Request<onekv_proto::SnapshotChunkRequest>,
+    ) -> Result<Response<onekv_proto::SnapshotChunkReply>, Status> {
+        Err(Status::unimplemented("not in this test"))
+    }
 }
 
 /// Serves a gated `Peer` server behind `admission`; returns a client, the gate and the starts.

@@ -40,6 +40,25 @@ impl Peer for FakePeer {
         self.gate.acquire().await.unwrap().forget();
         Ok(Response::new(PeerAck {}))
     }
+
+    /// Answers with the request's fields in the pairs, and a cursor after the key "next".
+    async fn snapshot_chunk(
+        &self,
+        request: Request<onekv_proto::SnapshotChunkRequest>,
+    ) -> Result<Response<onekv_proto::SnapshotChunkReply>, Status> {
+        let r = request.into_inner();
+        Ok(Response::new(onekv_proto::SnapshotChunkReply {
+            pairs: format!(
+                "from {} shard {} index {} cursor {} max {}",
+                r.from, r.shard, r.index, r.cursor, r.max_bytes
+            )
+            .into_bytes(),
+            more: true,
+            next_cursor: 1,
+            next_after_key: b"next".to_vec(),
+            next_window_pair: 0,
+        }))
+    }
 }
 
 struct FakePeerHandle {
@@ -366,4 +385,32 @@ async fn messages_reach_the_peer_service() {
     })
     .await
     .unwrap();
+}
+
+/// A snapshot fetch thread asks a peer for a chunk through the transport: the request and the
+/// answer's cursor survive the wire, and an unknown peer is an error, not a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_chunks_are_fetched_from_a_thread_outside_the_runtime() {
+    use onekv_replica::{ChunkCursor, ChunkRequest};
+    let peer = start_fake_peer(true).await;
+    let transport = Arc::new(GrpcTransport::start(1, [(2, peer.address.clone())], fast_options()));
+    let request = ChunkRequest {
+        from: 1,
+        shard: 7,
+        index: 42,
+        cursor: ChunkCursor::AfterKey(b"k".to_vec()),
+        max_bytes: 4096,
+    };
+    let fetched = {
+        let transport = Arc::clone(&transport);
+        let request = request.clone();
+        std::thread::spawn(move || {
+            (transport.fetch_snapshot_chunk(2, &request), transport.fetch_snapshot_chunk(9, &request))
+        })
+    };
+    let (chunk, unknown) = tokio::task::spawn_blocking(move || fetched.join().unwrap()).await.unwrap();
+    let chunk = chunk.unwrap();
+    assert_eq!(chunk.pairs, b"from 1 shard 7 index 42 cursor 1 max 4096");
+    assert_eq!(chunk.next, Some(ChunkCursor::AfterKey(b"next".to_vec())));
+    assert!(unknown.unwrap_err().contains("node 9"));
 }

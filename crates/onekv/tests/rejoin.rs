@@ -31,6 +31,8 @@ fn a_wiped_follower_rejoins_catches_up_and_counts_in_the_majority_again() {
         let mut cluster = TestCluster::start(3, |config| {
             config.raft.raft_log_keep_entries = 20;
             config.index.memtable_bytes = 64 << 10;
+            // The snapshot streams in many chunks (2.3 MiB of keys and values).
+            config.raft.snapshot_chunk_bytes = 64 << 10;
         })
         .await;
         let client = cluster.client();
@@ -69,6 +71,7 @@ fn a_wiped_follower_rejoins_catches_up_and_counts_in_the_majority_again() {
         }
         let wiped_log = cluster.log_text(wiped);
         assert!(!wiped_log.contains("panicked"), "the wiped node panicked:\n{wiped_log}");
+        assert!(wiped_log.contains("fetched a snapshot"), "no streamed snapshot:\n{wiped_log}");
         let leader_log = cluster.log_text(leader);
         assert!(
             leader_log.contains("lost Raft entries it acknowledged"),

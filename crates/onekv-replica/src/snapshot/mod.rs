@@ -1,19 +1,22 @@
-//! Building the snapshots a leader sends to followers that fell behind its Raft log: off the node
-//! loop, bounded in size, and with a backoff after a failure.
+//! The snapshots a leader sends to followers that fell behind its Raft log.
 //!
 //! raft-rs asks its storage for a snapshot synchronously, on the loop thread, every time it wants
-//! to send one (at every heartbeat answer of a follower that needs one). Building means reading
-//! every key and value, so it must not happen there: the first request starts a build on a thread
-//! of its own over a consistent view of the tree ([`onekv_index::TreeSnapshot`], taken on the loop
-//! at the applied index, which also holds the request-id window), and answers "temporarily
-//! unavailable"; raft-rs asks again later and gets the finished snapshot. A build that fails (the
-//! state is over `max_snapshot_bytes`, or a value is damaged) is retried only after a backoff that
-//! doubles up to [`MAX_BACKOFF`], so a node that cannot build one does not spend its time trying.
+//! to send one (at every heartbeat answer of a follower that needs one). A running node answers at
+//! once with a snapshot that holds no data, only a marker: it takes a consistent view of the tree
+//! at the applied index ([`onekv_index::TreeSnapshot`], which also holds the request-id window)
+//! and serves it in chunks to the followers that fetch it ([`stream`], [`fetch`]), however large
+//! the state. The view is kept while raft-rs still asks for it or a follower fetched from it
+//! within [`stream::KEEP_WHILE_FETCHED`].
 //!
-//! In a simulation (driven mode) the build runs inline, so what happens stays a function of the
-//! seed.
+//! In a simulation (driven mode) there is no thread to fetch on: the snapshot is built inline, all
+//! its pairs in the message, bounded by `max_snapshot_bytes`, so what happens stays a function of
+//! the seed. A build that fails (the state is over the bound, or a value is damaged) is retried
+//! only after a backoff that doubles up to [`MAX_BACKOFF`].
 //!
 //! This module does not send snapshots (raft-rs and the transport do) or install them (`apply`).
+
+pub(crate) mod fetch;
+pub(crate) mod stream;
 
 use crate::records;
 use crate::state::State;
@@ -22,7 +25,6 @@ use raft::StorageError;
 use raft::eraftpb::{ConfState, Snapshot};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The first wait after a failed build.
@@ -41,6 +43,12 @@ enum Slot {
         index: u64,
     },
     Ready(Snapshot),
+    /// A streamed snapshot and the view it serves (`failures`: of the views before it).
+    Serving {
+        snapshot: Snapshot,
+        served: Arc<stream::Served>,
+        failures: u32,
+    },
     Failed {
         index: u64,
         error: String,
@@ -54,28 +62,26 @@ enum Slot {
 pub(crate) struct SnapshotBuilder {
     state: Arc<State>,
     max_bytes: usize,
-    /// Whether builds run on a thread of their own (false: inline, for the simulation).
-    threaded: bool,
+    /// Whether snapshots are streamed (false: built inline, whole, for the simulation).
+    streamed: bool,
     slot: Arc<Mutex<Slot>>,
     cancel: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl SnapshotBuilder {
-    pub fn new(state: Arc<State>, max_bytes: usize, threaded: bool) -> Self {
+    pub fn new(state: Arc<State>, max_bytes: usize, streamed: bool) -> Self {
         SnapshotBuilder {
             state,
             max_bytes,
-            threaded,
+            streamed,
             slot: Arc::new(Mutex::new(Slot::Idle)),
             cancel: Arc::new(AtomicBool::new(false)),
-            thread: None,
         }
     }
 
-    /// What raft-rs gets when it asks for a snapshot: a finished one that is still usable (the
-    /// leader still serves the entries that follow it), or "temporarily unavailable" while one is
-    /// built or while a failed build waits out its backoff.
+    /// What raft-rs gets when it asks for a snapshot: one still usable (the leader still serves
+    /// the entries that follow it), or "temporarily unavailable" while a failed inline build waits
+    /// out its backoff.
     pub fn request(
         &mut self,
         applied: (u64, u64),
@@ -85,36 +91,50 @@ impl SnapshotBuilder {
     ) -> raft::Result<Snapshot> {
         let unavailable = Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         let mut failures = 0;
+        let mut slot = lock(&self.slot);
+        // A view that met a damaged value is dropped; a new one is served after a backoff (by
+        // then the damage is usually repaired from another replica).
+        if let Slot::Serving { served, failures, .. } = &*slot
+            && let Some(error) = served.failure()
         {
-            let mut slot = lock(&self.slot);
-            match &mut *slot {
-                // A follower that installs it catches up from the entry after it.
-                Slot::Ready(snapshot) if snapshot.get_metadata().index + 1 >= first_index => {
-                    return Ok(snapshot.clone());
-                }
-                Slot::Building { .. } => return unavailable,
-                Slot::Failed { failures: f, retry_at, .. } => {
-                    let at = *retry_at.get_or_insert_with(|| now + backoff(*f));
-                    if now < at {
-                        return unavailable;
-                    }
-                    failures = *f;
-                }
-                Slot::Ready(_) | Slot::Idle => {}
+            *slot = Slot::Failed { index: served.index, error, failures: failures + 1, retry_at: None };
+            *lock_served(&self.state) = None;
+        }
+        match &mut *slot {
+            // A follower that installs it catches up from the entry after it.
+            Slot::Ready(snapshot) | Slot::Serving { snapshot, .. }
+                if snapshot.get_metadata().index + 1 >= first_index =>
+            {
+                return Ok(snapshot.clone());
             }
-            *slot = Slot::Building { index: applied.0 };
+            Slot::Building { .. } => return unavailable,
+            Slot::Failed { failures: f, retry_at, .. } => {
+                let at = *retry_at.get_or_insert_with(|| now + backoff(*f));
+                if now < at {
+                    return unavailable;
+                }
+                failures = *f;
+            }
+            Slot::Ready(_) | Slot::Serving { .. } | Slot::Idle => {}
         }
-        if let Some(thread) = self.thread.take() {
-            // The previous build is over (its slot was not Building); collect its thread.
-            let _ = thread.join();
-        }
-        // Pinned before the view is taken, for the whole build: the log GC keeps every value the
-        // view points at until the build ends.
+        // Pinned before the view is taken, for as long as the view is used: the log GC keeps every
+        // value the view points at.
         let pin = self.state.pins.pin();
         let view = self.state.tree.snapshot();
         let mut metadata =
             raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
         metadata.set_conf_state(conf_state.clone());
+        if self.streamed {
+            let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, applied.0));
+            *lock_served(&self.state) = Some(served.clone());
+            let mut snapshot = Snapshot { data: stream::STREAMED.to_vec().into(), ..Default::default() };
+            snapshot.set_metadata(metadata);
+            tracing::info!(index = applied.0, "serving a snapshot to stream");
+            *slot = Slot::Serving { snapshot: snapshot.clone(), served, failures };
+            return Ok(snapshot);
+        }
+        *slot = Slot::Building { index: applied.0 };
+        drop(slot);
         let job = Build {
             state: self.state.clone(),
             _pin: pin,
@@ -125,33 +145,53 @@ impl SnapshotBuilder {
             slot: self.slot.clone(),
             cancel: self.cancel.clone(),
         };
-        if !self.threaded {
-            job.run();
-            return match &*lock(&self.slot) {
-                Slot::Ready(snapshot) => Ok(snapshot.clone()),
-                _ => unavailable,
-            };
+        job.run();
+        match &*lock(&self.slot) {
+            Slot::Ready(snapshot) => Ok(snapshot.clone()),
+            _ => unavailable,
         }
-        match std::thread::Builder::new().name("onekv-snapshot".into()).spawn(move || job.run()) {
-            Ok(thread) => self.thread = Some(thread),
-            Err(e) => {
-                *lock(&self.slot) = Slot::Failed {
-                    index: applied.0,
-                    error: format!("starting the snapshot thread: {e}"),
-                    failures: failures + 1,
-                    retry_at: None,
-                };
-            }
-        }
-        unavailable
     }
 
-    /// Drops a finished snapshot nobody waits for any more (its bytes are held in memory).
-    pub fn release(&mut self) {
+    /// Drops a snapshot nobody needs any more (an inline one's bytes are held in memory, a
+    /// streamed one's view pins the log), unless a follower fetched from it within
+    /// [`stream::KEEP_WHILE_FETCHED`] before `now`.
+    pub fn release(&mut self, now: Instant) {
+        if self.fetch_floor(now).is_some() {
+            return;
+        }
         let mut slot = lock(&self.slot);
-        if matches!(*slot, Slot::Ready(_)) {
+        if matches!(*slot, Slot::Ready(_) | Slot::Serving { .. }) {
             *slot = Slot::Idle;
         }
+        *lock_served(&self.state) = None;
+    }
+
+    /// Drops a served view nobody fetched from for [`stream::KEEP_WHILE_FETCHED`], even while
+    /// raft-rs still wants to send a snapshot (a follower that is down): the view's pin would hold
+    /// the log GC back for as long. The next request serves a new view.
+    pub fn drop_idle(&mut self, now: Instant) {
+        let mut slot = lock(&self.slot);
+        if let Slot::Serving { served, .. } = &*slot
+            && served.idle(now)
+        {
+            *slot = Slot::Idle;
+            *lock_served(&self.state) = None;
+        }
+    }
+
+    /// The index of the snapshot a follower fetched from within [`stream::KEEP_WHILE_FETCHED`]
+    /// before `now`: the Raft log keeps the entries after it, so that follower can go on from it.
+    pub fn fetch_floor(&self, now: Instant) -> Option<u64> {
+        let since = now.checked_sub(stream::KEEP_WHILE_FETCHED)?;
+        lock_served(&self.state)
+            .as_ref()
+            .filter(|served| served.failure().is_none() && served.fetched_since(None, since))
+            .map(|served| served.index)
+    }
+
+    /// Whether `follower` fetched a chunk of the served snapshot at or after `since`.
+    pub fn fetched_by(&self, follower: u64, since: Instant) -> bool {
+        lock_served(&self.state).as_ref().is_some_and(|served| served.fetched_since(Some(follower), since))
     }
 
     /// What the builder is doing, for status: `None` when idle.
@@ -159,6 +199,10 @@ impl SnapshotBuilder {
         match &*lock(&self.slot) {
             Slot::Idle => None,
             Slot::Building { index } => Some(format!("building a snapshot at index {index}")),
+            Slot::Serving { served, .. } => Some(match served.failure() {
+                Some(error) => format!("serving a snapshot at index {} failed: {error}", served.index),
+                None => format!("serving a snapshot at index {} in chunks", served.index),
+            }),
             Slot::Ready(snapshot) => Some(format!(
                 "snapshot at index {} ready ({} bytes)",
                 snapshot.get_metadata().index,
@@ -170,12 +214,10 @@ impl SnapshotBuilder {
         }
     }
 
-    /// Stops a build in progress and waits for its thread.
+    /// Stops a build in progress and stops serving.
     pub fn stop(&mut self) {
         self.cancel.store(true, Ordering::SeqCst);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        *lock_served(&self.state) = None;
     }
 }
 
@@ -183,6 +225,10 @@ impl Drop for SnapshotBuilder {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn lock_served(state: &State) -> MutexGuard<'_, Option<Arc<stream::Served>>> {
+    state.served.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn backoff(failures: u32) -> Duration {
@@ -248,7 +294,7 @@ impl Build {
                 records::push_snapshot_pair(&mut out, key, &value);
                 if out.len() > self.max_bytes {
                     return Err(format!(
-                        "the state exceeds max_snapshot_bytes = {} (streaming snapshots are not built yet)",
+                        "the state exceeds max_snapshot_bytes = {} (a simulation sends snapshots whole)",
                         self.max_bytes
                     ));
                 }

@@ -1,0 +1,344 @@
+//! The follower's side of a streamed snapshot: fetching its chunks from the sender and storing
+//! them, off the node loop.
+//!
+//! A snapshot message marked [`STREAMED`](super::stream::STREAMED) does not go to the loop. A
+//! fetch thread asks the sender for one chunk at a time ([`crate::Transport::fetch_snapshot_chunk`]),
+//! checks every pair (each value against its checksum), appends the chunk to the node's log as
+//! SNAP_CHUNK records (durable before the next is asked for: memory stays one chunk) and records
+//! it in the shard's [`Stagings`](super::stream::Stagings). Once the last chunk is durable the
+//! message goes to the loop marked [`STAGED`](super::stream::STAGED), and the loop installs the
+//! stored chunks as it installed a whole snapshot before (`apply`). A broken stream or a crash
+//! leaves chunks nobody installs: the shard's state is unchanged, the next snapshot message
+//! starts a new fetch, and recovery ignores chunks with no SNAP_META after them.
+//!
+//! One fetch per shard at a time and [`MAX_FETCHES`] per node. A repeated message for the snapshot
+//! being fetched is dropped; a new leader's snapshot cancels the fetch from the old one (whose
+//! sender may be dead) and starts once it stopped.
+
+use super::stream::STAGED;
+use crate::records;
+use crate::state::State;
+use crate::{ChunkCursor, ChunkRequest, Message, Node};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Snapshots a node fetches at once (each holds one chunk in memory and a view on its sender).
+pub(crate) const MAX_FETCHES: usize = 2;
+
+/// Consecutive failed chunk requests before a fetch is abandoned.
+const MAX_FAILURES: u32 = 5;
+
+/// The first wait after a failed chunk request; doubles per failure.
+const FIRST_RETRY: Duration = Duration::from_millis(200);
+
+/// A fetch logs its progress this often.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// The node's snapshot fetches.
+#[derive(Default)]
+pub(crate) struct Fetches {
+    active: Mutex<HashMap<u64, Active>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// A shard's fetch under way.
+struct Active {
+    /// The sender and the snapshot's index.
+    from: u64,
+    index: u64,
+    cancel: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Fetches {
+    /// Starts fetching the snapshot `message` announces for `shard`. A message for the snapshot
+    /// this shard is fetching already is dropped; one from another sender or of another index (a
+    /// new leader's) cancels that fetch and starts once it has stopped. Beyond [`MAX_FETCHES`]
+    /// shards at once, messages are dropped (the leader sends again).
+    pub fn offer(&self, node: &Node, shard: u64, message: Message, state: Arc<State>) {
+        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+        active.retain(|_, fetch| !fetch.thread.is_finished());
+        if self.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let (from, index) = (message.from, message.get_snapshot().get_metadata().index);
+        let previous = match active.remove(&shard) {
+            Some(fetch) if (fetch.from, fetch.index) == (from, index) => {
+                active.insert(shard, fetch);
+                return;
+            }
+            Some(fetch) => {
+                tracing::info!(
+                    shard,
+                    from,
+                    index,
+                    was_from = fetch.from,
+                    was_index = fetch.index,
+                    "a newer snapshot replaces the one being fetched"
+                );
+                fetch.cancel.store(true, Ordering::SeqCst);
+                Some(fetch.thread)
+            }
+            None if active.len() >= MAX_FETCHES => {
+                tracing::debug!(
+                    shard,
+                    from,
+                    "the node fetches its most snapshots; dropping a snapshot message"
+                );
+                return;
+            }
+            None => None,
+        };
+        let cancel = Arc::new(AtomicBool::new(false));
+        let fetch = Fetch {
+            node: node.clone(),
+            shard,
+            message,
+            state,
+            stop: self.stop.clone(),
+            cancel: cancel.clone(),
+        };
+        let run = move || {
+            if let Some(previous) = previous {
+                let _ = previous.join();
+            }
+            fetch.run()
+        };
+        match std::thread::Builder::new().name("onekv-fetch".into()).spawn(run) {
+            Ok(thread) => {
+                active.insert(shard, Active { from, index, cancel, thread });
+            }
+            Err(error) => tracing::warn!(shard, %error, "cannot start a snapshot fetch"),
+        }
+    }
+
+    /// Stops every fetch and waits for their threads.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let threads: Vec<_> = self
+            .active
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .map(|(_, fetch)| fetch.thread)
+            .collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct Fetch {
+    node: Node,
+    shard: u64,
+    message: Message,
+    state: Arc<State>,
+    /// The node is stopping.
+    stop: Arc<AtomicBool>,
+    /// A newer snapshot replaces this one.
+    cancel: Arc<AtomicBool>,
+}
+
+impl Fetch {
+    fn run(mut self) {
+        let shard = self.shard;
+        let index = self.message.get_snapshot().get_metadata().index;
+        let sender = self.message.from;
+        let stagings = || self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
+        if !stagings().is_complete(index) {
+            let first_position = self.state.raft_log.end_position();
+            stagings().begin(index, first_position);
+            let started = Instant::now();
+            tracing::info!(shard, index, from = sender, "fetching a snapshot");
+            match self.fetch(index, sender) {
+                Ok((chunks, bytes)) => {
+                    stagings().complete(index, Instant::now());
+                    let seconds = started.elapsed().as_secs_f64();
+                    tracing::info!(
+                        shard,
+                        index,
+                        from = sender,
+                        chunks,
+                        bytes,
+                        elapsed_ms = (seconds * 1000.0) as u64,
+                        mib_per_sec = bytes as f64 / (1 << 20) as f64 / seconds.max(1e-3),
+                        "fetched a snapshot"
+                    );
+                }
+                Err(error) => {
+                    stagings().abandon(index);
+                    tracing::warn!(shard, index, from = sender, %error, "a snapshot fetch failed; the next snapshot message starts over");
+                    return;
+                }
+            }
+        }
+        self.message.mut_snapshot().data = STAGED.to_vec().into();
+        self.node.deliver(shard, self.message);
+    }
+
+    fn stopped(&self) -> Option<&'static str> {
+        if self.stop.load(Ordering::SeqCst) {
+            Some("the node is stopping")
+        } else if self.cancel.load(Ordering::SeqCst) {
+            Some("a newer snapshot replaces it")
+        } else {
+            None
+        }
+    }
+
+    /// Fetches and stores every chunk; returns how many chunk records and bytes were stored.
+    fn fetch(&self, index: u64, sender: u64) -> Result<(u32, u64), String> {
+        let inner = self.node.inner();
+        let record_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
+        let max_bytes = inner.snapshot_chunk_bytes.min(record_bytes) as u32;
+        let mut cursor = ChunkCursor::Start;
+        let (mut number, mut bytes, mut failures) = (0u32, 0u64, 0u32);
+        let mut reported = Instant::now();
+        loop {
+            if let Some(why) = self.stopped() {
+                return Err(why.into());
+            }
+            let request = ChunkRequest {
+                from: inner.node_id,
+                shard: self.shard,
+                index,
+                cursor: cursor.clone(),
+                max_bytes,
+            };
+            let chunk = match inner.transport.fetch_snapshot_chunk(sender, &request) {
+                Ok(chunk) => chunk,
+                Err(error) => {
+                    failures += 1;
+                    if failures >= MAX_FAILURES {
+                        return Err(format!("{failures} chunk requests in a row failed, the last: {error}"));
+                    }
+                    let until = Instant::now() + FIRST_RETRY * (1 << failures.min(5));
+                    while Instant::now() < until && self.stopped().is_none() {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    continue;
+                }
+            };
+            failures = 0;
+            check_pairs(&chunk.pairs, inner.limits.max_key_bytes)?;
+            for part in split_pairs(&chunk.pairs, record_bytes)? {
+                let payload = records::encode_snapshot_chunk(self.shard, index, number, part);
+                let locator = self
+                    .state
+                    .raft_log
+                    .append(&[(records::SNAP_CHUNK, &payload)])
+                    .map_err(|e| format!("storing a snapshot chunk: {e}"))?[0];
+                if !self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).push(index, locator) {
+                    return Err("superseded by another fetch".into());
+                }
+                number += 1;
+                bytes += part.len() as u64;
+                crate::failpoint!("during-snapshot-fetch");
+            }
+            if reported.elapsed() >= PROGRESS_EVERY {
+                reported = Instant::now();
+                tracing::info!(shard = self.shard, index, chunks = number, bytes, "fetching a snapshot");
+            }
+            match chunk.next {
+                None => return Ok((number, bytes)),
+                Some(next) if advances(&cursor, &next) => cursor = next,
+                Some(next) => {
+                    return Err(format!("the sender's next chunk ({next:?}) does not follow {cursor:?}"));
+                }
+            }
+        }
+    }
+}
+
+/// Whether `next` comes after `cursor` (a sender that repeats itself would loop for ever).
+fn advances(cursor: &ChunkCursor, next: &ChunkCursor) -> bool {
+    match (cursor, next) {
+        (ChunkCursor::Start, ChunkCursor::AfterKey(_) | ChunkCursor::Window(_)) => true,
+        (ChunkCursor::AfterKey(a), ChunkCursor::AfterKey(b)) => b > a,
+        (ChunkCursor::AfterKey(_), ChunkCursor::Window(_)) => true,
+        (ChunkCursor::Window(a), ChunkCursor::Window(b)) => b > a,
+        _ => false,
+    }
+}
+
+/// Checks a chunk from a peer: whole pairs, every value matching its checksum, user keys within
+/// the key limit (the request-id window's pairs have the empty key).
+pub(crate) fn check_pairs(pairs: &[u8], max_key_bytes: usize) -> Result<(), String> {
+    for pair in records::SnapshotPairs::new(pairs) {
+        let (key, span) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+        if key.len() > max_key_bytes {
+            return Err(format!("a snapshot chunk holds a key of {} bytes", key.len()));
+        }
+        crate::codec::verify_stored_value(&pairs[span.offset..span.offset + span.len])
+            .map_err(|e| format!("a snapshot chunk's value: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Cuts whole pairs into parts of at most `limit` bytes each (a pair larger than that alone).
+pub(crate) fn split_pairs(pairs: &[u8], limit: usize) -> Result<Vec<&[u8]>, String> {
+    let mut parts = Vec::new();
+    let (mut start, mut end) = (0, 0);
+    for pair in records::SnapshotPairs::new(pairs) {
+        let (_, span) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+        let pair_end = span.offset + span.len;
+        if end > start && pair_end - start > limit {
+            parts.push(&pairs[start..end]);
+            start = end;
+        }
+        end = pair_end;
+    }
+    if end > start {
+        parts.push(&pairs[start..end]);
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(values: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (key, value) in values {
+            records::push_snapshot_pair(&mut out, key, value);
+        }
+        out
+    }
+
+    #[test]
+    fn pairs_are_cut_whole_and_a_large_one_goes_alone() {
+        let data = pairs(&[(b"a", &[1; 10]), (b"b", &[2; 10]), (b"c", &[3; 100]), (b"d", &[4; 10])]);
+        let parts = split_pairs(&data, 50).unwrap();
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts.concat(), data);
+        for part in parts {
+            assert!(records::SnapshotPairs::new(part).all(|p| p.is_ok()));
+        }
+        assert!(split_pairs(&[], 50).unwrap().is_empty());
+    }
+
+    #[test]
+    fn damaged_or_oversized_chunks_are_refused() {
+        let mut data = pairs(&[(b"key", b"value")]);
+        check_pairs(&data, 16).unwrap();
+        assert!(check_pairs(&data, 2).unwrap_err().contains("key of 3 bytes"));
+        *data.last_mut().unwrap() ^= 1;
+        assert!(check_pairs(&data, 16).unwrap_err().contains("checksum"));
+        assert!(check_pairs(&data[..5], 16).is_err());
+    }
+
+    #[test]
+    fn cursors_must_move_forward() {
+        let key = |k: &[u8]| ChunkCursor::AfterKey(k.to_vec());
+        assert!(advances(&ChunkCursor::Start, &key(b"a")));
+        assert!(advances(&key(b"a"), &key(b"b")));
+        assert!(!advances(&key(b"b"), &key(b"b")));
+        assert!(advances(&key(b"b"), &ChunkCursor::Window(0)));
+        assert!(!advances(&ChunkCursor::Window(1), &ChunkCursor::Window(1)));
+        assert!(!advances(&ChunkCursor::Window(1), &ChunkCursor::Start));
+    }
+}

@@ -1,0 +1,336 @@
+//! Streamed snapshots: the marker a Raft snapshot message carries instead of the state, the view
+//! a leader serves in chunks ([`Served`]), and the chunks a follower has stored while it fetches
+//! ([`Stagings`]).
+//!
+//! A leader's snapshot message holds no data, only [`STREAMED`]: the follower's node, seeing it,
+//! fetches the state from the sender chunk by chunk (`fetch`) and stores each chunk in its log as
+//! it arrives, then hands the message, now marked [`STAGED`], to its own loop, which installs the
+//! stored chunks. The state sent is a consistent view of the leader's tree at the snapshot's
+//! index, held (with a read pin, so the log GC keeps every value it points at) while any follower
+//! keeps fetching it.
+//!
+//! This module does not decide when a snapshot is needed (raft-rs) nor install one (`apply`).
+
+use crate::pins::Pin;
+use crate::records;
+use crate::state::State;
+use crate::{ChunkCursor, ChunkRequest, ReplicaError, SnapshotChunk};
+use onekv_index::TreeSnapshot;
+use onekv_log::Locator;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The data of a snapshot message whose state is streamed. No snapshot-pairs data starts this
+/// way (its first four bytes would be a key of 4 GiB).
+pub(crate) const STREAMED: &[u8] = b"\xff\xff\xff\xffONEKV-STREAMED";
+
+/// The data of the same message once the follower stored every chunk. Only a node's fetcher hands
+/// one to its own loop; one arriving from a peer, or naming no complete staging, is dropped.
+pub(crate) const STAGED: &[u8] = b"\xff\xff\xff\xffONEKV-STAGED";
+
+/// A leader keeps serving a view this long after a follower last fetched from it (and keeps the
+/// Raft entries that follow it), so a follower part-way through a long stream can finish.
+pub(crate) const KEEP_WHILE_FETCHED: Duration = Duration::from_secs(30);
+
+/// A follower keeps the chunks of a fetched snapshot this long for its loop to install (a
+/// snapshot message may be refused for a while, by a replica rejoining after a wiped disk).
+pub(crate) const KEEP_STAGED: Duration = Duration::from_secs(300);
+
+/// Keys read from the view per page while a chunk is filled.
+const PAGE: usize = 256;
+
+/// A view of one shard's state at one applied index, served in chunks to followers.
+pub(crate) struct Served {
+    pub index: u64,
+    state: Arc<State>,
+    /// Held while the view is served: the log GC keeps every value the view points at.
+    _pin: Pin,
+    view: TreeSnapshot,
+    /// The request-id window as of the view, as snapshot pairs' values (computed once).
+    window: Mutex<Option<Vec<Vec<u8>>>>,
+    /// When each follower last fetched a chunk.
+    fetches: Mutex<HashMap<u64, Instant>>,
+    /// Why a chunk could not be read (a damaged value): the view is not served again.
+    failure: Mutex<Option<String>>,
+    created: Instant,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Served {
+    pub fn new(state: Arc<State>, pin: Pin, view: TreeSnapshot, index: u64) -> Self {
+        Served {
+            index,
+            state,
+            _pin: pin,
+            view,
+            window: Mutex::new(None),
+            fetches: Mutex::new(HashMap::new()),
+            failure: Mutex::new(None),
+            created: Instant::now(),
+        }
+    }
+
+    /// Whether `follower` (any follower, for `None`) fetched a chunk at or after `since`.
+    pub fn fetched_since(&self, follower: Option<u64>, since: Instant) -> bool {
+        let fetches = lock(&self.fetches);
+        match follower {
+            Some(id) => fetches.get(&id).is_some_and(|at| *at >= since),
+            None => fetches.values().any(|at| *at >= since),
+        }
+    }
+
+    /// Whether nobody fetched from this view for [`KEEP_WHILE_FETCHED`] before `now` (nor was it
+    /// made within that time): its pin would keep the log GC from reclaiming anything.
+    pub fn idle(&self, now: Instant) -> bool {
+        let Some(since) = now.checked_sub(KEEP_WHILE_FETCHED) else { return false };
+        self.created < since && !self.fetched_since(None, since)
+    }
+
+    /// Why this view cannot be served, if it cannot.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.failure).clone()
+    }
+
+    /// The chunk `request` asks for: pairs from its cursor on, until about `max_bytes` (always at
+    /// least one pair when any is left), user keys first and then the request-id window. After a
+    /// failure (a damaged value) the view answers nothing more: the leader serves a new one.
+    pub fn chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
+        if let Some(error) = self.failure() {
+            return Err(ReplicaError::Dropped(format!("this snapshot cannot be served: {error}")));
+        }
+        lock(&self.fetches).insert(request.from, Instant::now());
+        let chunk = self.read_chunk(request);
+        if let Err(error) = &chunk {
+            tracing::warn!(index = self.index, %error, "a snapshot chunk cannot be read; serving a new view later");
+            *lock(&self.failure) = Some(error.to_string());
+        }
+        chunk
+    }
+
+    fn read_chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
+        let (low, high) = crate::SNAPSHOT_CHUNK_BYTES_RANGE;
+        let max_bytes = (request.max_bytes as usize).clamp(low, high);
+        let mut pairs = Vec::new();
+        let mut window_from = 0;
+        match &request.cursor {
+            ChunkCursor::Window(at) => window_from = *at as usize,
+            ChunkCursor::Start | ChunkCursor::AfterKey(_) => {
+                let mut after = match &request.cursor {
+                    ChunkCursor::AfterKey(key) => Some(key.clone()),
+                    _ => None,
+                };
+                loop {
+                    let start = after.clone().unwrap_or_default();
+                    let (page, more) = self
+                        .view
+                        .range(&start, None, PAGE + 1, false)
+                        .map_err(|e| crate::state::storage(format!("snapshot view scan: {e}")))?;
+                    let mut last = None;
+                    for (key, stored) in page.iter().filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
+                    {
+                        let value = self.state.resolve(key, stored)?;
+                        records::push_snapshot_pair(&mut pairs, key, &value);
+                        last = Some(key.clone());
+                        if pairs.len() >= max_bytes {
+                            return Ok(SnapshotChunk {
+                                pairs,
+                                next: Some(ChunkCursor::AfterKey(key.clone())),
+                            });
+                        }
+                    }
+                    match last {
+                        Some(key) if more || page.len() > PAGE => after = Some(key),
+                        _ => break,
+                    }
+                }
+            }
+        }
+        let window = self.window()?;
+        for (at, pair) in window.iter().enumerate().skip(window_from) {
+            records::push_snapshot_pair(&mut pairs, b"", pair);
+            if pairs.len() >= max_bytes && at + 1 < window.len() {
+                return Ok(SnapshotChunk { pairs, next: Some(ChunkCursor::Window(at as u32 + 1)) });
+            }
+        }
+        Ok(SnapshotChunk { pairs, next: None })
+    }
+
+    fn window(&self) -> Result<Vec<Vec<u8>>, ReplicaError> {
+        let mut window = lock(&self.window);
+        if window.is_none() {
+            let ids = crate::requests::ids_per_pair(records::chunk_bytes(
+                self.state.raft_log.config().max_record_bytes,
+            ));
+            *window = Some(crate::requests::snapshot_pairs(&self.view, ids)?);
+        }
+        Ok(window.clone().unwrap_or_default())
+    }
+}
+
+/// The chunks of the snapshots a follower's shard is fetching or has fetched and not yet
+/// installed, by snapshot index: at most one in progress, and the complete ones its loop has not
+/// taken yet.
+#[derive(Default)]
+pub(crate) struct Stagings {
+    by_index: BTreeMap<u64, Staged>,
+}
+
+struct Staged {
+    /// The log's end when the first chunk was about to be written: the shard's recovery point
+    /// stays at or below it until the snapshot is installed or dropped, so a recovery finds every
+    /// chunk and the log GC reclaims none.
+    first_position: u64,
+    chunks: Vec<Locator>,
+    bytes: u64,
+    complete_at: Option<Instant>,
+}
+
+impl Stagings {
+    /// Starts storing the chunks of the snapshot at `index`; an unfinished one is dropped (a
+    /// shard fetches one snapshot at a time, so it was abandoned).
+    pub fn begin(&mut self, index: u64, first_position: u64) {
+        self.by_index.retain(|_, staged| staged.complete_at.is_some());
+        self.by_index
+            .insert(index, Staged { first_position, chunks: Vec::new(), bytes: 0, complete_at: None });
+    }
+
+    /// Records a stored chunk; false if that staging is gone.
+    pub fn push(&mut self, index: u64, chunk: Locator) -> bool {
+        match self.by_index.get_mut(&index) {
+            Some(staged) if staged.complete_at.is_none() => {
+                staged.bytes += chunk.len;
+                staged.chunks.push(chunk);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks the staging at `index` complete: every chunk is durable.
+    pub fn complete(&mut self, index: u64, now: Instant) -> bool {
+        match self.by_index.get_mut(&index) {
+            Some(staged) if staged.complete_at.is_none() => {
+                staged.complete_at = Some(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn is_complete(&self, index: u64) -> bool {
+        self.by_index.get(&index).is_some_and(|staged| staged.complete_at.is_some())
+    }
+
+    /// Drops the unfinished staging at `index`.
+    pub fn abandon(&mut self, index: u64) {
+        if self.by_index.get(&index).is_some_and(|staged| staged.complete_at.is_none()) {
+            self.by_index.remove(&index);
+        }
+    }
+
+    /// Takes the complete staging at `index` for installing (loop only), and drops the complete
+    /// ones below it, which nothing will install any more.
+    pub fn take_complete(&mut self, index: u64) -> Option<Vec<Locator>> {
+        if !self.is_complete(index) {
+            return None;
+        }
+        let staged = self.by_index.remove(&index)?;
+        self.by_index.retain(|at, staged| *at > index || staged.complete_at.is_none());
+        Some(staged.chunks)
+    }
+
+    /// Drops the complete staging at `index` (loop only: Raft did not take its snapshot).
+    pub fn drop_complete(&mut self, index: u64) {
+        if self.is_complete(index) {
+            self.by_index.remove(&index);
+        }
+    }
+
+    /// Drops complete stagings nobody installed within `after` (loop only: their message was lost
+    /// on the way to the loop, or they were superseded).
+    pub fn expire(&mut self, now: Instant, after: Duration) {
+        self.by_index.retain(|_, staged| staged.complete_at.is_none_or(|at| now.duration_since(at) < after));
+    }
+
+    /// The lowest log position a staging's chunks may be at: the shard's recovery point must not
+    /// pass it.
+    pub fn hold_back(&self) -> Option<u64> {
+        self.by_index.values().map(|staged| staged.first_position).min()
+    }
+
+    /// What is staged, for status.
+    pub fn describe(&self) -> Option<String> {
+        let parts: Vec<String> = self
+            .by_index
+            .iter()
+            .map(|(index, staged)| {
+                format!(
+                    "{} a snapshot at index {index}: {} chunks, {} bytes",
+                    if staged.complete_at.is_some() { "fetched" } else { "fetching" },
+                    staged.chunks.len(),
+                    staged.bytes
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn locator(position: u64, len: u64) -> Locator {
+        Locator { position, len }
+    }
+
+    #[test]
+    fn markers_are_not_snapshot_pairs() {
+        for marker in [STREAMED, STAGED] {
+            assert!(records::SnapshotPairs::new(marker).next().unwrap().is_err());
+        }
+    }
+
+    #[test]
+    fn a_new_staging_drops_an_unfinished_one_but_not_a_complete_one() {
+        let now = Instant::now();
+        let mut s = Stagings::default();
+        s.begin(10, 100);
+        assert!(s.push(10, locator(100, 5)));
+        assert!(s.complete(10, now));
+        assert!(!s.push(10, locator(200, 5)), "a complete staging takes no more chunks");
+        s.begin(20, 300);
+        assert!(s.push(20, locator(300, 5)));
+        s.begin(30, 400);
+        assert!(!s.push(20, locator(350, 5)), "the unfinished staging was dropped");
+        assert!(s.is_complete(10));
+        assert_eq!(s.hold_back(), Some(100));
+        assert_eq!(s.take_complete(10), Some(vec![locator(100, 5)]));
+        assert_eq!(s.hold_back(), Some(400));
+        s.abandon(30);
+        assert_eq!(s.hold_back(), None);
+    }
+
+    #[test]
+    fn installing_drops_older_complete_stagings_and_expiry_drops_forgotten_ones() {
+        let now = Instant::now();
+        let mut s = Stagings::default();
+        s.begin(10, 100);
+        s.complete(10, now);
+        s.begin(20, 200);
+        s.complete(20, now);
+        assert!(s.take_complete(20).is_some());
+        assert!(!s.is_complete(10));
+        s.begin(30, 300);
+        s.complete(30, now);
+        s.expire(now + Duration::from_secs(1), Duration::from_secs(2));
+        assert!(s.is_complete(30));
+        s.expire(now + Duration::from_secs(3), Duration::from_secs(2));
+        assert!(!s.is_complete(30));
+        assert_eq!(s.hold_back(), None);
+    }
+}
