@@ -768,11 +768,12 @@ impl Group {
             chunks: 0,
             voters: meta.get_conf_state().voters.clone(),
         };
+        let started = Instant::now();
         tracing::info!(
             shard = self.shard,
             index = meta.index,
             term = meta.term,
-            bytes = snapshot.data.len(),
+            streamed = snapshot.data.as_ref() == crate::snapshot::stream::STAGED,
             "installing a snapshot"
         );
         let chunks = if snapshot.data.as_ref() == crate::snapshot::stream::STAGED {
@@ -802,6 +803,13 @@ impl Group {
             voters: meta.voters.clone(),
         });
         self.applier.install_snapshot(meta.index, &chunks, &note)?;
+        tracing::info!(
+            shard = self.shard,
+            index = meta.index,
+            chunks = chunks.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "installed a snapshot"
+        );
         self.shared.durable_commit.fetch_max(meta.index, Ordering::SeqCst);
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {

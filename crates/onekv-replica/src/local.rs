@@ -8,6 +8,7 @@
 use crate::{ChunkRequest, Message, Replica, SnapshotChunk, Transport};
 use std::collections::HashMap;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Delivers Raft messages between the replicas added to it; messages to or from a node that is
 /// not (or no longer) added are dropped, as a network drops them to a dead node.
@@ -15,6 +16,10 @@ use std::sync::RwLock;
 pub struct Router {
     replicas: RwLock<HashMap<u64, Replica>>,
     drop_if: RwLock<Option<MessageFilter>>,
+    /// Snapshot chunk calls answered so far.
+    chunk_calls: AtomicU64,
+    /// One more than the number of chunk calls after which every call fails (0: none fail).
+    fail_chunks_after: AtomicU64,
 }
 
 /// Decides whether the router loses a message (`true`: dropped).
@@ -42,6 +47,17 @@ impl Router {
         *self.drop_if.write().unwrap_or_else(|e| e.into_inner()) = filter;
     }
 
+    /// Snapshot chunk calls answered so far (failed ones included).
+    pub fn chunk_calls(&self) -> u64 {
+        self.chunk_calls.load(Ordering::SeqCst)
+    }
+
+    /// Fails every snapshot chunk call once `calls` have been made in all, as a sender that went
+    /// away mid-stream would (`None`: none fail).
+    pub fn fail_chunk_calls_after(&self, calls: Option<u64>) {
+        self.fail_chunks_after.store(calls.map_or(0, |calls| calls + 1), Ordering::SeqCst);
+    }
+
     /// A node that currently believes it is the leader of the added replicas' shard, if any.
     pub fn leader(&self) -> Option<u64> {
         let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
@@ -67,6 +83,11 @@ impl Transport for Router {
     }
 
     fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
+        let call = self.chunk_calls.fetch_add(1, Ordering::SeqCst);
+        let after = self.fail_chunks_after.load(Ordering::SeqCst);
+        if after != 0 && call + 1 >= after {
+            return Err(format!("chunk call {call} fails (the test's injected failure)"));
+        }
         let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
         if !replicas.contains_key(&request.from) {
             return Err(format!("node {} is not added", request.from));

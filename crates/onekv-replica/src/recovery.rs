@@ -59,8 +59,8 @@ pub(crate) struct Recovering {
     pub applier: Applier,
     pub entry_tree_seqno: u64,
     pub recovered: Recovered,
-    /// Snapshot chunks seen since the last complete snapshot: (snapshot index, locator).
-    chunks: Vec<(u64, Locator)>,
+    /// Snapshot chunks seen since the last complete snapshot, by (snapshot index, chunk number).
+    chunks: BTreeMap<(u64, u32), Locator>,
     /// The newest complete snapshot: its index and chunk locators.
     snapshot: Option<(records::SnapshotMeta, Vec<Locator>)>,
 }
@@ -73,7 +73,7 @@ impl Recovering {
             applier,
             entry_tree_seqno: 0,
             recovered: Recovered::default(),
-            chunks: Vec::new(),
+            chunks: BTreeMap::new(),
             snapshot: None,
         }
     }
@@ -178,18 +178,22 @@ impl Recovering {
             records::SNAP_CHUNK => {
                 let (_, index, number) = records::decode_snapshot_chunk(&record.payload).map_err(bad)?;
                 // A snapshot's chunks start at 0: earlier chunks of the same index belong to a
-                // fetch that was cut off and started over. Chunks of other snapshots may be
-                // interleaved (a fetch of the next one began before this one was installed).
+                // fetch that was cut off and started over. A chunk stored again under the same
+                // number (a resumed fetch after a failed append) replaces the first. Chunks of
+                // other snapshots may be interleaved (a fetch of the next one began before this
+                // one was installed).
                 if number == 0 {
-                    self.chunks.retain(|(at, _)| *at != index);
+                    self.chunks.retain(|(at, _), _| *at != index);
                 }
-                self.chunks.push((index, record.locator));
+                self.chunks.insert((index, number), record.locator);
             }
             records::SNAP_META => {
                 let meta = records::decode_snapshot_meta(&record.payload).map_err(bad)?;
                 let mine: Vec<Locator> =
-                    self.chunks.iter().filter(|(index, _)| *index == meta.index).map(|(_, l)| *l).collect();
-                if mine.len() != meta.chunks as usize {
+                    self.chunks.range((meta.index, 0)..=(meta.index, u32::MAX)).map(|(_, l)| *l).collect();
+                let numbered =
+                    self.chunks.range((meta.index, 0)..=(meta.index, u32::MAX)).map(|((_, n), _)| *n);
+                if mine.len() != meta.chunks as usize || !numbered.eq(0..meta.chunks) {
                     return Err(storage(format!(
                         "shard {}: snapshot at index {} names {} chunks but {} precede it",
                         self.shard,
@@ -199,7 +203,7 @@ impl Recovering {
                     )));
                 }
                 // Older snapshots' chunks are never installed after this one.
-                self.chunks.retain(|(at, _)| *at > meta.index);
+                self.chunks.retain(|(at, _), _| *at > meta.index);
                 store.apply_snapshot(meta.index, meta.term, meta.voters.clone());
                 self.snapshot = Some((meta, mine));
             }

@@ -103,6 +103,11 @@ impl Rejoin {
         election_ticks: usize,
     ) -> bool {
         let now = self.ticks;
+        if !voters.contains(&candidate) {
+            // Not a voter of this group: its vote request counts for nothing, and remembering it
+            // would let any sender grow the map.
+            return true;
+        }
         let seen = self.positions.entry(candidate).or_insert((position, now));
         let recent = (now.saturating_sub(seen.1) as usize) < election_ticks;
         *seen = if recent { (seen.0.max(position), seen.1) } else { (position, now) };
@@ -410,6 +415,9 @@ mod tests {
         assert!(rejoin.refuses_vote(1, (0, 0), 2, &voters, 10));
         assert_eq!(rejoin.positions[&1].0, (0, 0));
         assert!(!rejoin.refuses_vote(3, (4, 100), 2, &voters, 10), "voter 1 lost its log");
+        // A node that is not a voter gets no vote and is not remembered.
+        assert!(rejoin.refuses_vote(9, (99, 999), 2, &voters, 10));
+        assert!(!rejoin.positions.contains_key(&9));
     }
 
     #[test]

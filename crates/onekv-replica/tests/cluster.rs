@@ -642,6 +642,53 @@ fn a_state_larger_than_any_message_streams_to_a_lagging_follower_in_chunks() {
     cluster.shutdown();
 }
 
+/// A fetch cut off part-way (its sender stops answering chunk calls) resumes where it stopped at
+/// the next snapshot message of the same index, instead of fetching the chunks it has again.
+#[test]
+fn a_snapshot_fetch_cut_off_part_way_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let tweak = |config: &mut ReplicaConfig| {
+        small_log(config);
+        config.snapshot_chunk_bytes = 64 << 10;
+    };
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, tweak);
+    cluster.put("first", b"1");
+    let leader = cluster.leader();
+    let lagging = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(lagging);
+    // 3.2 MiB: about 50 chunks.
+    for i in 0..200 {
+        cluster.put(&format!("k{i:03}"), &value(i, 16 << 10));
+    }
+    cluster.router.fail_chunk_calls_after(Some(20));
+    cluster.open(lagging);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.router.chunk_calls() < 25 {
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not fetch: {:?}",
+            cluster.replica(lagging).status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let staged = cluster.replica(lagging).status().snapshot.unwrap_or_default();
+    assert!(staged.contains("fetching a snapshot") && staged.contains("20 chunks"), "{staged}");
+    cluster.router.fail_chunk_calls_after(None);
+    let before = cluster.router.chunk_calls();
+    let last =
+        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap().index;
+    cluster.wait_applied(lagging, last);
+    let replica = cluster.replica(lagging);
+    for i in 0..200 {
+        assert_eq!(replica.get(format!("k{i:03}").as_bytes()).unwrap(), Some(value(i, 16 << 10)), "k{i:03}");
+    }
+    // The rest of the ~50 chunks, not all of them again.
+    let resumed = cluster.router.chunk_calls() - before;
+    assert!((20..40).contains(&resumed), "{resumed} chunk calls after the cut");
+    no_failures(&cluster);
+    cluster.shutdown();
+}
+
 /// Finding 8 of issue 13: entries that write little or nothing (compare-and-swaps that fail) still
 /// flush the index, by entry count and by age, so the replay after a crash, Raft's in-memory log
 /// and the request window stay bounded. Before, only a full 16 MiB memtable flushed.

@@ -9,19 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{TestCluster, run_bounded};
-
-/// Writes `count` keys `prefix-N` with 1 KiB values, in batches.
-async fn write_keys(client: &onekv_client::Client, prefix: &str, count: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..count)
-        .map(|n| (format!("{prefix}-{n:06}").into_bytes(), format!("{prefix}:{n}:").repeat(100).into_bytes()))
-        .collect();
-    for batch in pairs.chunks(100) {
-        let ops = batch.iter().map(|(key, value)| (key.clone(), Some(value.clone()))).collect();
-        client.batch(ops).await.expect("a batch of puts");
-    }
-    pairs
-}
+use common::{TestCluster, run_bounded, write_keys};
 
 #[test]
 fn a_follower_catches_up_through_a_streamed_snapshot_even_when_its_sender_dies_mid_stream() {

@@ -5,20 +5,23 @@
 //! fetch thread asks the sender for one chunk at a time ([`crate::Transport::fetch_snapshot_chunk`]),
 //! checks every pair (each value against its checksum), appends the chunk to the node's log as
 //! SNAP_CHUNK records (durable before the next is asked for: memory stays one chunk) and records
-//! it in the shard's [`Stagings`](super::stream::Stagings). Once the last chunk is durable the
+//! it in the shard's [`Stagings`](super::stream::Stagings), with where the next chunk starts, so a
+//! fetch that failed resumes there at the next snapshot message of the same index (from any
+//! sender: every replica's state at one index is the same). Once the last chunk is durable the
 //! message goes to the loop marked [`STAGED`](super::stream::STAGED), and the loop installs the
 //! stored chunks as it installed a whole snapshot before (`apply`). A broken stream or a crash
-//! leaves chunks nobody installs: the shard's state is unchanged, the next snapshot message
-//! starts a new fetch, and recovery ignores chunks with no SNAP_META after them.
+//! leaves chunks nobody installs: the shard's state is unchanged, and recovery ignores chunks with
+//! no SNAP_META after them (after a crash the fetch starts over: stagings live in memory).
 //!
 //! One fetch per shard at a time and [`MAX_FETCHES`] per node. A repeated message for the snapshot
 //! being fetched is dropped; a new leader's snapshot cancels the fetch from the old one (whose
 //! sender may be dead) and starts once it stopped.
 
-use super::stream::STAGED;
+use super::stream::{Resume, STAGED};
 use crate::records;
 use crate::state::State;
-use crate::{ChunkCursor, ChunkRequest, Message, Node};
+use crate::{ChunkCursor, ChunkRequest, Message, Node, SnapshotChunk};
+use onekv_log::Locator;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -150,10 +153,10 @@ impl Fetch {
         let stagings = || self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
         if !stagings().is_complete(index) {
             let first_position = self.state.raft_log.end_position();
-            stagings().begin(index, first_position);
+            let resume = stagings().begin(index, sender, first_position, Instant::now());
             let started = Instant::now();
-            tracing::info!(shard, index, from = sender, "fetching a snapshot");
-            match self.fetch(index, sender) {
+            tracing::info!(shard, index, from = sender, resume_at_chunk = resume.1, "fetching a snapshot");
+            match self.fetch(index, sender, resume) {
                 Ok((chunks, bytes)) => {
                     stagings().complete(index, Instant::now());
                     let seconds = started.elapsed().as_secs_f64();
@@ -169,8 +172,9 @@ impl Fetch {
                     );
                 }
                 Err(error) => {
-                    stagings().abandon(index);
-                    tracing::warn!(shard, index, from = sender, %error, "a snapshot fetch failed; the next snapshot message starts over");
+                    // The chunks stored so far stay: the next snapshot message of this index
+                    // resumes after them.
+                    tracing::warn!(shard, index, from = sender, %error, "a snapshot fetch failed; the next snapshot message of this index resumes it");
                     return;
                 }
             }
@@ -189,27 +193,72 @@ impl Fetch {
         }
     }
 
-    /// Fetches and stores every chunk; returns how many chunk records and bytes were stored.
-    fn fetch(&self, index: u64, sender: u64) -> Result<(u32, u64), String> {
+    /// Fetches and stores every chunk from `resume` on; returns how many chunk records and bytes
+    /// this fetch stored. Each chunk is stored while the next is asked for, so the sender's reads
+    /// and the network overlap this node's fsyncs (two chunks in memory at most).
+    fn fetch(&self, index: u64, sender: u64, resume: Resume) -> Result<(u32, u64), String> {
+        let (mut cursor, mut number) = resume;
+        let first_number = number;
+        let mut bytes = 0u64;
+        let mut reported = Instant::now();
+        let mut chunk = self.request(index, sender, &cursor)?;
+        loop {
+            check_pairs(&chunk.pairs, self.node.inner().limits.max_key_bytes)?;
+            if let Some(next) = &chunk.next
+                && !advances(&cursor, next)
+            {
+                return Err(format!("the sender's next chunk ({next:?}) does not follow {cursor:?}"));
+            }
+            let (stored, following) = std::thread::scope(|scope| {
+                let storing = scope.spawn(|| self.store(index, number, &chunk.pairs));
+                let following = chunk.next.as_ref().map(|next| self.request(index, sender, next));
+                (storing.join().unwrap_or_else(|_| Err("storing a chunk panicked".into())), following)
+            });
+            let stored = stored?;
+            number += stored.len() as u32;
+            bytes += chunk.pairs.len() as u64;
+            let next = chunk.next.clone().unwrap_or(ChunkCursor::Start);
+            let recorded = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).push(
+                index,
+                &stored,
+                next.clone(),
+                Instant::now(),
+            );
+            if !recorded {
+                return Err("superseded by another fetch".into());
+            }
+            if reported.elapsed() >= PROGRESS_EVERY {
+                reported = Instant::now();
+                tracing::info!(shard = self.shard, index, chunks = number, bytes, "fetching a snapshot");
+            }
+            match following {
+                None => return Ok((number - first_number, bytes)),
+                Some(following) => {
+                    chunk = following?;
+                    cursor = next;
+                }
+            }
+        }
+    }
+
+    /// Asks `sender` for the chunk at `cursor`, retrying a failed call after a doubling wait.
+    fn request(&self, index: u64, sender: u64, cursor: &ChunkCursor) -> Result<SnapshotChunk, String> {
         let inner = self.node.inner();
         let record_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
-        let max_bytes = inner.snapshot_chunk_bytes.min(record_bytes) as u32;
-        let mut cursor = ChunkCursor::Start;
-        let (mut number, mut bytes, mut failures) = (0u32, 0u64, 0u32);
-        let mut reported = Instant::now();
+        let request = ChunkRequest {
+            from: inner.node_id,
+            shard: self.shard,
+            index,
+            cursor: cursor.clone(),
+            max_bytes: inner.snapshot_chunk_bytes.min(record_bytes) as u32,
+        };
+        let mut failures = 0;
         loop {
             if let Some(why) = self.stopped() {
                 return Err(why.into());
             }
-            let request = ChunkRequest {
-                from: inner.node_id,
-                shard: self.shard,
-                index,
-                cursor: cursor.clone(),
-                max_bytes,
-            };
-            let chunk = match inner.transport.fetch_snapshot_chunk(sender, &request) {
-                Ok(chunk) => chunk,
+            match inner.transport.fetch_snapshot_chunk(sender, &request) {
+                Ok(chunk) => return Ok(chunk),
                 Err(error) => {
                     failures += 1;
                     if failures >= MAX_FAILURES {
@@ -219,37 +268,27 @@ impl Fetch {
                     while Instant::now() < until && self.stopped().is_none() {
                         std::thread::sleep(Duration::from_millis(20));
                     }
-                    continue;
-                }
-            };
-            failures = 0;
-            check_pairs(&chunk.pairs, inner.limits.max_key_bytes)?;
-            for part in split_pairs(&chunk.pairs, record_bytes)? {
-                let payload = records::encode_snapshot_chunk(self.shard, index, number, part);
-                let locator = self
-                    .state
-                    .raft_log
-                    .append(&[(records::SNAP_CHUNK, &payload)])
-                    .map_err(|e| format!("storing a snapshot chunk: {e}"))?[0];
-                if !self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).push(index, locator) {
-                    return Err("superseded by another fetch".into());
-                }
-                number += 1;
-                bytes += part.len() as u64;
-                crate::failpoint!("during-snapshot-fetch");
-            }
-            if reported.elapsed() >= PROGRESS_EVERY {
-                reported = Instant::now();
-                tracing::info!(shard = self.shard, index, chunks = number, bytes, "fetching a snapshot");
-            }
-            match chunk.next {
-                None => return Ok((number, bytes)),
-                Some(next) if advances(&cursor, &next) => cursor = next,
-                Some(next) => {
-                    return Err(format!("the sender's next chunk ({next:?}) does not follow {cursor:?}"));
                 }
             }
         }
+    }
+
+    /// Appends a chunk's pairs as SNAP_CHUNK records numbered from `number` (durable on return).
+    fn store(&self, index: u64, mut number: u32, pairs: &[u8]) -> Result<Vec<Locator>, String> {
+        let record_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
+        let mut stored = Vec::new();
+        for part in split_pairs(pairs, record_bytes)? {
+            let payload = records::encode_snapshot_chunk(self.shard, index, number, part);
+            let locator = self
+                .state
+                .raft_log
+                .append(&[(records::SNAP_CHUNK, &payload)])
+                .map_err(|e| format!("storing a snapshot chunk: {e}"))?[0];
+            stored.push(locator);
+            number += 1;
+            crate::failpoint!("during-snapshot-fetch");
+        }
+        Ok(stored)
     }
 }
 

@@ -186,24 +186,56 @@ struct Staged {
     first_position: u64,
     chunks: Vec<Locator>,
     bytes: u64,
+    /// Where the next chunk starts, and who sent the last one.
+    next: ChunkCursor,
+    sender: u64,
+    /// When a fetch last worked on it.
+    touched: Instant,
     complete_at: Option<Instant>,
 }
 
+/// Where a fetch starts: the cursor to ask from and the number of its first chunk record.
+pub(crate) type Resume = (ChunkCursor, u32);
+
 impl Stagings {
-    /// Starts storing the chunks of the snapshot at `index`; an unfinished one is dropped (a
-    /// shard fetches one snapshot at a time, so it was abandoned).
-    pub fn begin(&mut self, index: u64, first_position: u64) {
+    /// Starts or resumes storing the chunks of the snapshot at `index` from `sender`. An
+    /// unfinished staging of the same index is resumed where it stopped (every replica's state
+    /// at one index is the same, so a chunk after a key follows on whoever sends it; a position
+    /// in the request-id window only with the same sender, whose cut of the window it is). Any
+    /// other unfinished one is dropped: a shard fetches one snapshot at a time.
+    pub fn begin(&mut self, index: u64, sender: u64, first_position: u64, now: Instant) -> Resume {
+        if let Some(staged) = self.by_index.get_mut(&index)
+            && staged.complete_at.is_none()
+            && (staged.sender == sender || !matches!(staged.next, ChunkCursor::Window(_)))
+        {
+            staged.touched = now;
+            staged.sender = sender;
+            return (staged.next.clone(), staged.chunks.len() as u32);
+        }
         self.by_index.retain(|_, staged| staged.complete_at.is_some());
-        self.by_index
-            .insert(index, Staged { first_position, chunks: Vec::new(), bytes: 0, complete_at: None });
+        let staged = Staged {
+            first_position,
+            chunks: Vec::new(),
+            bytes: 0,
+            next: ChunkCursor::Start,
+            sender,
+            touched: now,
+            complete_at: None,
+        };
+        self.by_index.insert(index, staged);
+        (ChunkCursor::Start, 0)
     }
 
-    /// Records a stored chunk; false if that staging is gone.
-    pub fn push(&mut self, index: u64, chunk: Locator) -> bool {
+    /// Records the stored records of one chunk (all of them: a chunk cut into several records is
+    /// recorded whole or not at all) and where the next chunk starts; false if that staging is
+    /// gone.
+    pub fn push(&mut self, index: u64, records: &[Locator], next: ChunkCursor, now: Instant) -> bool {
         match self.by_index.get_mut(&index) {
             Some(staged) if staged.complete_at.is_none() => {
-                staged.bytes += chunk.len;
-                staged.chunks.push(chunk);
+                staged.bytes += records.iter().map(|l| l.len).sum::<u64>();
+                staged.chunks.extend_from_slice(records);
+                staged.next = next;
+                staged.touched = now;
                 true
             }
             _ => false,
@@ -225,13 +257,6 @@ impl Stagings {
         self.by_index.get(&index).is_some_and(|staged| staged.complete_at.is_some())
     }
 
-    /// Drops the unfinished staging at `index`.
-    pub fn abandon(&mut self, index: u64) {
-        if self.by_index.get(&index).is_some_and(|staged| staged.complete_at.is_none()) {
-            self.by_index.remove(&index);
-        }
-    }
-
     /// Takes the complete staging at `index` for installing (loop only), and drops the complete
     /// ones below it, which nothing will install any more.
     pub fn take_complete(&mut self, index: u64) -> Option<Vec<Locator>> {
@@ -251,9 +276,12 @@ impl Stagings {
     }
 
     /// Drops complete stagings nobody installed within `after` (loop only: their message was lost
-    /// on the way to the loop, or they were superseded).
+    /// on the way to the loop, or they were superseded) and unfinished ones no fetch worked on
+    /// within `after` (nothing resumed them).
     pub fn expire(&mut self, now: Instant, after: Duration) {
-        self.by_index.retain(|_, staged| staged.complete_at.is_none_or(|at| now.duration_since(at) < after));
+        self.by_index.retain(|_, staged| {
+            now.saturating_duration_since(staged.complete_at.unwrap_or(staged.touched)) < after
+        });
     }
 
     /// The lowest log position a staging's chunks may be at: the shard's recovery point must not
@@ -298,34 +326,51 @@ mod tests {
     #[test]
     fn a_new_staging_drops_an_unfinished_one_but_not_a_complete_one() {
         let now = Instant::now();
+        let key = |k: &[u8]| ChunkCursor::AfterKey(k.to_vec());
         let mut s = Stagings::default();
-        s.begin(10, 100);
-        assert!(s.push(10, locator(100, 5)));
+        assert_eq!(s.begin(10, 1, 100, now), (ChunkCursor::Start, 0));
+        assert!(s.push(10, &[locator(100, 5)], key(b"a"), now));
         assert!(s.complete(10, now));
-        assert!(!s.push(10, locator(200, 5)), "a complete staging takes no more chunks");
-        s.begin(20, 300);
-        assert!(s.push(20, locator(300, 5)));
-        s.begin(30, 400);
-        assert!(!s.push(20, locator(350, 5)), "the unfinished staging was dropped");
+        assert!(!s.push(10, &[locator(200, 5)], key(b"b"), now), "a complete staging takes no more chunks");
+        s.begin(20, 1, 300, now);
+        assert!(s.push(20, &[locator(300, 5), locator(310, 5)], key(b"a"), now));
+        s.begin(30, 1, 400, now);
+        assert!(!s.push(20, &[locator(350, 5)], key(b"b"), now), "the unfinished staging was dropped");
         assert!(s.is_complete(10));
         assert_eq!(s.hold_back(), Some(100));
         assert_eq!(s.take_complete(10), Some(vec![locator(100, 5)]));
         assert_eq!(s.hold_back(), Some(400));
-        s.abandon(30);
-        assert_eq!(s.hold_back(), None);
+        s.expire(now + KEEP_STAGED, KEEP_STAGED);
+        assert_eq!(s.hold_back(), None, "an unfinished staging nobody resumed expires");
+    }
+
+    #[test]
+    fn a_fetch_of_the_same_index_resumes_where_the_last_one_stopped() {
+        let now = Instant::now();
+        let mut s = Stagings::default();
+        s.begin(10, 1, 100, now);
+        assert!(s.push(10, &[locator(100, 5), locator(105, 5)], ChunkCursor::AfterKey(b"k".to_vec()), now));
+        // Another sender of the same index goes on after the same key, numbering on.
+        assert_eq!(s.begin(10, 2, 999, now), (ChunkCursor::AfterKey(b"k".to_vec()), 2));
+        assert_eq!(s.hold_back(), Some(100), "the first chunk's position still holds");
+        assert!(s.push(10, &[locator(110, 5)], ChunkCursor::Window(3), now));
+        // Inside the request-id window, only the same sender's cut goes on.
+        assert_eq!(s.begin(10, 2, 999, now), (ChunkCursor::Window(3), 3));
+        assert_eq!(s.begin(10, 1, 500, now), (ChunkCursor::Start, 0));
+        assert_eq!(s.hold_back(), Some(500));
     }
 
     #[test]
     fn installing_drops_older_complete_stagings_and_expiry_drops_forgotten_ones() {
         let now = Instant::now();
         let mut s = Stagings::default();
-        s.begin(10, 100);
+        s.begin(10, 1, 100, now);
         s.complete(10, now);
-        s.begin(20, 200);
+        s.begin(20, 1, 200, now);
         s.complete(20, now);
         assert!(s.take_complete(20).is_some());
         assert!(!s.is_complete(10));
-        s.begin(30, 300);
+        s.begin(30, 1, 300, now);
         s.complete(30, now);
         s.expire(now + Duration::from_secs(1), Duration::from_secs(2));
         assert!(s.is_complete(30));

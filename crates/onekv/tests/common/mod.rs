@@ -456,6 +456,18 @@ impl Drop for TestCluster {
     }
 }
 
+/// Writes `count` keys `prefix-N` with 1 KiB values, in batches of 50; returns the pairs.
+pub async fn write_keys(client: &Client, prefix: &str, count: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = (0..count)
+        .map(|n| (format!("{prefix}-{n:06}").into_bytes(), format!("{prefix}:{n}:").repeat(100).into_bytes()))
+        .collect();
+    for batch in pairs.chunks(50) {
+        let ops = batch.iter().map(|(key, value)| (key.clone(), Some(value.clone()))).collect();
+        client.batch(ops).await.expect("a batch of puts");
+    }
+    pairs
+}
+
 /// Reads every `(key, value)` through `read` from 8 concurrent tasks; returns a description of
 /// each key that did not read back its value (at most the first 10) and the number of them.
 pub async fn mismatches<F, Fut>(pairs: &[(Vec<u8>, Vec<u8>)], read: F) -> (usize, Vec<String>)
