@@ -141,8 +141,11 @@ impl Group {
                     if data == crate::snapshot::stream::STAGED {
                         return self.step_staged(message);
                     }
-                    if data == crate::snapshot::stream::STREAMED {
-                        // The node fetches these before they reach the loop.
+                    // The node fetches these before they reach the loop, but one this replica
+                    // has committed past: Raft refuses it without reading its data, and its
+                    // answer tells the leader where this replica is.
+                    let index = message.get_snapshot().get_metadata().index;
+                    if data == crate::snapshot::stream::STREAMED && index > self.raw.raft.raft_log.committed {
                         return;
                     }
                 }
@@ -208,8 +211,9 @@ impl Group {
         self.prefer_primary(now, ctx);
         // Fetched snapshots whose message never reached Raft (dropped on the way, or refused while
         // rejoining) stop holding the recovery point back; a later message fetches again.
+        let pending = self.raw.raft.raft_log.unstable.snapshot.as_ref().map(|s| s.get_metadata().index);
         let mut staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
-        staged.expire(Instant::now(), crate::snapshot::stream::KEEP_STAGED);
+        staged.expire(Instant::now(), crate::snapshot::stream::KEEP_STAGED, pending);
     }
 
     /// A leader that is not the shard's primary hands leadership to it once this node has led for
@@ -627,7 +631,8 @@ impl Group {
         let store = self.raw.store();
         let note = match store.meta(store.first()) {
             Some(first) => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: self.held_back(first.locator.position - onekv_log::RECORD_HEADER_LEN as u64),
+                scan_from: first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
+                chunks_from: self.held_back(first.locator.position - onekv_log::RECORD_HEADER_LEN as u64),
                 snapshot_index: store.snapshot_index,
                 snapshot_term: store.snapshot_term,
                 hard_state: self.persisted_hs,
@@ -636,7 +641,8 @@ impl Group {
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
             None => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: self.held_back(ctx.raft_log.end_position()),
+                scan_from: ctx.raft_log.end_position(),
+                chunks_from: self.held_back(ctx.raft_log.end_position()),
                 snapshot_index: store.snapshot_index,
                 snapshot_term: store.snapshot_term,
                 hard_state: self.persisted_hs,
@@ -718,7 +724,8 @@ impl Group {
     }
 
     /// `scan_from`, or the first position of a snapshot this shard is fetching if that is lower:
-    /// a recovery must find every stored chunk of it, and the log GC must keep them.
+    /// the recovery point's `chunks_from`, so a recovery finds every stored chunk of it and the
+    /// log GC keeps them (its entries still count only from `scan_from`).
     fn held_back(&self, scan_from: u64) -> u64 {
         let staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).hold_back();
         staged.map_or(scan_from, |position| position.min(scan_from))
@@ -738,6 +745,7 @@ impl Group {
             );
             return;
         }
+        let stale_term = message.term < self.raw.raft.term;
         if let Err(err) = self.raw.step(message) {
             tracing::debug!(shard = self.shard, %err, "dropped a staged snapshot");
         }
@@ -749,7 +757,9 @@ impl Group {
             .snapshot
             .as_ref()
             .is_some_and(|s| s.get_metadata().index == index);
-        if !taken {
+        // A message of an older term is ignored by Raft whatever it carries: the chunks stay for
+        // the current leader's message of the same index (or expire).
+        if !taken && !stale_term {
             tracing::info!(
                 shard = self.shard,
                 index,
@@ -796,7 +806,8 @@ impl Group {
         // The snapshot's metadata is in the note: a recovery from this flush starts after the
         // chunks just appended (what comes later of this shard is appended after them).
         let note = records::encode_recovery_point(&records::RecoveryPoint {
-            scan_from: self.held_back(self.state.raft_log.end_position()),
+            scan_from: self.state.raft_log.end_position(),
+            chunks_from: self.held_back(self.state.raft_log.end_position()),
             snapshot_index: meta.index,
             snapshot_term: meta.term,
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),

@@ -312,12 +312,18 @@ pub fn decode_snapshot_meta(payload: &[u8]) -> Result<SnapshotMeta, CodecError> 
 
 /// Where recovery may start, stored with an index tree's flush flag (not a log record: it rides in
 /// the tree's flag, so it is exactly as durable as the flush it describes):
-/// `version:u8=1 scan_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64 vote:u64 commit:u64
-/// voters:u32 voter:u64*voters`.
+/// `version:u8=2 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
+/// vote:u64 commit:u64 voters:u32 voter:u64*voters` (version 1, written before streamed
+/// snapshots, has no `chunks_from`: it equals `scan_from`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecoveryPoint {
-    /// Log position of the ENTRY record of the first Raft entry still served after the flush.
+    /// Log position of the ENTRY record of the first Raft entry still served after the flush:
+    /// recovery takes this shard's entries, hard states and snapshot metadata from here.
     pub scan_from: u64,
+    /// Where the chunks of a snapshot this shard was fetching at the flush begin (at most
+    /// `scan_from`): recovery takes this shard's SNAP_CHUNK records from here, so a snapshot
+    /// whose metadata follows finds them all. Nothing below the lower of the two is read.
+    pub chunks_from: u64,
     /// The Raft log's compaction point (index and term just below that entry).
     pub snapshot_index: u64,
     /// Term at `snapshot_index`.
@@ -330,9 +336,10 @@ pub struct RecoveryPoint {
 
 /// Encodes a recovery point.
 pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
-    let mut out = vec![1u8];
+    let mut out = vec![2u8];
     let hs = &point.hard_state;
-    for v in [point.scan_from, point.snapshot_index, point.snapshot_term, hs.term, hs.vote, hs.commit] {
+    let fields = [point.scan_from, point.chunks_from, point.snapshot_index, point.snapshot_term];
+    for v in fields.into_iter().chain([hs.term, hs.vote, hs.commit]) {
         out.extend_from_slice(&v.to_le_bytes());
     }
     out.extend_from_slice(&(point.voters.len() as u32).to_le_bytes());
@@ -345,10 +352,13 @@ pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
 /// Decodes a recovery point.
 pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, CodecError> {
     let mut r = Reader { data: bytes, at: 0 };
-    if r.u8()? != 1 {
+    let version = r.u8()?;
+    if version != 1 && version != 2 {
         return Err(CodecError("unknown recovery point version"));
     }
-    let (scan_from, snapshot_index, snapshot_term) = (r.u64()?, r.u64()?, r.u64()?);
+    let scan_from = r.u64()?;
+    let chunks_from = if version == 2 { r.u64()?.min(scan_from) } else { scan_from };
+    let (snapshot_index, snapshot_term) = (r.u64()?, r.u64()?);
     let hard_state = HardStateRecord { shard, term: r.u64()?, vote: r.u64()?, commit: r.u64()? };
     let count = r.u32()? as usize;
     if count > r.remaining() / 8 {
@@ -358,7 +368,14 @@ pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, 
     if r.remaining() != 0 {
         return Err(CodecError("trailing bytes after a recovery point"));
     }
-    Ok(RecoveryPoint { scan_from, snapshot_index, snapshot_term, hard_state, voters })
+    Ok(RecoveryPoint { scan_from, chunks_from, snapshot_index, snapshot_term, hard_state, voters })
+}
+
+impl RecoveryPoint {
+    /// The lowest log position recovery reads for this shard.
+    pub fn lowest(&self) -> u64 {
+        self.scan_from.min(self.chunks_from)
+    }
 }
 
 /// Bytes of a VALUE payload before the stored value.
@@ -461,6 +478,7 @@ mod tests {
     fn a_recovery_point_round_trips_and_rejects_truncation() {
         let point = RecoveryPoint {
             scan_from: 4096,
+            chunks_from: 1024,
             snapshot_index: 10,
             snapshot_term: 2,
             hard_state: HardStateRecord { shard: 1, term: 3, vote: 1, commit: 40 },
@@ -471,6 +489,12 @@ mod tests {
         for len in 0..bytes.len() {
             assert!(decode_recovery_point(&bytes[..len], 1).is_err());
         }
+        // A version 1 point (no chunks_from) still reads, with its chunks from its scan start.
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&bytes[1..9]);
+        v1.extend_from_slice(&bytes[17..]);
+        let read = decode_recovery_point(&v1, 1).unwrap();
+        assert_eq!(read, RecoveryPoint { chunks_from: 4096, ..point });
     }
 
     #[test]

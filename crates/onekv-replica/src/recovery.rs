@@ -45,8 +45,10 @@ pub(crate) struct Recovered {
     pub flush_flag: u64,
     /// Entries replayed into the index.
     pub replayed: u64,
-    /// Log position this shard's recovery point names.
+    /// Log position this shard's recovery point names: its records count from here.
     pub scan_from: u64,
+    /// Where its SNAP_CHUNK records count from (at most `scan_from`).
+    pub chunks_from: u64,
     /// Highest index whose ENTRY record was seen (classic mode re-inserts entries above the entry
     /// tree's flag).
     pub entries_seen: u64,
@@ -93,7 +95,7 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
     let mut scan_from = log.end_position();
     for shard in shards.iter_mut() {
         shard.recovery_point(log)?;
-        scan_from = scan_from.min(shard.recovered.scan_from);
+        scan_from = scan_from.min(shard.recovered.chunks_from);
     }
     let by_shard: BTreeMap<u64, usize> = shards.iter().enumerate().map(|(i, s)| (s.shard, i)).collect();
     let mut report = ScanReport { scan_from, records: 0 };
@@ -106,7 +108,13 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
         // A record of a shard this node does not hold (any more) is skipped.
         let Some(&i) = by_shard.get(&shard) else { continue };
         let recovering = &mut shards[i];
-        if record.position < recovering.recovered.scan_from {
+        // Below its recovery point a shard takes only the chunks of a snapshot it was fetching:
+        // older entries and snapshot metadata are already in its index, or overwritten.
+        let from = match record.kind {
+            records::SNAP_CHUNK => recovering.recovered.chunks_from,
+            _ => recovering.recovered.scan_from,
+        };
+        if record.position < from {
             continue;
         }
         recovering.take(&record)?;
@@ -121,6 +129,7 @@ impl Recovering {
         let store = &mut self.store;
         let recovered = &mut self.recovered;
         recovered.scan_from = log.first_position();
+        recovered.chunks_from = log.first_position();
         let note = self.applier.state.tree.flush_note().unwrap_or_default();
         if note.is_empty() {
             return Ok(());
@@ -129,14 +138,15 @@ impl Recovering {
             .map_err(|e| storage(format!("shard {}: the index's recovery point: {e}", self.shard)))?;
         store.snapshot_index = point.snapshot_index;
         store.snapshot_term = point.snapshot_term;
-        store.conf_state.voters = point.voters;
+        store.conf_state.voters = point.voters.clone();
         recovered.hard_state = point.hard_state;
         recovered.scan_from = point.scan_from;
-        if point.scan_from < log.first_position() {
+        recovered.chunks_from = point.chunks_from;
+        if point.lowest() < log.first_position() {
             return Err(storage(format!(
                 "shard {}: the index's recovery point is at log position {}, before the log's first position {}",
                 self.shard,
-                point.scan_from,
+                point.lowest(),
                 log.first_position()
             )));
         }
@@ -254,6 +264,7 @@ impl Recovering {
             // above it.
             let note = records::encode_recovery_point(&records::RecoveryPoint {
                 scan_from: recovered.scan_from,
+                chunks_from: recovered.chunks_from,
                 snapshot_index: meta.index,
                 snapshot_term: meta.term,
                 hard_state: records::snapshot_hard_state(*hs, &meta),

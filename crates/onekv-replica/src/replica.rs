@@ -549,13 +549,26 @@ impl Node {
     /// is streamed starts a fetch of its chunks instead (`snapshot::fetch`), which delivers the
     /// message once they are stored.
     pub fn step(&self, shard: u64, message: Message) {
-        if message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot
-            && message.get_snapshot().data.as_ref() == crate::snapshot::stream::STREAMED
-        {
-            if let Some(state) = self.state(shard) {
-                self.inner.fetches.offer(self, shard, message, state);
+        if message.get_msg_type() == raft::eraftpb::MessageType::MsgSnapshot {
+            let data = message.get_snapshot().data.as_ref();
+            if data == crate::snapshot::stream::STAGED {
+                // Only this node's fetcher marks a snapshot staged (through `deliver`).
+                tracing::warn!(shard, from = message.from, "dropped a peer's snapshot marked as staged here");
+                return;
             }
-            return;
+            if data == crate::snapshot::stream::STREAMED {
+                let Some(group) = self.inner.groups.get(&shard) else { return };
+                // A snapshot no newer than what this replica committed durably: Raft refuses it
+                // (and answers the leader) without anything to fetch.
+                let index = message.get_snapshot().get_metadata().index;
+                if index <= group.durable_commit.load(Ordering::SeqCst) {
+                    return self.deliver(shard, message);
+                }
+                if let Some(state) = self.state(shard) {
+                    self.inner.fetches.offer(self, shard, message, state);
+                }
+                return;
+            }
         }
         self.deliver(shard, message);
     }

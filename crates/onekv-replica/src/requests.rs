@@ -161,6 +161,23 @@ impl RequestWindow {
         self.clock_ms = 0;
     }
 
+    /// Checks one snapshot pair of the window from a peer the way [`Self::install_pair`] reads it,
+    /// before anything of it is stored.
+    pub fn check_pair(encoded: &[u8]) -> Result<(), CodecError> {
+        let mut r = Reader { data: encoded, at: 0 };
+        let count = r.u32()? as usize;
+        if count.checked_mul(SNAPSHOT_ID_BYTES) != Some(r.remaining()) {
+            return Err(CodecError("count does not match the data"));
+        }
+        for at in 0..count {
+            // The kind byte closes each id.
+            if encoded[4 + (at + 1) * SNAPSHOT_ID_BYTES - 1] > 1 {
+                return Err(CodecError("bad request kind"));
+            }
+        }
+        Ok(())
+    }
+
     /// Adds the ids of one snapshot pair (taken at `index`), writing them to the tree.
     pub fn install_pair(&mut self, encoded: &[u8], index: u64) -> Result<(), ReplicaError> {
         let bad = |e: CodecError| storage(format!("the snapshot's request window: {e}"));

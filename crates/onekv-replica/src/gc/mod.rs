@@ -881,12 +881,12 @@ fn pair_bytes(key: &[u8], stored: u64) -> u64 {
     key.len() as u64 + stored + 8
 }
 
-/// The log position below which `shard`'s recovery never reads: the `scan_from` of the recovery
-/// point stored with its last durable flush; 0 (nothing may go) if it has none.
+/// The log position below which `shard`'s recovery never reads: the lower of the two starts of the
+/// recovery point stored with its last durable flush; 0 (nothing may go) if it has none.
 fn recovery_point(shard: u64, state: &State) -> u64 {
     match state.tree.flush_note() {
         Some(note) if !note.is_empty() => {
-            records::decode_recovery_point(&note, shard).map_or(0, |point| point.scan_from)
+            records::decode_recovery_point(&note, shard).map_or(0, |point| point.lowest())
         }
         _ => 0,
     }

@@ -14,8 +14,8 @@
 //! no SNAP_META after them (after a crash the fetch starts over: stagings live in memory).
 //!
 //! One fetch per shard at a time and [`MAX_FETCHES`] per node. A repeated message for the snapshot
-//! being fetched is dropped; a new leader's snapshot cancels the fetch from the old one (whose
-//! sender may be dead) and starts once it stopped.
+//! being fetched, or an older leader's, is dropped; a newer leader's snapshot (or a newer one of the
+//! same leader) cancels the fetch under way (whose sender may be dead) and starts once it stopped.
 
 use super::stream::{Resume, STAGED};
 use crate::records;
@@ -49,8 +49,9 @@ pub(crate) struct Fetches {
 
 /// A shard's fetch under way.
 struct Active {
-    /// The sender and the snapshot's index.
+    /// The sender, its term and the snapshot's index.
     from: u64,
+    term: u64,
     index: u64,
     cancel: Arc<AtomicBool>,
     thread: JoinHandle<()>,
@@ -67,9 +68,13 @@ impl Fetches {
         if self.stop.load(Ordering::SeqCst) {
             return;
         }
-        let (from, index) = (message.from, message.get_snapshot().get_metadata().index);
+        let (from, term, index) = (message.from, message.term, message.get_snapshot().get_metadata().index);
         let previous = match active.remove(&shard) {
-            Some(fetch) if (fetch.from, fetch.index) == (from, index) => {
+            // The same snapshot again, or an older leader's (a delayed message): the fetch goes on.
+            Some(fetch)
+                if (fetch.from, fetch.index) == (from, index)
+                    || (term, index) <= (fetch.term, fetch.index) =>
+            {
                 active.insert(shard, fetch);
                 return;
             }
@@ -112,7 +117,7 @@ impl Fetches {
         };
         match std::thread::Builder::new().name("onekv-fetch".into()).spawn(run) {
             Ok(thread) => {
-                active.insert(shard, Active { from, index, cancel, thread });
+                active.insert(shard, Active { from, term, index, cancel, thread });
             }
             Err(error) => tracing::warn!(shard, %error, "cannot start a snapshot fetch"),
         }
@@ -151,6 +156,10 @@ impl Fetch {
         let index = self.message.get_snapshot().get_metadata().index;
         let sender = self.message.from;
         let stagings = || self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped().is_some() {
+            // Replaced before it began: the newer fetch owns the stagings.
+            return;
+        }
         if !stagings().is_complete(index) {
             let first_position = self.state.raft_log.end_position();
             let resume = stagings().begin(index, sender, first_position, Instant::now());
@@ -203,7 +212,7 @@ impl Fetch {
         let mut reported = Instant::now();
         let mut chunk = self.request(index, sender, &cursor)?;
         loop {
-            check_pairs(&chunk.pairs, self.node.inner().limits.max_key_bytes)?;
+            check_pairs(&chunk.pairs, &self.node.inner().limits)?;
             if let Some(next) = &chunk.next
                 && !advances(&cursor, next)
             {
@@ -303,16 +312,32 @@ fn advances(cursor: &ChunkCursor, next: &ChunkCursor) -> bool {
     }
 }
 
-/// Checks a chunk from a peer: whole pairs, every value matching its checksum, user keys within
-/// the key limit (the request-id window's pairs have the empty key).
-pub(crate) fn check_pairs(pairs: &[u8], max_key_bytes: usize) -> Result<(), String> {
+/// Checks a chunk from a peer before any of it is stored (a stored chunk that cannot be installed
+/// would fail the install, and every recovery after it): whole pairs, every value matching its
+/// checksum, user keys and values within the limits, the request-id window's pairs (the empty
+/// key) well formed and after every user key.
+pub(crate) fn check_pairs(pairs: &[u8], limits: &crate::Limits) -> Result<(), String> {
+    let mut in_window = false;
     for pair in records::SnapshotPairs::new(pairs) {
         let (key, span) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
-        if key.len() > max_key_bytes {
-            return Err(format!("a snapshot chunk holds a key of {} bytes", key.len()));
-        }
-        crate::codec::verify_stored_value(&pairs[span.offset..span.offset + span.len])
+        let value = crate::codec::verify_stored_value(&pairs[span.offset..span.offset + span.len])
             .map_err(|e| format!("a snapshot chunk's value: {e}"))?;
+        if key.is_empty() {
+            in_window = true;
+            crate::requests::RequestWindow::check_pair(value)
+                .map_err(|e| format!("a snapshot chunk's request window: {e}"))?;
+            continue;
+        }
+        if in_window {
+            return Err("a snapshot chunk holds a key after the request window".into());
+        }
+        if key.len() > limits.max_key_bytes || value.len() > limits.max_value_bytes {
+            return Err(format!(
+                "a snapshot chunk holds a key of {} bytes with a value of {} bytes, over the limits",
+                key.len(),
+                value.len()
+            ));
+        }
     }
     Ok(())
 }
@@ -361,13 +386,23 @@ mod tests {
     }
 
     #[test]
-    fn damaged_or_oversized_chunks_are_refused() {
+    fn damaged_oversized_or_misplaced_pairs_are_refused() {
+        let limits = |max_key_bytes| crate::Limits { max_key_bytes, ..Default::default() };
         let mut data = pairs(&[(b"key", b"value")]);
-        check_pairs(&data, 16).unwrap();
-        assert!(check_pairs(&data, 2).unwrap_err().contains("key of 3 bytes"));
+        check_pairs(&data, &limits(16)).unwrap();
+        assert!(check_pairs(&data, &limits(2)).unwrap_err().contains("key of 3 bytes"));
         *data.last_mut().unwrap() ^= 1;
-        assert!(check_pairs(&data, 16).unwrap_err().contains("checksum"));
-        assert!(check_pairs(&data[..5], 16).is_err());
+        assert!(check_pairs(&data, &limits(16)).unwrap_err().contains("checksum"));
+        assert!(check_pairs(&data[..5], &limits(16)).is_err());
+        // The request window: well-formed pairs under the empty key, after every user key.
+        let window = 0u32.to_le_bytes();
+        check_pairs(&pairs(&[(b"key", b"v"), (b"", &window)]), &limits(16)).unwrap();
+        assert!(
+            check_pairs(&pairs(&[(b"", &window), (b"key", b"v")]), &limits(16))
+                .unwrap_err()
+                .contains("after")
+        );
+        assert!(check_pairs(&pairs(&[(b"", b"junk")]), &limits(16)).unwrap_err().contains("window"));
     }
 
     #[test]

@@ -102,11 +102,20 @@ impl Served {
         if let Some(error) = self.failure() {
             return Err(ReplicaError::Dropped(format!("this snapshot cannot be served: {error}")));
         }
-        lock(&self.fetches).insert(request.from, Instant::now());
         let chunk = self.read_chunk(request);
-        if let Err(error) = &chunk {
-            tracing::warn!(index = self.index, %error, "a snapshot chunk cannot be read; serving a new view later");
-            *lock(&self.failure) = Some(error.to_string());
+        match &chunk {
+            // A damaged value fails every later fetch of this view too: serve a new one (after
+            // the repair). Other errors (a cursor that is no key) are the request's.
+            Err(error @ ReplicaError::Corrupt { .. }) => {
+                tracing::warn!(index = self.index, %error, "a snapshot chunk cannot be read; serving a new view later");
+                *lock(&self.failure) = Some(error.to_string());
+            }
+            Err(_) => {}
+            // Only progress keeps the view alive: a follower failing at the same chunk for ever
+            // must not pin the log.
+            Ok(_) => {
+                lock(&self.fetches).insert(request.from, Instant::now());
+            }
         }
         chunk
     }
@@ -278,9 +287,11 @@ impl Stagings {
     /// Drops complete stagings nobody installed within `after` (loop only: their message was lost
     /// on the way to the loop, or they were superseded) and unfinished ones no fetch worked on
     /// within `after` (nothing resumed them).
-    pub fn expire(&mut self, now: Instant, after: Duration) {
-        self.by_index.retain(|_, staged| {
-            now.saturating_duration_since(staged.complete_at.unwrap_or(staged.touched)) < after
+    /// `pending` is the index of a snapshot Raft took and the loop has yet to install: kept.
+    pub fn expire(&mut self, now: Instant, after: Duration, pending: Option<u64>) {
+        self.by_index.retain(|index, staged| {
+            Some(*index) == pending
+                || now.saturating_duration_since(staged.complete_at.unwrap_or(staged.touched)) < after
         });
     }
 
@@ -340,7 +351,7 @@ mod tests {
         assert_eq!(s.hold_back(), Some(100));
         assert_eq!(s.take_complete(10), Some(vec![locator(100, 5)]));
         assert_eq!(s.hold_back(), Some(400));
-        s.expire(now + KEEP_STAGED, KEEP_STAGED);
+        s.expire(now + KEEP_STAGED, KEEP_STAGED, None);
         assert_eq!(s.hold_back(), None, "an unfinished staging nobody resumed expires");
     }
 
@@ -372,9 +383,11 @@ mod tests {
         assert!(!s.is_complete(10));
         s.begin(30, 1, 300, now);
         s.complete(30, now);
-        s.expire(now + Duration::from_secs(1), Duration::from_secs(2));
+        s.expire(now + Duration::from_secs(1), Duration::from_secs(2), None);
         assert!(s.is_complete(30));
-        s.expire(now + Duration::from_secs(3), Duration::from_secs(2));
+        s.expire(now + Duration::from_secs(3), Duration::from_secs(2), Some(30));
+        assert!(s.is_complete(30), "Raft took it: the loop installs it next");
+        s.expire(now + Duration::from_secs(3), Duration::from_secs(2), None);
         assert!(!s.is_complete(30));
         assert_eq!(s.hold_back(), None);
     }
