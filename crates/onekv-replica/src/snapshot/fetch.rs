@@ -214,9 +214,12 @@ impl Fetch {
         loop {
             check_pairs(&chunk.pairs, &self.node.inner().limits)?;
             if let Some(next) = &chunk.next
-                && !advances(&cursor, next)
+                && (!advances(&cursor, next) || chunk.pairs.is_empty())
             {
-                return Err(format!("the sender's next chunk ({next:?}) does not follow {cursor:?}"));
+                // Either would let a sender keep a fetch going for ever.
+                return Err(format!(
+                    "the sender's next chunk ({next:?}) does not follow {cursor:?} with pairs"
+                ));
             }
             let (stored, following) = std::thread::scope(|scope| {
                 let storing = scope.spawn(|| self.store(index, number, &chunk.pairs));

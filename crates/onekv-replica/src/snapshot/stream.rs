@@ -29,9 +29,10 @@ pub(crate) const STREAMED: &[u8] = b"\xff\xff\xff\xffONEKV-STREAMED";
 /// one to its own loop; one arriving from a peer, or naming no complete staging, is dropped.
 pub(crate) const STAGED: &[u8] = b"\xff\xff\xff\xffONEKV-STAGED";
 
-/// A leader keeps serving a view this long after a follower last fetched from it (and keeps the
-/// Raft entries that follow it), so a follower part-way through a long stream can finish.
-pub(crate) const KEEP_WHILE_FETCHED: Duration = Duration::from_secs(30);
+/// A leader keeps serving a view this long after a follower last fetched a chunk from it (and
+/// keeps the Raft entries that follow it), so a follower part-way through a long stream can finish:
+/// longer than a chunk call may take (the transport's call timeout, 30 s).
+pub(crate) const KEEP_WHILE_FETCHED: Duration = Duration::from_secs(60);
 
 /// A follower keeps the chunks of a fetched snapshot this long for its loop to install (a
 /// snapshot message may be refused for a while, by a replica rejoining after a wiped disk).
@@ -47,8 +48,9 @@ pub(crate) struct Served {
     /// Held while the view is served: the log GC keeps every value the view points at.
     _pin: Pin,
     view: TreeSnapshot,
-    /// The request-id window as of the view, as snapshot pairs' values (computed once).
-    window: Mutex<Option<Vec<Vec<u8>>>>,
+    /// The request-id window as of the view, as snapshot pairs' values (computed once, shared by
+    /// the chunk requests that read it).
+    window: Mutex<Option<Arc<Vec<Vec<u8>>>>>,
     /// When each follower last fetched a chunk.
     fetches: Mutex<HashMap<u64, Instant>>,
     /// Why a chunk could not be read (a damaged value): the view is not served again.
@@ -168,15 +170,17 @@ impl Served {
         Ok(SnapshotChunk { pairs, next: None })
     }
 
-    fn window(&self) -> Result<Vec<Vec<u8>>, ReplicaError> {
+    fn window(&self) -> Result<Arc<Vec<Vec<u8>>>, ReplicaError> {
         let mut window = lock(&self.window);
-        if window.is_none() {
-            let ids = crate::requests::ids_per_pair(records::chunk_bytes(
-                self.state.raft_log.config().max_record_bytes,
-            ));
-            *window = Some(crate::requests::snapshot_pairs(&self.view, ids)?);
+        if let Some(window) = &*window {
+            return Ok(window.clone());
         }
-        Ok(window.clone().unwrap_or_default())
+        let ids = crate::requests::ids_per_pair(records::chunk_bytes(
+            self.state.raft_log.config().max_record_bytes,
+        ));
+        let pairs = Arc::new(crate::requests::snapshot_pairs(&self.view, ids)?);
+        *window = Some(pairs.clone());
+        Ok(pairs)
     }
 }
 
