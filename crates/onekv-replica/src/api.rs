@@ -50,9 +50,10 @@ impl StorageMode {
     }
 }
 
-/// Largest snapshot a replica builds, in bytes of snapshot data (every key and value, framed). A
-/// snapshot travels whole in one Raft message, so this also sizes the largest message a peer
-/// legitimately sends (the server's peer message limit is derived from it).
+/// Largest snapshot a replica builds to send whole, in one Raft message, in bytes of snapshot data
+/// (every key and value, framed): only a simulation does (a running node streams snapshots in
+/// chunks of `snapshot_chunk_bytes`, whatever their size). The server's peer message limit is still
+/// derived from it, which leaves room for the largest Raft entry and any chunk.
 pub const MAX_SNAPSHOT_BYTES: usize = 200 << 20;
 
 /// Bounds on what one request may carry. Anything over a bound is rejected with

@@ -29,10 +29,12 @@ use crate::config::ServerConfig;
 /// other fields and the call's framing.
 const PEER_MESSAGE_FRAMING: usize = 1 << 20;
 
-/// Largest `PeerMessages` the peer service reads and the transport sends: what the largest
-/// legitimate message needs, a whole snapshot ([`onekv_replica::MAX_SNAPSHOT_BYTES`]) with its
-/// framing. Raft entries are smaller (one write is at most `limits.max_batch_bytes`, at most
-/// 128 MiB, and an append carries at most 1 MiB of entries beyond its first).
+/// Largest `PeerMessages` the peer service reads and the transport sends: room for a whole snapshot
+/// ([`onekv_replica::MAX_SNAPSHOT_BYTES`]) with its framing, as when snapshots travelled whole.
+/// Snapshots now stream in chunks of at most 64 MiB (`SnapshotChunk` calls), so the largest
+/// legitimate message is an append: one write is at most `limits.max_batch_bytes`, at most 128 MiB,
+/// and an append carries at most 1 MiB of entries beyond its first. Lowering this to that is left
+/// for later.
 pub const MAX_PEER_MESSAGE_BYTES: usize = onekv_replica::MAX_SNAPSHOT_BYTES + PEER_MESSAGE_FRAMING;
 
 /// Bytes of peer messages read and handled at once: two whole snapshots, so one snapshot never
