@@ -94,8 +94,9 @@ pub struct ReplicaConfig {
     /// This node's id (non-zero).
     pub node_id: u64,
     /// The shards this node holds a replica of, each with the ids of its voting members (this node
-    /// included) when the cluster is first created. The voters are ignored once the shard's Raft
-    /// state is on disk. At most [`MAX_SHARDS_PER_NODE`].
+    /// included) when the cluster is first created, or none for a replica that waits to be added
+    /// to a running shard. The voters are ignored once the shard's Raft state is on disk (its
+    /// members are then the replicated ones). At most [`MAX_SHARDS_PER_NODE`].
     pub shards: Vec<ShardConfig>,
     /// Where the log(s) and the index live.
     pub data_dir: PathBuf,
@@ -208,7 +209,8 @@ pub const SINGLE_SHARD: u64 = 1;
 pub struct ShardConfig {
     /// The shard's id (non-zero); every record of its group in the log carries it.
     pub id: u64,
-    /// Its voting members when the cluster is created, this node included.
+    /// Its voting members when the cluster is created, this node included; empty for a replica
+    /// that waits to be added to a running shard as a learner.
     pub voters: Vec<u64>,
     /// Its preferred leader (the placement's primary): a leader that is not the primary hands
     /// leadership to it once the primary is caught up, so leaders stay spread over the nodes.
@@ -358,8 +360,13 @@ pub struct ReplicaStatus {
     pub node_id: u64,
     /// The shard this replica belongs to.
     pub shard: u64,
-    /// Voting members.
+    /// Voting members (of the new configuration while the shard is joint).
     pub voters: Vec<u64>,
+    /// Non-voting members (catching up before they are promoted).
+    pub learners: Vec<u64>,
+    /// While the shard is between two configurations (joint consensus): the old configuration's
+    /// voters, who must agree too until the leader leaves it. Empty otherwise.
+    pub outgoing_voters: Vec<u64>,
     /// The leader this node knows of.
     pub leader_id: Option<u64>,
     /// Current Raft term.

@@ -17,6 +17,7 @@
 //! `codec`).
 
 use crate::apply::Applier;
+use crate::membership;
 use crate::node::NodeCtx;
 use crate::raft_store::RaftStore;
 use crate::records::{self, HardStateRecord, SnapshotMeta};
@@ -32,8 +33,22 @@ use std::time::Instant;
 /// What a group is asked to do, once the node routed the input to it by shard.
 pub(crate) enum GroupInput {
     Step(Message),
-    Propose { request_id: RequestId, command: Command, done: Done<Outcome> },
+    Propose {
+        request_id: RequestId,
+        command: Command,
+        done: Done<Outcome>,
+    },
     ReadBarrier(Done<()>),
+    /// Change the shard's members (leader only): answered once the change is applied here.
+    ChangeMembers {
+        change: crate::MembershipChange,
+        done: Done<crate::Members>,
+    },
+    /// Hand leadership to voter `to` (leader only): answered once the hand-off has started.
+    TransferLeader {
+        to: u64,
+        done: Done<()>,
+    },
 }
 
 impl GroupInput {
@@ -42,6 +57,8 @@ impl GroupInput {
         match self {
             GroupInput::Propose { done, .. } => done(Err(error)),
             GroupInput::ReadBarrier(done) => done(Err(error)),
+            GroupInput::ChangeMembers { done, .. } => done(Err(error)),
+            GroupInput::TransferLeader { done, .. } => done(Err(error)),
             GroupInput::Step(_) => {}
         }
     }
@@ -84,6 +101,8 @@ pub(crate) struct Group {
     pub shared: Arc<GroupShared>,
     /// Proposals waiting to be applied: index → (term, reply).
     pub proposals: BTreeMap<u64, (u64, Done<Outcome>)>,
+    /// Membership changes waiting to be applied: index → (term, reply).
+    pub member_changes: BTreeMap<u64, (u64, Done<crate::Members>)>,
     /// Read barriers not yet sent to Raft.
     pub reads_unsent: Vec<Done<()>>,
     /// Read barriers sent, by context.
@@ -197,7 +216,79 @@ impl Group {
                 }
                 self.reads_unsent.push(done);
             }
+            GroupInput::ChangeMembers { change, done } => self.propose_member_change(change, done, ctx),
+            GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),
         }
+    }
+
+    /// Proposes one step of a membership change (`membership`), checked against the members
+    /// now; `done` answers once it is applied here.
+    fn propose_member_change(
+        &mut self,
+        change: crate::MembershipChange,
+        done: Done<crate::Members>,
+        ctx: &NodeCtx,
+    ) {
+        if let Some(failed) = &ctx.failed {
+            return done(Err(ReplicaError::Storage(failed.clone())));
+        }
+        if self.role() != StateRole::Leader {
+            return done(Err(self.not_leader(ctx)));
+        }
+        let raft = &self.raw.raft;
+        let matched = |node: u64| raft.prs().get(node).map(|progress| progress.matched);
+        let view = membership::LeaderView {
+            me: ctx.config.node_id,
+            members: &self.raw.store().conf_state,
+            change_pending: raft.has_pending_conf(),
+            commit: raft.raft_log.committed,
+            matched: &matched,
+        };
+        let cc = match membership::conf_change(&change, &view) {
+            Ok(cc) => cc,
+            Err(error) => return done(Err(error)),
+        };
+        let before = self.raw.raft.raft_log.last_index();
+        match self.raw.propose_conf_change(Vec::new(), cc) {
+            Ok(()) if self.raw.raft.raft_log.last_index() > before => {
+                let index = self.raw.raft.raft_log.last_index();
+                tracing::info!(shard = self.shard, index, ?change, "proposed a membership change");
+                if let Some((term, old)) = self.member_changes.insert(index, (self.raw.raft.term, done)) {
+                    old(Err(ReplicaError::Dropped(format!(
+                        "entry {index} of term {term} was replaced by another leader's"
+                    ))));
+                }
+            }
+            Ok(()) => done(Err(ReplicaError::Dropped("the membership change was not appended".into()))),
+            Err(err) => done(Err(ReplicaError::Dropped(err.to_string()))),
+        }
+    }
+
+    /// Starts handing leadership to voter `to`, which also becomes the shard's preferred leader
+    /// here (so it is not handed back to the primary). The caller watches the status for the new
+    /// leader: a hand-off that does not finish within an election timeout is abandoned by raft-rs.
+    fn transfer_leader(&mut self, to: u64, ctx: &NodeCtx) -> Result<(), ReplicaError> {
+        if let Some(failed) = &ctx.failed {
+            return Err(ReplicaError::Storage(failed.clone()));
+        }
+        if self.role() != StateRole::Leader {
+            return Err(self.not_leader(ctx));
+        }
+        if to == ctx.config.node_id {
+            return Ok(());
+        }
+        let members = &self.raw.store().conf_state;
+        if !members.voters.contains(&to) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "node {to} is not a voter of shard {}: leadership goes only to a voter",
+                self.shard
+            )));
+        }
+        tracing::info!(shard = self.shard, to, "handing leadership over on request");
+        self.primary = Some(to);
+        self.leader_since = None;
+        self.raw.transfer_leader(to);
+        Ok(())
     }
 
     /// Ticks Raft's clock once, re-sends snapshots nobody answered, and hands leadership to the
@@ -209,6 +300,7 @@ impl Group {
         }
         self.retry_lost_snapshots(now, ctx);
         self.prefer_primary(now, ctx);
+        self.leave_joint_if_stuck();
         // Fetched snapshots whose message never reached Raft (dropped on the way, or refused while
         // rejoining) stop holding the recovery point back; a later message fetches again.
         let pending = self.raw.raft.raft_log.unstable.snapshot.as_ref().map(|s| s.get_metadata().index);
@@ -486,6 +578,7 @@ impl Group {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let applied = self.applier.apply(&committed, &locators)?;
+        self.apply_member_changes(&committed)?;
         crate::failpoint!("after-apply");
         let store = self.raw.mut_store();
         if let Some(last) = applied.last() {
@@ -516,6 +609,59 @@ impl Group {
         Ok(())
     }
 
+    /// Applies the conf changes among `committed` (already applied by the applier, which skips
+    /// them) to raft-rs and to the members Raft's storage reports and flushes record, and answers
+    /// the callers that proposed them.
+    fn apply_member_changes(&mut self, committed: &[Entry]) -> Result<(), ReplicaError> {
+        for entry in committed {
+            let Some(cc) = membership::decoded_conf_change(entry)? else { continue };
+            let outcome = match self.raw.apply_conf_change(&cc) {
+                Ok(members) => {
+                    tracing::info!(shard = self.shard, index = entry.index, members = ?crate::Members::from(&members), "membership changed");
+                    self.raw.mut_store().conf_state = members.clone();
+                    Ok(crate::Members::from(&members))
+                }
+                // Every replica refuses the same change alike (they hold the same members).
+                Err(err) => {
+                    tracing::warn!(shard = self.shard, index = entry.index, %err, "a committed membership change was refused");
+                    Err(ReplicaError::InvalidArgument(format!("the membership change was refused: {err}")))
+                }
+            };
+            while let Some(waiting) = self.member_changes.first_entry() {
+                if *waiting.key() > entry.index {
+                    break;
+                }
+                let (index, (term, done)) = waiting.remove_entry();
+                if (index, term) == (entry.index, entry.term) {
+                    done(outcome.clone());
+                } else {
+                    done(Err(ReplicaError::Dropped(format!(
+                        "entry {index} of term {term} was replaced by another leader's"
+                    ))));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A leader in a joint configuration it should leave on its own, with no conf change pending,
+    /// proposes leaving it: raft-rs does so only in the term the joint one was entered, so a
+    /// leader elected in between would stay joint for ever.
+    fn leave_joint_if_stuck(&mut self) {
+        let members = &self.raw.store().conf_state;
+        if self.role() != StateRole::Leader
+            || members.voters_outgoing.is_empty()
+            || !members.auto_leave
+            || self.raw.raft.has_pending_conf()
+        {
+            return;
+        }
+        tracing::info!(shard = self.shard, "leaving the joint configuration an earlier leader entered");
+        if let Err(err) = self.raw.propose_conf_change(Vec::new(), raft::eraftpb::ConfChangeV2::default()) {
+            tracing::debug!(shard = self.shard, %err, "leaving the joint configuration was refused; trying again");
+        }
+    }
+
     fn resolve_reads(&mut self) {
         let applied = self.raw.store().applied_index;
         while let Some((index, _)) = self.reads_waiting.front() {
@@ -538,6 +684,12 @@ impl Group {
             done(Err(ReplicaError::Dropped(format!(
                 "leadership lost while entry {index} of term {term} was pending; it may still commit: \
                  retry with the same request id"
+            ))));
+        }
+        for (index, (term, done)) in std::mem::take(&mut self.member_changes) {
+            done(Err(ReplicaError::Dropped(format!(
+                "leadership lost while the membership change at entry {index} of term {term} was pending; \
+                 it may still commit: read the shard's members before asking again"
             ))));
         }
         let leader = self.not_leader(ctx);
@@ -636,7 +788,7 @@ impl Group {
                 snapshot_index: store.snapshot_index,
                 snapshot_term: store.snapshot_term,
                 hard_state: self.persisted_hs,
-                voters: store.conf_state.voters.clone(),
+                members: store.conf_state.clone(),
             }),
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
@@ -646,7 +798,7 @@ impl Group {
                 snapshot_index: store.snapshot_index,
                 snapshot_term: store.snapshot_term,
                 hard_state: self.persisted_hs,
-                voters: store.conf_state.voters.clone(),
+                members: store.conf_state.clone(),
             }),
         };
         self.gc_flush = false;
@@ -776,7 +928,7 @@ impl Group {
             index: meta.index,
             term: meta.term,
             chunks: 0,
-            voters: meta.get_conf_state().voters.clone(),
+            members: meta.get_conf_state().clone(),
         };
         let started = Instant::now();
         tracing::info!(
@@ -802,7 +954,7 @@ impl Group {
         } else {
             self.applier.persist_snapshot(&meta, &snapshot.data)?
         };
-        self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.voters.clone());
+        self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.members.clone());
         // The snapshot's metadata is in the note: a recovery from this flush starts after the
         // chunks just appended (what comes later of this shard is appended after them).
         let note = records::encode_recovery_point(&records::RecoveryPoint {
@@ -811,7 +963,7 @@ impl Group {
             snapshot_index: meta.index,
             snapshot_term: meta.term,
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),
-            voters: meta.voters.clone(),
+            members: meta.members.clone(),
         });
         self.applier.install_snapshot(meta.index, &chunks, &note)?;
         tracing::info!(
@@ -830,12 +982,22 @@ impl Group {
             let (_, (_, done)) = entry.remove_entry();
             done(Err(ReplicaError::Dropped("superseded by a snapshot".into())));
         }
+        while let Some(entry) = self.member_changes.first_entry() {
+            if *entry.key() > meta.index {
+                break;
+            }
+            let (_, (_, done)) = entry.remove_entry();
+            done(Err(ReplicaError::Dropped("superseded by a snapshot: read the shard's members".into())));
+        }
         Ok(())
     }
 
     /// Fails every proposal and read barrier the group holds.
     pub fn fail_pending(&mut self, error: &dyn Fn() -> ReplicaError) {
         for (_, (_, done)) in std::mem::take(&mut self.proposals) {
+            done(Err(error()));
+        }
+        for (_, (_, done)) in std::mem::take(&mut self.member_changes) {
             done(Err(error()));
         }
         for done in self.reads_unsent.drain(..) {
@@ -886,6 +1048,7 @@ impl Group {
     pub fn publish_status(&self, ctx: &NodeCtx) {
         let raft = &self.raw.raft;
         let store = self.raw.store();
+        let members = crate::Members::from(&store.conf_state);
         let role = match raft.state {
             StateRole::Leader => "leader",
             StateRole::Follower => "follower",
@@ -911,7 +1074,9 @@ impl Group {
         let status = ReplicaStatus {
             node_id: ctx.config.node_id,
             shard: self.shard,
-            voters: store.conf_state.voters.clone(),
+            voters: members.voters,
+            learners: members.learners,
+            outgoing_voters: members.outgoing_voters,
             leader_id,
             term: raft.term,
             role: role.to_string(),

@@ -15,6 +15,7 @@
 //! - finding damaged values: every read verifies the value's checksum and reports damage as
 //!   [`ReplicaError::Corrupt`] (`state`), and a background scrub verifies every value at a bounded
 //!   rate (`scrub`);
+//! - changing a shard's members with joint consensus (`membership`);
 //! - the log garbage collector (`gc`): relocates live values out of the log's oldest segment and
 //!   deletes it, so disk stays bounded; readers pin what they read (`pins`).
 //!
@@ -31,6 +32,7 @@ mod group;
 mod identity;
 pub mod local;
 mod maintenance;
+mod membership;
 mod node;
 pub mod packed;
 mod pins;
@@ -50,4 +52,5 @@ pub use disk_space::RESERVE_FILE;
 pub use gc::{GcConfig, GcStatus};
 pub use identity::{CLUSTER_MAP_FILE, create_dir_all_synced};
 pub use maintenance::{CrashHook, CrashPoint, GcPoint};
+pub use membership::{MAX_PROMOTION_LAG, Members, MembershipChange};
 pub use replica::{DrivenLoop, Node, Replica};

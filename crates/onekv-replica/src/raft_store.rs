@@ -55,11 +55,10 @@ impl RaftStore {
         shard: u64,
         log: Arc<Log>,
         state: Arc<State>,
-        voters: &[u64],
+        members: ConfState,
         snapshots: SnapshotBuilder,
         now: std::time::Instant,
     ) -> Self {
-        let conf_state = ConfState { voters: voters.to_vec(), ..Default::default() };
         RaftStore {
             shard,
             log,
@@ -67,7 +66,7 @@ impl RaftStore {
             snapshots: std::sync::Mutex::new(snapshots),
             now,
             hard_state: HardState::default(),
-            conf_state,
+            conf_state: members,
             snapshot_index: 0,
             snapshot_term: 0,
             entries: VecDeque::new(),
@@ -119,11 +118,11 @@ impl RaftStore {
     }
 
     /// Resets to a snapshot at `index`/`term`: every entry is dropped.
-    pub fn apply_snapshot(&mut self, index: u64, term: u64, voters: Vec<u64>) {
+    pub fn apply_snapshot(&mut self, index: u64, term: u64, members: ConfState) {
         self.entries.clear();
         self.snapshot_index = index;
         self.snapshot_term = term;
-        self.conf_state.voters = voters;
+        self.conf_state = members;
         if self.hard_state.commit < index {
             self.hard_state.commit = index;
         }

@@ -8,7 +8,7 @@
 //! ENTRY       shard:u64 term:u64 index:u64 type:u8 context_len:u32 context data
 //! HARD_STATE  shard:u64 term:u64 vote:u64 commit:u64
 //! SNAP_CHUNK  shard:u64 index:u64 chunk:u32 pairs            (pairs: see `SnapshotPairs`)
-//! SNAP_META   shard:u64 index:u64 term:u64 chunks:u32 voters:u32 voter:u64*voters
+//! SNAP_META   shard:u64 index:u64 term:u64 chunks:u32 members   (members: see `encode_members`)
 //! VALUE       shard:u64 stored_value                          (separated mode's value log)
 //! APPLIED     shard:u64 index:u64 count:u32 (kind:u8 key [value])*count   (classic mode's data WAL)
 //! RELOCATED   shard:u64 pairs                                 (values the log GC moved; `gc`)
@@ -21,6 +21,7 @@
 
 use crate::codec::{CodecError, Reader, ValueSpan};
 use onekv_log::RecordKind;
+use raft::eraftpb::ConfState;
 
 /// A Raft entry.
 pub const ENTRY: RecordKind = kind(1);
@@ -267,7 +268,7 @@ pub fn decode_snapshot_chunk(payload: &[u8]) -> Result<(u64, u64, u32), CodecErr
 }
 
 /// A decoded SNAP_META payload.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SnapshotMeta {
     /// The Raft group.
     pub shard: u64,
@@ -277,21 +278,18 @@ pub struct SnapshotMeta {
     pub term: u64,
     /// Number of SNAP_CHUNK records written before this one.
     pub chunks: u32,
-    /// Voting members at that index.
-    pub voters: Vec<u64>,
+    /// The group's members at that index.
+    pub members: ConfState,
 }
 
 /// Encodes a SNAP_META payload.
 pub fn encode_snapshot_meta(meta: &SnapshotMeta) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + 8 * meta.voters.len());
+    let mut out = Vec::with_capacity(64 + 8 * meta.members.voters.len());
     out.extend_from_slice(&meta.shard.to_le_bytes());
     out.extend_from_slice(&meta.index.to_le_bytes());
     out.extend_from_slice(&meta.term.to_le_bytes());
     out.extend_from_slice(&meta.chunks.to_le_bytes());
-    out.extend_from_slice(&(meta.voters.len() as u32).to_le_bytes());
-    for voter in &meta.voters {
-        out.extend_from_slice(&voter.to_le_bytes());
-    }
+    encode_members(&meta.members, &mut out);
     out
 }
 
@@ -299,23 +297,61 @@ pub fn encode_snapshot_meta(meta: &SnapshotMeta) -> Vec<u8> {
 pub fn decode_snapshot_meta(payload: &[u8]) -> Result<SnapshotMeta, CodecError> {
     let mut r = Reader { data: payload, at: 0 };
     let (shard, index, term, chunks) = (r.u64()?, r.u64()?, r.u64()?, r.u32()?);
-    let count = r.u32()? as usize;
-    if count > r.remaining() / 8 {
-        return Err(CodecError("voter count exceeds the record"));
-    }
-    let voters = (0..count).map(|_| r.u64()).collect::<Result<_, _>>()?;
+    let members = decode_members(&mut r, true)?;
     if r.remaining() != 0 {
         return Err(CodecError("trailing bytes after snapshot metadata"));
     }
-    Ok(SnapshotMeta { shard, index, term, chunks, voters })
+    Ok(SnapshotMeta { shard, index, term, chunks, members })
+}
+
+/// Appends a group's members (a Raft configuration, possibly joint):
+/// `voters:u32 voter:u64*voters learners:u32 learner:u64*learners outgoing:u32 voter:u64*outgoing
+/// learners_next:u32 learner:u64*learners_next auto_leave:u8`. `outgoing` is the old half of a
+/// joint configuration (empty outside one); `learners_next` the voters it demotes to learners on
+/// leaving it; `auto_leave` whether the leader leaves it on its own once it is applied.
+pub fn encode_members(members: &ConfState, out: &mut Vec<u8>) {
+    for list in [&members.voters, &members.learners, &members.voters_outgoing, &members.learners_next] {
+        out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        for id in list {
+            out.extend_from_slice(&id.to_le_bytes());
+        }
+    }
+    out.push(u8::from(members.auto_leave));
+}
+
+/// Decodes what [`encode_members`] wrote. With `may_end_after_voters`, the encoding may stop after
+/// the voters (records written before membership could change held only those) when nothing
+/// follows in the payload.
+fn decode_members(r: &mut Reader<'_>, may_end_after_voters: bool) -> Result<ConfState, CodecError> {
+    let voters = decode_ids(r)?;
+    if may_end_after_voters && r.remaining() == 0 {
+        return Ok(ConfState { voters, ..Default::default() });
+    }
+    let (learners, voters_outgoing, learners_next) = (decode_ids(r)?, decode_ids(r)?, decode_ids(r)?);
+    let auto_leave = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return Err(CodecError("auto_leave is neither 0 nor 1")),
+    };
+    Ok(ConfState { voters, learners, voters_outgoing, learners_next, auto_leave, ..Default::default() })
+}
+
+/// `count:u32 id:u64*count`.
+fn decode_ids(r: &mut Reader<'_>) -> Result<Vec<u64>, CodecError> {
+    let count = r.u32()? as usize;
+    if count > r.remaining() / 8 {
+        return Err(CodecError("member count exceeds the record"));
+    }
+    (0..count).map(|_| r.u64()).collect()
 }
 
 /// Where recovery may start, stored with an index tree's flush flag (not a log record: it rides in
 /// the tree's flag, so it is exactly as durable as the flush it describes):
-/// `version:u8=2 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
-/// vote:u64 commit:u64 voters:u32 voter:u64*voters` (version 1, written before streamed
-/// snapshots, has no `chunks_from`: it equals `scan_from`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `version:u8=3 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
+/// vote:u64 commit:u64 members` (members: see [`encode_members`]). Older versions still read:
+/// version 2 has only `voters:u32 voter:u64*voters` for its members, version 1 also has no
+/// `chunks_from` (it equals `scan_from`).
+#[derive(Clone, Debug, PartialEq)]
 pub struct RecoveryPoint {
     /// Log position of the ENTRY record of the first Raft entry still served after the flush:
     /// recovery takes this shard's entries, hard states and snapshot metadata from here.
@@ -330,22 +366,19 @@ pub struct RecoveryPoint {
     pub snapshot_term: u64,
     /// The durable hard state at the flush.
     pub hard_state: HardStateRecord,
-    /// Voting members.
-    pub voters: Vec<u64>,
+    /// The group's members at the flush flag's applied index.
+    pub members: ConfState,
 }
 
 /// Encodes a recovery point.
 pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
-    let mut out = vec![2u8];
+    let mut out = vec![3u8];
     let hs = &point.hard_state;
     let fields = [point.scan_from, point.chunks_from, point.snapshot_index, point.snapshot_term];
     for v in fields.into_iter().chain([hs.term, hs.vote, hs.commit]) {
         out.extend_from_slice(&v.to_le_bytes());
     }
-    out.extend_from_slice(&(point.voters.len() as u32).to_le_bytes());
-    for voter in &point.voters {
-        out.extend_from_slice(&voter.to_le_bytes());
-    }
+    encode_members(&point.members, &mut out);
     out
 }
 
@@ -353,22 +386,21 @@ pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
 pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, CodecError> {
     let mut r = Reader { data: bytes, at: 0 };
     let version = r.u8()?;
-    if version != 1 && version != 2 {
+    if !(1..=3).contains(&version) {
         return Err(CodecError("unknown recovery point version"));
     }
     let scan_from = r.u64()?;
-    let chunks_from = if version == 2 { r.u64()?.min(scan_from) } else { scan_from };
+    let chunks_from = if version >= 2 { r.u64()?.min(scan_from) } else { scan_from };
     let (snapshot_index, snapshot_term) = (r.u64()?, r.u64()?);
     let hard_state = HardStateRecord { shard, term: r.u64()?, vote: r.u64()?, commit: r.u64()? };
-    let count = r.u32()? as usize;
-    if count > r.remaining() / 8 {
-        return Err(CodecError("voter count exceeds the recovery point"));
-    }
-    let voters = (0..count).map(|_| r.u64()).collect::<Result<_, _>>()?;
+    let members = match version {
+        3 => decode_members(&mut r, false)?,
+        _ => ConfState { voters: decode_ids(&mut r)?, ..Default::default() },
+    };
     if r.remaining() != 0 {
         return Err(CodecError("trailing bytes after a recovery point"));
     }
-    Ok(RecoveryPoint { scan_from, chunks_from, snapshot_index, snapshot_term, hard_state, voters })
+    Ok(RecoveryPoint { scan_from, chunks_from, snapshot_index, snapshot_term, hard_state, members })
 }
 
 impl RecoveryPoint {
@@ -470,8 +502,31 @@ mod tests {
         assert_eq!(pairs[0].0, b"a");
         assert_eq!(pairs[0].1.value(&data), b"1");
         assert!(SnapshotPairs::new(&data[..data.len() - 1]).any(|p| p.is_err()));
-        let meta = SnapshotMeta { shard: 1, index: 9, term: 2, chunks: 3, voters: vec![1, 2, 3] };
-        assert_eq!(decode_snapshot_meta(&encode_snapshot_meta(&meta)).unwrap(), meta);
+        let meta = SnapshotMeta { shard: 1, index: 9, term: 2, chunks: 3, members: joint_members() };
+        let payload = encode_snapshot_meta(&meta);
+        assert_eq!(decode_snapshot_meta(&payload).unwrap(), meta);
+        for len in 0..payload.len() {
+            assert!(decode_snapshot_meta(&payload[..len]).is_err() || len == 28 + 4 + 8 * 3, "{len}");
+        }
+        // Written before membership could change: the voters end the record.
+        let old = &payload[..28 + 4 + 8 * 3];
+        let read = decode_snapshot_meta(old).unwrap();
+        assert_eq!(read.members, ConfState { voters: vec![1, 2, 4], ..Default::default() });
+        let mut bad = payload.clone();
+        *bad.last_mut().unwrap() = 2;
+        assert!(decode_snapshot_meta(&bad).is_err(), "auto_leave must be 0 or 1");
+    }
+
+    /// A joint configuration: 3 leaves, 4 joins, 5 is learning.
+    fn joint_members() -> ConfState {
+        ConfState {
+            voters: vec![1, 2, 4],
+            learners: vec![5],
+            voters_outgoing: vec![1, 2, 3],
+            learners_next: vec![],
+            auto_leave: true,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -482,19 +537,28 @@ mod tests {
             snapshot_index: 10,
             snapshot_term: 2,
             hard_state: HardStateRecord { shard: 1, term: 3, vote: 1, commit: 40 },
-            voters: vec![1, 2, 3],
+            members: joint_members(),
         };
         let bytes = encode_recovery_point(&point);
         assert_eq!(decode_recovery_point(&bytes, 1).unwrap(), point);
         for len in 0..bytes.len() {
             assert!(decode_recovery_point(&bytes[..len], 1).is_err());
         }
-        // A version 1 point (no chunks_from) still reads, with its chunks from its scan start.
+        // Versions 1 and 2 held only the voters; version 1 had no chunks_from either (its chunks
+        // start at its scan start).
+        let voters_only = 1 + 7 * 8 + 4 + 8 * 3;
+        let mut v2 = bytes[..voters_only].to_vec();
+        v2[0] = 2;
+        let old_members = ConfState { voters: vec![1, 2, 4], ..Default::default() };
+        let read = decode_recovery_point(&v2, 1).unwrap();
+        assert_eq!(read, RecoveryPoint { members: old_members.clone(), ..point.clone() });
+        v2.push(0);
+        assert!(decode_recovery_point(&v2, 1).is_err(), "a version 2 point ends after its voters");
         let mut v1 = vec![1u8];
         v1.extend_from_slice(&bytes[1..9]);
-        v1.extend_from_slice(&bytes[17..]);
+        v1.extend_from_slice(&bytes[17..voters_only]);
         let read = decode_recovery_point(&v1, 1).unwrap();
-        assert_eq!(read, RecoveryPoint { chunks_from: 4096, ..point });
+        assert_eq!(read, RecoveryPoint { chunks_from: 4096, members: old_members, ..point });
     }
 
     #[test]

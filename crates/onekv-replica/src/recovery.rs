@@ -138,7 +138,7 @@ impl Recovering {
             .map_err(|e| storage(format!("shard {}: the index's recovery point: {e}", self.shard)))?;
         store.snapshot_index = point.snapshot_index;
         store.snapshot_term = point.snapshot_term;
-        store.conf_state.voters = point.voters.clone();
+        store.conf_state = point.members.clone();
         recovered.hard_state = point.hard_state;
         recovered.scan_from = point.scan_from;
         recovered.chunks_from = point.chunks_from;
@@ -214,7 +214,7 @@ impl Recovering {
                 }
                 // Older snapshots' chunks are never installed after this one.
                 self.chunks.retain(|(at, _), _| *at > meta.index);
-                store.apply_snapshot(meta.index, meta.term, meta.voters.clone());
+                store.apply_snapshot(meta.index, meta.term, meta.members.clone());
                 self.snapshot = Some((meta, mine));
             }
             // Values the log GC moved: the index points at them once a flush made that durable;
@@ -268,7 +268,7 @@ impl Recovering {
                 snapshot_index: meta.index,
                 snapshot_term: meta.term,
                 hard_state: records::snapshot_hard_state(*hs, &meta),
-                voters: meta.voters.clone(),
+                members: meta.members.clone(),
             });
             applier.install_snapshot(meta.index, &locators, &note)?;
             applied = meta.index;
@@ -315,6 +315,18 @@ impl Recovering {
                 entries.push(entry);
             }
             let results = applier.apply(&entries, &locators)?;
+            // The members the flush recorded are those at its flag; conf changes above it are
+            // replayed like the running replica applied them.
+            for entry in &entries {
+                if let Some(cc) = crate::membership::decoded_conf_change(entry)? {
+                    match crate::membership::next_members(&store.conf_state, &cc) {
+                        Ok(members) => store.conf_state = members,
+                        Err(err) => {
+                            tracing::warn!(shard, index = entry.index, %err, "a committed membership change was refused")
+                        }
+                    }
+                }
+            }
             recovered.replayed += results.len() as u64;
             next = end + 1;
         }

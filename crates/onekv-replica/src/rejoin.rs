@@ -155,7 +155,7 @@ impl Group {
         match message.get_msg_type() {
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote => {
                 let me = ctx.config.node_id;
-                let voters = &self.raw.store().conf_state.voters;
+                let voters = &crate::membership::all_voters(&self.raw.store().conf_state);
                 let refuse = self.rejoin.as_mut().is_some_and(|rejoin| {
                     let position = (message.log_term, message.index);
                     rejoin.refuses_vote(message.from, position, me, voters, ctx.config.election_ticks)
@@ -175,7 +175,7 @@ impl Group {
                 let raft = &self.raw.raft;
                 let own = (raft.raft_log.last_term(), raft.raft_log.last_index());
                 let me = ctx.config.node_id;
-                let voters = &self.raw.store().conf_state.voters;
+                let voters = &crate::membership::all_voters(&self.raw.store().conf_state);
                 if self.rejoin.as_ref().is_some_and(|rejoin| !rejoin.up_to_date(own, me, voters))
                     && ctx.mutation != Some(crate::Mutation::VotesWhileRejoining)
                 {
@@ -264,7 +264,7 @@ impl Group {
 
     /// Whether this replica follows leaders (always, unless rejoining: [`Rejoin::may_follow`]).
     fn may_follow(&self, ctx: &NodeCtx) -> bool {
-        let voters = &self.raw.store().conf_state.voters;
+        let voters = &crate::membership::all_voters(&self.raw.store().conf_state);
         self.rejoin.as_ref().is_none_or(|rejoin| {
             ctx.mutation == Some(crate::Mutation::VotesWhileRejoining)
                 || rejoin.may_follow(ctx.config.node_id, voters, ctx.config.election_ticks)

@@ -112,8 +112,10 @@ impl ReplicaConfig {
             if shard.id == 0 || !seen.insert(shard.id) {
                 return bad(&format!("shard ids must be non-zero and distinct (shard {})", shard.id));
             }
-            if !shard.voters.contains(&self.node_id) {
-                return bad(&format!("the voters of shard {} must include node_id", shard.id));
+            // No voters: a replica waiting to be added to a running shard (as a learner); the
+            // shard's leader sends it the members.
+            if !shard.voters.is_empty() && !shard.voters.contains(&self.node_id) {
+                return bad(&format!("the voters of shard {} must include node_id (or be empty)", shard.id));
             }
             if shard.voters.contains(&0) {
                 return bad(&format!("the voter ids of shard {} must be non-zero", shard.id));
@@ -346,7 +348,7 @@ impl Node {
                 shard.id,
                 raft_log.clone(),
                 state.clone(),
-                &shard.voters,
+                raft::eraftpb::ConfState { voters: shard.voters.clone(), ..Default::default() },
                 snapshots,
                 Instant::now(),
             );
@@ -449,6 +451,7 @@ impl Node {
                     state,
                     shared,
                     proposals: Default::default(),
+                    member_changes: Default::default(),
                     reads_unsent: Vec::new(),
                     reads_in_flight: Default::default(),
                     reads_waiting: Default::default(),
@@ -702,6 +705,21 @@ impl Replica {
             return done(Err(ReplicaError::DiskFull(alarm)));
         }
         self.send(GroupInput::Propose { request_id, command, done });
+    }
+
+    /// Changes the shard's members by one step (leader only; see [`crate::MembershipChange`]):
+    /// `done` gets the members once the change is applied here. A change that enters a joint
+    /// configuration is answered on entering it; the leader then leaves it on its own, which
+    /// [`ReplicaStatus::outgoing_voters`] (empty again) shows.
+    pub fn change_members(&self, change: crate::MembershipChange, done: Done<crate::Members>) {
+        self.send(GroupInput::ChangeMembers { change, done });
+    }
+
+    /// Hands the shard's leadership to voter `to` (leader only), which also becomes its preferred
+    /// leader on this node until restarted. `done` answers once the hand-off has started; the
+    /// status shows when `to` leads.
+    pub fn transfer_leadership(&self, to: u64, done: Done<()>) {
+        self.send(GroupInput::TransferLeader { to, done });
     }
 
     /// Confirms leadership with a quorum (ReadIndex) and waits until this replica has applied

@@ -1,124 +1,13 @@
 //! Replicas of one shard in one process, wired by an in-memory transport: replication, leader
 //! failover, restart from disk, catch-up through a snapshot, and every storage mode.
 
-use onekv_replica::local::Router;
-use onekv_replica::{
-    Command, Condition, Outcome, Replica, ReplicaConfig, ReplicaError, RequestId, StorageMode, WriteOp,
-};
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::cluster::Cluster;
+use onekv_replica::{Command, Condition, ReplicaConfig, ReplicaError, RequestId, StorageMode, WriteOp};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-struct Cluster {
-    router: Arc<Router>,
-    root: PathBuf,
-    ids: Vec<u64>,
-    mode: StorageMode,
-    tweak: fn(&mut ReplicaConfig),
-    next_seq: u64,
-}
-
-impl Cluster {
-    fn start(root: &Path, nodes: u64, mode: StorageMode, tweak: fn(&mut ReplicaConfig)) -> Cluster {
-        let mut cluster = Cluster {
-            router: Arc::new(Router::default()),
-            root: root.to_path_buf(),
-            ids: (1..=nodes).collect(),
-            mode,
-            tweak,
-            next_seq: 1,
-        };
-        for id in cluster.ids.clone() {
-            cluster.open(id);
-        }
-        cluster
-    }
-
-    fn config(&self, id: u64) -> ReplicaConfig {
-        let mut config = ReplicaConfig::new(id, self.ids.clone(), self.root.join(format!("node{id}")));
-        config.storage = self.mode;
-        config.tick = Duration::from_millis(20);
-        (self.tweak)(&mut config);
-        config
-    }
-
-    fn open(&mut self, id: u64) {
-        let replica = Replica::open(self.config(id), self.router.clone()).expect("open");
-        self.router.add(id, replica);
-    }
-
-    fn stop(&mut self, id: u64) {
-        self.router.remove(id).expect("running").shutdown();
-    }
-
-    fn replica(&self, id: u64) -> Replica {
-        self.router.get(id).expect("running")
-    }
-
-    fn leader(&self) -> u64 {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(id) = self.router.leader() {
-                return id;
-            }
-            assert!(Instant::now() < deadline, "no leader elected");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn propose(&mut self, command: Command) -> Result<Outcome, ReplicaError> {
-        let request_id = RequestId { client: 1, seq: self.next_seq };
-        self.next_seq += 1;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let replica = self.replica(self.leader());
-            let (tx, rx) = mpsc::channel();
-            replica.propose(request_id, command.clone(), Box::new(move |r| tx.send(r).unwrap()));
-            match rx.recv_timeout(Duration::from_secs(10)).expect("a reply") {
-                Err(ReplicaError::NotLeader { .. }) | Err(ReplicaError::Dropped(_))
-                    if Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                other => return other,
-            }
-        }
-    }
-
-    fn put(&mut self, key: &str, value: &[u8]) {
-        self.propose(Command::Write(vec![WriteOp { key: key.into(), value: Some(value.to_vec()) }])).unwrap();
-    }
-
-    fn linearizable_get(&self, key: &str) -> Option<Vec<u8>> {
-        let replica = self.replica(self.leader());
-        let (tx, rx) = mpsc::channel();
-        replica.read_barrier(Box::new(move |r| tx.send(r).unwrap()));
-        rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
-        replica.get(key.as_bytes()).unwrap()
-    }
-
-    /// Waits until `id` has applied at least `index`.
-    fn wait_applied(&self, id: u64, index: u64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.replica(id).status().applied_index < index {
-            assert!(
-                Instant::now() < deadline,
-                "node {id} did not apply {index}: {:?}",
-                self.replica(id).status()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn shutdown(mut self) {
-        for id in self.ids.clone() {
-            if self.router.get(id).is_some() {
-                self.stop(id);
-            }
-        }
-    }
-}
 
 fn value(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i * 31 + j) as u8).collect()

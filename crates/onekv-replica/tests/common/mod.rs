@@ -1,7 +1,10 @@
-//! Helpers the replica's process-level tests share: a node of one member opened until it leads every
+//! Helpers the replica's process-level tests share: a cluster of one shard in one process
+//! (`cluster`), a node of one member opened until it leads every
 //! shard, and a child process (the test binary run again) driven until an armed crash point ends
 //! it. Each test crate uses part of it.
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use onekv_replica::failpoints::CRASH_EXIT_CODE;
 use onekv_replica::local::Router;
