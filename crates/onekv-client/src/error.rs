@@ -27,6 +27,11 @@ pub enum ClientError {
     /// it: the connection failed or the node did not answer in time.
     #[error("transport error: {0}")]
     Transport(String),
+    /// A compare-and-swap or transaction took no effect, but its answer cannot be given: an
+    /// attempt of this call was evaluated and did not swap (its answer was lost), and the values
+    /// it compares have matched since. Nothing was written; read again and decide anew.
+    #[error("not applied: {0}")]
+    NotApplied(String),
     /// The server answered with an error the client does not retry (INTERNAL, UNIMPLEMENTED, ...).
     #[error("server error: {0}")]
     Server(String),

@@ -80,6 +80,8 @@ pub(crate) fn classify(endpoint: &str, status: &Status) -> Failure {
     }
     match status.code() {
         Code::InvalidArgument => Failure::Fatal(ClientError::InvalidArgument(status.message().to_string())),
+        // A retry of a compare-and-swap or transaction that took no effect (see the variant).
+        Code::Aborted => Failure::Fatal(ClientError::NotApplied(status.message().to_string())),
         Code::FailedPrecondition => match leader_address(status) {
             Some(leader) if leader != endpoint => Failure::Redirect { leader, cause },
             // Not the leader and no (other) leader known: an election is probably under way.

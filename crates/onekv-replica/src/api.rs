@@ -306,6 +306,9 @@ pub enum Mutation {
     /// A replica that lost its Raft state (a wiped data directory) votes at once, as if it held
     /// the log it acknowledged, instead of waiting until it has caught up.
     VotesWhileRejoining,
+    /// A restarted replica takes the shard's members from its configuration (those it was
+    /// created with) instead of the replicated ones: it forgets every membership change.
+    MembersFromConfig,
 }
 
 /// Why a request failed.
@@ -333,6 +336,19 @@ pub enum ReplicaError {
     /// The configuration or the data directory cannot be used.
     #[error("cannot open: {0}")]
     Open(String),
+    /// A retry (same request id) of a compare-and-swap or transaction that took no effect when it
+    /// was first evaluated, at entry `index`, while the values it compares now match: its first
+    /// answer ("not swapped") may have reached the client, so it can neither swap now nor answer
+    /// "not swapped" consistently. Read again and ask with a new request id.
+    #[error(
+        "this request was evaluated at entry {index} and took no effect (a compare-and-swap that did not swap, \
+         or a transaction whose conditions failed); the values it compares have matched since, so the \
+         retry cannot be answered: read again and retry with a new request id"
+    )]
+    AlreadyEvaluated {
+        /// The entry that first evaluated the request.
+        index: u64,
+    },
     /// The leader's disk is nearly full (its "disk full" alarm is raised): new writes are refused
     /// until space is freed, while leadership moves to a node with room. Reads go on.
     #[error("disk full: {0}")]

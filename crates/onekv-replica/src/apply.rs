@@ -22,6 +22,7 @@
 
 use crate::codec::{self, DecodedCommand, ValueSpan};
 use crate::records;
+use crate::requests::Effect;
 use crate::state::{self, State, storage};
 use crate::{CasOutcome, Outcome, ReplicaError, StorageMode};
 use onekv_index::IndexValue;
@@ -140,7 +141,14 @@ impl Applier {
                 // Applied before within the window: answer as then, change nothing.
                 Some(previous) => {
                     state.requests().on_entry(entry.index, decoded.time_ms, None);
-                    repeated_outcome(previous.index, &decoded.command, &entry.data)
+                    match previous.effect {
+                        Effect::Write | Effect::Swapped => {
+                            Ok(repeated_outcome(previous.index, &decoded.command, &entry.data))
+                        }
+                        Effect::Nothing => {
+                            reevaluated_without_effect(&state, previous.index, &decoded.command)?
+                        }
+                    }
                 }
                 None => {
                     let outcome = self.apply_command(
@@ -149,24 +157,17 @@ impl Applier {
                         placements,
                         if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
                     )?;
-                    // A compare-and-swap that did not swap (or a transaction whose conditions
-                    // failed) changed nothing: its retry may simply be evaluated again, so it is
-                    // not remembered.
                     let effect = match &outcome.cas {
-                        None => Some(false),
-                        Some(cas) if cas.swapped => Some(true),
-                        Some(_) => None,
+                        None => Effect::Write,
+                        Some(cas) if cas.swapped => Effect::Swapped,
+                        Some(_) => Effect::Nothing,
                     };
-                    state.requests().on_entry(
-                        entry.index,
-                        decoded.time_ms,
-                        effect.map(|swapped_cas| (request_id, swapped_cas)),
-                    );
-                    outcome
+                    state.requests().on_entry(entry.index, decoded.time_ms, Some((request_id, effect)));
+                    Ok(outcome)
                 }
             };
             state.tree.publish(state::last_seqno(entry.index));
-            results.push(Applied { index: entry.index, term: entry.term, outcome: Some(Ok(outcome)) });
+            results.push(Applied { index: entry.index, term: entry.term, outcome: Some(outcome) });
         }
         if !wal.is_empty() {
             let data_wal = state.second_log.as_ref().expect("classic mode has a data WAL");
@@ -444,6 +445,42 @@ impl Applier {
 /// The answer to a command whose request id the window says was applied at `first_index`: the
 /// same as then. A swapped compare-and-swap's value then is the new value, which the retry carries
 /// too (same request id, same command).
+/// The answer to a retry of a compare-and-swap (or transaction) that took no effect when first
+/// evaluated at `first_index`: "not swapped" with the value now, if it still differs from the
+/// expected one (what a new evaluation would answer, and the first had no effect to order);
+/// otherwise [`ReplicaError::AlreadyEvaluated`]: swapping now could contradict the first answer,
+/// and "not swapped" with a matching value would contradict itself.
+fn reevaluated_without_effect(
+    state: &State,
+    first_index: u64,
+    command: &DecodedCommand<'_>,
+) -> Result<Result<Outcome, ReplicaError>, ReplicaError> {
+    let already = Err(ReplicaError::AlreadyEvaluated { index: first_index });
+    Ok(match command {
+        DecodedCommand::Cas { key, expected, .. } => {
+            let current = state.get(key)?;
+            if current.as_deref() == *expected {
+                already
+            } else {
+                Ok(Outcome { index: first_index, cas: Some(CasOutcome { swapped: false, current }) })
+            }
+        }
+        DecodedCommand::Txn { conditions, .. } => {
+            for (key, expected) in conditions {
+                if state.get(key)?.as_deref() != *expected {
+                    return Ok(Ok(Outcome {
+                        index: first_index,
+                        cas: Some(CasOutcome { swapped: false, current: None }),
+                    }));
+                }
+            }
+            already
+        }
+        // Only compare-and-swaps and transactions can take no effect.
+        _ => already,
+    })
+}
+
 fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8]) -> Outcome {
     let cas = match command {
         DecodedCommand::Write(_) | DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
@@ -452,7 +489,6 @@ fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8])
         DecodedCommand::Cas { new, .. } => {
             Some(CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) })
         }
-        // Only an applied transaction is remembered (one whose conditions failed changed nothing).
         DecodedCommand::Txn { .. } => Some(CasOutcome { swapped: true, current: None }),
     };
     Outcome { index: first_index, cas }

@@ -718,8 +718,10 @@ impl Group {
         let flagged = self.state.tree.flush_flag().unwrap_or(0);
         // The collector's flush goes even with nothing newly applied (an idle shard's recovery
         // point, or relocated locators); otherwise a flag never repeats. Nothing is flushed
-        // before the first entry is applied.
-        if applied == 0
+        // before the first entry is applied, except the recovery point of a replica with no
+        // entries at all (one waiting to be added), which the collector may need moved forward.
+        let waiting = applied == 0 && self.raw.store().last() == 0 && self.gc_flush;
+        if (applied == 0 && !waiting)
             || (applied <= flagged && !self.gc_flush)
             || ctx.maintenance.busy()
             || ctx.failed.is_some()
@@ -809,7 +811,9 @@ impl Group {
             .seal(applied, state::flag_seqno(applied, self.state.tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("flushing the index: {e}")))?;
         let mut trees = vec![self.state.tree.clone()];
-        if let Some(tree) = &self.state.entry_tree {
+        // (Classic mode's entry tree has nothing to flush before the first entry, and refuses a
+        // flag at seqno 0.)
+        if let Some(tree) = self.state.entry_tree.as_ref().filter(|_| applied > 0) {
             tree.seal(applied, self.entry_tree_seqno, &[])
                 .map_err(|e| storage(format!("flushing entries: {e}")))?;
             trees.push(tree.clone());

@@ -26,6 +26,15 @@ use raft::eraftpb::{
 };
 use std::collections::BTreeSet;
 
+/// The Raft index and term a shard's replicas start from when the shard is created: each founding
+/// replica installs an empty snapshot there holding the founding members
+/// (`Recovering::initialize`). Entries start above it, so a replica added later, which has no
+/// members of its own, gets a snapshot (with the members) rather than entries it could not
+/// interpret. (TiKV starts its regions at 5 for the same reason.)
+pub const INITIAL_INDEX: u64 = 5;
+/// See [`INITIAL_INDEX`].
+pub const INITIAL_TERM: u64 = 5;
+
 /// A learner is promoted only once it has the leader's log up to at most this many entries below
 /// the commit index: a new voter that is far behind would make the group wait for it (in a group
 /// of 2 voters growing to 3, every commit would).
@@ -67,6 +76,17 @@ impl Members {
     }
 }
 
+impl crate::ReplicaStatus {
+    /// The shard's members as this replica knows them.
+    pub fn members(&self) -> Members {
+        Members {
+            voters: self.voters.clone(),
+            learners: self.learners.clone(),
+            outgoing_voters: self.outgoing_voters.clone(),
+        }
+    }
+}
+
 impl From<&ConfState> for Members {
     fn from(state: &ConfState) -> Self {
         let sorted = |ids: &[u64]| {
@@ -82,6 +102,11 @@ impl From<&ConfState> for Members {
             outgoing_voters: sorted(&state.voters_outgoing),
         }
     }
+}
+
+/// Whether `node` is a member of `state` in any role.
+pub(crate) fn is_member(state: &ConfState, node: u64) -> bool {
+    state.voters.iter().chain(&state.learners).chain(&state.voters_outgoing).any(|&id| id == node)
 }
 
 /// Every voter of `state`, of both halves of a joint configuration, in order.

@@ -168,9 +168,13 @@ impl raft::Storage for RaftStore {
         low: u64,
         high: u64,
         max_size: impl Into<Option<u64>>,
-        _context: GetEntriesContext,
+        context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        if low <= self.snapshot_index {
+        // Entry 1 is never sent to a peer (only shards created before `INITIAL_INDEX` have one):
+        // the members it builds on were configured, not replicated, and a replica that lacks it
+        // may have none; a snapshot carries them. raft-rs asks for entries to send with the only
+        // context whose `can_async` is true (it never uses `GetEntriesContext::empty(true)`).
+        if low <= self.snapshot_index || (low == 1 && context.can_async()) {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
         if high > self.last() + 1 {
@@ -209,12 +213,13 @@ impl raft::Storage for RaftStore {
         Ok(self.last())
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, _request_index: u64, to: u64) -> raft::Result<Snapshot> {
         // A full copy of the applied state, built off the loop thread (see `snapshot`).
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).request(
             (self.applied_index, self.applied_term),
             &self.conf_state,
             self.first(),
+            to,
             self.now,
         )
     }

@@ -187,7 +187,7 @@ impl Node {
             Ok(Arc::new(log))
         };
         let gc_config = config.gc.clone();
-        let (node, node_loop) = Self::open_parts(config, transport, &open_log, false)?;
+        let (node, node_loop) = Self::open_parts(config, transport, &open_log, false, None)?;
         if gc_config.enabled {
             let states: BTreeMap<u64, Arc<State>> =
                 node_loop.groups.iter().map(|(shard, group)| (*shard, group.state.clone())).collect();
@@ -238,7 +238,7 @@ impl Node {
         };
         let gc_config = config.gc.clone();
         let storage = config.storage;
-        let (node, mut node_loop) = Self::open_parts(config, transport, &open_log, true)?;
+        let (node, mut node_loop) = Self::open_parts(config, transport, &open_log, true, mutation)?;
         // The collector runs between turns, on the driving thread.
         let gc = gc_config.enabled.then(|| {
             let states =
@@ -271,6 +271,7 @@ impl Node {
         transport: Arc<dyn Transport>,
         open_log: &dyn Fn(&str) -> Result<Arc<Log>, ReplicaError>,
         driven: bool,
+        mutation: Option<crate::Mutation>,
     ) -> Result<(Node, NodeLoop), ReplicaError> {
         let dir = &config.data_dir;
         crate::identity::create_dir_all_synced(dir)
@@ -415,10 +416,18 @@ impl Node {
                 ..Default::default()
             };
             raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
-            let hard_state = recovered.recovered.hard_state;
             // A replica with no Raft state at all (term 0, no entries) is rejoining even if the
             // REJOINING file does not say so: its log was lost after the file was removed.
-            let stateless = hard_state.term == 0 && recovered.store.last() == 0;
+            let stateless = recovered.recovered.hard_state.term == 0 && recovered.store.last() == 0;
+            let founders =
+                config.shards.iter().find(|s| s.id == shard).map(|s| s.voters.clone()).unwrap_or_default();
+            if stateless && recovered.store.snapshot_index == 0 {
+                match founders.is_empty() {
+                    false => recovered.initialize(&founders, &raft_log)?,
+                    true => recovered.mark_waiting(&raft_log)?,
+                }
+            }
+            let hard_state = recovered.recovered.hard_state;
             let rejoin_listed = rejoining.contains(&shard);
             let shared = Arc::new(GroupShared {
                 shard,
@@ -436,6 +445,15 @@ impl Node {
                 recovery_replayed: recovered.recovered.replayed,
                 state: RwLock::new(Some(state.clone())),
             });
+            if mutation == Some(crate::Mutation::MembersFromConfig) {
+                let voters = config
+                    .shards
+                    .iter()
+                    .find(|s| s.id == shard)
+                    .map(|s| s.voters.clone())
+                    .unwrap_or_default();
+                recovered.store.conf_state = raft::eraftpb::ConfState { voters, ..Default::default() };
+            }
             let logger = crate::slog_bridge::logger(config.node_id, shard);
             let raw = raft::RawNode::new(&raft_config, recovered.store, &logger)
                 .map_err(|e| ReplicaError::Open(format!("starting raft for shard {shard}: {e}")))?;

@@ -7,12 +7,14 @@
 //! so after a crash both are replayed from the same entry and a replay decides exactly what the
 //! first application decided. It is rebuilt from the tree at open and carried in snapshots.
 //!
-//! It stores an **outcome, not a value**: which entry applied the request, when, and whether it
-//! was a compare-and-swap that swapped. A retry of a write answers "done at that index"; a retry of
-//! a swapped compare-and-swap answers "swapped", with the new value taken from the retry itself
-//! (same request id, same command). A compare-and-swap that did not swap changed nothing, so it is
-//! not remembered: its retry is evaluated again, which is linearizable (the failed first attempt
-//! had no effect to order).
+//! It stores an **outcome, not a value**: which entry applied the request, when, and what it did
+//! ([`Effect`]). A retry of a write answers "done at that index"; a retry of a swapped
+//! compare-and-swap answers "swapped", with the new value taken from the retry itself (same
+//! request id, same command). A compare-and-swap that did not swap (or a transaction whose
+//! conditions failed) changed nothing, but it is remembered too: its retry must never take effect,
+//! since the first answer ("not swapped") may be the one the client got. The retry is answered
+//! "not swapped" with the value now when that value still differs from the expected one (as a
+//! new evaluation would), and with [`crate::ReplicaError::AlreadyEvaluated`] when it matches.
 //!
 //! Eviction is by **age**, measured on the leaders' clocks carried in the entries (made monotonic
 //! at apply, so every replica evicts the same ids at the same entry): an id leaves once it is older
@@ -20,7 +22,7 @@
 //! [`MAX_IDS`] bounds memory whatever the write rate; evictions forced by it are counted.
 //!
 //! Tree layout (metadata space, explicit widths): key `client:u64 BE seq:u64 BE`; value
-//! `index:u64 LE time_ms:u64 LE kind:u8` (0 write, 1 swapped compare-and-swap). In a snapshot the
+//! `index:u64 LE time_ms:u64 LE kind:u8` (0 write, 1 swapped compare-and-swap, 2 no effect). In a snapshot the
 //! window travels as pairs with the empty key (user keys are never empty), each
 //! `count:u32 (client:u64 seq:u64 index:u64 time_ms:u64 kind:u8)*` with at most
 //! [`IDS_PER_SNAPSHOT_PAIR`] ids, so no pair is large.
@@ -47,6 +49,28 @@ const WINDOW_OP: usize = state::MAX_OP;
 /// Bytes of one id in a snapshot pair.
 const SNAPSHOT_ID_BYTES: usize = 8 + 8 + 8 + 8 + 1;
 
+/// What an applied request did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// A write (or delete, or batch).
+    Write = 0,
+    /// A compare-and-swap that swapped, or a transaction whose conditions held.
+    Swapped = 1,
+    /// A compare-and-swap that did not swap, or a transaction whose conditions failed.
+    Nothing = 2,
+}
+
+impl Effect {
+    fn decode(kind: u8) -> Result<Effect, CodecError> {
+        match kind {
+            0 => Ok(Effect::Write),
+            1 => Ok(Effect::Swapped),
+            2 => Ok(Effect::Nothing),
+            _ => Err(CodecError("bad request kind")),
+        }
+    }
+}
+
 /// What the window keeps about one applied request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Remembered {
@@ -54,8 +78,8 @@ pub(crate) struct Remembered {
     pub index: u64,
     /// The (monotonic) leader time of that entry, in ms.
     pub time_ms: u64,
-    /// Whether it was a compare-and-swap that swapped (otherwise a write).
-    pub swapped_cas: bool,
+    /// What it did.
+    pub effect: Effect,
 }
 
 pub(crate) struct RequestWindow {
@@ -128,11 +152,11 @@ impl RequestWindow {
     /// Records that the entry at `index`, proposed at `time_ms` by its leader, was applied; and
     /// remembers `id` (unless it is "no id") with what it did. Then evicts ids that are too old.
     /// Writes to the tree at the entry's sequence numbers; the caller publishes the entry.
-    pub fn on_entry(&mut self, index: u64, time_ms: u64, id: Option<(RequestId, bool)>) {
+    pub fn on_entry(&mut self, index: u64, time_ms: u64, id: Option<(RequestId, Effect)>) {
         let seqno = state::seqno(index, WINDOW_OP);
         self.clock_ms = self.clock_ms.max(time_ms);
-        if let Some((id, swapped_cas)) = id.filter(|(id, _)| id.seq != 0) {
-            let remembered = Remembered { index, time_ms: self.clock_ms, swapped_cas };
+        if let Some((id, effect)) = id.filter(|(id, _)| id.seq != 0) {
+            let remembered = Remembered { index, time_ms: self.clock_ms, effect };
             self.tree.insert_meta(&encode_key(id), &encode_value(remembered), seqno);
             if self.remembered.insert(id, remembered).is_none() {
                 self.order.push_back(id);
@@ -192,11 +216,7 @@ impl RequestWindow {
             let remembered = Remembered {
                 index: r.u64().map_err(bad)?,
                 time_ms: r.u64().map_err(bad)?,
-                swapped_cas: match r.u8().map_err(bad)? {
-                    0 => false,
-                    1 => true,
-                    _ => return Err(bad(CodecError("bad request kind"))),
-                },
+                effect: Effect::decode(r.u8().map_err(bad)?).map_err(bad)?,
             };
             self.tree.insert_meta(&encode_key(id), &encode_value(remembered), state::seqno(index, 1));
             entries.push((id, remembered));
@@ -237,7 +257,7 @@ pub(crate) fn snapshot_pairs(
             current.extend_from_slice(&id.seq.to_le_bytes());
             current.extend_from_slice(&r.index.to_le_bytes());
             current.extend_from_slice(&r.time_ms.to_le_bytes());
-            current.push(u8::from(r.swapped_cas));
+            current.push(r.effect as u8);
             count += 1;
         }
         match page.last() {
@@ -272,7 +292,7 @@ fn encode_value(r: Remembered) -> [u8; 17] {
     let mut value = [0u8; 17];
     value[..8].copy_from_slice(&r.index.to_le_bytes());
     value[8..16].copy_from_slice(&r.time_ms.to_le_bytes());
-    value[16] = u8::from(r.swapped_cas);
+    value[16] = r.effect as u8;
     value
 }
 
@@ -286,11 +306,7 @@ fn decode_pair(key: &[u8], value: &[u8]) -> Result<(RequestId, Remembered), Code
     let remembered = Remembered {
         index: u64::from_le_bytes(value[..8].try_into().expect("8 bytes")),
         time_ms: u64::from_le_bytes(value[8..16].try_into().expect("8 bytes")),
-        swapped_cas: match value[16] {
-            0 => false,
-            1 => true,
-            _ => return Err(CodecError("bad request kind")),
-        },
+        effect: Effect::decode(value[16])?,
     };
     Ok((id, remembered))
 }
@@ -314,23 +330,23 @@ mod tests {
 
     #[test]
     fn pairs_round_trip_and_reject_damage() {
-        let r = Remembered { index: 9, time_ms: 1234, swapped_cas: true };
+        let r = Remembered { index: 9, time_ms: 1234, effect: Effect::Nothing };
         let (key, value) = (encode_key(id(3)), encode_value(r));
         assert_eq!(decode_pair(&key, &value).unwrap(), (id(3), r));
         assert!(decode_pair(&key[..15], &value).is_err());
         assert!(decode_pair(&key, &value[..16]).is_err());
         let mut bad = value;
-        bad[16] = 2;
+        bad[16] = 3;
         assert!(decode_pair(&key, &bad).is_err());
     }
 
     #[test]
     fn ids_leave_by_age_on_the_entries_clock_and_survive_a_reload() {
         let (_dir, tree, mut w) = window();
-        w.on_entry(1, 1_000, Some((id(1), false)));
-        w.on_entry(2, 2_000, Some((id(2), true)));
+        w.on_entry(1, 1_000, Some((id(1), Effect::Write)));
+        w.on_entry(2, 2_000, Some((id(2), Effect::Swapped)));
         tree.publish(state::last_seqno(2));
-        assert_eq!(w.lookup(id(2)), Some(Remembered { index: 2, time_ms: 2_000, swapped_cas: true }));
+        assert_eq!(w.lookup(id(2)), Some(Remembered { index: 2, time_ms: 2_000, effect: Effect::Swapped }));
         // A leader whose clock is behind does not move the window's clock back.
         w.on_entry(3, 500, None);
         assert_eq!(w.lookup(id(1)).map(|r| r.index), Some(1));
@@ -349,7 +365,11 @@ mod tests {
         let (_dir, tree, mut w) = window();
         let n = IDS_PER_SNAPSHOT_PAIR + 10;
         for i in 1..=n as u64 {
-            w.on_entry(i, i, Some((id(i), i % 2 == 0)));
+            w.on_entry(
+                i,
+                i,
+                Some((id(i), [Effect::Write, Effect::Swapped, Effect::Nothing][i as usize % 3])),
+            );
         }
         tree.publish(state::last_seqno(n as u64));
         let pairs = snapshot_pairs(&tree.snapshot(), IDS_PER_SNAPSHOT_PAIR).unwrap();

@@ -103,6 +103,56 @@ fn compare_and_swap_and_retried_request_ids() {
     cluster.shutdown();
 }
 
+/// A compare-and-swap whose first evaluation did not swap must never swap on a retry of the same
+/// request id: its first answer ("not swapped") may be the one its client got. (Found by the
+/// simulation: a delayed duplicate proposal swapped after the key was deleted.)
+#[test]
+fn a_retried_compare_and_swap_that_did_not_swap_never_swaps_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, no_tweak);
+    cluster.put("k", b"a");
+    let id = RequestId { client: 77, seq: 1 };
+    let cas = Command::Cas { key: b"k".to_vec(), expected: None, new: Some(b"b".to_vec()) };
+    let txn = Command::Txn {
+        conditions: vec![Condition { key: b"k".to_vec(), expected: None }],
+        ops: vec![WriteOp { key: b"t".to_vec(), value: Some(b"t".to_vec()) }],
+    };
+    let txn_id = RequestId { client: 77, seq: 2 };
+    let replica = cluster.replica(cluster.leader());
+    let propose = |id: RequestId, command: &Command| {
+        let (tx, rx) = mpsc::channel();
+        replica.propose(id, command.clone(), Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    };
+    let first = propose(id, &cas).unwrap().cas.unwrap();
+    assert!(!first.swapped);
+    assert!(!propose(txn_id, &txn).unwrap().cas.unwrap().swapped);
+    // While the value still differs, a retry answers "not swapped" with the value now.
+    cluster.put("k", b"c");
+    let again = propose(id, &cas).unwrap().cas.unwrap();
+    assert!(!again.swapped);
+    assert_eq!(again.current.as_deref(), Some(&b"c"[..]));
+    // Once the compared value matches, a retry may neither swap nor say "not swapped".
+    cluster.propose(Command::Write(vec![WriteOp { key: b"k".to_vec(), value: None }])).unwrap();
+    for (id, command) in [(id, &cas), (txn_id, &txn)] {
+        match propose(id, command) {
+            Err(ReplicaError::AlreadyEvaluated { index }) => assert!(index > 5, "{index}"),
+            other => panic!("a retry of a request that took no effect answered {other:?}"),
+        }
+    }
+    assert_eq!(cluster.linearizable_get("k"), None, "the retried compare-and-swap swapped");
+    assert_eq!(cluster.linearizable_get("t"), None, "the retried transaction applied");
+    // The window remembers it across a restart too.
+    cluster.stop(1);
+    cluster.open(1);
+    let replica = cluster.replica(cluster.leader());
+    let (tx, rx) = mpsc::channel();
+    replica.propose(id, cas.clone(), Box::new(move |r| tx.send(r).unwrap()));
+    let after_restart = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert!(matches!(after_restart, Err(ReplicaError::AlreadyEvaluated { .. })), "{after_restart:?}");
+    cluster.shutdown();
+}
+
 #[test]
 fn transactions_apply_all_or_nothing_and_survive_a_restart() {
     for mode in [StorageMode::OneLog, StorageMode::Separated, StorageMode::Classic] {

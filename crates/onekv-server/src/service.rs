@@ -330,6 +330,8 @@ pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> St
             "dropped before commit ({message}); retrying with the same request id is safe"
         )),
         ReplicaError::Stopping => Status::unavailable("the node is shutting down"),
+        // Not retried by clients: the caller must read again and decide anew.
+        error @ ReplicaError::AlreadyEvaluated { .. } => Status::aborted(error.to_string()),
         // Only a replica that has failed answers a proposal or a read barrier with a storage
         // error. It no longer takes part in Raft (the others elect a leader without it), so the
         // client must stop treating it as the leader and ask another member: UNAVAILABLE, with

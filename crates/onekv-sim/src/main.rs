@@ -4,6 +4,7 @@
 //! cargo run --release -p onekv-sim -- --seeds 1000            # seeds 0..1000
 //! cargo run --release -p onekv-sim -- --seed 4242 --verbose   # replay one seed
 //! cargo run --release -p onekv-sim -- --nodes 5 --shards 8     # 8 shards, 3 replicas each
+//! cargo run --release -p onekv-sim -- --nodes 4 --member-changes # replicas move between nodes
 //! ```
 //!
 //! Exits with 1 if any run found a violation, after printing each failing seed.
@@ -40,6 +41,9 @@ struct Args {
     /// Keys the clients share (few, so operations contend).
     #[arg(long, default_value_t = 8)]
     keys: u32,
+    /// The nemesis acts every LOW..HIGH simulated milliseconds (a random time in the range).
+    #[arg(long, default_value = "100..500")]
+    fault_every_ms: String,
     /// Nodes that may be down at once.
     #[arg(long, default_value_t = 1)]
     max_down: usize,
@@ -62,6 +66,12 @@ struct Args {
     /// Run the broken variant whose replicas vote at once after their disks were wiped.
     #[arg(long)]
     bug_votes_while_rejoining: bool,
+    /// The nemesis also changes shards' members (every node holds a replica of every shard).
+    #[arg(long)]
+    member_changes: bool,
+    /// Run the broken variant whose restarted nodes forget every membership change.
+    #[arg(long)]
+    bug_members_from_config: bool,
     /// Run every seed twice and fail if the two runs differ (determinism check).
     #[arg(long)]
     twice: bool,
@@ -82,6 +92,12 @@ fn main() -> anyhow::Result<()> {
         "--replicas must be between 1 and --nodes"
     );
     anyhow::ensure!(args.keys >= 1, "--keys must be at least 1");
+    let fault_interval_ms = args
+        .fault_every_ms
+        .split_once("..")
+        .and_then(|(low, high)| Some((low.parse::<u64>().ok()?, high.parse::<u64>().ok()?)))
+        .filter(|(low, high)| 0 < *low && low <= high)
+        .ok_or_else(|| anyhow::anyhow!("--fault-every-ms must be LOW..HIGH with 0 < LOW <= HIGH"))?;
     let config = SimConfig {
         run_ms: args.run_ms,
         nodes: args.nodes,
@@ -89,8 +105,10 @@ fn main() -> anyhow::Result<()> {
         replicas,
         keys: args.keys,
         max_down: args.max_down,
+        fault_interval_ms,
         wipe_one_in: args.wipe_one_in,
         storage,
+        member_changes: args.member_changes || args.bug_members_from_config,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
         } else if args.bug_reads_without_read_index {
@@ -99,6 +117,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::GcReclaimsBeforeFlush)
         } else if args.bug_votes_while_rejoining {
             Some(Bug::VotesWhileRejoining)
+        } else if args.bug_members_from_config {
+            Some(Bug::MembersFromConfig)
         } else {
             None
         },

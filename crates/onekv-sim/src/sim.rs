@@ -25,8 +25,8 @@ use crate::network::{Network, NetworkFaults};
 use onekv_log::io::{CrashMode, Dir, FaultHandle, FaultyDir, MemDir};
 use onekv_placement::ClusterMap;
 use onekv_replica::{
-    Command, DrivenLoop, Mutation, Outcome, ReplicaConfig, ReplicaError, RequestId, ShardConfig, StorageMode,
-    Transport, WriteOp,
+    Command, DrivenLoop, MembershipChange, Mutation, Outcome, ReplicaConfig, ReplicaError, RequestId,
+    ShardConfig, StorageMode, Transport, WriteOp,
 };
 use raft::eraftpb::Message;
 use rand::rngs::StdRng;
@@ -58,6 +58,9 @@ pub enum Bug {
     /// A node whose disks were wiped votes at once, as if it still held the log it acknowledged,
     /// instead of waiting until it has caught up with its group.
     VotesWhileRejoining,
+    /// A restarted node takes each shard's members from its configuration (the members the shard
+    /// was created with), forgetting every membership change since.
+    MembersFromConfig,
 }
 
 /// What a run simulates.
@@ -95,6 +98,10 @@ pub struct SimConfig {
     pub bug: Option<Bug>,
     /// Search steps the linearizability checker may take per key.
     pub search_budget: u64,
+    /// Whether the nemesis also changes shards' members (adds a learner, then replaces a voter by
+    /// it through a joint configuration). Every node then holds a replica of every shard: those
+    /// of shards it is not a member of wait, with no members, to be added.
+    pub member_changes: bool,
 }
 
 impl Default for SimConfig {
@@ -116,6 +123,7 @@ impl Default for SimConfig {
             storage: StorageMode::OneLog,
             bug: None,
             search_budget: 5_000_000,
+            member_changes: false,
         }
     }
 }
@@ -248,8 +256,10 @@ struct Node {
     restart_at: Option<u64>,
     /// A paused node takes no turns until then (its inbox still fills).
     paused_until: u64,
-    /// Its disks were wiped, and it has not caught up with all its groups since.
-    wiped: bool,
+    /// Some replica of it may lack its shard's log and it has not caught up since: its disks were
+    /// wiped, or (with membership changes) it was rejoining a group it is a member of when last
+    /// seen up (see `Sim::refresh_behind`).
+    behind: bool,
 }
 
 /// An answer from a replica to a client's attempt.
@@ -339,6 +349,11 @@ struct Sim {
     /// Whether the node taking its turn may crash inside an index flush now (the nemesis is on
     /// and another node may go down).
     flush_crashes_allowed: Arc<AtomicBool>,
+    /// Shards whose members the nemesis asked to change: a wiped node restarts their replicas
+    /// with no members (the ones they were created with may be gone) and waits for the leader.
+    changed_shards: std::collections::BTreeSet<u64>,
+    /// Answers to the nemesis's membership changes: applied or refused.
+    member_answers: Arc<Mutex<Vec<bool>>>,
 }
 
 impl Sim {
@@ -354,7 +369,7 @@ impl Sim {
                 next_tick: rng.random_range(0..config.tick_ms),
                 restart_at: Some(0),
                 paused_until: 0,
-                wiped: false,
+                behind: config.member_changes,
             })
             .collect();
         let clients = (0..config.clients)
@@ -398,6 +413,8 @@ impl Sim {
             recoveries: 0,
             stopped: false,
             flush_crashes_allowed: Arc::new(AtomicBool::new(false)),
+            changed_shards: Default::default(),
+            member_answers: Default::default(),
         }
     }
 
@@ -416,8 +433,14 @@ impl Sim {
                                 .iter()
                                 .map(|s| {
                                     format!(
-                                        "shard {} {} term {} commit {} applied {}",
-                                        s.shard, s.role, s.term, s.commit_index, s.applied_index
+                                        "shard {} {} term {} commit {} applied {} members {:?}{}",
+                                        s.shard,
+                                        s.role,
+                                        s.term,
+                                        s.commit_index,
+                                        s.applied_index,
+                                        s.members(),
+                                        if s.rejoining { " rejoining" } else { "" }
                                     )
                                 })
                                 .collect();
@@ -527,9 +550,9 @@ impl Sim {
                 let reader = self.clients.last().expect("the final reader");
                 if reader.open.is_none()
                     && reader.script.as_ref().is_some_and(|s| s.is_empty())
-                    && let Some(applied) = self.converged()
+                    && let Some((applied, members)) = self.converged()
                 {
-                    self.collect_finals(applied);
+                    self.collect_finals(applied, &members);
                     self.stopped = true;
                 }
             }
@@ -537,37 +560,55 @@ impl Sim {
         }
     }
 
-    /// The sum over shards of their applied index, if every node is up and healthy, and the
-    /// replicas of each shard agree on its leader, have applied everything committed, and none is
-    /// still rejoining its group after a wipe.
-    fn converged(&self) -> Option<u64> {
-        let mut applied: BTreeMap<u64, u64> = BTreeMap::new();
-        let mut leader: BTreeMap<u64, Option<u64>> = BTreeMap::new();
+    /// The sum over shards of their applied index, and each shard's members as its leader sees
+    /// them (voters and learners), if every member of every shard is up and healthy, agrees on
+    /// the leader, has applied everything committed and is not rejoining its group after a wipe,
+    /// and no shard is between two configurations. Replicas of nodes that are not members (never
+    /// added, or removed) do not count.
+    fn converged(&self) -> Option<(u64, BTreeMap<u64, Vec<u64>>)> {
+        let mut by_shard: BTreeMap<u64, BTreeMap<u64, onekv_replica::ReplicaStatus>> = BTreeMap::new();
         for node in &self.nodes {
-            for status in node.up.as_ref()?.node.statuses() {
+            let Some(up) = node.up.as_ref() else { continue };
+            for status in up.node.statuses() {
+                by_shard.entry(status.shard).or_default().insert(node.id, status);
+            }
+        }
+        let mut applied = 0;
+        let mut members = BTreeMap::new();
+        for shard in &self.map.shards {
+            let statuses = by_shard.get(&shard.id)?;
+            let (&leader, view) =
+                statuses.iter().filter(|(_, s)| s.role == "leader").max_by_key(|(_, s)| s.term)?;
+            if !view.outgoing_voters.is_empty() {
+                return None;
+            }
+            let shard_members: Vec<u64> = view.voters.iter().chain(&view.learners).copied().collect();
+            for member in &shard_members {
+                let status = statuses.get(member)?;
                 if status.failure.is_some()
                     || status.applied_index != status.commit_index
-                    || status.leader_id.is_none()
+                    || status.applied_index != view.applied_index
+                    || status.leader_id != Some(leader)
                     || status.rejoining
                 {
                     return None;
                 }
-                if *applied.entry(status.shard).or_insert(status.applied_index) != status.applied_index
-                    || *leader.entry(status.shard).or_insert(status.leader_id) != status.leader_id
-                {
-                    return None;
-                }
             }
+            applied += view.applied_index;
+            members.insert(shard.id, shard_members);
         }
-        Some(applied.values().sum())
+        Some((applied, members))
     }
 
     /// Reads every replica's own copy of every key.
-    fn collect_finals(&mut self, applied: u64) {
+    fn collect_finals(&mut self, applied: u64, members: &BTreeMap<u64, Vec<u64>>) {
         for node in &self.nodes {
-            let up = node.up.as_ref().expect("converged nodes are up");
+            let Some(up) = node.up.as_ref() else { continue };
             for replica in up.node.replicas() {
                 let shard = replica.shard();
+                if !members.get(&shard).is_some_and(|members| members.contains(&node.id)) {
+                    continue;
+                }
                 let mut values = BTreeMap::new();
                 match replica.scan(b"", None, 0, false) {
                     Ok((pairs, _)) => {
@@ -625,9 +666,11 @@ impl Sim {
         }
         let victim = up[self.rng.random_range(0..up.len())];
         let may_go_down = self.down_count() < self.config.max_down;
-        match self.rng.random_range(0..9) {
+        match self.rng.random_range(0..if self.config.member_changes { 10 } else { 9 }) {
             0 | 1 if may_go_down => {
                 let downtime = self.rng.random_range(20..1_000);
+                // What the victim holds is judged while it is still up.
+                self.refresh_behind();
                 self.crash(victim, downtime);
                 if self.config.wipe_one_in > 0
                     && !self.copies_missing()
@@ -678,6 +721,7 @@ impl Sim {
                 self.count("pause");
                 self.nodes[victim].paused_until = self.now + self.rng.random_range(50..1_500);
             }
+            8 | 9 if self.config.member_changes => self.change_members(),
             _ => {
                 if self.network.partitioned() {
                     self.count("heal");
@@ -686,6 +730,46 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Asks the leader of a random shard for the next step of moving a replica: add a node that
+    /// is not a member as a learner, or, once there is one, promote it and remove a voter other
+    /// than the leader (one joint step). Refused steps (a learner still catching up, an earlier
+    /// change not applied yet) are counted, not retried.
+    fn change_members(&mut self) {
+        let shard = self.rng.random_range(1..=self.config.shards as u64);
+        let leader = self.nodes.iter().find_map(|node| {
+            let replica = node.up.as_ref()?.node.replica(shard)?;
+            let status = replica.status();
+            (status.role == "leader").then_some((node.id, replica, status))
+        });
+        let Some((leader, replica, status)) = leader else { return };
+        let change = match status.learners.first() {
+            Some(&learner) => {
+                let others: Vec<u64> = status.voters.iter().copied().filter(|&v| v != leader).collect();
+                if others.is_empty() {
+                    return;
+                }
+                let out = others[self.rng.random_range(0..others.len())];
+                MembershipChange { promote: vec![learner], remove: vec![out], ..Default::default() }
+            }
+            None => {
+                let members = status.members();
+                let outsiders: Vec<u64> = (1..=self.config.nodes).filter(|&n| !members.contains(n)).collect();
+                if outsiders.is_empty() {
+                    return;
+                }
+                let joining = outsiders[self.rng.random_range(0..outsiders.len())];
+                MembershipChange { add_learners: vec![joining], ..Default::default() }
+            }
+        };
+        self.count("member-change");
+        self.changed_shards.insert(shard);
+        let answers = self.member_answers.clone();
+        replica.change_members(
+            change,
+            Box::new(move |result| answers.lock().unwrap_or_else(|e| e.into_inner()).push(result.is_ok())),
+        );
     }
 
     fn raft_log_faults(&mut self, index: usize) -> Arc<FaultHandle> {
@@ -721,26 +805,48 @@ impl Sim {
         node.restart_at = Some(self.now + downtime);
     }
 
-    /// Whether a wiped node has not caught up with all its groups yet: wiping another then could
-    /// destroy the last copy of committed entries, which no replication factor of 3 survives.
+    /// Whether some replica does not hold its shard's log yet (see [`Node::behind`]). Wiping
+    /// another node then could destroy the last copy of committed entries, which no replication
+    /// factor of 3 survives, or leave a group in which no candidate can show it holds what every
+    /// voter held.
     fn copies_missing(&mut self) -> bool {
-        for node in &mut self.nodes {
-            if node.wiped {
-                match &node.up {
-                    Some(up) if up.node.statuses().iter().all(|status| !status.rejoining) => {
-                        node.wiped = false
-                    }
-                    _ => return true,
-                }
+        self.refresh_behind();
+        self.nodes.iter().any(|node| node.behind)
+    }
+
+    /// Updates [`Node::behind`] of every node that is up; a node that is down keeps what was last
+    /// seen. Without membership changes, only a wiped node is behind, until none of its replicas
+    /// is rejoining. With them, any replica that some node counts as a member of its shard and
+    /// that is rejoining its group (wiped, or new and not caught up since) is: a wiped replica
+    /// restarts with no members and never asks for votes, so a rejoining one could never learn
+    /// that its log is empty, and the group would wait for ever. A replica no node counts as a
+    /// member (one waiting to be added) holds nothing to lose.
+    fn refresh_behind(&mut self) {
+        let mut members: BTreeMap<u64, std::collections::BTreeSet<u64>> = BTreeMap::new();
+        for up in self.nodes.iter().filter_map(|node| node.up.as_ref()) {
+            for status in up.node.statuses() {
+                let known = status.members();
+                let ids = known.voters.iter().chain(&known.learners).chain(&known.outgoing_voters);
+                members.entry(status.shard).or_default().extend(ids);
             }
         }
-        false
+        let member_changes = self.config.member_changes;
+        for node in &mut self.nodes {
+            let id = node.id;
+            let Some(up) = &node.up else { continue };
+            if !member_changes && !node.behind {
+                continue;
+            }
+            node.behind = up.node.statuses().iter().any(|status| {
+                status.rejoining && members.get(&status.shard).is_some_and(|m| m.contains(&id))
+            });
+        }
     }
 
     /// Node `index` (crashed) loses everything it stored: its logs, its index trees, its identity.
     fn wipe(&mut self, index: usize) {
         let node = &mut self.nodes[index];
-        node.wiped = true;
+        node.behind = true;
         for disk in node.disks.values_mut() {
             *disk = MemDir::new();
         }
@@ -755,15 +861,22 @@ impl Sim {
         let node = &mut self.nodes[index];
         node.restart_at = None;
         let mut config = ReplicaConfig::new(node.id, Vec::new(), node.data_dir.clone());
+        let member_changes = self.config.member_changes;
+        let changed = &self.changed_shards;
         config.shards = self
             .map
             .shards
             .iter()
-            .filter(|shard| shard.replicas.contains(&node.id))
-            .map(|shard| ShardConfig {
-                id: shard.id,
-                voters: shard.replicas.clone(),
-                primary: shard.replicas.first().copied(),
+            .filter(|shard| member_changes || shard.replicas.contains(&node.id))
+            .map(|shard| {
+                // The members a shard was created with, for its first replicas; no members for
+                // one that waits to be added, or a wiped one whose shard changed members since.
+                let founder = shard.replicas.contains(&node.id) && !changed.contains(&shard.id);
+                ShardConfig {
+                    id: shard.id,
+                    voters: if founder { shard.replicas.clone() } else { Vec::new() },
+                    primary: founder.then(|| shard.replicas[0]),
+                }
             })
             .collect();
         config.storage = self.config.storage;
@@ -815,6 +928,7 @@ impl Sim {
             Some(Bug::ReadsWithoutReadIndex) => Some(Mutation::ReadsWithoutReadIndex),
             Some(Bug::GcReclaimsBeforeFlush) => Some(Mutation::GcReclaimsBeforeFlush),
             Some(Bug::VotesWhileRejoining) => Some(Mutation::VotesWhileRejoining),
+            Some(Bug::MembersFromConfig) => Some(Mutation::MembersFromConfig),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -960,8 +1074,9 @@ impl Sim {
         let key = self.history[self.clients[client].open.as_ref().expect("open").op].key;
         let shard = self.map.shard_of_key(&history::encode_key(key));
         let replicas = &self.map.shard(shard).expect("the map places every shard").replicas;
-        // A client that knows no better asks some replica of the key's shard.
-        if !replicas.contains(&self.clients[client].target) {
+        // A client that knows no better asks some replica of the key's shard (any node, when every
+        // node holds one).
+        if !self.config.member_changes && !replicas.contains(&self.clients[client].target) {
             self.clients[client].target = replicas[self.rng.random_range(0..replicas.len())];
         }
         let target = self.clients[client].target;
@@ -1062,6 +1177,15 @@ impl Sim {
                         Err(_) => Err(false),
                     }
                 }
+                // Its one evaluation took no effect, and no retry will take any: it happened like
+                // a read whose answer was lost.
+                Answer::Write(Err(ReplicaError::AlreadyEvaluated { .. })) => {
+                    self.discarded[op_index] = true;
+                    let c = &mut self.clients[client];
+                    c.open = None;
+                    c.next_start = self.now + self.rng.random_range(0..20);
+                    continue;
+                }
                 Answer::Write(Err(ReplicaError::NotLeader { leader }))
                 | Answer::Barrier(Err(ReplicaError::NotLeader { leader })) => {
                     if let Some(leader) = leader {
@@ -1128,6 +1252,10 @@ impl Sim {
             .filter(|(_, discarded)| !**discarded)
             .map(|(op, _)| op.clone())
             .collect();
+        let answers = std::mem::take(&mut *self.member_answers.lock().unwrap_or_else(|e| e.into_inner()));
+        for applied in answers {
+            self.count(if applied { "member-change-applied" } else { "member-change-refused" });
+        }
         let mut violations = std::mem::take(&mut self.violations);
         violations.extend(checker::check_history(&history, self.config.search_budget));
         if !self.finals.is_empty() {

@@ -79,14 +79,16 @@ impl SnapshotBuilder {
         }
     }
 
-    /// What raft-rs gets when it asks for a snapshot: one still usable (the leader still serves
-    /// the entries that follow it), or "temporarily unavailable" while a failed inline build waits
-    /// out its backoff.
+    /// What raft-rs gets when it asks for a snapshot for follower `to`: one still usable (the
+    /// leader still serves the entries that follow it, and `to` is among its members: raft-rs on
+    /// the follower refuses a snapshot from before it was added), or "temporarily unavailable"
+    /// while a failed inline build waits out its backoff.
     pub fn request(
         &mut self,
         applied: (u64, u64),
         conf_state: &ConfState,
         first_index: u64,
+        to: u64,
         now: Instant,
     ) -> raft::Result<Snapshot> {
         let unavailable = Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
@@ -103,7 +105,8 @@ impl SnapshotBuilder {
         match &mut *slot {
             // A follower that installs it catches up from the entry after it.
             Slot::Ready(snapshot) | Slot::Serving { snapshot, .. }
-                if snapshot.get_metadata().index + 1 >= first_index =>
+                if snapshot.get_metadata().index + 1 >= first_index
+                    && crate::membership::is_member(snapshot.get_metadata().get_conf_state(), to) =>
             {
                 return Ok(snapshot.clone());
             }

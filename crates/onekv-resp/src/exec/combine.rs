@@ -3,6 +3,7 @@
 //! the node's memory of short values after a swap, so the next read-modify-write of a key can try
 //! its swap without reading first.
 
+use onekv_client::ClientError;
 use std::time::Duration;
 
 use rand::Rng as _;
@@ -157,12 +158,16 @@ impl RespContext {
                 guessed = false;
                 continue;
             }
-            let outcome = client.cas(key, current.as_deref(), value.as_deref()).await?;
-            if outcome.swapped {
-                self.remember(key, value.as_deref());
-                return Ok(answers);
-            }
-            current = outcome.current;
+            current = match client.cas(key, current.as_deref(), value.as_deref()).await {
+                Ok(outcome) if outcome.swapped => {
+                    self.remember(key, value.as_deref());
+                    return Ok(answers);
+                }
+                Ok(outcome) => outcome.current,
+                // An attempt did not swap and its answer was lost: nothing was written; read again.
+                Err(ClientError::NotApplied(_)) => client.get(key).await?,
+                Err(error) => return Err(error.into()),
+            };
             guessed = false;
             self.forget(key);
             if attempt >= 2 {

@@ -8,6 +8,7 @@ use super::reads::bit_offset;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
+use onekv_client::ClientError;
 
 /// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
 /// decides: run through the combiner alone, against the snapshot inside a transaction.
@@ -69,7 +70,11 @@ impl RespContext {
 
     /// One compare-and-swap from absent to `value`; whether it was set.
     pub(super) async fn insert_if_absent(&self, key: &[u8], value: &[u8]) -> Outcome<bool> {
-        let outcome = self.shared.client.cas(key, None, Some(value)).await?;
+        let outcome = match self.shared.client.cas(key, None, Some(value)).await {
+            // An attempt found the key present and set nothing.
+            Err(ClientError::NotApplied(_)) => return Ok(false),
+            outcome => outcome?,
+        };
         if outcome.swapped {
             self.remember(key, Some(value));
         }

@@ -26,6 +26,7 @@
 //! changed (Redis would abort). Once the store is sharded a transaction must keep its keys in one
 //! shard ([`same_shard`]).
 
+use onekv_client::ClientError;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -322,8 +323,13 @@ impl RespContext {
             for (key, _) in &evaluation.ops {
                 self.forget(key);
             }
-            let outcome = client.txn(conditions, evaluation.ops.clone()).await?;
-            if outcome.applied {
+            let applied = match client.txn(conditions, evaluation.ops.clone()).await {
+                Ok(outcome) => outcome.applied,
+                // An attempt's conditions failed and its answer was lost: nothing was written.
+                Err(ClientError::NotApplied(_)) => false,
+                Err(error) => return Err(error.into()),
+            };
+            if applied {
                 break evaluation;
             }
             attempt += 1;
