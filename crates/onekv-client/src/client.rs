@@ -18,7 +18,8 @@ use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
-    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnCondition, TxnRequest,
+    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TxnCondition,
+    TxnRequest,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -492,6 +493,16 @@ impl Client {
             }
         }
         Ok(merge_pages(pages, limit, reverse))
+    }
+
+    /// Asks the leader of `shard` to hand its leadership to `to` (a voter of the shard). Returns
+    /// once the hand-off has started; [`Client::status_all`] shows when `to` leads. `to` stays the
+    /// shard's preferred leader until its node restarts.
+    pub async fn transfer_leadership(&self, shard: u64, to: u64) -> Result<()> {
+        let request = TransferLeaderRequest { shard, to };
+        self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.transfer_leader(r).await })
+            .await?;
+        Ok(())
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.

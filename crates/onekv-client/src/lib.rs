@@ -29,4 +29,4 @@ pub use client::{
     BatchItem, CasResult, Client, ClientOptions, KeyPage, MAX_RESPONSE_BYTES, ScanPage, TxnResult,
 };
 pub use error::{ClientError, Result};
-pub use onekv_proto::{Member, StatusResponse};
+pub use onekv_proto::{Member, ShardStatus, StatusResponse};

@@ -143,6 +143,13 @@ impl Kv for Fake {
 
     /// Answers at once, outside the script: the client asks a node's status to learn the cluster
     /// map (here: none, so one shard) before its first keyed call.
+    async fn transfer_leader(
+        &self,
+        _: Request<onekv_proto::TransferLeaderRequest>,
+    ) -> Result<Response<onekv_proto::TransferLeaderResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         *self.status_calls.lock().unwrap() += 1;
         Ok(Response::new(StatusResponse {

@@ -146,7 +146,7 @@ impl Applier {
                             Ok(repeated_outcome(previous.index, &decoded.command, &entry.data))
                         }
                         Effect::Nothing => {
-                            reevaluated_without_effect(&state, previous.index, &decoded.command)?
+                            reevaluated_without_effect(&state, entry.index, previous.index, &decoded.command)?
                         }
                     }
                 }
@@ -442,16 +442,14 @@ impl Applier {
     }
 }
 
-/// The answer to a command whose request id the window says was applied at `first_index`: the
-/// same as then. A swapped compare-and-swap's value then is the new value, which the retry carries
-/// too (same request id, same command).
-/// The answer to a retry of a compare-and-swap (or transaction) that took no effect when first
-/// evaluated at `first_index`: "not swapped" with the value now, if it still differs from the
-/// expected one (what a new evaluation would answer, and the first had no effect to order);
-/// otherwise [`ReplicaError::AlreadyEvaluated`]: swapping now could contradict the first answer,
-/// and "not swapped" with a matching value would contradict itself.
+/// The answer to a retry, at entry `index`, of a compare-and-swap (or transaction) that took no
+/// effect when first evaluated at `first_index`: "not swapped" with the value now, if it still
+/// differs from the expected one (what a new evaluation at `index` would answer, and the first had
+/// no effect to order); otherwise [`ReplicaError::AlreadyEvaluated`]: swapping now could
+/// contradict the first answer, and "not swapped" with a matching value would contradict itself.
 fn reevaluated_without_effect(
     state: &State,
+    index: u64,
     first_index: u64,
     command: &DecodedCommand<'_>,
 ) -> Result<Result<Outcome, ReplicaError>, ReplicaError> {
@@ -462,14 +460,14 @@ fn reevaluated_without_effect(
             if current.as_deref() == *expected {
                 already
             } else {
-                Ok(Outcome { index: first_index, cas: Some(CasOutcome { swapped: false, current }) })
+                Ok(Outcome { index, cas: Some(CasOutcome { swapped: false, current }) })
             }
         }
         DecodedCommand::Txn { conditions, .. } => {
             for (key, expected) in conditions {
                 if state.get(key)?.as_deref() != *expected {
                     return Ok(Ok(Outcome {
-                        index: first_index,
+                        index,
                         cas: Some(CasOutcome { swapped: false, current: None }),
                     }));
                 }
@@ -481,6 +479,9 @@ fn reevaluated_without_effect(
     })
 }
 
+/// The answer to a command whose request id the window says was applied at `first_index`: the
+/// same as then. A swapped compare-and-swap's value then is the new value, which the retry carries
+/// too (same request id, same command).
 fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8]) -> Outcome {
     let cas = match command {
         DecodedCommand::Write(_) | DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {

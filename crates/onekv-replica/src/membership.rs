@@ -2,8 +2,8 @@
 //! configuration and turned into one raft-rs conf change (`ConfChangeV2`, joint consensus when it
 //! changes more than one voter), and the members a committed conf change leads to.
 //!
-//! A shard's members change one step at a time, each step one Raft entry: add a learner (it gets
-//! the log or a snapshot and does not vote), then promote it and remove an old voter in one step
+//! A shard's members change one step at a time, each step one Raft entry: add a learner (it starts
+//! from a snapshot, which carries the members, then follows the log; it does not vote), then promote it and remove an old voter in one step
 //! (a joint configuration: both the old and the new voters must agree until the leader, on its
 //! own, leaves it with a second entry). The members are part of the replicated state: every
 //! replica applies the same entries in the same order, so they agree on the members at every
@@ -26,19 +26,14 @@ use raft::eraftpb::{
 };
 use std::collections::BTreeSet;
 
-/// The Raft index and term a shard's replicas start from when the shard is created: each founding
-/// replica installs an empty snapshot there holding the founding members
-/// (`Recovering::initialize`). Entries start above it, so a replica added later, which has no
-/// members of its own, gets a snapshot (with the members) rather than entries it could not
-/// interpret. (TiKV starts its regions at 5 for the same reason.)
-pub const INITIAL_INDEX: u64 = 5;
-/// See [`INITIAL_INDEX`].
-pub const INITIAL_TERM: u64 = 5;
-
 /// A learner is promoted only once it has the leader's log up to at most this many entries below
 /// the commit index: a new voter that is far behind would make the group wait for it (in a group
 /// of 2 voters growing to 3, every commit would).
 pub const MAX_PROMOTION_LAG: u64 = 1024;
+
+/// The context of the message that hands a shard's leadership to a voter on request
+/// (`Replica::transfer_leadership`): the voter takes itself as the shard's preferred leader.
+pub(crate) const REQUESTED_TRANSFER: &[u8] = b"onekv:requested-transfer";
 
 /// One step of a change to a shard's members.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -102,6 +97,11 @@ impl From<&ConfState> for Members {
             outgoing_voters: sorted(&state.voters_outgoing),
         }
     }
+}
+
+/// Whether `state` has no members at all (a replica that waits to be added to its shard).
+pub(crate) fn is_empty(state: &ConfState) -> bool {
+    state.voters.is_empty() && state.learners.is_empty() && state.voters_outgoing.is_empty()
 }
 
 /// Whether `node` is a member of `state` in any role.

@@ -168,13 +168,9 @@ impl raft::Storage for RaftStore {
         low: u64,
         high: u64,
         max_size: impl Into<Option<u64>>,
-        context: GetEntriesContext,
+        _context: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        // Entry 1 is never sent to a peer (only shards created before `INITIAL_INDEX` have one):
-        // the members it builds on were configured, not replicated, and a replica that lacks it
-        // may have none; a snapshot carries them. raft-rs asks for entries to send with the only
-        // context whose `can_async` is true (it never uses `GetEntriesContext::empty(true)`).
-        if low <= self.snapshot_index || (low == 1 && context.can_async()) {
+        if low <= self.snapshot_index {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
         if high > self.last() + 1 {

@@ -22,7 +22,6 @@
 //! here was durable.
 
 use crate::apply::Applier;
-use crate::membership;
 use crate::raft_store::RaftStore;
 use crate::records::{self, HardStateRecord};
 use crate::state::storage;
@@ -126,42 +125,12 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
 }
 
 impl Recovering {
-    /// Gives the replica of a shard being created (no Raft state at all) the shard's first state:
-    /// an empty snapshot at [`membership::INITIAL_INDEX`] whose members are `voters`, stored
-    /// (SNAP_META, then the tree flushed with it as recovery point) before the replica takes
-    /// part in Raft. Every founding replica writes the same one, so the members at creation are
-    /// durable on each, and no Raft log ever holds the entries at or below it: a replica that
-    /// joins later, with no members of its own, always starts from a snapshot carrying them.
-    pub fn initialize(&mut self, voters: &[u64], log: &Log) -> Result<(), ReplicaError> {
-        let members = ConfState { voters: voters.to_vec(), ..Default::default() };
-        let meta = records::SnapshotMeta {
-            shard: self.shard,
-            index: membership::INITIAL_INDEX,
-            term: membership::INITIAL_TERM,
-            chunks: 0,
-            members: members.clone(),
-        };
-        self.applier.persist_snapshot_meta(&meta, 0)?;
-        self.store.apply_snapshot(meta.index, meta.term, members.clone());
-        let hard_state = records::snapshot_hard_state(self.recovered.hard_state, &meta);
-        let note = records::encode_recovery_point(&records::RecoveryPoint {
-            scan_from: log.end_position(),
-            chunks_from: log.end_position(),
-            snapshot_index: meta.index,
-            snapshot_term: meta.term,
-            hard_state,
-            members,
-        });
-        self.applier.install_snapshot(meta.index, &[], &note)?;
-        self.recovered.hard_state = hard_state;
-        self.recovered.flush_flag = meta.index;
-        Ok(())
-    }
-
-    /// Gives a replica that waits to be added to a running shard (no Raft state, no members) a
-    /// recovery point at the log's end: nothing of its shard is in the log before it, and without
-    /// one the log GC could reclaim nothing (it keeps what every shard's recovery may read).
-    pub fn mark_waiting(&mut self, log: &Log) -> Result<(), ReplicaError> {
+    /// Makes the members of a replica with no Raft state at all durable before it takes part in
+    /// Raft: its tree is flushed with a recovery point at the log's end holding `members` (the
+    /// founders it was configured with, or none for a replica waiting to be added). Later opens
+    /// take the members from there and from what is replicated, never again from the
+    /// configuration; and a replica that has no flush yet does not hold the log GC back.
+    pub fn record_creation(&mut self, members: ConfState, log: &Log) -> Result<(), ReplicaError> {
         let tree = &self.applier.state.tree;
         if tree.flush_note().is_some_and(|note| !note.is_empty()) {
             return Ok(());
@@ -172,7 +141,7 @@ impl Recovering {
             snapshot_index: 0,
             snapshot_term: 0,
             hard_state: self.recovered.hard_state,
-            members: ConfState::default(),
+            members,
         });
         tree.flush_with_note(0, crate::state::flag_seqno(0, tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("shard {}: flushing the index: {e}", self.shard)))

@@ -124,22 +124,12 @@ impl Rejoin {
 
     /// Whether replica `me` may follow a leader yet: after the quiet period
     /// ([`QUIET_ELECTION_TIMEOUTS`] of `election_ticks`), or at once in a new group (every other
-    /// voter asked for a vote with the log a new shard starts with: nothing was ever committed). Before, a leader
+    /// voter asked for a vote with an empty log: nothing was ever committed). Before, a leader
     /// deposed while this replica was down could still reach it; having forgotten the term it
     /// knew, the replica would help that leader commit over entries a newer leader committed.
     pub fn may_follow(&self, me: u64, voters: &[u64], election_ticks: usize) -> bool {
         let quiet = (QUIET_ELECTION_TIMEOUTS as usize).saturating_mul(election_ticks);
-        // A log that ends where every replica of a new shard starts holds nothing committed: at
-        // the shard's initial snapshot (`membership::INITIAL_INDEX`), or empty (shards created
-        // before there was one).
-        let new = |position: (u64, u64)| {
-            position == (0, 0)
-                || position == (crate::membership::INITIAL_TERM, crate::membership::INITIAL_INDEX)
-        };
-        self.ticks as usize >= quiet
-            || voters
-                .iter()
-                .all(|voter| *voter == me || self.positions.get(voter).is_some_and(|(seen, _)| new(*seen)))
+        self.ticks as usize >= quiet || self.up_to_date((0, 0), me, voters)
     }
 
     /// Notes the commit index carried by an append from the leader.

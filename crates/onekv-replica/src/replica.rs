@@ -419,13 +419,8 @@ impl Node {
             // A replica with no Raft state at all (term 0, no entries) is rejoining even if the
             // REJOINING file does not say so: its log was lost after the file was removed.
             let stateless = recovered.recovered.hard_state.term == 0 && recovered.store.last() == 0;
-            let founders =
-                config.shards.iter().find(|s| s.id == shard).map(|s| s.voters.clone()).unwrap_or_default();
             if stateless && recovered.store.snapshot_index == 0 {
-                match founders.is_empty() {
-                    false => recovered.initialize(&founders, &raft_log)?,
-                    true => recovered.mark_waiting(&raft_log)?,
-                }
+                recovered.record_creation(recovered.store.conf_state.clone(), &raft_log)?;
             }
             let hard_state = recovered.recovered.hard_state;
             let rejoin_listed = rejoining.contains(&shard);
@@ -482,6 +477,7 @@ impl Node {
                     repairs: BTreeMap::new(),
                     primary: config.shards.iter().find(|s| s.id == shard).and_then(|s| s.primary),
                     leader_since: None,
+                    requested_transfer: None,
                     gc_flush: false,
                     rejoin: (rejoin_listed || stateless).then(crate::rejoin::Rejoin::default),
                     rejoin_changed: stateless && !rejoin_listed,
@@ -733,9 +729,10 @@ impl Replica {
         self.send(GroupInput::ChangeMembers { change, done });
     }
 
-    /// Hands the shard's leadership to voter `to` (leader only), which also becomes its preferred
-    /// leader on this node until restarted. `done` answers once the hand-off has started; the
-    /// status shows when `to` leads.
+    /// Hands the shard's leadership to voter `to` (leader only), which takes itself as the shard's
+    /// preferred leader (so leadership is not handed back to the configured primary) until its
+    /// node restarts. `done` answers once the hand-off has started; the status shows when `to`
+    /// leads.
     pub fn transfer_leadership(&self, to: u64, done: Done<()>) {
         self.send(GroupInput::TransferLeader { to, done });
     }

@@ -124,9 +124,10 @@ fn a_retried_compare_and_swap_that_did_not_swap_never_swaps_later() {
         replica.propose(id, command.clone(), Box::new(move |r| tx.send(r).unwrap()));
         rx.recv_timeout(Duration::from_secs(10)).unwrap()
     };
-    let first = propose(id, &cas).unwrap().cas.unwrap();
-    assert!(!first.swapped);
-    assert!(!propose(txn_id, &txn).unwrap().cas.unwrap().swapped);
+    let first = propose(id, &cas).unwrap();
+    assert!(!first.cas.unwrap().swapped);
+    let first_txn = propose(txn_id, &txn).unwrap();
+    assert!(!first_txn.cas.unwrap().swapped);
     // While the value still differs, a retry answers "not swapped" with the value now.
     cluster.put("k", b"c");
     let again = propose(id, &cas).unwrap().cas.unwrap();
@@ -134,9 +135,9 @@ fn a_retried_compare_and_swap_that_did_not_swap_never_swaps_later() {
     assert_eq!(again.current.as_deref(), Some(&b"c"[..]));
     // Once the compared value matches, a retry may neither swap nor say "not swapped".
     cluster.propose(Command::Write(vec![WriteOp { key: b"k".to_vec(), value: None }])).unwrap();
-    for (id, command) in [(id, &cas), (txn_id, &txn)] {
+    for (id, command, evaluated) in [(id, &cas, first.index), (txn_id, &txn, first_txn.index)] {
         match propose(id, command) {
-            Err(ReplicaError::AlreadyEvaluated { index }) => assert!(index > 5, "{index}"),
+            Err(ReplicaError::AlreadyEvaluated { index }) => assert_eq!(index, evaluated),
             other => panic!("a retry of a request that took no effect answered {other:?}"),
         }
     }

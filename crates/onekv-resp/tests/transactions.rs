@@ -133,6 +133,13 @@ impl Kv for Store {
         Ok(Response::new(ScanResponse { pairs, more }))
     }
 
+    async fn transfer_leader(
+        &self,
+        _: Request<onekv_proto::TransferLeaderRequest>,
+    ) -> Result<Response<onekv_proto::TransferLeaderResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
     /// No cluster map: the client takes the store for one shard.
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(StatusResponse { node_id: 1, role: "leader".into(), ..Default::default() }))

@@ -50,6 +50,8 @@ pub trait Backend: Send + Sync + 'static {
         let (pairs, more) = self.scan(shard, start, end, limit, reverse)?;
         Ok((pairs.into_iter().map(|(key, _)| (key, Vec::new())).collect(), more))
     }
+    /// [`onekv_replica::Replica::transfer_leadership`].
+    fn transfer_leadership(&self, shard: u64, to: u64, done: Done<()>);
     /// The status of each replica of the node, by shard ([`onekv_replica::Node::statuses`]).
     fn statuses(&self) -> Vec<ReplicaStatus>;
     /// The status of the node's replica of `shard`, if it holds one.
@@ -93,6 +95,13 @@ impl Backend for Node {
     fn read_barrier(&self, shard: u64, done: Done<()>) {
         match self.replica(shard) {
             Some(replica) => replica.read_barrier(done),
+            None => done(Err(no_replica(self, shard))),
+        }
+    }
+
+    fn transfer_leadership(&self, shard: u64, to: u64, done: Done<()>) {
+        match self.replica(shard) {
+            Some(replica) => replica.transfer_leadership(to, done),
             None => done(Err(no_replica(self, shard))),
         }
     }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use onekv_placement::ClusterMap;
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, Consistency, DeleteRequest, GetRequest, GetResponse, KeyValue,
-    Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnRequest, TxnResponse,
-    WriteResponse,
+    Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest,
+    TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
 use onekv_replica::{Command, Condition, Limits, Outcome, ReplicaError, RequestId, WriteOp};
@@ -606,6 +606,27 @@ impl<B: Backend> Kv for KvService<B> {
         .await
     }
 
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<TransferLeaderResponse>, Status> {
+        self.observed("transfer_leader", async move {
+            let request = request.into_inner();
+            let shard = self.held(request.shard)?;
+            let (sender, receiver) = oneshot::channel();
+            self.backend.transfer_leadership(
+                shard,
+                request.to,
+                Box::new(move |result| {
+                    let _ = sender.send(result);
+                }),
+            );
+            self.await_done(receiver, "started").await?;
+            Ok(Response::new(TransferLeaderResponse {}))
+        })
+        .await
+    }
+
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         self.observed("status", async move {
             let statuses = self.backend.statuses();
@@ -625,6 +646,8 @@ impl<B: Backend> Kv for KvService<B> {
                     applied_index: s.applied_index,
                     flushed_index: s.flushed_index,
                     voters: s.voters.clone(),
+                    learners: s.learners.clone(),
+                    outgoing_voters: s.outgoing_voters.clone(),
                     recovery_replayed: s.recovery_replayed,
                     rejoining: s.rejoining,
                     last_index: s.last_index,

@@ -30,6 +30,23 @@ pub enum ClientCommand {
     Cas(CasArgs),
     /// Prints one table row per node: its role, leader, Raft indexes and storage counters.
     Status(StatusArgs),
+    /// Moves the leadership of SHARD to NODE (a voter of it) and waits until NODE leads it; NODE
+    /// then stays the shard's preferred leader until it restarts. Safe to re-run.
+    Lead(LeadArgs),
+}
+
+/// Arguments of `lead`.
+#[derive(Debug, clap::Args)]
+pub struct LeadArgs {
+    /// The shard (`status --shards` lists them).
+    shard: u64,
+    /// The node id to hand its leadership to.
+    node: u64,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 30)]
+    timeout_secs: u64,
+    #[command(flatten)]
+    connection: Connection,
 }
 
 /// Where the cluster is.
@@ -231,6 +248,7 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
                 return Ok(Outcome::NegativeAnswer);
             }
         }
+        ClientCommand::Lead(args) => lead(&args, &mut out).await?,
         ClientCommand::Status(args) => {
             let statuses = connect(&args.connection)?.status_all().await;
             out.write_all(status_table(&statuses).as_bytes())?;
@@ -345,9 +363,9 @@ fn damaged_values(status: &StatusResponse) -> String {
 
 /// `status --shards`: one row per shard replica, by shard then node.
 fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
-    const HEADER: [&str; 9] =
-        ["SHARD", "NODE", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "FLUSHED", "REPLAYED"];
-    let mut rows: Vec<[String; 9]> = statuses
+    const HEADER: [&str; 10] =
+        ["SHARD", "NODE", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "FLUSHED", "REPLAYED", "MEMBERS"];
+    let mut rows: Vec<[String; 10]> = statuses
         .iter()
         .filter_map(|(_, result)| result.as_ref().ok())
         .flat_map(|status| {
@@ -362,6 +380,7 @@ fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> S
                     replica.applied_index.to_string(),
                     replica.flushed_index.to_string(),
                     replica.recovery_replayed.to_string(),
+                    members(replica),
                 ]
             })
         })
@@ -387,6 +406,20 @@ fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> S
     table
 }
 
+/// A replica's view of its shard's members: the voters, then learners and the outgoing voters of a
+/// joint configuration when there are any ("1,2,4 learners 5 joint with 1,2,3").
+fn members(replica: &onekv_client::ShardStatus) -> String {
+    let list = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let mut text = if replica.voters.is_empty() { "none".to_string() } else { list(&replica.voters) };
+    if !replica.learners.is_empty() {
+        text.push_str(&format!(" learners {}", list(&replica.learners)));
+    }
+    if !replica.outgoing_voters.is_empty() {
+        text.push_str(&format!(" joint with {}", list(&replica.outgoing_voters)));
+    }
+    text
+}
+
 /// The log's bytes over its live bytes, as the node's log GC estimates them ("-" without a
 /// collector or before its first round).
 fn disk_per_live(status: &StatusResponse) -> String {
@@ -404,6 +437,61 @@ fn node_role(status: &StatusResponse) -> String {
     }
     let led = status.shards.iter().filter(|replica| replica.role == "leader").count();
     format!("leads {led}/{}", status.shards.len())
+}
+
+/// `lead`: asks the shard's leader to hand over (again every few seconds: raft-rs abandons a
+/// hand-off that does not finish within an election timeout) until `node` reports leading it.
+async fn lead(args: &LeadArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let client = connect(&args.connection)?;
+    let started = std::time::Instant::now();
+    let deadline = started + std::time::Duration::from_secs(args.timeout_secs);
+    let mut asked_at: Option<std::time::Instant> = None;
+    let mut reported = std::time::Instant::now();
+    loop {
+        let statuses = client.status_all().await;
+        let leader = statuses
+            .iter()
+            .filter_map(|(_, status)| status.as_ref().ok())
+            .flat_map(|status| status.shards.iter().map(move |replica| (status.node_id, replica)))
+            .filter(|(_, replica)| replica.shard == args.shard && replica.role == "leader")
+            .max_by_key(|(_, replica)| replica.term)
+            .map(|(node, _)| node);
+        if leader == Some(args.node) {
+            writeln!(
+                out,
+                "node {} leads shard {} ({} ms)",
+                args.node,
+                args.shard,
+                started.elapsed().as_millis()
+            )?;
+            return Ok(());
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            anyhow::bail!(
+                "node {} did not take the lead of shard {} within {} s (leader now: {}); \
+                 it may be behind or down (see `status --shards`); run again to retry",
+                args.node,
+                args.shard,
+                args.timeout_secs,
+                leader.map_or("none".to_string(), |id| id.to_string())
+            );
+        }
+        if asked_at.is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(3)) {
+            client.transfer_leadership(args.shard, args.node).await?;
+            asked_at = Some(now);
+        }
+        if now.duration_since(reported) >= std::time::Duration::from_secs(1) {
+            let current = leader.map_or("none".to_string(), |id| id.to_string());
+            writeln!(
+                out,
+                "waiting for node {} to lead shard {} (leader now: {current})",
+                args.node, args.shard
+            )?;
+            reported = now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// The `status` table: a header, then one row per endpoint; an unreachable node shows its error
@@ -516,6 +604,16 @@ fn human_bytes(bytes: u64) -> String {
 mod tests {
     use super::*;
     use onekv_client::ClientError;
+
+    #[test]
+    fn a_shards_members_show_learners_and_a_joint_configuration() {
+        let mut replica = onekv_client::ShardStatus { voters: vec![1, 2, 4], ..Default::default() };
+        assert_eq!(members(&replica), "1,2,4");
+        replica.learners = vec![5];
+        replica.outgoing_voters = vec![1, 2, 3];
+        assert_eq!(members(&replica), "1,2,4 learners 5 joint with 1,2,3");
+        assert_eq!(members(&onekv_client::ShardStatus::default()), "none");
+    }
 
     #[test]
     fn values_print_as_lossy_utf8_or_hex() {

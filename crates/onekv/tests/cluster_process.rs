@@ -523,3 +523,44 @@ fn cluster_start_serves_the_cli_stops_on_sigint_and_restarts_on_its_data() {
     let status = cluster.interrupt(Duration::from_secs(15)).expect("the restarted cluster did not stop");
     assert!(status.success(), "the restarted cluster exited with {status}");
 }
+
+/// `onekv lead SHARD NODE` moves a shard's leadership away from its primary, and it stays there
+/// (the new leader does not hand it back to the configured primary); running it again is a no-op;
+/// a node that is not a voter is refused with a reason.
+#[test]
+fn the_lead_command_moves_a_shards_leadership_and_it_stays() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(90), async {
+        let mut cluster = TestCluster::start(3, |_| {}).await;
+        let leaders = cluster.leaders().await;
+        let (shard, primary) = leaders[0];
+        let target = cluster.ids().into_iter().find(|&id| id != primary).expect("another node");
+        let endpoints: Vec<String> =
+            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let lead = |node: u64| {
+            let output = Command::new(env!("CARGO_BIN_EXE_onekv"))
+                .args(["lead", &shard.to_string(), &node.to_string(), "--timeout-secs", "20"])
+                .args(["--endpoints", &endpoints.join(",")])
+                .output()
+                .expect("running onekv lead");
+            (
+                output.status.success(),
+                String::from_utf8_lossy(&output.stdout).to_string()
+                    + &String::from_utf8_lossy(&output.stderr),
+            )
+        };
+        let (ok, text) = lead(target);
+        assert!(ok, "onekv lead failed: {text}");
+        assert!(text.contains(&format!("node {target} leads shard {shard}")), "{text}");
+        // Several election timeouts later (30 ms ticks), the primary has not taken it back.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(cluster.leader_of(shard).await, target, "leadership went back to the primary");
+        let (ok, text) = lead(target);
+        assert!(ok && text.contains("leads shard"), "running it again: {text}");
+        let (ok, text) = lead(99);
+        assert!(!ok && text.contains("not a voter"), "a node that is not a voter: {text}");
+        let client = cluster.client();
+        client.put(b"after-the-move", b"v").await.expect("a write after the move");
+        assert_eq!(client.get(b"after-the-move").await.expect("a read").as_deref(), Some(&b"v"[..]));
+    });
+}

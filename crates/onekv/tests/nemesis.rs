@@ -228,7 +228,28 @@ async fn check_convergence(cluster: &mut TestCluster, recorder: &Recorder, keys:
         if differences.is_empty() {
             return;
         }
-        assert!(Instant::now() < deadline, "the nodes did not converge: {differences:#?}");
+        if Instant::now() >= deadline {
+            // Every replica's view, to tell a replica left behind from one that diverged.
+            let mut replicas = Vec::new();
+            for id in cluster.ids() {
+                match cluster.status(id).await {
+                    Ok(status) => replicas.extend(status.shards.iter().map(|r| {
+                        format!(
+                            "node {id} shard {}: {} leader {} term {} commit {} applied {} rejoining {}",
+                            r.shard,
+                            r.role,
+                            r.leader_id,
+                            r.term,
+                            r.commit_index,
+                            r.applied_index,
+                            r.rejoining
+                        )
+                    })),
+                    Err(error) => replicas.push(format!("node {id}: no status: {error}")),
+                }
+            }
+            panic!("the nodes did not converge: {differences:#?}\nreplicas: {replicas:#?}");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

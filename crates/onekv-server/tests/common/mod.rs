@@ -98,6 +98,11 @@ impl Backend for FakeBackend {
         answer(self.barrier_answer.lock().unwrap().clone(), done, &self.held_barriers);
     }
 
+    fn transfer_leadership(&self, _shard: u64, _to: u64, done: Done<()>) {
+        self.calls.lock().unwrap().push("transfer");
+        done(Ok(()));
+    }
+
     fn get(&self, _shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         self.calls.lock().unwrap().push("get");
         if let Some(error) = self.get_errors.lock().unwrap().pop_front() {
