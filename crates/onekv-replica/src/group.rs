@@ -234,6 +234,18 @@ impl Group {
                 tracing::info!(shard = self.shard, from = message.from, "taking leadership over on request");
                 self.primary = Some(ctx.config.node_id);
             }
+            // The follower that asked for a snapshot (below) has installed one: raft-rs keeps the
+            // request until the application reports the snapshot's fate, and would send another
+            // snapshot in place of every append until then.
+            MessageType::MsgAppendResponse if !message.reject && self.role() == StateRole::Leader => {
+                if let Some(progress) = self.raw.raft.mut_prs().get_mut(message.from)
+                    && progress.pending_request_snapshot != 0
+                    && progress.state == raft::ProgressState::Snapshot
+                    && message.index >= progress.pending_snapshot
+                {
+                    progress.pending_request_snapshot = 0;
+                }
+            }
             // A replica with no members (waiting to be added, or restarted with none) cannot
             // interpret entries: the conf changes in them build on members it never had. It asks
             // the leader for a snapshot instead (raft-rs's own request needs a log with an entry

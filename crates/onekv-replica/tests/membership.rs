@@ -150,6 +150,48 @@ fn a_new_node_catches_up_as_a_learner_then_replaces_the_leader_and_the_shard_kee
     cluster.shutdown();
 }
 
+/// A node added while the leader still holds its whole log (nothing compacted) has no members of
+/// its own: it must start from a snapshot, which carries them, not from entry 1 (the conf changes
+/// in the log build on the founders, which it never had).
+#[test]
+fn a_learner_added_before_any_compaction_gets_the_members_from_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |_| {});
+    for i in 0..20 {
+        cluster.put(&format!("k{i:04}"), &value(i));
+    }
+    let status = cluster.replica(cluster.leader()).status();
+    assert_eq!(status.first_index, 1, "the log was compacted: {status:?}");
+    cluster.join(4);
+    change_when_ready(&cluster, MembershipChange { add_learners: vec![4], ..Default::default() });
+    let last = cluster.put_indexed("after-join", b"x");
+    cluster.wait_applied(4, last);
+    let learner = cluster.replica(4).status();
+    assert_eq!(
+        learner.members(),
+        Members { voters: vec![1, 2, 3], learners: vec![4], outgoing_voters: vec![] }
+    );
+    assert!(learner.first_index > 1, "the learner took entries from 1 instead of a snapshot: {learner:?}");
+    for i in 0..20 {
+        assert_eq!(cluster.replica(4).get(format!("k{i:04}").as_bytes()).unwrap(), Some(value(i)));
+    }
+    // It can be promoted and then votes: with two of the founders stopped after a joint step that
+    // also removes one of them, the shard still commits only with node 4.
+    let leader = cluster.leader();
+    let out = (1..=3).find(|&id| id != leader).unwrap();
+    change_when_ready(
+        &cluster,
+        MembershipChange { promote: vec![4], remove: vec![out], ..Default::default() },
+    );
+    let voters: Vec<u64> = (1..=4).filter(|&id| id != out).collect();
+    wait_members(&cluster, &voters, &voters, &[]);
+    let other = *voters.iter().find(|&&id| id != 4 && id != leader).unwrap();
+    cluster.stop(out);
+    cluster.stop(other);
+    cluster.put("with-node-4-voting", b"y");
+    cluster.shutdown();
+}
+
 /// The members after a conf change come back from a restart both when a flush recorded them and
 /// when recovery has to replay the conf change (no flush after it).
 #[test]
