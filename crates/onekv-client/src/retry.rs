@@ -183,6 +183,11 @@ mod tests {
             Failure::Retry { cause, transport: false, unreachable: false } if cause.contains("storage failure: disk")
         ));
         assert!(matches!(classify("a:1", &Status::deadline_exceeded("slow")), Failure::Retry { .. }));
+        // A retried compare-and-swap that took no effect and cannot be answered: not retried.
+        assert!(matches!(
+            classify("a:1", &Status::aborted("this request was evaluated at entry 9 and took no effect")),
+            Failure::Fatal(ClientError::NotApplied(message)) if message.contains("entry 9")
+        ));
         // A leader in its disk-full alarm is handing leadership away: retried; other exhaustion not.
         assert!(matches!(
             classify("a:1", &Status::resource_exhausted("disk full: /data has 10 bytes free")),

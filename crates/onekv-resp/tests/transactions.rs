@@ -32,6 +32,9 @@ struct Store {
     interfere: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
     /// Transactions committed and refused.
     txns: Mutex<(u32, u32)>,
+    /// Compare-and-swaps still to answer ABORTED without applying (a retry of one that took no
+    /// effect, whose answer was lost, while the compared value matches now).
+    abort_cas: Mutex<u32>,
 }
 
 #[tonic::async_trait]
@@ -64,6 +67,13 @@ impl Kv for Store {
     }
 
     async fn cas(&self, request: Request<CasRequest>) -> Result<Response<CasResponse>, Status> {
+        {
+            let mut abort = self.abort_cas.lock().unwrap();
+            if *abort > 0 {
+                *abort -= 1;
+                return Err(Status::aborted("this request was evaluated at entry 7 and took no effect"));
+            }
+        }
         let request = request.into_inner();
         let mut data = self.data.lock().unwrap();
         let swapped = data.get(&request.key) == request.expected.as_ref();
@@ -502,4 +512,21 @@ async fn databases_are_separate_key_spaces() {
     let reserved = vec![b"SET".to_vec(), vec![0xFF, 0xFF, 3, b'k'], b"v".to_vec()];
     assert!(context.execute(&mut zero, reserved).await.reply.is_error());
     assert!(store.data.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_compare_and_swap_that_was_not_applied_is_decided_again_or_reported_as_not_set() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    store.set("n", "5");
+    // INCR reads again and swaps on the value it finds.
+    *store.abort_cas.lock().unwrap() = 1;
+    assert_eq!(run(&context, s, &["INCR", "n"]).await, Reply::Integer(6));
+    assert_eq!(store.value("n"), Some("6".into()));
+    // SET NX: nothing was set, and the command says so.
+    *store.abort_cas.lock().unwrap() = 1;
+    assert_eq!(run(&context, s, &["SET", "k", "v", "NX"]).await, Reply::Nil);
+    assert_eq!(store.value("k"), None);
+    assert_eq!(*store.abort_cas.lock().unwrap(), 0);
 }
