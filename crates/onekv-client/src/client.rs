@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
-    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PutRequest, RequestId,
-    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TxnCondition,
-    TxnRequest,
+    BatchOp, BatchRequest, CasRequest, ChangeMembersRequest, ChangeMembersResponse, Consistency,
+    DeleteRequest, GetRequest, PutRequest, ReplicaRequest, RequestId, ScanRequest, ScanResponse,
+    StatusRequest, StatusResponse, TransferLeaderRequest, TxnCondition, TxnRequest,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -503,6 +503,42 @@ impl Client {
         self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.transfer_leader(r).await })
             .await?;
         Ok(())
+    }
+
+    /// Asks the leader of `shard` to change its members by one step (see
+    /// `onekv_replica::MembershipChange`); returns the members once the step is applied on the
+    /// leader. A step refused (one pending, a learner not caught up, the leader removing itself)
+    /// comes back as [`ClientError::InvalidArgument`] with the reason.
+    pub async fn change_members(
+        &self,
+        shard: u64,
+        add_learners: Vec<u64>,
+        promote: Vec<u64>,
+        remove: Vec<u64>,
+    ) -> Result<ChangeMembersResponse> {
+        let request = ChangeMembersRequest { shard, add_learners, promote, remove };
+        self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.change_members(r).await }).await
+    }
+
+    /// Creates a replica of `shard` on the node at `endpoint` (nothing if it has one), empty and
+    /// waiting to be added to the shard as a learner; returns the shards that node hosts.
+    pub async fn add_replica(&self, endpoint: &str, shard: u64) -> Result<Vec<u64>> {
+        let request = ReplicaRequest { shard };
+        let response = self
+            .call(Route::Exactly(endpoint), request, |mut kv, r| async move { kv.add_replica(r).await })
+            .await?;
+        Ok(response.shards)
+    }
+
+    /// Removes the replica of `shard` from the node at `endpoint` (nothing if it has none); the
+    /// caller has checked with the shard's leader that the node is no longer a member. Returns the
+    /// shards that node hosts.
+    pub async fn remove_replica(&self, endpoint: &str, shard: u64) -> Result<Vec<u64>> {
+        let request = ReplicaRequest { shard };
+        let response = self
+            .call(Route::Exactly(endpoint), request, |mut kv, r| async move { kv.remove_replica(r).await })
+            .await?;
+        Ok(response.shards)
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.

@@ -150,6 +150,27 @@ impl Kv for Fake {
         Err(Status::unimplemented("a fake has one node"))
     }
 
+    async fn change_members(
+        &self,
+        _: Request<onekv_proto::ChangeMembersRequest>,
+    ) -> Result<Response<onekv_proto::ChangeMembersResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
+    async fn add_replica(
+        &self,
+        _: Request<onekv_proto::ReplicaRequest>,
+    ) -> Result<Response<onekv_proto::ReplicaResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
+    async fn remove_replica(
+        &self,
+        _: Request<onekv_proto::ReplicaRequest>,
+    ) -> Result<Response<onekv_proto::ReplicaResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         *self.status_calls.lock().unwrap() += 1;
         Ok(Response::new(StatusResponse {

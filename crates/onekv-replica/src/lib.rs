@@ -15,7 +15,8 @@
 //! - finding damaged values: every read verifies the value's checksum and reports damage as
 //!   [`ReplicaError::Corrupt`] (`state`), and a background scrub verifies every value at a bounded
 //!   rate (`scrub`);
-//! - changing a shard's members with joint consensus (`membership`);
+//! - changing a shard's members with joint consensus (`membership`), and adding or removing a
+//!   shard's replica on a running node (`hosting`; the node's list of them is `hosted`);
 //! - the log garbage collector (`gc`): relocates live values out of the log's oldest segment and
 //!   deletes it, so disk stays bounded; readers pin what they read (`pins`).
 //!
@@ -29,6 +30,8 @@ mod disk_space;
 pub mod failpoints;
 mod gc;
 mod group;
+mod hosted;
+mod hosting;
 mod identity;
 pub mod local;
 mod maintenance;

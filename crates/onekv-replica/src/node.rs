@@ -43,6 +43,14 @@ pub(crate) enum Input {
     Group(u64, GroupInput),
     /// From the log garbage collector (`gc`).
     Gc(crate::gc::GcInput),
+    /// A replica added while the node runs (`hosting`): the loop drives it from now on.
+    AddGroup(Box<Group>),
+    /// A replica removed while the node runs (`hosting`): the loop drops it and answers with the
+    /// voters it last knew.
+    RemoveGroup {
+        shard: u64,
+        done: std::sync::mpsc::SyncSender<Result<Vec<u64>, ReplicaError>>,
+    },
     Shutdown,
 }
 
@@ -206,6 +214,13 @@ impl NodeLoop {
                     ))),
                 },
                 Input::Gc(input) => self.handle_gc(input),
+                Input::AddGroup(group) => {
+                    group.publish_status(&self.ctx);
+                    self.groups.insert(group.shard, *group);
+                }
+                Input::RemoveGroup { shard, done } => {
+                    let _ = done.try_send(self.remove_group(shard));
+                }
             }
             handled += 1;
             if handled >= MAX_INPUTS_PER_TURN {
@@ -254,6 +269,26 @@ impl NodeLoop {
                 }
             }
         }
+    }
+
+    /// Drops the group of `shard`: it stops (its scrub and snapshot builds end), what it had pending
+    /// fails as not the leader, and the rejoining file forgets it. Returns the voters it knew.
+    fn remove_group(&mut self, shard: u64) -> Result<Vec<u64>, ReplicaError> {
+        let Some(mut group) = self.groups.remove(&shard) else { return Ok(Vec::new()) };
+        let voters = group.raw.store().conf_state.voters.clone();
+        group.fail_pending(&|| ReplicaError::NotLeader { leader: None });
+        group.stop();
+        if group.rejoin.is_some() {
+            let rejoining = self
+                .groups
+                .values()
+                .filter(|group| group.rejoin.is_some())
+                .map(|group| group.shard)
+                .collect();
+            crate::rejoin::store(&self.ctx.config.data_dir, &rejoining)
+                .map_err(|e| ReplicaError::Storage(format!("writing the rejoining file: {e}")))?;
+        }
+        Ok(voters)
     }
 
     /// Stops the node for good (until restarted): every pending request fails with `failure`,

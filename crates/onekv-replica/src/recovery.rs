@@ -91,6 +91,14 @@ pub(crate) struct ScanReport {
     pub records: u64,
 }
 
+/// Recovers a replica added while the node runs ([`crate::Node::add_replica`]): its trees are new
+/// and its creation is recorded ([`Recovering::record_creation`]), so no record in the log is its
+/// own and nothing is scanned.
+pub(crate) fn recover_new(log: &Log, shard: &mut Recovering) -> Result<(), ReplicaError> {
+    shard.recovery_point(log)?;
+    shard.replay(log)
+}
+
 /// Recovers every shard in `shards` from `log`: one scan, then each shard's replay, in parallel.
 pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport, ReplicaError> {
     let mut scan_from = log.end_position();

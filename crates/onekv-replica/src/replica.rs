@@ -1,13 +1,11 @@
 //! Opening a node (validate, open the logs and the index, recover every shard, start the loop)
 //! and the handles callers use: [`Node`] for the node, [`Replica`] for one shard's replica on it.
 
-use crate::apply::Applier;
 use crate::disk_space::DiskSpace;
-use crate::group::{Group, GroupInput, GroupShared};
+use crate::group::{GroupInput, GroupShared};
+use crate::hosting::GroupParts;
 use crate::node::{Input, NodeCtx, NodeLoop, SHUTDOWN_WAIT};
-use crate::raft_store::RaftStore;
-use crate::recovery::Recovering;
-use crate::state::{self, State};
+use crate::state::State;
 use crate::{
     ChunkRequest, Command, Done, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId,
     SnapshotChunk, StorageMode, Transport,
@@ -16,7 +14,7 @@ use onekv_index::{Index, IndexConfig};
 use onekv_log::{Log, LogConfig, OpenOptions};
 use raft::eraftpb::Message;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -24,16 +22,6 @@ use std::time::{Duration, Instant};
 
 /// The wall clock a simulated node starts at (any fixed value keeps runs replayable).
 const SIMULATED_UNIX_MS: u64 = 1_600_000_000_000;
-
-/// Raft entry bytes a leader holds uncommitted before it refuses new proposals (they fail as
-/// dropped and the client retries): bounds the leader's memory and each turn under overload.
-const MAX_UNCOMMITTED_BYTES: u64 = 64 << 20;
-
-/// Append messages (each up to `max_size_per_msg`, 1 MiB) in flight to one follower.
-const MAX_INFLIGHT_APPENDS: usize = 32;
-
-/// Committed entry bytes handed to one apply batch.
-const MAX_COMMITTED_BYTES_PER_READY: u64 = 16 << 20;
 
 /// Inputs queued for the loop before new ones are refused.
 const INBOX_CAPACITY: usize = 65_536;
@@ -73,8 +61,14 @@ pub struct Node {
 
 pub(crate) struct NodeInner {
     pub(crate) node_id: u64,
-    inbox: SyncSender<Input>,
-    groups: BTreeMap<u64, Arc<GroupShared>>,
+    pub(crate) inbox: SyncSender<Input>,
+    /// The replicas the node hosts now, by shard (replicas are added and removed while it runs).
+    pub(crate) groups: RwLock<BTreeMap<u64, Arc<GroupShared>>>,
+    /// The node's `REPLICAS` file as last written; held while a replica is added or removed.
+    pub(crate) hosted: Mutex<crate::hosted::Hosted>,
+    /// What building a replica's group needs (`hosting`); taken at shutdown, so a stopped node
+    /// holds no files open.
+    pub(crate) parts: Mutex<Option<GroupParts>>,
     pub(crate) limits: Limits,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The "disk full" alarm the write path checks.
@@ -104,8 +98,9 @@ impl ReplicaConfig {
         if self.node_id == 0 {
             return bad("node_id must be non-zero");
         }
-        if self.shards.is_empty() || self.shards.len() > crate::MAX_SHARDS_PER_NODE {
-            return bad("a node holds between 1 and MAX_SHARDS_PER_NODE (1024) shards");
+        // None: a new node, to which replicas are added while it runs.
+        if self.shards.len() > crate::MAX_SHARDS_PER_NODE {
+            return bad("a node holds at most MAX_SHARDS_PER_NODE (1024) shards");
         }
         let mut seen = std::collections::BTreeSet::new();
         for shard in &self.shards {
@@ -189,12 +184,11 @@ impl Node {
         let gc_config = config.gc.clone();
         let (node, node_loop) = Self::open_parts(config, transport, &open_log, false, None)?;
         if gc_config.enabled {
-            let states: BTreeMap<u64, Arc<State>> =
-                node_loop.groups.iter().map(|(shard, group)| (*shard, group.state.clone())).collect();
+            let (logs, hosted_states) = node.inner.gc_inputs()?;
             let gc = crate::gc::Gc::start(
                 gc_config,
-                node_loop.ctx.raft_log.clone(),
-                states,
+                logs,
+                hosted_states,
                 node.inner.inbox.clone(),
                 node_loop.ctx.pins.clone(),
                 node_loop.ctx.gc_status.clone(),
@@ -240,13 +234,12 @@ impl Node {
         let storage = config.storage;
         let (node, mut node_loop) = Self::open_parts(config, transport, &open_log, true, mutation)?;
         // The collector runs between turns, on the driving thread.
+        let (logs, hosted_states) = node.inner.gc_inputs()?;
         let gc = gc_config.enabled.then(|| {
-            let states =
-                node_loop.groups.iter().map(|(shard, group)| (*shard, group.state.clone())).collect();
             let mut collector = crate::gc::Collector::new(
                 gc_config,
-                node_loop.ctx.raft_log.clone(),
-                states,
+                logs,
+                hosted_states,
                 node_loop.ctx.pins.clone(),
                 node_loop.ctx.gc_status.clone(),
             );
@@ -301,59 +294,63 @@ impl Node {
         let names = config.storage.log_names();
         let raft_log = open_log(names[0])?;
         let second_log = names.get(1).map(|name| open_log(name)).transpose()?;
+        let index_dir = dir.join("index");
         let index = Arc::new(
-            Index::open(&dir.join("index"), IndexConfig::default())
+            Index::open(&index_dir, IndexConfig::default())
                 .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?,
         );
-        let mut trees = config
-            .shards
+        let hosted = crate::hosted::load(dir)?.map_or_else(
+            || {
+                // The first open (or one of a directory from before replicas were listed): the
+                // configured shards, whose trees have generation 0.
+                let mut seeded = crate::hosted::Hosted::default();
+                for shard in &config.shards {
+                    seeded.host(shard.id, 0);
+                }
+                crate::hosted::store(dir, &seeded).map_err(|e| {
+                    ReplicaError::Open(format!("writing {}: {e}", dir.join(crate::hosted::FILE).display()))
+                })?;
+                Ok::<_, ReplicaError>(seeded)
+            },
+            Ok,
+        )?;
+        for shard in config.shards.iter().filter(|shard| !hosted.hosted.contains_key(&shard.id)) {
+            tracing::info!(
+                shard = shard.id,
+                "not opening the configured shard: its replica was removed from this node"
+            );
+        }
+        // Before any tree is opened: nothing holds them.
+        crate::hosted::delete_unused_trees(&index_dir, &hosted)?;
+        let scrub_rate = match config.scrub_bytes_per_sec {
+            0 => 0,
+            rate => (rate / hosted.hosted.len().max(1) as u64).max(1),
+        };
+        let parts = GroupParts {
+            config: config.clone(),
+            index,
+            raft_log: raft_log.clone(),
+            second_log,
+            pins: pins.clone(),
+            driven,
+            scrub_rate,
+            hosted_states: Default::default(),
+        };
+        let mut trees = hosted
+            .hosted
             .iter()
-            .map(|shard| {
-                index.tree(&state::shard_tree_name(shard.id)).map_err(|e| {
-                    ReplicaError::Open(format!("opening the index tree of shard {}: {e}", shard.id))
-                })
-            })
+            .map(|(shard, generation)| parts.trees(*shard, *generation))
             .collect::<Result<Vec<_>, _>>()?;
         // Each shard's request-id window (up to the last 120 s of writes) is read from its tree;
         // the shards' windows are independent, so they load in parallel.
-        let windows = crate::recovery::in_parallel(&mut trees, |tree| {
+        let windows = crate::recovery::in_parallel(&mut trees, |(tree, _)| {
             crate::requests::RequestWindow::load(tree.clone())
         })?;
-        let mut recovering = Vec::with_capacity(config.shards.len());
-        for ((shard, tree), requests) in config.shards.iter().zip(trees).zip(windows) {
-            let entry_tree = match config.storage {
-                StorageMode::Classic => Some(
-                    index
-                        .tree(&state::entry_tree_name(shard.id))
-                        .map_err(|e| ReplicaError::Open(format!("opening the entry tree: {e}")))?,
-                ),
-                _ => None,
-            };
-            let state = Arc::new(State {
-                mode: config.storage,
-                index: index.clone(),
-                tree,
-                raft_log: raft_log.clone(),
-                second_log: second_log.clone(),
-                entry_tree,
-                user_bytes: AtomicU64::new(0),
-                requests: Mutex::new(requests),
-                corruption: Default::default(),
-                pins: pins.clone(),
-                served: Mutex::new(None),
-                staged: Mutex::new(Default::default()),
-            });
-            let snapshots =
-                crate::snapshot::SnapshotBuilder::new(state.clone(), config.max_snapshot_bytes, !driven);
-            let store = RaftStore::new(
-                shard.id,
-                raft_log.clone(),
-                state.clone(),
-                raft::eraftpb::ConfState { voters: shard.voters.clone(), ..Default::default() },
-                snapshots,
-                Instant::now(),
-            );
-            recovering.push(Recovering::new(shard.id, store, Applier::new(state, shard.id)));
+        let configured = |shard: u64| config.shards.iter().find(|s| s.id == shard);
+        let mut recovering = Vec::with_capacity(hosted.hosted.len());
+        for ((shard, trees), requests) in hosted.hosted.keys().zip(trees).zip(windows) {
+            let voters = configured(*shard).map(|s| s.voters.clone()).unwrap_or_default();
+            recovering.push(parts.recovering(*shard, trees, requests, voters));
         }
         let scan = crate::recovery::recover(&raft_log, &mut recovering)?;
         tracing::info!(
@@ -368,121 +365,19 @@ impl Node {
 
         let maintenance = crate::maintenance::Maintenance::new(!driven, config.index_compaction)
             .map_err(ReplicaError::Open)?;
-        // The node's scrub budget is shared by its shards.
-        let scrub_rate = match config.scrub_bytes_per_sec {
-            0 => 0,
-            rate => (rate / recovering.len() as u64).max(1),
-        };
         let mut groups = BTreeMap::new();
         let mut shared_groups = BTreeMap::new();
-        for mut recovered in recovering {
+        for recovered in recovering {
             let shard = recovered.shard;
-            let state = recovered.applier.state.clone();
-            // Counting starts after recovery: replayed entries are not new user bytes.
-            state.user_bytes.store(0, Ordering::Relaxed);
-            // Replayed repair requests were answered when first applied; offering copies again
-            // would only propose repairs nobody needs.
-            recovered.applier.take_offers();
-            let report = &recovered.recovered;
-            tracing::debug!(
-                shard,
-                scan_from = report.scan_from,
-                records = report.records,
-                flush_flag = report.flush_flag,
-                replayed = report.replayed,
-                commit = report.hard_state.commit,
-                first = recovered.store.first(),
-                last = recovered.store.last(),
-                "shard recovered"
-            );
-            let raft_config = raft::Config {
-                id: config.node_id,
-                election_tick: config.election_ticks,
-                heartbeat_tick: config.heartbeat_ticks,
-                applied: recovered.store.applied_index,
-                max_size_per_msg: 1 << 20,
-                // At most this many append messages of up to 1 MiB in flight to one follower:
-                // bounds what a leader reads from its log and holds in memory for a follower
-                // catching up.
-                max_inflight_msgs: MAX_INFLIGHT_APPENDS,
-                max_uncommitted_size: MAX_UNCOMMITTED_BYTES,
-                max_committed_size_per_ready: MAX_COMMITTED_BYTES_PER_READY,
-                check_quorum: true,
-                pre_vote: true,
-                read_only_option: raft::ReadOnlyOption::Safe,
-                // 0 means raft-rs's defaults: [election_tick, 2 * election_tick).
-                min_election_tick: if driven { config.election_ticks } else { 0 },
-                max_election_tick: if driven { config.election_ticks + 1 } else { 0 },
-                ..Default::default()
-            };
-            raft_config.validate().map_err(|e| ReplicaError::Open(format!("raft configuration: {e}")))?;
-            // A replica with no Raft state at all (term 0, no entries) is rejoining even if the
-            // REJOINING file does not say so: its log was lost after the file was removed.
-            let stateless = recovered.recovered.hard_state.term == 0 && recovered.store.last() == 0;
-            if stateless && recovered.store.snapshot_index == 0 {
-                recovered.record_creation(recovered.store.conf_state.clone(), &raft_log)?;
-            }
-            let hard_state = recovered.recovered.hard_state;
-            let rejoin_listed = rejoining.contains(&shard);
-            let shared = Arc::new(GroupShared {
-                shard,
-                // Until the loop's first turn publishes the rest, status says what recovery did.
-                status: Mutex::new(ReplicaStatus {
-                    node_id: config.node_id,
-                    shard,
-                    recovery_records: recovered.recovered.records,
-                    recovery_replayed: recovered.recovered.replayed,
-                    rejoining: rejoin_listed || stateless,
-                    ..Default::default()
-                }),
-                durable_commit: AtomicU64::new(hard_state.commit),
-                recovery_records: recovered.recovered.records,
-                recovery_replayed: recovered.recovered.replayed,
-                state: RwLock::new(Some(state.clone())),
-            });
-            if mutation == Some(crate::Mutation::MembersFromConfig) {
-                let voters = config
-                    .shards
-                    .iter()
-                    .find(|s| s.id == shard)
-                    .map(|s| s.voters.clone())
-                    .unwrap_or_default();
-                recovered.store.conf_state = raft::eraftpb::ConfState { voters, ..Default::default() };
-            }
-            let logger = crate::slog_bridge::logger(config.node_id, shard);
-            let raw = raft::RawNode::new(&raft_config, recovered.store, &logger)
-                .map_err(|e| ReplicaError::Open(format!("starting raft for shard {shard}: {e}")))?;
-            let scrub =
-                crate::scrub::Scrub::start(state.clone(), scrub_rate, !driven).map_err(ReplicaError::Open)?;
-            shared_groups.insert(shard, shared.clone());
-            groups.insert(
-                shard,
-                Group {
-                    shard,
-                    raw,
-                    applier: recovered.applier,
-                    state,
-                    shared,
-                    proposals: Default::default(),
-                    member_changes: Default::default(),
-                    reads_unsent: Vec::new(),
-                    reads_in_flight: Default::default(),
-                    reads_waiting: Default::default(),
-                    next_read_ctx: 1,
-                    persisted_hs: hard_state,
-                    entry_tree_seqno: recovered.entry_tree_seqno,
-                    snapshot_sends: BTreeMap::new(),
-                    last_flush: None,
-                    scrub,
-                    repairs: BTreeMap::new(),
-                    primary: config.shards.iter().find(|s| s.id == shard).and_then(|s| s.primary),
-                    leader_since: None,
-                    requested_transfer: None,
-                    gc_flush: false,
-                    rejoin: (rejoin_listed || stateless).then(crate::rejoin::Rejoin::default),
-                    rejoin_changed: stateless && !rejoin_listed,
-                },
-            );
+            let primary = configured(shard).and_then(|s| s.primary);
+            let built = parts.group(recovered, primary, rejoining.contains(&shard), mutation)?;
+            parts
+                .hosted_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(shard, built.group.state.clone());
+            shared_groups.insert(shard, built.shared);
+            groups.insert(shard, built.group);
         }
 
         let (inbox_tx, inbox) = std::sync::mpsc::sync_channel(INBOX_CAPACITY);
@@ -513,7 +408,9 @@ impl Node {
             inner: Arc::new(NodeInner {
                 node_id,
                 inbox: inbox_tx,
-                groups: shared_groups,
+                groups: RwLock::new(shared_groups),
+                hosted: Mutex::new(hosted),
+                parts: Mutex::new(Some(parts)),
                 limits,
                 thread: Mutex::new(None),
                 disk,
@@ -533,24 +430,27 @@ impl Node {
 
     /// The shards this node holds a replica of, in order.
     pub fn shards(&self) -> Vec<u64> {
-        self.inner.groups.keys().copied().collect()
+        self.groups().keys().copied().collect()
     }
 
     /// The replica of `shard` on this node, if it holds one.
     pub fn replica(&self, shard: u64) -> Option<Replica> {
-        let group = self.inner.groups.get(&shard)?.clone();
+        let group = self.groups().get(&shard)?.clone();
         Some(Replica { node: self.clone(), group })
     }
 
     /// Every replica of this node, by shard.
     pub fn replicas(&self) -> Vec<Replica> {
-        self.inner.groups.values().map(|group| Replica { node: self.clone(), group: group.clone() }).collect()
+        self.groups().values().map(|group| Replica { node: self.clone(), group: group.clone() }).collect()
+    }
+
+    fn groups(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<u64, Arc<GroupShared>>> {
+        self.inner.groups.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The status of each of the node's replicas, by shard (as of the loop's last turn).
     pub fn statuses(&self) -> Vec<ReplicaStatus> {
-        self.inner
-            .groups
+        self.groups()
             .values()
             .map(|group| group.status.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .collect()
@@ -574,7 +474,7 @@ impl Node {
                 return;
             }
             if data == crate::snapshot::stream::STREAMED {
-                let Some(group) = self.inner.groups.get(&shard) else { return };
+                let Some(group) = self.groups().get(&shard).cloned() else { return };
                 // A snapshot no newer than what this replica committed durably: Raft refuses it
                 // (and answers the leader) without anything to fetch.
                 let index = message.get_snapshot().get_metadata().index;
@@ -600,7 +500,7 @@ impl Node {
     }
 
     fn state(&self, shard: u64) -> Option<Arc<State>> {
-        let group = self.inner.groups.get(&shard)?;
+        let group = self.groups().get(&shard)?.clone();
         group.state.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -665,13 +565,22 @@ impl Node {
         if thread.join().is_err() {
             tracing::error!("the node's loop thread panicked");
         }
-        for group in self.inner.groups.values() {
+        self.inner.parts.lock().unwrap_or_else(|e| e.into_inner()).take();
+        for group in self.groups().values() {
             group.state.write().unwrap_or_else(|e| e.into_inner()).take();
         }
     }
 }
 
 impl Replica {
+    pub(crate) fn from_parts(node: Node, group: Arc<GroupShared>) -> Replica {
+        Replica { node, group }
+    }
+
+    pub(crate) fn group(&self) -> &Arc<GroupShared> {
+        &self.group
+    }
+
     /// Opens (or creates) a node holding exactly one shard (as [`ReplicaConfig::new`] makes) and
     /// returns that shard's replica; [`Replica::node`] reaches the node.
     pub fn open(config: ReplicaConfig, transport: Arc<dyn Transport>) -> Result<Replica, ReplicaError> {

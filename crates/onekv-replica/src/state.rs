@@ -17,15 +17,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Name of the index tree of a shard.
-pub(crate) fn shard_tree_name(shard: u64) -> String {
-    format!("shard-{shard}")
-}
-
-/// Name of the classic mode's Raft entry tree of a shard.
-pub(crate) fn entry_tree_name(shard: u64) -> String {
-    format!("raft-entries-{shard}")
-}
+/// The state of every replica the node hosts now, by shard: replicas are added and removed while
+/// the node runs (`hosted`), and the log collector reads this at each round.
+pub(crate) type HostedStates = Arc<Mutex<std::collections::BTreeMap<u64, Arc<State>>>>;
 
 /// Sequence numbers come from the Raft index so that replaying an entry reproduces them exactly:
 /// the low 20 bits number the operations of one entry (the lower half, up to [`MAX_OP`]) and the

@@ -150,6 +150,27 @@ impl Kv for Store {
         Err(Status::unimplemented("a fake has one node"))
     }
 
+    async fn change_members(
+        &self,
+        _: Request<onekv_proto::ChangeMembersRequest>,
+    ) -> Result<Response<onekv_proto::ChangeMembersResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
+    async fn add_replica(
+        &self,
+        _: Request<onekv_proto::ReplicaRequest>,
+    ) -> Result<Response<onekv_proto::ReplicaResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
+    async fn remove_replica(
+        &self,
+        _: Request<onekv_proto::ReplicaRequest>,
+    ) -> Result<Response<onekv_proto::ReplicaResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
     /// No cluster map: the client takes the store for one shard.
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(StatusResponse { node_id: 1, role: "leader".into(), ..Default::default() }))

@@ -6,8 +6,8 @@
 //! for; the services choose it from the key (placement), never the backend.
 
 use onekv_replica::{
-    ChunkRequest, Command, Done, Message, Node, Outcome, ReplicaError, ReplicaStatus, RequestId,
-    SnapshotChunk,
+    ChunkRequest, Command, Done, Members, MembershipChange, Message, Node, Outcome, ReplicaError,
+    ReplicaStatus, RequestId, SnapshotChunk,
 };
 
 /// Pairs a scan returns, and whether more remain in the range.
@@ -52,6 +52,26 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// [`onekv_replica::Replica::transfer_leadership`].
     fn transfer_leadership(&self, shard: u64, to: u64, done: Done<()>);
+    /// [`onekv_replica::Replica::change_members`].
+    fn change_members(&self, shard: u64, change: MembershipChange, done: Done<Members>) {
+        let _ = change;
+        done(Err(ReplicaError::InvalidArgument(format!(
+            "shard {shard}: membership changes are not served here"
+        ))))
+    }
+    /// [`onekv_replica::Node::add_replica`]. Blocking (it writes and fsyncs).
+    fn add_replica(&self, shard: u64) -> Result<(), ReplicaError> {
+        Err(ReplicaError::InvalidArgument(format!("shard {shard}: replicas cannot be added here")))
+    }
+    /// [`onekv_replica::Node::remove_replica`]. Blocking (it waits for the loop and fsyncs).
+    fn remove_replica(&self, shard: u64) -> Result<(), ReplicaError> {
+        Err(ReplicaError::InvalidArgument(format!("shard {shard}: replicas cannot be removed here")))
+    }
+    /// [`onekv_replica::Node::last_voters_of_removed`]: where a shard this node no longer hosts
+    /// went.
+    fn last_voters_of_removed(&self, _shard: u64) -> Option<Vec<u64>> {
+        None
+    }
     /// The status of each replica of the node, by shard ([`onekv_replica::Node::statuses`]).
     fn statuses(&self) -> Vec<ReplicaStatus>;
     /// The status of the node's replica of `shard`, if it holds one.
@@ -104,6 +124,25 @@ impl Backend for Node {
             Some(replica) => replica.transfer_leadership(to, done),
             None => done(Err(no_replica(self, shard))),
         }
+    }
+
+    fn change_members(&self, shard: u64, change: MembershipChange, done: Done<Members>) {
+        match self.replica(shard) {
+            Some(replica) => replica.change_members(change, done),
+            None => done(Err(no_replica(self, shard))),
+        }
+    }
+
+    fn add_replica(&self, shard: u64) -> Result<(), ReplicaError> {
+        Node::add_replica(self, shard).map(drop)
+    }
+
+    fn remove_replica(&self, shard: u64) -> Result<(), ReplicaError> {
+        Node::remove_replica(self, shard)
+    }
+
+    fn last_voters_of_removed(&self, shard: u64) -> Option<Vec<u64>> {
+        Node::last_voters_of_removed(self, shard)
     }
 
     fn get(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {

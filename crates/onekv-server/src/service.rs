@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use onekv_placement::ClusterMap;
 use onekv_proto::{
-    BatchRequest, CasRequest, CasResponse, Consistency, DeleteRequest, GetRequest, GetResponse, KeyValue,
-    Member, PutRequest, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest,
-    TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
+    BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, ChangeMembersResponse, Consistency,
+    DeleteRequest, GetRequest, GetResponse, KeyValue, Member, PutRequest, ReplicaRequest, ReplicaResponse,
+    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse,
+    TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
 use onekv_replica::{Command, Condition, Limits, Outcome, ReplicaError, RequestId, WriteOp};
@@ -168,8 +169,10 @@ impl<B: Backend> KvService<B> {
         self.held(self.map.shard_of_key(key))
     }
 
-    /// `shard` if this node holds a replica of it; else the not-leader answer naming a node that
-    /// does.
+    /// `shard` if this node holds a replica of it now; else the not-leader answer naming a node
+    /// that may: one of the voters this node's replica knew when it was removed from here, or the
+    /// shard's primary in the cluster's first placement (replicas move while nodes run, so that
+    /// node may redirect further).
     fn held(&self, shard: u64) -> Result<u64, Status> {
         let Some(placement) = self.map.shard(shard) else {
             return Err(Status::invalid_argument(format!(
@@ -177,10 +180,15 @@ impl<B: Backend> KvService<B> {
                 self.map.shard_count()
             )));
         };
-        if placement.replicas.contains(&self.node_id) {
+        if self.backend.shards().contains(&shard) {
             return Ok(shard);
         }
-        Err(self.status_of(ReplicaError::NotLeader { leader: placement.replicas.first().copied() }))
+        let elsewhere = |nodes: &[u64]| nodes.iter().copied().find(|&node| node != self.node_id);
+        let hint = match self.backend.last_voters_of_removed(shard) {
+            Some(voters) => elsewhere(&voters),
+            None => elsewhere(&placement.replicas),
+        };
+        Err(self.status_of(ReplicaError::NotLeader { leader: hint }))
     }
 
     /// The one shard all of `keys` belong to (held here), or why not: a batch is atomic within
@@ -623,6 +631,75 @@ impl<B: Backend> Kv for KvService<B> {
             );
             self.await_done(receiver, "started").await?;
             Ok(Response::new(TransferLeaderResponse {}))
+        })
+        .await
+    }
+
+    async fn change_members(
+        &self,
+        request: Request<ChangeMembersRequest>,
+    ) -> Result<Response<ChangeMembersResponse>, Status> {
+        self.observed("change_members", async move {
+            let request = request.into_inner();
+            let shard = self.held(request.shard)?;
+            let change = onekv_replica::MembershipChange {
+                add_learners: request.add_learners,
+                promote: request.promote,
+                remove: request.remove,
+            };
+            let (sender, receiver) = oneshot::channel();
+            self.backend.change_members(
+                shard,
+                change,
+                Box::new(move |result| {
+                    let _ = sender.send(result);
+                }),
+            );
+            let members = self.await_done(receiver, "applied").await?;
+            Ok(Response::new(ChangeMembersResponse {
+                voters: members.voters,
+                learners: members.learners,
+                outgoing_voters: members.outgoing_voters,
+            }))
+        })
+        .await
+    }
+
+    async fn add_replica(
+        &self,
+        request: Request<ReplicaRequest>,
+    ) -> Result<Response<ReplicaResponse>, Status> {
+        self.observed("add_replica", async move {
+            let shard = request.into_inner().shard;
+            if self.map.shard(shard).is_none() {
+                return Err(Status::invalid_argument(format!(
+                    "shard {shard} does not exist: the cluster has shards 1..={}",
+                    self.map.shard_count()
+                )));
+            }
+            let backend = Arc::clone(&self.backend);
+            // Creating the replica's trees and listing it writes and fsyncs.
+            tokio::task::spawn_blocking(move || backend.add_replica(shard))
+                .await
+                .map_err(|e| Status::internal(format!("adding the replica panicked: {e}")))?
+                .map_err(|error| self.status_of(error))?;
+            Ok(Response::new(ReplicaResponse { shards: self.backend.shards() }))
+        })
+        .await
+    }
+
+    async fn remove_replica(
+        &self,
+        request: Request<ReplicaRequest>,
+    ) -> Result<Response<ReplicaResponse>, Status> {
+        self.observed("remove_replica", async move {
+            let shard = request.into_inner().shard;
+            let backend = Arc::clone(&self.backend);
+            tokio::task::spawn_blocking(move || backend.remove_replica(shard))
+                .await
+                .map_err(|e| Status::internal(format!("removing the replica panicked: {e}")))?
+                .map_err(|error| self.status_of(error))?;
+            Ok(Response::new(ReplicaResponse { shards: self.backend.shards() }))
         })
         .await
     }

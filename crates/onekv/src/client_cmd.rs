@@ -290,7 +290,7 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
 }
 
 /// A client for the endpoints named by `--endpoints`, else `ONEKV_ENDPOINTS`, else the defaults.
-fn connect(connection: &Connection) -> anyhow::Result<Client> {
+pub(crate) fn connect(connection: &Connection) -> anyhow::Result<Client> {
     connect_to(connection.endpoints.as_deref())
 }
 

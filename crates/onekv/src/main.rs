@@ -8,6 +8,7 @@ mod bench_wa;
 mod client_cmd;
 mod cluster_cmd;
 mod server_cmd;
+mod shard_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,9 @@ enum Command {
     /// Runs a local cluster of nodes on 127.0.0.1 (child processes), with its data under one directory.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
+    /// Moves a shard's replicas between the nodes of a running cluster.
+    #[command(subcommand)]
+    Shard(shard_cmd::ShardCommand),
     /// Data and admin commands against a running cluster.
     #[command(flatten)]
     Client(client_cmd::ClientCommand),
@@ -50,6 +54,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Server(args) => server_cmd::run(args),
         Command::Cluster(command) => cluster_cmd::run(command),
+        Command::Shard(command) => shard_cmd::run(command),
         Command::Client(command) => client_cmd::run(command),
         Command::BenchLog(args) => bench_log::run(&args),
         Command::BenchWa(args) => bench_wa::run(&args),

@@ -564,3 +564,122 @@ fn the_lead_command_moves_a_shards_leadership_and_it_stays() {
         assert_eq!(client.get(b"after-the-move").await.expect("a read").as_deref(), Some(&b"v"[..]));
     });
 }
+
+/// `onekv shard move SHARD FROM TO` moves the replica of a shard on its leader to the one node of
+/// four that holds none, while writers keep writing: every acknowledged write reads back, also
+/// from the new node's own copy; the old node hosts nothing afterwards, not even after a restart,
+/// and still sends clients on to the shard; running the command again changes nothing.
+#[test]
+fn the_shard_move_command_moves_a_replica_under_writes_and_loses_nothing() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(150), async {
+        let mut cluster = TestCluster::start(4, |config| {
+            config.cluster.replicas = Some(3);
+            // The newcomer catches up through a streamed snapshot of several chunks.
+            config.raft.raft_log_keep_entries = 50;
+            config.raft.snapshot_chunk_bytes = 64 << 10;
+            config.index.memtable_bytes = 64 << 10;
+        })
+        .await;
+        let shard = 1;
+        let from = cluster.leader_of(shard).await;
+        let mut to = 0;
+        for id in cluster.ids() {
+            if cluster.status(id).await.expect("status").shards.is_empty() {
+                to = id;
+            }
+        }
+        assert_ne!(to, 0, "one node of four holds no replica");
+        let client = cluster.client();
+        let before = common::write_keys(&client, "before", 2000).await;
+
+        // Writers run through the whole move; only acknowledged writes are checked.
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let mut writers = Vec::new();
+        for writer in 0..4 {
+            let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
+            writers.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let key = format!("during-{writer}-{n:06}").into_bytes();
+                    let value = format!("value-{writer}-{n}").repeat(20).into_bytes();
+                    if client.put(&key, &value).await.is_ok() {
+                        acked.lock().unwrap().push((key, value));
+                    }
+                    n += 1;
+                }
+            }));
+        }
+        let endpoints: Vec<String> =
+            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let shard_move = move || {
+            let output = Command::new(env!("CARGO_BIN_EXE_onekv"))
+                .args(["shard", "move", &shard.to_string(), &from.to_string(), &to.to_string()])
+                .args(["--timeout-secs", "90", "--endpoints", &endpoints.join(",")])
+                .output()
+                .expect("running onekv shard move");
+            let text = String::from_utf8_lossy(&output.stdout).to_string()
+                + &String::from_utf8_lossy(&output.stderr);
+            (output.status.success(), text)
+        };
+        let (ok, text) = tokio::task::spawn_blocking(shard_move.clone()).await.unwrap();
+        assert!(ok, "onekv shard move failed: {text}");
+        assert!(
+            cluster.log_text(to).contains("fetching a snapshot"),
+            "node {to} caught up without a snapshot"
+        );
+        assert!(text.contains(&format!("moved shard {shard} from node {from} to node {to}")), "{text}");
+        assert!(text.contains("catching up") || text.contains("promoting"), "{text}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stop.store(true, Ordering::SeqCst);
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        let acked = acked.lock().unwrap().clone();
+        assert!(acked.len() > 20, "the writers made little progress: {}", acked.len());
+        let all: Vec<_> = before.into_iter().chain(acked).collect();
+
+        let status = cluster.status(to).await.expect("the new node's status");
+        let replica = status.shards.iter().find(|replica| replica.shard == shard).expect("a replica on TO");
+        assert!(replica.voters.contains(&to) && !replica.voters.contains(&from), "{replica:?}");
+        assert!(cluster.status(from).await.expect("status").shards.is_empty(), "FROM still hosts a replica");
+        let reader = client.clone();
+        let (wrong, examples) = mismatches(&all, move |key| {
+            let reader = reader.clone();
+            async move { reader.get(&key).await }
+        })
+        .await;
+        assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
+        // The new node's own copy, once it has applied everything.
+        let last = client.put(b"after-the-move", b"v").await.expect("a write after the move");
+        cluster.wait_applied(to, last).await;
+        let (reader, endpoint) = (client.clone(), cluster.endpoint(to).to_string());
+        let (wrong, examples) = mismatches(&all, move |key| {
+            let (reader, endpoint) = (reader.clone(), endpoint.clone());
+            async move { reader.get_stale(&key, Some(&endpoint)).await }
+        })
+        .await;
+        assert_eq!(wrong, 0, "keys missing from node {to}'s own copy: {examples:?}");
+
+        // The old node, killed and restarted, hosts nothing, and a client that knows only it finds
+        // the shard.
+        cluster.kill9(from);
+        cluster.restart(from).await;
+        assert!(cluster.status(from).await.expect("status").shards.is_empty(), "the replica came back");
+        let only_from = onekv_client::Client::new(
+            vec![cluster.endpoint(from).to_string()],
+            common::test_client_options(),
+        )
+        .expect("a client");
+        only_from.put(b"through-the-old-node", b"w").await.expect("a write through the old node");
+        assert_eq!(only_from.get(b"through-the-old-node").await.unwrap().as_deref(), Some(&b"w"[..]));
+
+        let (ok, text) = tokio::task::spawn_blocking(shard_move).await.unwrap();
+        assert!(ok && text.contains("moved shard"), "running it again: {text}");
+        assert!(
+            !text.contains("promoting") && !text.contains("creating"),
+            "running it again did something: {text}"
+        );
+    });
+}

@@ -6,9 +6,7 @@
 use super::{Collector, GcConfig, GcInput, GcPoint, GcStatus, Move, Relocated, RoundError, WAIT_LIMIT};
 use crate::node::{Input, NodeLoop};
 use crate::pins::ReadPins;
-use crate::state::State;
 use onekv_log::Log;
-use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -39,14 +37,14 @@ impl Gc {
     /// Starts the collector on a thread of its own, talking to the loop through `inbox`.
     pub fn start(
         config: GcConfig,
-        log: Arc<Log>,
-        states: BTreeMap<u64, Arc<State>>,
+        logs: (crate::StorageMode, Arc<Log>, Option<Arc<Log>>),
+        hosted: crate::state::HostedStates,
         inbox: SyncSender<Input>,
         pins: Arc<ReadPins>,
         status: Arc<Mutex<GcStatus>>,
     ) -> Result<Gc, String> {
         let (stop, stopped) = std::sync::mpsc::sync_channel(1);
-        let mut collector = Collector::new(config, log, states, pins, status);
+        let mut collector = Collector::new(config, logs, hosted, pins, status);
         let mut link = ThreadLink { inbox, stopped, window_start: Instant::now(), window_bytes: 0 };
         let thread = std::thread::Builder::new()
             .name("onekv-gc".into())

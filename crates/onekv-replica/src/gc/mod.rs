@@ -54,7 +54,7 @@ pub(crate) use link::{Gc, InlineGc, Link};
 use crate::StorageMode;
 use crate::pins::ReadPins;
 use crate::records;
-use crate::state::State;
+use crate::state::{HostedStates, State};
 use crate::{codec, packed};
 use batch::Batch;
 use onekv_index::IndexValue;
@@ -286,6 +286,10 @@ pub(crate) struct Collector {
     /// The log the index's locators point into: the Raft log in `onelog` mode, the value log in
     /// `separated` mode (none in `classic` mode, where values are inline).
     values: Option<Arc<Log>>,
+    /// The node's hosted replicas, which change while it runs.
+    hosted: HostedStates,
+    /// The hosted replicas as of the round's start (a replica added later waits for the next
+    /// round; one removed since is skipped where it matters).
     states: BTreeMap<u64, Arc<State>>,
     pins: Arc<ReadPins>,
     status: Arc<Mutex<GcStatus>>,
@@ -298,22 +302,23 @@ pub(crate) struct Collector {
     /// Classic mode: a data WAL position and the highest seqno each shard's tree had written when
     /// it was taken; once every tree's durable seqno reaches its own, the WAL below is obsolete.
     data_wal_checkpoint: Option<(u64, BTreeMap<u64, u64>)>,
+    /// Classic mode: the data WAL.
+    data_wal: Option<Arc<Log>>,
 }
 
 impl Collector {
-    /// A collector for `log` and the shards in `states` (their trees say what is live and where
-    /// recovery starts).
+    /// A collector for the node's logs (`log`, and `second_log` in `separated` and `classic`
+    /// mode) and the replicas in `hosted` (their trees say what is live and where recovery starts).
     pub fn new(
         config: GcConfig,
-        log: Arc<Log>,
-        states: BTreeMap<u64, Arc<State>>,
+        (mode, log, second_log): (StorageMode, Arc<Log>, Option<Arc<Log>>),
+        hosted: HostedStates,
         pins: Arc<ReadPins>,
         status: Arc<Mutex<GcStatus>>,
     ) -> Collector {
-        let mode = states.values().next().map_or(StorageMode::OneLog, |state| state.mode);
         let values = match mode {
             StorageMode::OneLog => Some(log.clone()),
-            StorageMode::Separated => states.values().next().and_then(|state| state.second_log.clone()),
+            StorageMode::Separated => second_log.clone(),
             StorageMode::Classic => None,
         };
         lock(&status).enabled = true;
@@ -322,7 +327,12 @@ impl Collector {
             mode,
             raft_log: log,
             values,
-            states,
+            hosted,
+            states: BTreeMap::new(),
+            data_wal: match mode {
+                StorageMode::Classic => second_log,
+                _ => None,
+            },
             pins,
             status,
             census: Census::default(),
@@ -340,6 +350,7 @@ impl Collector {
     /// One round, with its outcome in status; `false` if the collector must stop.
     pub fn run_round(&mut self, link: &mut dyn Link) -> bool {
         let started = Instant::now();
+        self.states = lock(&self.hosted).clone();
         let outcome = match self.mode {
             StorageMode::OneLog => self.round(link),
             StorageMode::Separated => self.round(link).and_then(|()| self.truncate_round(link)),
@@ -622,7 +633,10 @@ impl Collector {
         }
         for (shard, seqno) in targets.iter().filter(|_| !self.reclaim_before_flush) {
             let state = self.states[shard].clone();
-            link.wait_until(&|| state.tree.durable_seqno() >= *seqno).map_err(|error| match error {
+            let hosted = self.hosted.clone();
+            // A replica removed meanwhile flushes no more; its values are garbage anyway.
+            link.wait_until(&|| state.tree.durable_seqno() >= *seqno || !lock(&hosted).contains_key(shard))
+                .map_err(|error| match error {
                 RoundError::Failed(why) => RoundError::Failed(format!(
                     "shard {shard} did not flush before its values' segment could go: {why}"
                 )),
@@ -830,10 +844,13 @@ impl Collector {
         let mut reclaimed =
             self.raft_log.reclaim_below(point).map_err(|e| format!("reclaiming the Raft log: {e}"))?;
         if self.mode == StorageMode::Classic
-            && let Some(wal) = self.states.values().next().and_then(|state| state.second_log.clone())
+            && let Some(wal) = self.data_wal.clone()
         {
             if let Some((position, seqnos)) = &self.data_wal_checkpoint
-                && seqnos.iter().all(|(shard, seqno)| self.states[shard].tree.durable_seqno() >= *seqno)
+                && seqnos.iter().all(|(shard, seqno)| {
+                    // A replica removed since has nothing more to make durable.
+                    self.states.get(shard).is_none_or(|state| state.tree.durable_seqno() >= *seqno)
+                })
             {
                 let more =
                     wal.reclaim_below(*position).map_err(|e| format!("reclaiming the data WAL: {e}"))?;

@@ -1,0 +1,193 @@
+//! `onekv shard move`: moves one replica of a shard from one node to another while the cluster
+//! serves, through the shard's own membership changes.
+//!
+//! Each round reads every node's status, takes the shard's members from its leader, and does the
+//! one next step that brings the shard closer to "TO votes, FROM is not a member and holds no
+//! replica": create TO's replica (empty, waiting); add it as a learner; wait until it has caught
+//! up (by the log or a snapshot); move the leadership off FROM if FROM leads; promote TO and
+//! remove FROM in one joint step; remove FROM's replica. Every step is idempotent and decided from
+//! the cluster's state, never from what this command did before, so an interrupted move is
+//! finished by running the same command again.
+//!
+//! Owns: the command line of `shard` and the order of the steps. Does not own: the checks that
+//! make each step safe (the shard's leader refuses a step that is not: `onekv-replica`'s
+//! `membership`) or talking to nodes (`onekv_client`).
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use onekv_client::{Client, ClientOptions, StatusResponse};
+
+use crate::client_cmd::{Connection, connect};
+
+/// The `shard` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ShardCommand {
+    /// Moves SHARD's replica on node FROM to node TO (which must not hold one of its voters): TO
+    /// joins as a learner, catches up, is promoted while FROM is removed (leadership moves off
+    /// FROM first), then FROM's replica is deleted. Writes go on meanwhile. Safe to re-run: an
+    /// interrupted move continues where it stopped.
+    Move(MoveArgs),
+}
+
+/// Arguments of `shard move`.
+#[derive(Debug, clap::Args)]
+pub struct MoveArgs {
+    /// The shard (`status --shards` lists them).
+    shard: u64,
+    /// The node whose replica leaves.
+    from: u64,
+    /// The node that gets the replica (a member of the cluster, running).
+    to: u64,
+    /// Give up after this many seconds (a move copies the shard's data to TO).
+    #[arg(long, default_value_t = 600)]
+    timeout_secs: u64,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// How far a learner may trail the leader's commit index to be promoted: half the leader's own
+/// bound (`onekv_replica::MAX_PROMOTION_LAG`), since writes go on while the promotion travels.
+const PROMOTE_WITHIN: u64 = 512;
+/// Pause between rounds.
+const ROUND: Duration = Duration::from_millis(200);
+
+/// Runs one `shard` subcommand.
+pub fn run(command: ShardCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    match command {
+        ShardCommand::Move(args) => runtime.block_on(move_replica(&args, &mut io::stdout().lock())),
+    }
+}
+
+/// The shard as one round saw it.
+struct View {
+    /// The leader's node and its replica's members.
+    leader: Option<(u64, onekv_client::ShardStatus)>,
+    /// Each node's replica of the shard, if it hosts one.
+    replicas: BTreeMap<u64, onekv_client::ShardStatus>,
+    /// Every member node's address, as the nodes report them.
+    addresses: BTreeMap<u64, String>,
+}
+
+fn view(shard: u64, statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> View {
+    let mut replicas = BTreeMap::new();
+    let mut addresses = BTreeMap::new();
+    for status in statuses.iter().filter_map(|(_, status)| status.as_ref().ok()) {
+        for member in &status.members {
+            addresses.insert(member.id, member.address.clone());
+        }
+        if let Some(replica) = status.shards.iter().find(|replica| replica.shard == shard) {
+            replicas.insert(status.node_id, replica.clone());
+        }
+    }
+    let leader = replicas
+        .iter()
+        .filter(|(_, replica)| replica.role == "leader")
+        .max_by_key(|(_, replica)| replica.term)
+        .map(|(node, replica)| (*node, replica.clone()));
+    View { leader, replicas, addresses }
+}
+
+async fn move_replica(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let (shard, from, to) = (args.shard, args.from, args.to);
+    anyhow::ensure!(from != to, "FROM and TO are the same node ({from})");
+    // Every member's address (TO may not be among the endpoints given).
+    let first = connect(&args.connection)?;
+    let seen = view(shard, &first.status_all().await);
+    anyhow::ensure!(!seen.addresses.is_empty(), "no node answered; is the cluster running?");
+    for node in [from, to] {
+        anyhow::ensure!(seen.addresses.contains_key(&node), "node {node} is not a member of the cluster");
+    }
+    let client = Client::new(seen.addresses.values().cloned().collect(), ClientOptions::default())?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.timeout_secs);
+    let mut last_report = String::new();
+    let mut report = |out: &mut dyn Write, line: String| -> io::Result<()> {
+        if line != last_report {
+            writeln!(out, "[{:>5.1}s] {line}", started.elapsed().as_secs_f64())?;
+            last_report = line;
+        }
+        Ok(())
+    };
+    loop {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the move of shard {shard} from node {from} to node {to} did not finish within {} s ({last_report}); \
+             run the command again to continue it",
+            args.timeout_secs
+        );
+        let view = view(shard, &client.status_all().await);
+        let address = |node: u64| view.addresses.get(&node).cloned().unwrap_or_default();
+        let Some((leader, members)) = view.leader.clone() else {
+            report(out, format!("waiting for shard {shard} to have a leader"))?;
+            tokio::time::sleep(ROUND).await;
+            continue;
+        };
+        let is_member = |node: u64| members.voters.contains(&node) || members.learners.contains(&node);
+        let step = if !members.outgoing_voters.is_empty() {
+            report(out, "waiting for the shard to leave its joint configuration".into())?;
+            Ok(())
+        } else if members.voters.contains(&to) && !is_member(from) {
+            if view.replicas.contains_key(&from) {
+                report(out, format!("removing node {from}'s replica of shard {shard}"))?;
+                client.remove_replica(&address(from), shard).await.map(drop)
+            } else {
+                let voters: Vec<String> = members.voters.iter().map(u64::to_string).collect();
+                writeln!(
+                    out,
+                    "moved shard {shard} from node {from} to node {to} in {:.1} s; voters now {}",
+                    started.elapsed().as_secs_f64(),
+                    voters.join(", ")
+                )?;
+                return Ok(());
+            }
+        } else if !view.replicas.contains_key(&to) {
+            report(out, format!("creating a replica of shard {shard} on node {to}"))?;
+            client.add_replica(&address(to), shard).await.map(drop)
+        } else if !is_member(to) {
+            report(out, format!("adding node {to} to shard {shard} as a learner"))?;
+            client.change_members(shard, vec![to], Vec::new(), Vec::new()).await.map(drop)
+        } else if members.learners.contains(&to) {
+            let applied = view.replicas.get(&to).map_or(0, |replica| replica.applied_index);
+            let behind = members.commit_index.saturating_sub(applied);
+            if behind > PROMOTE_WITHIN {
+                report(out, format!("node {to} is catching up: {behind} entries behind leader {leader}"))?;
+                Ok(())
+            } else if leader == from {
+                let successor = members.voters.iter().copied().find(|&voter| voter != from);
+                match successor {
+                    Some(successor) => {
+                        report(
+                            out,
+                            format!("moving shard {shard}'s leadership from node {from} to node {successor}"),
+                        )?;
+                        client.transfer_leadership(shard, successor).await
+                    }
+                    None => {
+                        report(out, format!("promoting node {to} first (node {from} is the only voter)"))?;
+                        client.change_members(shard, Vec::new(), vec![to], Vec::new()).await.map(drop)
+                    }
+                }
+            } else {
+                let remove = if is_member(from) { vec![from] } else { Vec::new() };
+                report(out, format!("promoting node {to} and removing node {from} (one joint step)"))?;
+                client.change_members(shard, Vec::new(), vec![to], remove).await.map(drop)
+            }
+        } else if leader == from {
+            report(out, format!("moving shard {shard}'s leadership from node {from} to node {to}"))?;
+            client.transfer_leadership(shard, to).await
+        } else {
+            report(out, format!("removing node {from} from shard {shard}"))?;
+            client.change_members(shard, Vec::new(), Vec::new(), vec![from]).await.map(drop)
+        };
+        if let Err(error) = step {
+            // A step the leader refused for now (one pending, leadership moving, a learner that
+            // fell behind again) or a node that did not answer: the next round decides again.
+            report(out, format!("step not taken yet: {error}"))?;
+        }
+        out.flush()?;
+        tokio::time::sleep(ROUND).await;
+    }
+}
