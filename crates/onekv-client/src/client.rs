@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
-    BatchOp, BatchRequest, CasRequest, ChangeMembersRequest, ChangeMembersResponse, Consistency,
-    DeleteRequest, GetRequest, PutRequest, ReplicaRequest, RequestId, ScanRequest, ScanResponse,
-    StatusRequest, StatusResponse, TransferLeaderRequest, TxnCondition, TxnRequest,
+    BatchOp, BatchRequest, CasRequest, ChangeMembersRequest, Consistency, DeleteRequest, GetRequest,
+    MembersResponse, PutRequest, ReplicaRequest, RequestId, ScanRequest, ScanResponse, StatusRequest,
+    StatusResponse, TransferLeaderRequest, TxnCondition, TxnRequest,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -515,9 +515,16 @@ impl Client {
         add_learners: Vec<u64>,
         promote: Vec<u64>,
         remove: Vec<u64>,
-    ) -> Result<ChangeMembersResponse> {
+    ) -> Result<MembersResponse> {
         let request = ChangeMembersRequest { shard, add_learners, promote, remove };
         self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.change_members(r).await }).await
+    }
+
+    /// The members of `shard` as its leader applied them, after it confirmed its leadership with
+    /// a quorum (see `Kv.Members`).
+    pub async fn members(&self, shard: u64) -> Result<MembersResponse> {
+        let request = ReplicaRequest { shard };
+        self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.members(r).await }).await
     }
 
     /// Creates a replica of `shard` on the node at `endpoint` (nothing if it has one), empty and

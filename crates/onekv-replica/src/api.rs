@@ -309,6 +309,9 @@ pub enum Mutation {
     /// A restarted replica takes the shard's members from its configuration (those it was
     /// created with) instead of the replicated ones: it forgets every membership change.
     MembersFromConfig,
+    /// A replica added again to a node that removed it reuses the removed replica's trees (their
+    /// data, recovery point and members) instead of starting from fresh ones.
+    ReplicaReusesRetiredTrees,
 }
 
 /// Why a request failed.

@@ -58,6 +58,8 @@ pub(crate) struct GroupParts {
     pub scrub_rate: u64,
     /// The states of the hosted replicas, as the log collector sees them.
     pub hosted_states: HostedStates,
+    /// A deliberately broken behaviour (simulation only).
+    pub mutation: Option<crate::Mutation>,
 }
 
 /// A group built for the loop, and the handle callers share with it.
@@ -144,8 +146,8 @@ impl GroupParts {
         mut recovered: Recovering,
         primary: Option<u64>,
         rejoin_listed: bool,
-        mutation: Option<crate::Mutation>,
     ) -> Result<Built, ReplicaError> {
+        let mutation = self.mutation;
         let config = &self.config;
         let shard = recovered.shard;
         let state = recovered.applier.state.clone();
@@ -271,15 +273,20 @@ impl Node {
         }
         let parts = inner.parts.lock().unwrap_or_else(|e| e.into_inner());
         let parts = parts.as_ref().ok_or(ReplicaError::Stopping)?;
-        let generation = hosted.next_generation(shard);
+        let generation = match parts.mutation {
+            Some(crate::Mutation::ReplicaReusesRetiredTrees) => {
+                hosted.retired.get(&shard).map_or(0, |r| r.generation)
+            }
+            _ => hosted.next_generation(shard),
+        };
         let trees = parts.trees(shard, generation)?;
         let requests = crate::requests::RequestWindow::load(trees.0.clone())?;
         let mut recovering = parts.recovering(shard, trees, requests, Vec::new());
-        // Before it is listed: a listed replica always has its recovery point, so no later open
-        // reads the log below it for this shard (older records may belong to an earlier replica).
-        recovering.record_creation(raft::eraftpb::ConfState::default(), &parts.raft_log)?;
         crate::recovery::recover_new(&parts.raft_log, &mut recovering)?;
-        let built = parts.group(recovering, None, false, None)?;
+        // Records its creation (a recovery point at the log's end, no members) before it is
+        // listed: no later open reads the log below it for this shard, where records of an
+        // earlier replica of the shard on this node may remain.
+        let built = parts.group(recovering, None, false)?;
         let mut listed = hosted.clone();
         listed.host(shard, generation);
         crate::hosted::store(&parts.config.data_dir, &listed).map_err(|e| {
@@ -311,14 +318,34 @@ impl Node {
     /// a member's replica costs its group a copy. Refused while this replica leads. Removing a
     /// replica the node does not host does nothing.
     pub fn remove_replica(&self, shard: u64) -> Result<(), ReplicaError> {
+        self.remove_replica_with(shard, true, || {
+            let (done, removed) = std::sync::mpsc::sync_channel(1);
+            self.send_blocking(Input::RemoveGroup { shard, done })?;
+            match removed.recv_timeout(LOOP_WAIT) {
+                Ok(result) => result,
+                Err(_) => Err(ReplicaError::Stopping),
+            }
+        })
+    }
+
+    /// [`Node::remove_replica`] with `drop_group` taking the group out of the loop and returning
+    /// the voters it knew; `threaded` when the loop runs on its own thread.
+    pub(crate) fn remove_replica_with(
+        &self,
+        shard: u64,
+        threaded: bool,
+        drop_group: impl FnOnce() -> Result<Vec<u64>, ReplicaError>,
+    ) -> Result<(), ReplicaError> {
         let inner = self.inner();
         let mut hosted = inner.hosted.lock().unwrap_or_else(|e| e.into_inner());
         let Some(replica) = self.replica(shard) else { return Ok(()) };
         let parts = inner.parts.lock().unwrap_or_else(|e| e.into_inner());
         let parts = parts.as_ref().ok_or(ReplicaError::Stopping)?;
-        if parts.driven {
-            // The caller drives the loop, so waiting for it here would never end.
-            return Err(ReplicaError::InvalidArgument("a driven node does not remove replicas".into()));
+        if parts.driven == threaded {
+            // A driven loop waits for its caller, who removes replicas with `DrivenLoop`.
+            return Err(ReplicaError::InvalidArgument(
+                "a driven node removes replicas through its DrivenLoop".into(),
+            ));
         }
         let status = replica.status();
         if status.role == "leader" {
@@ -328,12 +355,7 @@ impl Node {
                 inner.node_id
             )));
         }
-        let (done, removed) = std::sync::mpsc::sync_channel(1);
-        self.send_blocking(Input::RemoveGroup { shard, done })?;
-        let last_voters = match removed.recv_timeout(LOOP_WAIT) {
-            Ok(result) => result?,
-            Err(_) => return Err(ReplicaError::Stopping),
-        };
+        let last_voters = drop_group()?;
         inner.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
         parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
         replica.group().state.write().unwrap_or_else(|e| e.into_inner()).take();

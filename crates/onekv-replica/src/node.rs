@@ -273,7 +273,7 @@ impl NodeLoop {
 
     /// Drops the group of `shard`: it stops (its scrub and snapshot builds end), what it had pending
     /// fails as not the leader, and the rejoining file forgets it. Returns the voters it knew.
-    fn remove_group(&mut self, shard: u64) -> Result<Vec<u64>, ReplicaError> {
+    pub(crate) fn remove_group(&mut self, shard: u64) -> Result<Vec<u64>, ReplicaError> {
         let Some(mut group) = self.groups.remove(&shard) else { return Ok(Vec::new()) };
         let voters = group.raw.store().conf_state.voters.clone();
         group.fail_pending(&|| ReplicaError::NotLeader { leader: None });

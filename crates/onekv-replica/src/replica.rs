@@ -46,6 +46,12 @@ impl DrivenLoop {
         going
     }
 
+    /// [`Node::remove_replica`] for the node this loop drives (`node`): the loop drops the group
+    /// at once, on the caller's thread.
+    pub fn remove_replica(&mut self, node: &Node, shard: u64) -> Result<(), ReplicaError> {
+        node.remove_replica_with(shard, false, || self.node_loop.remove_group(shard))
+    }
+
     /// Whether the crash hook crashed this node; it then does nothing more.
     pub fn crashed(&self) -> bool {
         self.node_loop.ctx.crashed
@@ -335,6 +341,7 @@ impl Node {
             driven,
             scrub_rate,
             hosted_states: Default::default(),
+            mutation,
         };
         let mut trees = hosted
             .hosted
@@ -370,7 +377,7 @@ impl Node {
         for recovered in recovering {
             let shard = recovered.shard;
             let primary = configured(shard).and_then(|s| s.primary);
-            let built = parts.group(recovered, primary, rejoining.contains(&shard), mutation)?;
+            let built = parts.group(recovered, primary, rejoining.contains(&shard))?;
             parts
                 .hosted_states
                 .lock()

@@ -153,7 +153,14 @@ impl Kv for Store {
     async fn change_members(
         &self,
         _: Request<onekv_proto::ChangeMembersRequest>,
-    ) -> Result<Response<onekv_proto::ChangeMembersResponse>, Status> {
+    ) -> Result<Response<onekv_proto::MembersResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
+    async fn members(
+        &self,
+        _: Request<onekv_proto::ReplicaRequest>,
+    ) -> Result<Response<onekv_proto::MembersResponse>, Status> {
         Err(Status::unimplemented("a fake has one node"))
     }
 

@@ -20,6 +20,10 @@ pub type ScanResult = (Vec<(Vec<u8>, Vec<u8>)>, bool);
 pub trait Backend: Send + Sync + 'static {
     /// The shards this node holds a replica of, in order.
     fn shards(&self) -> Vec<u64>;
+    /// Whether this node holds a replica of `shard` (on every request: no list is built).
+    fn hosts(&self, shard: u64) -> bool {
+        self.shards().contains(&shard)
+    }
     /// [`onekv_replica::Node::step`].
     fn step(&self, shard: u64, message: Message);
     /// [`onekv_replica::Replica::propose`].
@@ -99,6 +103,10 @@ fn no_replica(node: &Node, shard: u64) -> ReplicaError {
 impl Backend for Node {
     fn shards(&self) -> Vec<u64> {
         Node::shards(self)
+    }
+
+    fn hosts(&self, shard: u64) -> bool {
+        self.replica(shard).is_some()
     }
 
     fn step(&self, shard: u64, message: Message) {

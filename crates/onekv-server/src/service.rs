@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use onekv_placement::ClusterMap;
 use onekv_proto::{
-    BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, ChangeMembersResponse, Consistency,
-    DeleteRequest, GetRequest, GetResponse, KeyValue, Member, PutRequest, ReplicaRequest, ReplicaResponse,
-    ScanRequest, ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse,
-    TxnRequest, TxnResponse, WriteResponse,
+    BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, Consistency, DeleteRequest, GetRequest,
+    GetResponse, KeyValue, Member, MembersResponse, PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest,
+    ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse, TxnRequest,
+    TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
 use onekv_replica::{Command, Condition, Limits, Outcome, ReplicaError, RequestId, WriteOp};
@@ -180,7 +180,7 @@ impl<B: Backend> KvService<B> {
                 self.map.shard_count()
             )));
         };
-        if self.backend.shards().contains(&shard) {
+        if self.backend.hosts(shard) {
             return Ok(shard);
         }
         let elsewhere = |nodes: &[u64]| nodes.iter().copied().find(|&node| node != self.node_id);
@@ -638,7 +638,7 @@ impl<B: Backend> Kv for KvService<B> {
     async fn change_members(
         &self,
         request: Request<ChangeMembersRequest>,
-    ) -> Result<Response<ChangeMembersResponse>, Status> {
+    ) -> Result<Response<MembersResponse>, Status> {
         self.observed("change_members", async move {
             let request = request.into_inner();
             let shard = self.held(request.shard)?;
@@ -656,7 +656,34 @@ impl<B: Backend> Kv for KvService<B> {
                 }),
             );
             let members = self.await_done(receiver, "applied").await?;
-            Ok(Response::new(ChangeMembersResponse {
+            Ok(Response::new(MembersResponse {
+                voters: members.voters,
+                learners: members.learners,
+                outgoing_voters: members.outgoing_voters,
+            }))
+        })
+        .await
+    }
+
+    async fn members(&self, request: Request<ReplicaRequest>) -> Result<Response<MembersResponse>, Status> {
+        self.observed("members", async move {
+            let shard = self.held(request.into_inner().shard)?;
+            let (sender, receiver) = oneshot::channel();
+            self.backend.read_barrier(
+                shard,
+                Box::new(move |result| {
+                    let _ = sender.send(result);
+                }),
+            );
+            self.await_done(receiver, "confirmed").await?;
+            // After the barrier this replica led at the call and applied every change committed
+            // before it. Its status is published at the end of each turn, so it may be the turn
+            // before the one that answered: a change applied in that very turn may not show yet.
+            let status = self.backend.status(shard).ok_or_else(|| {
+                Status::unavailable(format!("shard {shard}'s replica left this node; retry"))
+            })?;
+            let members = status.members();
+            Ok(Response::new(MembersResponse {
                 voters: members.voters,
                 learners: members.learners,
                 outgoing_voters: members.outgoing_voters,

@@ -72,6 +72,10 @@ struct Args {
     /// Run the broken variant whose restarted nodes forget every membership change.
     #[arg(long)]
     bug_members_from_config: bool,
+    /// Run the broken variant whose replicas, added again to a node that removed them, take up
+    /// the removed replica's trees (implies --member-changes).
+    #[arg(long)]
+    bug_reused_trees: bool,
     /// Run every seed twice and fail if the two runs differ (determinism check).
     #[arg(long)]
     twice: bool,
@@ -108,7 +112,7 @@ fn main() -> anyhow::Result<()> {
         fault_interval_ms,
         wipe_one_in: args.wipe_one_in,
         storage,
-        member_changes: args.member_changes || args.bug_members_from_config,
+        member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
         } else if args.bug_reads_without_read_index {
@@ -119,6 +123,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::VotesWhileRejoining)
         } else if args.bug_members_from_config {
             Some(Bug::MembersFromConfig)
+        } else if args.bug_reused_trees {
+            Some(Bug::ReplicaReusesRetiredTrees)
         } else {
             None
         },

@@ -61,6 +61,8 @@ pub enum Bug {
     /// A restarted node takes each shard's members from its configuration (the members the shard
     /// was created with), forgetting every membership change since.
     MembersFromConfig,
+    /// A replica added again to a node that removed it takes up the removed replica's trees.
+    ReplicaReusesRetiredTrees,
 }
 
 /// What a run simulates.
@@ -99,8 +101,10 @@ pub struct SimConfig {
     /// Search steps the linearizability checker may take per key.
     pub search_budget: u64,
     /// Whether the nemesis also changes shards' members (adds a learner, then replaces a voter by
-    /// it through a joint configuration). Every node then holds a replica of every shard: those
-    /// of shards it is not a member of wait, with no members, to be added.
+    /// it through a joint configuration). Every node then starts with a replica of every shard:
+    /// those of shards it is not a member of wait, with no members, to be added. A node drops its
+    /// replica once its shard removed it, and gets a new one when the shard adds it again
+    /// (`Node::add_replica`, `DrivenLoop::remove_replica`).
     pub member_changes: bool,
 }
 
@@ -354,6 +358,9 @@ struct Sim {
     changed_shards: std::collections::BTreeSet<u64>,
     /// Answers to the nemesis's membership changes: applied or refused.
     member_answers: Arc<Mutex<Vec<bool>>>,
+    /// Replicas whose removal from their shard was applied, by (shard, node): their nodes drop
+    /// them (`DrivenLoop::remove_replica`) once the shard's leader confirms they are not members.
+    removals: Arc<Mutex<std::collections::BTreeSet<(u64, u64)>>>,
 }
 
 impl Sim {
@@ -415,6 +422,7 @@ impl Sim {
             flush_crashes_allowed: Arc::new(AtomicBool::new(false)),
             changed_shards: Default::default(),
             member_answers: Default::default(),
+            removals: Default::default(),
         }
     }
 
@@ -733,10 +741,12 @@ impl Sim {
     }
 
     /// Asks the leader of a random shard for the next step of moving a replica: add a node that
-    /// is not a member as a learner, or, once there is one, promote it and remove a voter other
-    /// than the leader (one joint step). Refused steps (a learner still catching up, an earlier
-    /// change not applied yet) are counted, not retried.
+    /// is not a member as a learner (creating its replica first if its node hosts none), or, once
+    /// there is one, promote it and remove a voter other than the leader (one joint step). Refused
+    /// steps (a learner still catching up, an earlier change not applied yet) are counted, not
+    /// retried. Before that, nodes drop the replicas their shards removed.
     fn change_members(&mut self) {
+        self.drop_removed_replicas();
         let shard = self.rng.random_range(1..=self.config.shards as u64);
         let leader = self.nodes.iter().find_map(|node| {
             let replica = node.up.as_ref()?.node.replica(shard)?;
@@ -744,32 +754,92 @@ impl Sim {
             (status.role == "leader").then_some((node.id, replica, status))
         });
         let Some((leader, replica, status)) = leader else { return };
-        let change = match status.learners.first() {
+        let (change, out) = match status.learners.first() {
             Some(&learner) => {
                 let others: Vec<u64> = status.voters.iter().copied().filter(|&v| v != leader).collect();
                 if others.is_empty() {
                     return;
                 }
                 let out = others[self.rng.random_range(0..others.len())];
-                MembershipChange { promote: vec![learner], remove: vec![out], ..Default::default() }
+                (
+                    MembershipChange { promote: vec![learner], remove: vec![out], ..Default::default() },
+                    Some(out),
+                )
             }
             None => {
                 let members = status.members();
-                let outsiders: Vec<u64> = (1..=self.config.nodes).filter(|&n| !members.contains(n)).collect();
+                // Only a node that is up can get a replica.
+                let outsiders: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&i| self.nodes[i].up.is_some() && !members.contains(self.nodes[i].id))
+                    .collect();
                 if outsiders.is_empty() {
                     return;
                 }
-                let joining = outsiders[self.rng.random_range(0..outsiders.len())];
-                MembershipChange { add_learners: vec![joining], ..Default::default() }
+                let joining = &self.nodes[outsiders[self.rng.random_range(0..outsiders.len())]];
+                let (id, node) =
+                    (joining.id, joining.up.as_ref().expect("chosen among up nodes").node.clone());
+                if node.replica(shard).is_none() {
+                    match node.add_replica(shard) {
+                        Ok(_) => self.count("replica-added"),
+                        Err(error) => {
+                            self.violations
+                                .push(format!("node {id} could not add a replica of shard {shard}: {error}"));
+                            return;
+                        }
+                    }
+                }
+                (MembershipChange { add_learners: vec![id], ..Default::default() }, None)
             }
         };
         self.count("member-change");
         self.changed_shards.insert(shard);
         let answers = self.member_answers.clone();
+        let removals = self.removals.clone();
         replica.change_members(
             change,
-            Box::new(move |result| answers.lock().unwrap_or_else(|e| e.into_inner()).push(result.is_ok())),
+            Box::new(move |result| {
+                // A joint step still counts the removed voter among the outgoing ones until the
+                // leader leaves the joint configuration; the node drops its replica after that.
+                if let (Ok(members), Some(out)) = (&result, out)
+                    && !members.voters.contains(&out)
+                    && !members.learners.contains(&out)
+                {
+                    removals.lock().unwrap_or_else(|e| e.into_inner()).insert((shard, out));
+                }
+                answers.lock().unwrap_or_else(|e| e.into_inner()).push(result.is_ok())
+            }),
         );
+    }
+
+    /// Has each node that is up drop its replica of a shard that removed it, once the shard's
+    /// leader (the one of the highest term among the nodes that are up) does not count it as a
+    /// member; a removal whose node is down waits, one whose node is a member again is forgotten.
+    fn drop_removed_replicas(&mut self) {
+        let pending: Vec<(u64, u64)> =
+            self.removals.lock().unwrap_or_else(|e| e.into_inner()).iter().copied().collect();
+        for (shard, id) in pending {
+            let leader = self
+                .nodes
+                .iter()
+                .filter_map(|node| node.up.as_ref()?.node.replica(shard).map(|replica| replica.status()))
+                .filter(|status| status.role == "leader")
+                .max_by_key(|status| status.term);
+            let Some(leader) = leader else { continue };
+            let forget = leader.members().contains(id);
+            let index = self.nodes.iter().position(|node| node.id == id).expect("a node of the simulation");
+            let node = &mut self.nodes[index];
+            if !forget {
+                let Some(up) = node.up.as_mut() else { continue };
+                if up.node.replica(shard).is_some() {
+                    match up.driven.remove_replica(&up.node, shard) {
+                        Ok(()) => *self.faults.entry("replica-removed").or_default() += 1,
+                        // It leads (a stale leader of an older term): later.
+                        Err(_) => continue,
+                    }
+                }
+            }
+            self.removals.lock().unwrap_or_else(|e| e.into_inner()).remove(&(shard, id));
+        }
     }
 
     fn raft_log_faults(&mut self, index: usize) -> Arc<FaultHandle> {
@@ -929,6 +999,7 @@ impl Sim {
             Some(Bug::GcReclaimsBeforeFlush) => Some(Mutation::GcReclaimsBeforeFlush),
             Some(Bug::VotesWhileRejoining) => Some(Mutation::VotesWhileRejoining),
             Some(Bug::MembersFromConfig) => Some(Mutation::MembersFromConfig),
+            Some(Bug::ReplicaReusesRetiredTrees) => Some(Mutation::ReplicaReusesRetiredTrees),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1089,6 +1160,13 @@ impl Sim {
             c.target = self.rng.random_range(1..=self.config.nodes);
             return;
         };
+        let Some(replica) = up.node.replica(shard) else {
+            // The node no longer hosts the shard (its replica moved away): a server answers "not
+            // the leader" at once, naming another node.
+            open.retry_at = now + 1;
+            c.target = self.rng.random_range(1..=self.config.nodes);
+            return;
+        };
         open.attempt_deadline = Some(now + ATTEMPT_TIMEOUT_MS);
         let (serial, id, request) = (open.serial, c.id, open.request);
         let op = &self.history[open.op];
@@ -1102,7 +1180,6 @@ impl Sim {
                 answer,
             })
         };
-        let replica = up.node.replica(shard).expect("the target holds the shard");
         let key = history::encode_key(op.key);
         let command = match &op.kind {
             OpKind::Get => {

@@ -7,6 +7,7 @@ mod bench_recovery;
 mod bench_wa;
 mod client_cmd;
 mod cluster_cmd;
+mod node_cmd;
 mod server_cmd;
 mod shard_cmd;
 
@@ -28,6 +29,9 @@ enum Command {
     /// Runs a local cluster of nodes on 127.0.0.1 (child processes), with its data under one directory.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
+    /// Moves replicas off a node (to stop it) or onto one (to give it its share).
+    #[command(subcommand)]
+    Node(node_cmd::NodeCommand),
     /// Moves a shard's replicas between the nodes of a running cluster.
     #[command(subcommand)]
     Shard(shard_cmd::ShardCommand),
@@ -54,6 +58,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Server(args) => server_cmd::run(args),
         Command::Cluster(command) => cluster_cmd::run(command),
+        Command::Node(command) => node_cmd::run(command),
         Command::Shard(command) => shard_cmd::run(command),
         Command::Client(command) => client_cmd::run(command),
         Command::BenchLog(args) => bench_log::run(&args),

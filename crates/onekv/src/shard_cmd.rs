@@ -57,7 +57,7 @@ const ROUND: Duration = Duration::from_millis(200);
 pub fn run(command: ShardCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     match command {
-        ShardCommand::Move(args) => runtime.block_on(move_replica(&args, &mut io::stdout().lock())),
+        ShardCommand::Move(args) => runtime.block_on(move_command(&args, &mut io::stdout().lock())),
     }
 }
 
@@ -69,12 +69,16 @@ struct View {
     replicas: BTreeMap<u64, onekv_client::ShardStatus>,
     /// Every member node's address, as the nodes report them.
     addresses: BTreeMap<u64, String>,
+    /// The nodes that answered.
+    answered: std::collections::BTreeSet<u64>,
 }
 
 fn view(shard: u64, statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> View {
     let mut replicas = BTreeMap::new();
     let mut addresses = BTreeMap::new();
+    let mut answered = std::collections::BTreeSet::new();
     for status in statuses.iter().filter_map(|(_, status)| status.as_ref().ok()) {
+        answered.insert(status.node_id);
         for member in &status.members {
             addresses.insert(member.id, member.address.clone());
         }
@@ -87,22 +91,41 @@ fn view(shard: u64, statuses: &[(String, onekv_client::Result<StatusResponse>)])
         .filter(|(_, replica)| replica.role == "leader")
         .max_by_key(|(_, replica)| replica.term)
         .map(|(node, replica)| (*node, replica.clone()));
-    View { leader, replicas, addresses }
+    View { leader, replicas, addresses, answered }
 }
 
-async fn move_replica(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let (shard, from, to) = (args.shard, args.from, args.to);
-    anyhow::ensure!(from != to, "FROM and TO are the same node ({from})");
-    // Every member's address (TO may not be among the endpoints given).
-    let first = connect(&args.connection)?;
-    let seen = view(shard, &first.status_all().await);
-    anyhow::ensure!(!seen.addresses.is_empty(), "no node answered; is the cluster running?");
-    for node in [from, to] {
-        anyhow::ensure!(seen.addresses.contains_key(&node), "node {node} is not a member of the cluster");
+/// A client of every member of the cluster (the nodes `connection` reaches report the members'
+/// addresses), and those addresses by node id.
+pub(crate) async fn connect_all(connection: &Connection) -> anyhow::Result<(Client, BTreeMap<u64, String>)> {
+    let first = connect(connection)?;
+    let mut addresses = BTreeMap::new();
+    for status in first.status_all().await.into_iter().filter_map(|(_, status)| status.ok()) {
+        addresses.extend(status.members.into_iter().map(|member| (member.id, member.address)));
     }
-    let client = Client::new(seen.addresses.values().cloned().collect(), ClientOptions::default())?;
+    anyhow::ensure!(!addresses.is_empty(), "no node answered; is the cluster running?");
+    let client = Client::new(addresses.values().cloned().collect(), ClientOptions::default())?;
+    Ok((client, addresses))
+}
+
+async fn move_command(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    anyhow::ensure!(args.from != args.to, "FROM and TO are the same node ({})", args.from);
+    let (client, addresses) = connect_all(&args.connection).await?;
+    for node in [args.from, args.to] {
+        anyhow::ensure!(addresses.contains_key(&node), "node {node} is not a member of the cluster");
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    move_replica(&client, (args.shard, args.from, args.to), deadline, out).await
+}
+
+/// Moves `shard`'s replica on node `from` to node `to` (see the module documentation), giving up
+/// at `deadline`; prints each step on `out`.
+pub(crate) async fn move_replica(
+    client: &Client,
+    (shard, from, to): (u64, u64, u64),
+    deadline: Instant,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.timeout_secs);
     let mut last_report = String::new();
     let mut report = |out: &mut dyn Write, line: String| -> io::Result<()> {
         if line != last_report {
@@ -114,9 +137,8 @@ async fn move_replica(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<(
     loop {
         anyhow::ensure!(
             Instant::now() < deadline,
-            "the move of shard {shard} from node {from} to node {to} did not finish within {} s ({last_report}); \
-             run the command again to continue it",
-            args.timeout_secs
+            "the move of shard {shard} from node {from} to node {to} did not finish in time ({last_report}); \
+             run the command again to continue it"
         );
         let view = view(shard, &client.status_all().await);
         let address = |node: u64| view.addresses.get(&node).cloned().unwrap_or_default();
@@ -126,13 +148,38 @@ async fn move_replica(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<(
             continue;
         };
         let is_member = |node: u64| members.voters.contains(&node) || members.learners.contains(&node);
+        anyhow::ensure!(
+            members.voters != [from],
+            "node {from} is shard {shard}'s only voter: a shard of one replica cannot move this way (the \
+             leader cannot remove itself); give it more replicas first"
+        );
+        anyhow::ensure!(
+            is_member(from) || members.voters.contains(&to),
+            "node {from} holds no replica of shard {shard} (voters {:?}, learners {:?})",
+            members.voters,
+            members.learners
+        );
         let step = if !members.outgoing_voters.is_empty() {
             report(out, "waiting for the shard to leave its joint configuration".into())?;
             Ok(())
         } else if members.voters.contains(&to) && !is_member(from) {
             if view.replicas.contains_key(&from) {
+                // The status read above may come from a leader deposed since; the leader confirms
+                // with a quorum that FROM is no longer a member before FROM's copy goes.
                 report(out, format!("removing node {from}'s replica of shard {shard}"))?;
-                client.remove_replica(&address(from), shard).await.map(drop)
+                match client.members(shard).await {
+                    Ok(now)
+                        if [&now.voters, &now.learners, &now.outgoing_voters]
+                            .iter()
+                            .any(|m| m.contains(&from)) =>
+                    {
+                        Err(onekv_client::ClientError::Server(format!(
+                            "node {from} is a member of shard {shard} again"
+                        )))
+                    }
+                    Ok(_) => client.remove_replica(&address(from), shard).await.map(drop),
+                    Err(error) => Err(error),
+                }
             } else {
                 let voters: Vec<String> = members.voters.iter().map(u64::to_string).collect();
                 writeln!(
@@ -141,6 +188,13 @@ async fn move_replica(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<(
                     started.elapsed().as_secs_f64(),
                     voters.join(", ")
                 )?;
+                if !view.answered.contains(&from) {
+                    writeln!(
+                        out,
+                        "node {from} did not answer: once it is up, run this again to delete its replica \
+                         (it takes no part in the shard meanwhile)"
+                    )?;
+                }
                 return Ok(());
             }
         } else if !view.replicas.contains_key(&to) {
@@ -157,30 +211,27 @@ async fn move_replica(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<(
                 Ok(())
             } else if leader == from {
                 let successor = members.voters.iter().copied().find(|&voter| voter != from);
-                match successor {
-                    Some(successor) => {
-                        report(
-                            out,
-                            format!("moving shard {shard}'s leadership from node {from} to node {successor}"),
-                        )?;
-                        client.transfer_leadership(shard, successor).await
-                    }
-                    None => {
-                        report(out, format!("promoting node {to} first (node {from} is the only voter)"))?;
-                        client.change_members(shard, Vec::new(), vec![to], Vec::new()).await.map(drop)
-                    }
-                }
+                let successor = successor.expect("checked above: another voter exists");
+                report(
+                    out,
+                    format!("moving shard {shard}'s leadership from node {from} to node {successor}"),
+                )?;
+                client.transfer_leadership(shard, successor).await
             } else {
-                let remove = if is_member(from) { vec![from] } else { Vec::new() };
                 report(out, format!("promoting node {to} and removing node {from} (one joint step)"))?;
-                client.change_members(shard, Vec::new(), vec![to], remove).await.map(drop)
+                client.change_members(shard, Vec::new(), vec![to], vec![from]).await.map(drop)
             }
-        } else if leader == from {
-            report(out, format!("moving shard {shard}'s leadership from node {from} to node {to}"))?;
-            client.transfer_leadership(shard, to).await
         } else {
-            report(out, format!("removing node {from} from shard {shard}"))?;
-            client.change_members(shard, Vec::new(), Vec::new(), vec![from]).await.map(drop)
+            // TO votes and FROM is still a member: this move never leads here (it promotes TO and
+            // removes FROM in one step), so something else changed the shard; removing FROM now
+            // would leave it a replica short.
+            anyhow::bail!(
+                "node {to} already holds a voting replica of shard {shard} and node {from} is still a member \
+                 (voters {:?}, learners {:?}): moving FROM's replica there would leave the shard a replica \
+                 short; choose a TO that holds none",
+                members.voters,
+                members.learners
+            );
         };
         if let Err(error) = step {
             // A step the leader refused for now (one pending, leadership moving, a learner that

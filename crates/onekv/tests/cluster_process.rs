@@ -683,3 +683,87 @@ fn the_shard_move_command_moves_a_replica_under_writes_and_loses_nothing() {
         );
     });
 }
+
+/// `onekv node drain ID` moves every replica off a node of four (4 shards of 3 replicas) while a
+/// writer writes; with that node down, draining another is refused (its shards would be left a
+/// replica short); and
+/// `onekv node fill ID` gives the drained node its share back; no acknowledged write is lost.
+#[test]
+fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(200), async {
+        let mut cluster = TestCluster::start(4, |config| {
+            config.cluster.shards = 4;
+            config.cluster.replicas = Some(3);
+        })
+        .await;
+        let client = cluster.client();
+        let mut before = Vec::new();
+        for n in 0..200 {
+            let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'x'; 1000]);
+            client.put(&key, &value).await.expect("a put");
+            before.push((key, value));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let key = format!("during-{n:06}").into_bytes();
+                    if client.put(&key, b"v").await.is_ok() {
+                        acked.lock().unwrap().push((key, b"v".to_vec()));
+                    }
+                    n += 1;
+                }
+            })
+        };
+        let endpoints: Vec<String> =
+            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let node_command = move |verb: &'static str, id: u64| {
+            let endpoints = endpoints.clone();
+            tokio::task::spawn_blocking(move || {
+                let output = Command::new(env!("CARGO_BIN_EXE_onekv"))
+                    .args(["node", verb, &id.to_string(), "--timeout-secs", "120"])
+                    .args(["--endpoints", &endpoints.join(",")])
+                    .output()
+                    .expect("running onekv node");
+                let text = String::from_utf8_lossy(&output.stdout).to_string()
+                    + &String::from_utf8_lossy(&output.stderr);
+                (output.status.success(), text)
+            })
+        };
+        let replicas_of = |status: &onekv_client::StatusResponse| status.shards.len();
+
+        let (ok, text) = node_command("drain", 2).await.unwrap();
+        assert!(ok, "onekv node drain failed: {text}");
+        assert!(text.contains("node 2 holds no replica (3 moved)"), "{text}");
+        assert_eq!(replicas_of(&cluster.status(2).await.unwrap()), 0, "{text}");
+        for id in [1, 3, 4] {
+            assert_eq!(replicas_of(&cluster.status(id).await.unwrap()), 4, "node {id}: {text}");
+        }
+        // With the drained node down, the other three hold every shard: none can give one up.
+        cluster.kill9(2);
+        let (ok, text) = node_command("drain", 3).await.unwrap();
+        assert!(!ok && text.contains("a replica short"), "draining a second node: {text}");
+        cluster.restart(2).await;
+
+        let (ok, text) = node_command("fill", 2).await.unwrap();
+        assert!(ok, "onekv node fill failed: {text}");
+        assert!(text.contains("node 2 holds 3 replicas, its share of 12 on 4 nodes (3 moved)"), "{text}");
+        let (ok, text) = node_command("fill", 2).await.unwrap();
+        assert!(ok && text.contains("(0 moved)"), "filling it again: {text}");
+
+        stop.store(true, Ordering::SeqCst);
+        writer.await.unwrap();
+        let all: Vec<_> = before.into_iter().chain(acked.lock().unwrap().clone()).collect();
+        let reader = client.clone();
+        let (wrong, examples) = mismatches(&all, move |key| {
+            let reader = reader.clone();
+            async move { reader.get(&key).await }
+        })
+        .await;
+        assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
+    });
+}

@@ -1,0 +1,216 @@
+//! `onekv node drain|fill`: moves replicas off one node, or onto one, a shard at a time, with
+//! `shard move`'s steps.
+//!
+//! Each move is chosen from the cluster's state as the nodes report it now (every shard's members
+//! as its leader knows them, every node's replicas), so an interrupted command is finished by
+//! running it again. One move at a time: the rate is bounded by one shard's copy.
+//!
+//! Owns: the choice of which shard goes where. Does not own: the steps of a move (`shard_cmd`) or
+//! the cluster's member list (fixed at creation: a node cannot join or leave it yet).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use onekv_client::Client;
+
+use crate::client_cmd::Connection;
+use crate::shard_cmd::{connect_all, move_replica};
+
+/// The `node` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum NodeCommand {
+    /// Moves every replica off node ID (each to the node that holds the fewest replicas among
+    /// those without one of its shard), so the node can be stopped; refused when a shard has a
+    /// replica on every other node (it would be left a replica short). Safe to re-run.
+    Drain(NodeArgs),
+    /// Moves replicas onto node ID (from the nodes that hold the most) until it holds its share,
+    /// e.g. a node that was drained or holds none. Safe to re-run.
+    Fill(NodeArgs),
+}
+
+/// Arguments of `node drain` and `node fill`.
+#[derive(Debug, clap::Args)]
+pub struct NodeArgs {
+    /// The node.
+    id: u64,
+    /// Give up after this many seconds (each move copies a shard).
+    #[arg(long, default_value_t = 3600)]
+    timeout_secs: u64,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Runs one `node` subcommand.
+pub fn run(command: NodeCommand) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut out = io::stdout().lock();
+    match command {
+        NodeCommand::Drain(args) => runtime.block_on(drain(&args, &mut out)),
+        NodeCommand::Fill(args) => runtime.block_on(fill(&args, &mut out)),
+    }
+}
+
+/// Where every shard's replicas are now.
+#[derive(Debug, Default)]
+struct Placement {
+    /// Every shard's voters and learners, as its leader knows them (shards without a known
+    /// leader are missing).
+    members: BTreeMap<u64, BTreeSet<u64>>,
+    /// Every shard's voters, as its leader knows them.
+    voters: BTreeMap<u64, BTreeSet<u64>>,
+    /// The nodes that answered, with the shards they host a replica of.
+    hosted: BTreeMap<u64, BTreeSet<u64>>,
+    /// Shards whose leader is not known, or that are between two configurations.
+    unsettled: BTreeSet<u64>,
+}
+
+impl Placement {
+    async fn read(client: &Client) -> Placement {
+        let mut placement = Placement::default();
+        let mut leaders: BTreeMap<u64, (u64, onekv_client::ShardStatus)> = BTreeMap::new();
+        for status in client.status_all().await.into_iter().filter_map(|(_, status)| status.ok()) {
+            let hosted = placement.hosted.entry(status.node_id).or_default();
+            for replica in status.shards {
+                hosted.insert(replica.shard);
+                placement.unsettled.insert(replica.shard);
+                if replica.role == "leader"
+                    && leaders.get(&replica.shard).is_none_or(|(term, _)| *term < replica.term)
+                {
+                    leaders.insert(replica.shard, (replica.term, replica));
+                }
+            }
+        }
+        for (shard, (_, leader)) in leaders {
+            if leader.outgoing_voters.is_empty() {
+                placement.unsettled.remove(&shard);
+            }
+            placement.members.insert(shard, leader.voters.iter().chain(&leader.learners).copied().collect());
+            placement.voters.insert(shard, leader.voters.iter().copied().collect());
+        }
+        placement
+    }
+
+    /// Replicas each answering node is a member with.
+    fn load(&self) -> BTreeMap<u64, usize> {
+        let mut load: BTreeMap<u64, usize> = self.hosted.keys().map(|node| (*node, 0)).collect();
+        for members in self.members.values() {
+            for node in members {
+                if let Some(count) = load.get_mut(node) {
+                    *count += 1;
+                }
+            }
+        }
+        load
+    }
+}
+
+async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let (client, addresses) = connect_all(&args.connection).await?;
+    let node = args.id;
+    anyhow::ensure!(addresses.contains_key(&node), "node {node} is not a member of the cluster");
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut moved = 0;
+    loop {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "node {node} was not drained in time; run the command again"
+        );
+        let placement = Placement::read(&client).await;
+        let shard =
+            placement.members.iter().find(|(_, members)| members.contains(&node)).map(|(shard, _)| *shard);
+        let Some(shard) = shard else {
+            // A replica its shard no longer counts (a move cut short after its membership step):
+            // finishing that move deletes it.
+            let left = placement.hosted.get(&node).into_iter().flatten().find_map(|shard| {
+                let voter = placement.voters.get(shard)?.iter().copied().find(|&voter| voter != node)?;
+                Some((*shard, voter))
+            });
+            if let Some((shard, voter)) = left {
+                move_replica(&client, (shard, node, voter), deadline, out).await?;
+                continue;
+            }
+            if placement.unsettled.is_empty() && placement.hosted.get(&node).is_none_or(BTreeSet::is_empty) {
+                writeln!(out, "node {node} holds no replica ({moved} moved); it can be stopped")?;
+                return Ok(());
+            }
+            // A shard without a known leader (an election) or between configurations: decide
+            // again in a moment.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        let members = &placement.members[&shard];
+        let load = placement.load();
+        let target = load
+            .iter()
+            .filter(|(candidate, _)| !members.contains(candidate) && **candidate != node)
+            .min_by_key(|(candidate, count)| (**count, **candidate))
+            .map(|(candidate, _)| *candidate);
+        let Some(target) = target else {
+            anyhow::bail!(
+                "shard {shard} has a replica on every other node that answered ({:?}): moving node {node}'s \
+                 away would leave it a replica short; start another node (or bring one back) first",
+                members
+            );
+        };
+        writeln!(out, "moving shard {shard} from node {node} to node {target}")?;
+        move_replica(&client, (shard, node, target), deadline, out).await?;
+        moved += 1;
+    }
+}
+
+async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let (client, addresses) = connect_all(&args.connection).await?;
+    let node = args.id;
+    anyhow::ensure!(addresses.contains_key(&node), "node {node} is not a member of the cluster");
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let mut moved = 0;
+    loop {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "node {node} was not filled in time; run the command again"
+        );
+        let placement = Placement::read(&client).await;
+        let load = placement.load();
+        anyhow::ensure!(load.contains_key(&node), "node {node} did not answer; start it first");
+        let total: usize = load.values().sum();
+        let share = total / load.len();
+        let mine = load[&node];
+        // The most loaded node with a shard this node lacks, if it holds more than one more.
+        let donor = load
+            .iter()
+            .filter(|(donor, count)| **donor != node && **count > mine + 1)
+            .max_by_key(|(donor, count)| (**count, std::cmp::Reverse(**donor)))
+            .and_then(|(donor, _)| {
+                let shard = placement
+                    .members
+                    .iter()
+                    .find(|(shard, members)| {
+                        members.contains(donor)
+                            && !members.contains(&node)
+                            && !placement.unsettled.contains(shard)
+                    })
+                    .map(|(shard, _)| *shard)?;
+                Some((*donor, shard))
+            });
+        if mine < share && donor.is_none() && !placement.unsettled.is_empty() {
+            // A shard without a known leader or between configurations may be the one to move.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let Some((donor, shard)) = donor.filter(|_| mine < share) else {
+            writeln!(
+                out,
+                "node {node} holds {mine} replicas, its share of {total} on {} nodes ({moved} moved)",
+                load.len()
+            )?;
+            return Ok(());
+        };
+        writeln!(
+            out,
+            "moving shard {shard} from node {donor} to node {node} ({mine} of its share of {share})"
+        )?;
+        move_replica(&client, (shard, donor, node), deadline, out).await?;
+        moved += 1;
+    }
+}
