@@ -109,6 +109,13 @@ impl Index {
         Ok(tree)
     }
 
+    /// Forgets the open tree `name`: the index keeps no handle to it any more, so its memory and
+    /// files are released once the last handle elsewhere is dropped (its files stay on disk).
+    /// Opening it again opens it anew.
+    pub fn forget_tree(&self, name: &str) {
+        self.trees.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
+    }
+
     /// Names of the trees present on disk, sorted (whether or not opened yet).
     pub fn tree_names(&self) -> Result<Vec<String>, IndexError> {
         let context = || format!("listing {}", self.shared.dir.display());

@@ -98,6 +98,9 @@ pub fn load(dir: &Path) -> Result<Option<Hosted>, ReplicaError> {
 
 /// Makes `hosted` the list of `dir`, durably.
 pub fn store(dir: &Path, hosted: &Hosted) -> std::io::Result<()> {
+    if crate::failpoints::hit("fail-replicas-write") {
+        return Err(std::io::Error::other("injected failure (fail-replicas-write)"));
+    }
     let tmp = dir.join(TMP_FILE);
     let mut file = fs::File::create(&tmp)?;
     file.write_all(render(hosted).as_bytes())?;

@@ -4,14 +4,16 @@
 //! A replica added at runtime ([`Node::add_replica`]) starts empty and without members, waiting
 //! for its shard's leader to add it as a learner (`membership`): its trees are created (a new
 //! generation, `hosted`), its creation is recorded in its tree (a recovery point at the log's end,
-//! so recovery never reads the log below it for this replica), it is listed in the node's
-//! `REPLICAS` file, and only then does the loop start driving it. A crash at any step leaves
-//! either no replica (an unlisted tree is deleted at the next open) or a listed, recorded one.
+//! so recovery never reads the log below it for this replica), the log collector protects it, it
+//! is listed in the node's `REPLICAS` file, and only then does the loop start driving it (writing
+//! the rejoining file with it first). A crash at any step leaves either no replica (an unlisted
+//! tree is deleted at the next open) or a listed, recorded, rejoining one.
 //!
 //! A replica removed ([`Node::remove_replica`]) leaves the loop first (it never takes part in
-//! Raft again, so it cannot vote twice in a term), then is retired in the file; its trees are
-//! deleted at the next open. Whether removing it is safe (its group no longer counts on it) is the
-//! caller's check: a replica cannot always tell that its group removed it.
+//! Raft again), then is retired in the file, and only then stops being protected by the collector
+//! and held by the index; its trees are deleted at the next open. Whether removing it is safe (its
+//! group no longer counts on it) is the caller's check: a replica cannot always tell that its
+//! group removed it.
 //!
 //! Does not own the loop's handling of groups (`node`), recovery (`recovery`) or membership
 //! changes (`membership`).
@@ -287,6 +289,14 @@ impl Node {
         // listed: no later open reads the log below it for this shard, where records of an
         // earlier replica of the shard on this node may remain.
         let built = parts.group(recovering, None, false)?;
+        let shared = built.shared.clone();
+        // The log collector protects its recovery point from its next pass on, before it is
+        // listed (a listed replica's point must never be reclaimed) and before it writes anything.
+        parts
+            .hosted_states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(shard, built.group.state.clone());
         let mut listed = hosted.clone();
         listed.host(shard, generation);
         crate::hosted::store(&parts.config.data_dir, &listed).map_err(|e| {
@@ -296,12 +306,12 @@ impl Node {
             ))
         })?;
         *hosted = listed;
-        let shared = built.shared.clone();
-        let state = built.group.state.clone();
-        // The loop takes the group before any message for it can arrive (the inbox is in order).
+        inner.retired_hints.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+        // The loop takes the group (and records it as rejoining) before any message for it can
+        // arrive: the inbox is in order. Should this fail, the replica stays listed and protected,
+        // and is driven after the next start.
         self.send_blocking(Input::AddGroup(Box::new(built.group)))?;
         inner.groups.write().unwrap_or_else(|e| e.into_inner()).insert(shard, shared.clone());
-        parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, state);
         tracing::info!(
             node = inner.node_id,
             shard,
@@ -330,6 +340,12 @@ impl Node {
 
     /// [`Node::remove_replica`] with `drop_group` taking the group out of the loop and returning
     /// the voters it knew; `threaded` when the loop runs on its own thread.
+    ///
+    /// The order keeps the node's list, the log collector and the loop consistent through a crash
+    /// or a failed write: the loop drops the group first (it takes no part in Raft any more), then
+    /// the file retires the replica, and only then does the collector stop protecting its
+    /// recovery point. A failed write leaves the replica listed and protected; asking again
+    /// finishes the removal.
     pub(crate) fn remove_replica_with(
         &self,
         shard: u64,
@@ -338,7 +354,10 @@ impl Node {
     ) -> Result<(), ReplicaError> {
         let inner = self.inner();
         let mut hosted = inner.hosted.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(replica) = self.replica(shard) else { return Ok(()) };
+        let replica = self.replica(shard);
+        if replica.is_none() && !hosted.hosted.contains_key(&shard) {
+            return Ok(());
+        }
         let parts = inner.parts.lock().unwrap_or_else(|e| e.into_inner());
         let parts = parts.as_ref().ok_or(ReplicaError::Stopping)?;
         if parts.driven == threaded {
@@ -347,34 +366,38 @@ impl Node {
                 "a driven node removes replicas through its DrivenLoop".into(),
             ));
         }
-        let status = replica.status();
-        if status.role == "leader" {
-            return Err(ReplicaError::InvalidArgument(format!(
-                "node {} leads shard {shard}: hand its leadership to another member and remove it from \
-                 the group first",
-                inner.node_id
-            )));
+        let mut last_voters = Vec::new();
+        if let Some(replica) = replica {
+            // Refused there while it leads.
+            last_voters = drop_group()?;
+            inner.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+            replica.group().state.write().unwrap_or_else(|e| e.into_inner()).take();
+            inner.fetches.cancel(shard);
         }
-        let last_voters = drop_group()?;
-        inner.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
-        parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
-        replica.group().state.write().unwrap_or_else(|e| e.into_inner()).take();
+        let generation = hosted.hosted.get(&shard).copied();
         let mut listed = hosted.clone();
-        listed.retire(shard, last_voters);
+        listed.retire(shard, last_voters.clone());
         let dir = &parts.config.data_dir;
         crate::hosted::store(dir, &listed).map_err(|e| {
             ReplicaError::Storage(format!("writing {}: {e}", dir.join(crate::hosted::FILE).display()))
         })?;
         *hosted = listed;
+        parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+        if let Some(generation) = generation {
+            // Its trees' memory and files go once the last handles (a flush job's) are dropped.
+            parts.index.forget_tree(&crate::hosted::shard_tree_name(shard, generation));
+            parts.index.forget_tree(&crate::hosted::entry_tree_name(shard, generation));
+        }
+        inner.retired_hints.write().unwrap_or_else(|e| e.into_inner()).insert(shard, last_voters);
         tracing::info!(node = inner.node_id, shard, "removed a replica; its trees go at the next start");
         Ok(())
     }
 
     /// The voters a replica of `shard` this node removed last knew (where clients may find the
-    /// shard now), if it removed one and hosts none again.
+    /// shard now), if it removed one and hosts none again. Never waits for an addition or a
+    /// removal under way.
     pub fn last_voters_of_removed(&self, shard: u64) -> Option<Vec<u64>> {
-        let hosted = self.inner().hosted.lock().unwrap_or_else(|e| e.into_inner());
-        hosted.retired.get(&shard).map(|retired| retired.last_voters.clone())
+        self.inner().retired_hints.read().unwrap_or_else(|e| e.into_inner()).get(&shard).cloned()
     }
 
     /// Queues `input` for the loop, waiting while the inbox is full (bounded by [`LOOP_WAIT`]).

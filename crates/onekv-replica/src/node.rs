@@ -208,16 +208,11 @@ impl NodeLoop {
                 Input::Shutdown => return Turn::Shutdown,
                 Input::Group(shard, input) => match self.groups.get_mut(&shard) {
                     Some(group) => group.handle(input, now, &mut self.ctx),
-                    None => input.refuse(ReplicaError::InvalidArgument(format!(
-                        "shard {shard} has no replica on node {}",
-                        self.ctx.config.node_id
-                    ))),
+                    // Not (or no longer, or not yet) hosted here: another node may serve it.
+                    None => input.refuse(ReplicaError::NotLeader { leader: None }),
                 },
                 Input::Gc(input) => self.handle_gc(input),
-                Input::AddGroup(group) => {
-                    group.publish_status(&self.ctx);
-                    self.groups.insert(group.shard, *group);
-                }
+                Input::AddGroup(group) => self.add_group(*group),
                 Input::RemoveGroup { shard, done } => {
                     let _ = done.try_send(self.remove_group(shard));
                 }
@@ -271,23 +266,34 @@ impl NodeLoop {
         }
     }
 
-    /// Drops the group of `shard`: it stops (its scrub and snapshot builds end), what it had pending
-    /// fails as not the leader, and the rejoining file forgets it. Returns the voters it knew.
+    /// Starts driving a replica added while the node runs. A new replica is rejoining (it has no
+    /// Raft state); the rejoining file says so before it handles any message, so a crash after
+    /// its first hard state cannot bring it back as a replica free to vote.
+    fn add_group(&mut self, group: Group) {
+        group.publish_status(&self.ctx);
+        let shard = group.shard;
+        let rejoining = group.rejoin.is_some();
+        self.groups.insert(shard, group);
+        if rejoining && let Err(error) = self.persist_rejoining() {
+            self.fail(error.to_string());
+        }
+    }
+
+    /// Drops the group of `shard`: it stops (its scrub and snapshot builds end) and what it had
+    /// pending fails as not the leader. Refused while it leads. Returns the voters it knew. The
+    /// rejoining file may keep naming it: a shard the node does not host is ignored there.
     pub(crate) fn remove_group(&mut self, shard: u64) -> Result<Vec<u64>, ReplicaError> {
+        if self.groups.get(&shard).is_some_and(|group| group.raw.raft.state == raft::StateRole::Leader) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "node {} leads shard {shard}: hand its leadership to another member and remove it from \
+                 the group first",
+                self.ctx.config.node_id
+            )));
+        }
         let Some(mut group) = self.groups.remove(&shard) else { return Ok(Vec::new()) };
         let voters = group.raw.store().conf_state.voters.clone();
         group.fail_pending(&|| ReplicaError::NotLeader { leader: None });
         group.stop();
-        if group.rejoin.is_some() {
-            let rejoining = self
-                .groups
-                .values()
-                .filter(|group| group.rejoin.is_some())
-                .map(|group| group.shard)
-                .collect();
-            crate::rejoin::store(&self.ctx.config.data_dir, &rejoining)
-                .map_err(|e| ReplicaError::Storage(format!("writing the rejoining file: {e}")))?;
-        }
         Ok(voters)
     }
 
@@ -335,11 +341,9 @@ impl NodeLoop {
         Ok(())
     }
 
-    /// Appends every prepared group's records in one append and waits for the fsync; returns the
-    /// locators, in the order of the records.
     /// Rewrites the data directory's rejoining file if a replica started or ended rejoining its
     /// group (`rejoin`). A failure to write it stops the node, as a failed log write does.
-    fn persist_rejoining(&mut self) -> Result<(), ReplicaError> {
+    pub(crate) fn persist_rejoining(&mut self) -> Result<(), ReplicaError> {
         let mut changed = false;
         for group in self.groups.values_mut() {
             changed |= group.update_rejoin();
@@ -353,6 +357,8 @@ impl NodeLoop {
             .map_err(|e| ReplicaError::Storage(format!("writing the rejoining file: {e}")))
     }
 
+    /// Appends every prepared group's records in one append and waits for the fsync; returns the
+    /// locators, in the order of the records.
     fn persist(&mut self, prepared: &[(u64, Prepared)]) -> Result<Vec<onekv_log::Locator>, ReplicaError> {
         let records: Vec<_> = prepared
             .iter()

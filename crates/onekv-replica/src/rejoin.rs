@@ -127,6 +127,10 @@ impl Rejoin {
     /// voter asked for a vote with an empty log: nothing was ever committed). Before, a leader
     /// deposed while this replica was down could still reach it; having forgotten the term it
     /// knew, the replica would help that leader commit over entries a newer leader committed.
+    /// A replica that knows no voters (one added to a running group, perhaps again) follows at
+    /// once: it waits for a snapshot, and votes for nobody. A deposed leader whose configuration
+    /// still counts it as a voter was refused by its removed replica (which had voted in a newer
+    /// term) for the whole removal, so check-quorum has made it step down by then.
     pub fn may_follow(&self, me: u64, voters: &[u64], election_ticks: usize) -> bool {
         let quiet = (QUIET_ELECTION_TIMEOUTS as usize).saturating_mul(election_ticks);
         self.ticks as usize >= quiet || self.up_to_date((0, 0), me, voters)

@@ -86,7 +86,10 @@ pub(crate) struct NodeInner {
     /// `ReplicaConfig::snapshot_chunk_bytes`.
     pub(crate) snapshot_chunk_bytes: usize,
     /// The snapshots this node is fetching (`snapshot::fetch`).
-    fetches: crate::snapshot::fetch::Fetches,
+    pub(crate) fetches: crate::snapshot::fetch::Fetches,
+    /// Where the shards this node removed replicas of went: the voters each last knew (from the
+    /// `REPLICAS` file; read on every request for a shard the node does not host).
+    pub(crate) retired_hints: RwLock<BTreeMap<u64, Vec<u64>>>,
 }
 
 /// A handle to one shard's replica on a running node. Cheap to clone; every method may be called
@@ -416,6 +419,13 @@ impl Node {
                 node_id,
                 inbox: inbox_tx,
                 groups: RwLock::new(shared_groups),
+                retired_hints: RwLock::new(
+                    hosted
+                        .retired
+                        .iter()
+                        .map(|(shard, retired)| (*shard, retired.last_voters.clone()))
+                        .collect(),
+                ),
                 hosted: Mutex::new(hosted),
                 parts: Mutex::new(Some(parts)),
                 limits,
@@ -427,6 +437,10 @@ impl Node {
                 fetches: Default::default(),
             }),
         };
+        // A replica found without Raft state is rejoining: say so on disk before it handles any
+        // message, so a crash after its first hard state cannot bring it back free to vote.
+        let mut node_loop = node_loop;
+        node_loop.persist_rejoining().map_err(|e| ReplicaError::Open(e.to_string()))?;
         Ok((node, node_loop))
     }
 

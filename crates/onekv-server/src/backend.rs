@@ -16,7 +16,7 @@ pub type ScanResult = (Vec<(Vec<u8>, Vec<u8>)>, bool);
 /// What the `Kv` and `Peer` services need from a node. See [`onekv_replica::Replica`] for each
 /// method's contract; in particular `Done` callbacks run on the node's loop thread and must not
 /// block. A call for a shard the node holds no replica of fails with
-/// [`ReplicaError::InvalidArgument`] (a message is dropped).
+/// [`ReplicaError::NotLeader`] without a leader (a message is dropped).
 pub trait Backend: Send + Sync + 'static {
     /// The shards this node holds a replica of, in order.
     fn shards(&self) -> Vec<u64>;
@@ -96,8 +96,10 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-fn no_replica(node: &Node, shard: u64) -> ReplicaError {
-    ReplicaError::InvalidArgument(format!("shard {shard} has no replica on node {}", node.id()))
+/// A call for a shard this node does not host (any more, or yet): the services check first, so
+/// only a replica added or removed in between gets here; another node may serve it.
+fn no_replica() -> ReplicaError {
+    ReplicaError::NotLeader { leader: None }
 }
 
 impl Backend for Node {
@@ -116,28 +118,28 @@ impl Backend for Node {
     fn propose(&self, shard: u64, request_id: RequestId, command: Command, done: Done<Outcome>) {
         match self.replica(shard) {
             Some(replica) => replica.propose(request_id, command, done),
-            None => done(Err(no_replica(self, shard))),
+            None => done(Err(no_replica())),
         }
     }
 
     fn read_barrier(&self, shard: u64, done: Done<()>) {
         match self.replica(shard) {
             Some(replica) => replica.read_barrier(done),
-            None => done(Err(no_replica(self, shard))),
+            None => done(Err(no_replica())),
         }
     }
 
     fn transfer_leadership(&self, shard: u64, to: u64, done: Done<()>) {
         match self.replica(shard) {
             Some(replica) => replica.transfer_leadership(to, done),
-            None => done(Err(no_replica(self, shard))),
+            None => done(Err(no_replica())),
         }
     }
 
     fn change_members(&self, shard: u64, change: MembershipChange, done: Done<Members>) {
         match self.replica(shard) {
             Some(replica) => replica.change_members(change, done),
-            None => done(Err(no_replica(self, shard))),
+            None => done(Err(no_replica())),
         }
     }
 
@@ -154,7 +156,7 @@ impl Backend for Node {
     }
 
     fn get(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
-        self.replica(shard).ok_or_else(|| no_replica(self, shard))?.get(key)
+        self.replica(shard).ok_or_else(no_replica)?.get(key)
     }
 
     fn scan(
@@ -165,7 +167,7 @@ impl Backend for Node {
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError> {
-        self.replica(shard).ok_or_else(|| no_replica(self, shard))?.scan(start, end, limit, reverse)
+        self.replica(shard).ok_or_else(no_replica)?.scan(start, end, limit, reverse)
     }
 
     fn scan_keys(
@@ -176,11 +178,15 @@ impl Backend for Node {
         limit: usize,
         reverse: bool,
     ) -> Result<ScanResult, ReplicaError> {
-        self.replica(shard).ok_or_else(|| no_replica(self, shard))?.scan_keys(start, end, limit, reverse)
+        self.replica(shard).ok_or_else(no_replica)?.scan_keys(start, end, limit, reverse)
     }
 
     fn statuses(&self) -> Vec<ReplicaStatus> {
         Node::statuses(self)
+    }
+
+    fn status(&self, shard: u64) -> Option<ReplicaStatus> {
+        self.replica(shard).map(|replica| replica.status())
     }
 
     fn snapshot_chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {

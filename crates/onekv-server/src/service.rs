@@ -183,12 +183,31 @@ impl<B: Backend> KvService<B> {
         if self.backend.hosts(shard) {
             return Ok(shard);
         }
-        let elsewhere = |nodes: &[u64]| nodes.iter().copied().find(|&node| node != self.node_id);
-        let hint = match self.backend.last_voters_of_removed(shard) {
-            Some(voters) => elsewhere(&voters),
-            None => elsewhere(&placement.replicas),
-        };
-        Err(self.status_of(ReplicaError::NotLeader { leader: hint }))
+        Err(self.status_of(ReplicaError::NotLeader { leader: self.elsewhere(shard, &placement.replicas) }))
+    }
+
+    /// A node other than this one that may hold `shard`: one of the voters this node's replica
+    /// knew when it was removed from here, else one of `placed` (the first placement's replicas).
+    fn elsewhere(&self, shard: u64, placed: &[u64]) -> Option<u64> {
+        let other = |nodes: &[u64]| nodes.iter().copied().find(|&node| node != self.node_id);
+        self.backend.last_voters_of_removed(shard).and_then(|voters| other(&voters)).or_else(|| other(placed))
+    }
+
+    /// Refuses a stale read that this node's replica of `shard` cannot serve: a failed node's, one
+    /// waiting to be added to its shard (it holds nothing yet), or one rejoining its group (it
+    /// lost what it held and has not caught up). The client is sent to the leader, if known.
+    fn refuse_stale(&self, shard: u64) -> Result<(), Status> {
+        self.refuse_if_failed()?;
+        match self.backend.status(shard) {
+            Some(status) if status.voters.is_empty() || status.rejoining => {
+                let placed = self.map.shard(shard).map(|p| p.replicas.clone()).unwrap_or_default();
+                let leader = status.leader_id.filter(|&leader| leader != self.node_id);
+                Err(self.status_of(ReplicaError::NotLeader {
+                    leader: leader.or_else(|| self.elsewhere(shard, &placed)),
+                }))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The one shard all of `keys` belong to (held here), or why not: a batch is atomic within
@@ -423,7 +442,7 @@ impl<B: Backend> Kv for KvService<B> {
             let shard = self.shard_of(&request.key)?;
             match consistency {
                 Consistency::Linearizable => self.read_barrier(shard).await?,
-                Consistency::Stale => self.refuse_if_failed()?,
+                Consistency::Stale => self.refuse_stale(shard)?,
             }
             let value = self.get_repaired(shard, &request.key).await?;
             Ok(Response::new(match value {
@@ -593,7 +612,7 @@ impl<B: Backend> Kv for KvService<B> {
             };
             match consistency {
                 Consistency::Linearizable => self.read_barrier(shard).await?,
-                Consistency::Stale => self.refuse_if_failed()?,
+                Consistency::Stale => self.refuse_stale(shard)?,
             }
             // A scan may read megabytes through many preads: keep it off the async workers.
             let backend = Arc::clone(&self.backend);

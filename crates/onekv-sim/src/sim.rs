@@ -668,6 +668,9 @@ impl Sim {
         }
         let (low, high) = self.config.fault_interval_ms;
         self.next_fault = self.now + self.rng.random_range(low..=high);
+        if self.config.member_changes {
+            self.drop_removed_replicas();
+        }
         let up: Vec<usize> = (0..self.nodes.len()).filter(|&i| self.nodes[i].up.is_some()).collect();
         if up.is_empty() {
             return;
@@ -744,9 +747,8 @@ impl Sim {
     /// is not a member as a learner (creating its replica first if its node hosts none), or, once
     /// there is one, promote it and remove a voter other than the leader (one joint step). Refused
     /// steps (a learner still catching up, an earlier change not applied yet) are counted, not
-    /// retried. Before that, nodes drop the replicas their shards removed.
+    /// retried. (Before each nemesis action, nodes drop the replicas their shards removed.)
     fn change_members(&mut self) {
-        self.drop_removed_replicas();
         let shard = self.rng.random_range(1..=self.config.shards as u64);
         let leader = self.nodes.iter().find_map(|node| {
             let replica = node.up.as_ref()?.node.replica(shard)?;
@@ -825,7 +827,12 @@ impl Sim {
                 .filter(|status| status.role == "leader")
                 .max_by_key(|status| status.term);
             let Some(leader) = leader else { continue };
-            let forget = leader.members().contains(id);
+            let members = leader.members();
+            if members.outgoing_voters.contains(&id) && !members.voters.contains(&id) {
+                // Still counted until the leader leaves the joint configuration.
+                continue;
+            }
+            let forget = members.contains(id);
             let index = self.nodes.iter().position(|node| node.id == id).expect("a node of the simulation");
             let node = &mut self.nodes[index];
             if !forget {

@@ -130,12 +130,12 @@ async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 move_replica(&client, (shard, node, voter), deadline, out).await?;
                 continue;
             }
-            if placement.unsettled.is_empty() && placement.hosted.get(&node).is_none_or(BTreeSet::is_empty) {
+            if placement.unsettled.is_empty() && placement.hosted.get(&node).is_some_and(BTreeSet::is_empty) {
                 writeln!(out, "node {node} holds no replica ({moved} moved); it can be stopped")?;
                 return Ok(());
             }
-            // A shard without a known leader (an election) or between configurations: decide
-            // again in a moment.
+            // A shard without a known leader (an election) or between configurations, or the node
+            // did not answer (its replicas are unknown): decide again in a moment.
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
@@ -182,11 +182,12 @@ async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
             .filter(|(donor, count)| **donor != node && **count > mine + 1)
             .max_by_key(|(donor, count)| (**count, std::cmp::Reverse(**donor)))
             .and_then(|(donor, _)| {
+                // A shard the donor votes in (moving a learner's replica would add a voter).
                 let shard = placement
                     .members
                     .iter()
                     .find(|(shard, members)| {
-                        members.contains(donor)
+                        placement.voters.get(shard).is_some_and(|voters| voters.contains(donor))
                             && !members.contains(&node)
                             && !placement.unsettled.contains(shard)
                     })

@@ -210,8 +210,16 @@ pub(crate) async fn move_replica(
                 report(out, format!("node {to} is catching up: {behind} entries behind leader {leader}"))?;
                 Ok(())
             } else if leader == from {
-                let successor = members.voters.iter().copied().find(|&voter| voter != from);
-                let successor = successor.expect("checked above: another voter exists");
+                // The other voter that answered with the most applied (one that is down or behind
+                // would not take the lead), else any other voter.
+                let answering = members.voters.iter().filter(|&&voter| voter != from).filter_map(|voter| {
+                    view.replicas.get(voter).map(|replica| (replica.applied_index, *voter))
+                });
+                let successor = answering
+                    .max()
+                    .map(|(_, voter)| voter)
+                    .or_else(|| members.voters.iter().copied().find(|&voter| voter != from))
+                    .expect("checked above: another voter exists");
                 report(
                     out,
                     format!("moving shard {shard}'s leadership from node {from} to node {successor}"),

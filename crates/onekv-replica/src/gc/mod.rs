@@ -288,8 +288,7 @@ pub(crate) struct Collector {
     values: Option<Arc<Log>>,
     /// The node's hosted replicas, which change while it runs.
     hosted: HostedStates,
-    /// The hosted replicas as of the round's start (a replica added later waits for the next
-    /// round; one removed since is skipped where it matters).
+    /// The hosted replicas as of the pass's start ([`Collector::refresh_hosted`]).
     states: BTreeMap<u64, Arc<State>>,
     pins: Arc<ReadPins>,
     status: Arc<Mutex<GcStatus>>,
@@ -342,6 +341,14 @@ impl Collector {
         }
     }
 
+    /// Takes the hosted replicas as they are now, at the start of each pass. A replica added
+    /// during a pass is safe from it: its recovery point is the log's end when it was added, above
+    /// every segment the pass chose, and its records come after. One removed during a pass is
+    /// garbage (its node no longer lists it).
+    fn refresh_hosted(&mut self) {
+        self.states = lock(&self.hosted).clone();
+    }
+
     /// The pause between rounds.
     pub fn interval(&self) -> Duration {
         self.config.interval
@@ -350,7 +357,6 @@ impl Collector {
     /// One round, with its outcome in status; `false` if the collector must stop.
     pub fn run_round(&mut self, link: &mut dyn Link) -> bool {
         let started = Instant::now();
-        self.states = lock(&self.hosted).clone();
         let outcome = match self.mode {
             StorageMode::OneLog => self.round(link),
             StorageMode::Separated => self.round(link).and_then(|()| self.truncate_round(link)),
@@ -393,6 +399,7 @@ impl Collector {
 
     /// One pass of a round; `false` when there is nothing more to do this round.
     fn pass(&mut self, link: &mut dyn Link) -> Result<bool, RoundError> {
+        self.refresh_hosted();
         self.take_census(link)?;
         let log = self.values_log();
         let segments = log.segments();
@@ -827,6 +834,7 @@ impl Collector {
     /// the persistence point at once; classic's data WAL below its last checkpoint that every tree
     /// has flushed past.
     fn truncate_round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
+        self.refresh_hosted();
         let point = self.persistence_point();
         let before = self.raft_log.segments();
         if let Some(oldest) = before.first()

@@ -123,6 +123,14 @@ impl Fetches {
         }
     }
 
+    /// Cancels `shard`'s fetch, if one runs (its replica leaves the node), without waiting: the
+    /// fetch ends at its next chunk and its result is never installed.
+    pub fn cancel(&self, shard: u64) {
+        if let Some(fetch) = self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard) {
+            fetch.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// Stops every fetch and waits for their threads.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);

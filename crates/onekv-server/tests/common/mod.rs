@@ -82,6 +82,10 @@ impl Backend for FakeBackend {
         vec![1]
     }
 
+    fn hosts(&self, _shard: u64) -> bool {
+        true
+    }
+
     fn step(&self, _shard: u64, message: Message) {
         self.calls.lock().unwrap().push("step");
         self.stepped.lock().unwrap().push(message);
