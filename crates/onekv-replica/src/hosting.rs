@@ -10,8 +10,9 @@
 //! tree is deleted at the next open) or a listed, recorded, rejoining one.
 //!
 //! A replica removed ([`Node::remove_replica`]) leaves the loop first (it never takes part in
-//! Raft again), then is retired in the file, and only then stops being protected by the collector
-//! and held by the index; its trees are deleted at the next open. Whether removing it is safe (its
+//! Raft again), then is retired in the file, and only then stops being listed among the node's
+//! shards, protected by the collector and held by the index; its trees are deleted at the next
+//! open. A failed write leaves it listed, protected and shown; asking again finishes it. Whether removing it is safe (its
 //! group no longer counts on it) is the caller's check: a replica cannot always tell that its
 //! group removed it.
 //!
@@ -252,6 +253,30 @@ impl GroupParts {
     }
 }
 
+/// Recovers a new replica (nothing to read: its trees are new), records its creation (a recovery
+/// point at the log's end, no members, so no later open reads the log below it for this shard,
+/// where records of an earlier replica of the shard on this node may remain) and lists it.
+fn add_listed(
+    parts: &GroupParts,
+    hosted: &mut crate::hosted::Hosted,
+    mut recovering: Recovering,
+    generation: u32,
+) -> Result<Built, ReplicaError> {
+    let shard = recovering.shard;
+    crate::recovery::recover_new(&parts.raft_log, &mut recovering)?;
+    let mut built = parts.group(recovering, None, false)?;
+    let mut listed = hosted.clone();
+    listed.host(shard, generation);
+    if let Err(e) = crate::hosted::store(&parts.config.data_dir, &listed) {
+        // Its scrub thread and snapshot builder end with it.
+        built.group.stop();
+        let path = parts.config.data_dir.join(crate::hosted::FILE);
+        return Err(ReplicaError::Storage(format!("writing {}: {e}", path.display())));
+    }
+    *hosted = listed;
+    Ok(built)
+}
+
 impl Node {
     /// Adds a replica of `shard` to this node while it runs: empty, without members, waiting for
     /// the shard's leader to add this node as a learner ([`Replica::change_members`]), which sends
@@ -283,34 +308,24 @@ impl Node {
         };
         let trees = parts.trees(shard, generation)?;
         let requests = crate::requests::RequestWindow::load(trees.0.clone())?;
-        let mut recovering = parts.recovering(shard, trees, requests, Vec::new());
-        crate::recovery::recover_new(&parts.raft_log, &mut recovering)?;
-        // Records its creation (a recovery point at the log's end, no members) before it is
-        // listed: no later open reads the log below it for this shard, where records of an
-        // earlier replica of the shard on this node may remain.
-        let built = parts.group(recovering, None, false)?;
-        let shared = built.shared.clone();
-        // The log collector protects its recovery point from its next pass on, before it is
-        // listed (a listed replica's point must never be reclaimed) and before it writes anything.
-        parts
-            .hosted_states
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(shard, built.group.state.clone());
-        let mut listed = hosted.clone();
-        listed.host(shard, generation);
-        crate::hosted::store(&parts.config.data_dir, &listed).map_err(|e| {
-            ReplicaError::Storage(format!(
-                "writing {}: {e}",
-                parts.config.data_dir.join(crate::hosted::FILE).display()
-            ))
+        let recovering = parts.recovering(shard, trees, requests, Vec::new());
+        // The log collector protects it from before its creation is recorded (a tree without a
+        // recovery point holds the whole log) until it is removed: a listed replica's recovery
+        // point must never be reclaimed, and the collector's passes rely on this order.
+        let state = recovering.applier.state.clone();
+        parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).insert(shard, state);
+        let built = add_listed(parts, &mut hosted, recovering, generation).inspect_err(|_| {
+            // Not listed: nothing to protect, and its trees are deleted at the next open.
+            parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+            parts.index.forget_tree(&crate::hosted::shard_tree_name(shard, generation));
+            parts.index.forget_tree(&crate::hosted::entry_tree_name(shard, generation));
         })?;
-        *hosted = listed;
         inner.retired_hints.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+        let shared = built.shared.clone();
         // The loop takes the group (and records it as rejoining) before any message for it can
-        // arrive: the inbox is in order. Should this fail, the replica stays listed and protected,
-        // and is driven after the next start.
-        self.send_blocking(Input::AddGroup(Box::new(built.group)))?;
+        // arrive: the inbox is in order. It always drains its inbox, so this waits for room; it
+        // fails only once the loop has ended (the replica, listed, is driven after the next start).
+        inner.inbox.send(Input::AddGroup(Box::new(built.group))).map_err(|_| ReplicaError::Stopping)?;
         inner.groups.write().unwrap_or_else(|e| e.into_inner()).insert(shard, shared.clone());
         tracing::info!(
             node = inner.node_id,
@@ -366,29 +381,40 @@ impl Node {
                 "a driven node removes replicas through its DrivenLoop".into(),
             ));
         }
-        let mut last_voters = Vec::new();
-        if let Some(replica) = replica {
-            // Refused there while it leads.
-            last_voters = drop_group()?;
-            inner.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+        if let Some(replica) = &replica {
+            // Refused there while it leads. Asked again after a failed write below, the loop no
+            // longer has the group and knows no voters: the first answer is kept as the hint.
+            let voters = drop_group()?;
+            if !voters.is_empty() {
+                inner.retired_hints.write().unwrap_or_else(|e| e.into_inner()).insert(shard, voters);
+            }
             replica.group().state.write().unwrap_or_else(|e| e.into_inner()).take();
             inner.fetches.cancel(shard);
         }
+        let last_voters = inner
+            .retired_hints
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&shard)
+            .cloned()
+            .unwrap_or_default();
         let generation = hosted.hosted.get(&shard).copied();
         let mut listed = hosted.clone();
         listed.retire(shard, last_voters.clone());
         let dir = &parts.config.data_dir;
+        // Until this is written the replica stays listed, protected from the collector, and shown
+        // among the node's shards (so whoever removes it sees it is not gone, and asks again).
         crate::hosted::store(dir, &listed).map_err(|e| {
             ReplicaError::Storage(format!("writing {}: {e}", dir.join(crate::hosted::FILE).display()))
         })?;
         *hosted = listed;
+        inner.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
         parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
         if let Some(generation) = generation {
-            // Its trees' memory and files go once the last handles (a flush job's) are dropped.
+            // Their memory and files go once the last handles (a flush job's) are dropped.
             parts.index.forget_tree(&crate::hosted::shard_tree_name(shard, generation));
             parts.index.forget_tree(&crate::hosted::entry_tree_name(shard, generation));
         }
-        inner.retired_hints.write().unwrap_or_else(|e| e.into_inner()).insert(shard, last_voters);
         tracing::info!(node = inner.node_id, shard, "removed a replica; its trees go at the next start");
         Ok(())
     }

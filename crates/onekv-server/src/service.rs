@@ -193,13 +193,13 @@ impl<B: Backend> KvService<B> {
         self.backend.last_voters_of_removed(shard).and_then(|voters| other(&voters)).or_else(|| other(placed))
     }
 
-    /// Refuses a stale read that this node's replica of `shard` cannot serve: a failed node's, one
-    /// waiting to be added to its shard (it holds nothing yet), or one rejoining its group (it
-    /// lost what it held and has not caught up). The client is sent to the leader, if known.
+    /// Refuses a stale read that this node's replica of `shard` cannot serve: a failed node's, or
+    /// one waiting to be added to its shard (no members: it holds nothing yet). The client is
+    /// sent to the leader, if known.
     fn refuse_stale(&self, shard: u64) -> Result<(), Status> {
         self.refuse_if_failed()?;
         match self.backend.status(shard) {
-            Some(status) if status.voters.is_empty() || status.rejoining => {
+            Some(status) if status.voters.is_empty() && status.learners.is_empty() => {
                 let placed = self.map.shard(shard).map(|p| p.replicas.clone()).unwrap_or_default();
                 let leader = status.leader_id.filter(|&leader| leader != self.node_id);
                 Err(self.status_of(ReplicaError::NotLeader {

@@ -277,6 +277,10 @@ struct LiveKey {
     bytes: Locator,
 }
 
+/// A replica's state and the highest seqno its tree had written when a data-WAL checkpoint was
+/// taken (classic mode); weak, so a removed replica's trees are not kept alive by it.
+type TreeMark = (std::sync::Weak<State>, u64);
+
 /// The collector's state between rounds; each round reaches the node loop through a [`Link`].
 pub(crate) struct Collector {
     config: GcConfig,
@@ -290,6 +294,9 @@ pub(crate) struct Collector {
     hosted: HostedStates,
     /// The hosted replicas as of the pass's start ([`Collector::refresh_hosted`]).
     states: BTreeMap<u64, Arc<State>>,
+    /// The Raft log's and the values log's ends read just before `states`: no segment past them
+    /// goes in this pass.
+    horizon: (u64, u64),
     pins: Arc<ReadPins>,
     status: Arc<Mutex<GcStatus>>,
     census: Census,
@@ -300,7 +307,7 @@ pub(crate) struct Collector {
     pub max_kept_keys: usize,
     /// Classic mode: a data WAL position and the highest seqno each shard's tree had written when
     /// it was taken; once every tree's durable seqno reaches its own, the WAL below is obsolete.
-    data_wal_checkpoint: Option<(u64, BTreeMap<u64, u64>)>,
+    data_wal_checkpoint: Option<(u64, Vec<TreeMark>)>,
     /// Classic mode: the data WAL.
     data_wal: Option<Arc<Log>>,
 }
@@ -328,6 +335,7 @@ impl Collector {
             values,
             hosted,
             states: BTreeMap::new(),
+            horizon: (0, 0),
             data_wal: match mode {
                 StorageMode::Classic => second_log,
                 _ => None,
@@ -341,11 +349,14 @@ impl Collector {
         }
     }
 
-    /// Takes the hosted replicas as they are now, at the start of each pass. A replica added
-    /// during a pass is safe from it: its recovery point is the log's end when it was added, above
-    /// every segment the pass chose, and its records come after. One removed during a pass is
-    /// garbage (its node no longer lists it).
+    /// Takes the hosted replicas as they are now, at the start of each pass, and the logs' ends
+    /// just before. The pass takes no segment past those ends ([`Collector::horizon`]), so a
+    /// replica added during the pass is safe from it: it is protected from before its creation
+    /// is recorded (`hosting`), so its recovery point and every record of it lie at or above the
+    /// ends read here. One removed during a pass is garbage (its node retired it first).
     fn refresh_hosted(&mut self) {
+        self.horizon =
+            (self.raft_log.end_position(), self.values.as_ref().map_or(0, |log| log.end_position()));
         self.states = lock(&self.hosted).clone();
     }
 
@@ -362,6 +373,8 @@ impl Collector {
             StorageMode::Separated => self.round(link).and_then(|()| self.truncate_round(link)),
             StorageMode::Classic => self.truncate_round(link),
         };
+        // No handle of a replica removed meanwhile outlives the round.
+        self.states.clear();
         let mut status = lock(&self.status);
         status.rounds += 1;
         status.busy_ms += started.elapsed().as_millis() as u64;
@@ -427,7 +440,7 @@ impl Collector {
         // bytes are written again at the head).
         let mut excess = log_bytes.saturating_sub(target);
         let mut chosen = Vec::new();
-        for segment in sealed {
+        for segment in sealed.iter().take_while(|segment| segment.end() <= self.horizon.1) {
             if excess == 0 || chosen.len() == MAX_SEGMENTS_PER_PASS {
                 break;
             }
@@ -642,12 +655,14 @@ impl Collector {
             let state = self.states[shard].clone();
             let hosted = self.hosted.clone();
             // A replica removed meanwhile flushes no more; its values are garbage anyway.
-            link.wait_until(&|| state.tree.durable_seqno() >= *seqno || !lock(&hosted).contains_key(shard))
-                .map_err(|error| match error {
-                RoundError::Failed(why) => RoundError::Failed(format!(
-                    "shard {shard} did not flush before its values' segment could go: {why}"
-                )),
-                stopped => stopped,
+            let removed = || lock(&hosted).get(shard).is_none_or(|now| !Arc::ptr_eq(now, &state));
+            link.wait_until(&|| state.tree.durable_seqno() >= *seqno || removed()).map_err(|error| {
+                match error {
+                    RoundError::Failed(why) => RoundError::Failed(format!(
+                        "shard {shard} did not flush before its values' segment could go: {why}"
+                    )),
+                    stopped => stopped,
+                }
             })?;
         }
         link.crash_point(GcPoint::BeforeReclaim)?;
@@ -835,7 +850,7 @@ impl Collector {
     /// has flushed past.
     fn truncate_round(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
         self.refresh_hosted();
-        let point = self.persistence_point();
+        let point = self.persistence_point().min(self.horizon.0);
         let before = self.raft_log.segments();
         if let Some(oldest) = before.first()
             && before.len() > 1
@@ -855,9 +870,14 @@ impl Collector {
             && let Some(wal) = self.data_wal.clone()
         {
             if let Some((position, seqnos)) = &self.data_wal_checkpoint
-                && seqnos.iter().all(|(shard, seqno)| {
-                    // A replica removed since has nothing more to make durable.
-                    self.states.get(shard).is_none_or(|state| state.tree.durable_seqno() >= *seqno)
+                && seqnos.iter().all(|(state, seqno)| {
+                    // A replica removed since (its state gone, or no longer the hosted one of its
+                    // shard: a replica added again has new trees) has nothing more to make durable.
+                    let hosted = lock(&self.hosted);
+                    state.upgrade().is_none_or(|state| {
+                        let current = hosted.values().any(|other| Arc::ptr_eq(other, &state));
+                        !current || state.tree.durable_seqno() >= *seqno
+                    })
                 })
             {
                 let more =
@@ -870,10 +890,10 @@ impl Collector {
                 // The position first: every APPLIED record below it was written after its writes
                 // reached the tree, so their seqnos are at most what the trees say next.
                 let position = wal.end_position();
-                let seqnos = self
-                    .states
-                    .iter()
-                    .map(|(shard, state)| (*shard, state.tree.last_written_seqno()))
+                // The replicas hosted now, after the position: one added later writes above it.
+                let seqnos = lock(&self.hosted)
+                    .values()
+                    .map(|state| (Arc::downgrade(state), state.tree.last_written_seqno()))
                     .collect();
                 // No flush is asked for: the trees' own flushes (on size, entries or age) pass it.
                 self.data_wal_checkpoint = Some((position, seqnos));
