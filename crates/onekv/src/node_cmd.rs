@@ -105,11 +105,15 @@ impl Placement {
     }
 }
 
-async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
+/// A client of every member, the node, and when to give up.
+async fn start(args: &NodeArgs) -> anyhow::Result<(Client, u64, Instant)> {
     let (client, addresses) = connect_all(&args.connection).await?;
-    let node = args.id;
-    anyhow::ensure!(addresses.contains_key(&node), "node {node} is not a member of the cluster");
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    anyhow::ensure!(addresses.contains_key(&args.id), "node {} is not a member of the cluster", args.id);
+    Ok((client, args.id, Instant::now() + Duration::from_secs(args.timeout_secs)))
+}
+
+async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let (client, node, deadline) = start(args).await?;
     let mut moved = 0;
     loop {
         anyhow::ensure!(
@@ -160,10 +164,7 @@ async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
 }
 
 async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let (client, addresses) = connect_all(&args.connection).await?;
-    let node = args.id;
-    anyhow::ensure!(addresses.contains_key(&node), "node {node} is not a member of the cluster");
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let (client, node, deadline) = start(args).await?;
     let mut moved = 0;
     loop {
         anyhow::ensure!(
