@@ -267,6 +267,7 @@ fn add_listed(
     let mut built = parts.group(recovering, None, false)?;
     let mut listed = hosted.clone();
     listed.host(shard, generation);
+    crate::failpoint!("hosting-before-listing");
     if let Err(e) = crate::hosted::store(&parts.config.data_dir, &listed) {
         // Its scrub thread and snapshot builder end with it.
         built.group.stop();
@@ -321,6 +322,7 @@ impl Node {
             parts.index.forget_tree(&crate::hosted::entry_tree_name(shard, generation));
         })?;
         inner.retired_hints.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
+        crate::failpoint!("hosting-before-driving");
         let shared = built.shared.clone();
         // The loop takes the group (and records it as rejoining) before any message for it can
         // arrive: the inbox is in order. It always drains its inbox, so this waits for room; it
@@ -402,12 +404,14 @@ impl Node {
         let mut listed = hosted.clone();
         listed.retire(shard, last_voters.clone());
         let dir = &parts.config.data_dir;
+        crate::failpoint!("hosting-before-retiring");
         // Until this is written the replica stays listed, protected from the collector, and shown
         // among the node's shards (so whoever removes it sees it is not gone, and asks again).
         crate::hosted::store(dir, &listed).map_err(|e| {
             ReplicaError::Storage(format!("writing {}: {e}", dir.join(crate::hosted::FILE).display()))
         })?;
         *hosted = listed;
+        crate::failpoint!("hosting-after-retiring");
         inner.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&shard);
         parts.hosted_states.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard);
         if let Some(generation) = generation {
