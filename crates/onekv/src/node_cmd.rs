@@ -25,7 +25,8 @@ pub enum NodeCommand {
     /// replica on every other node (it would be left a replica short). Safe to re-run.
     Drain(NodeArgs),
     /// Moves replicas onto node ID (from the nodes that hold the most) until it holds its share,
-    /// e.g. a node that was drained or holds none. Safe to re-run.
+    /// e.g. a node that was drained or holds none, then leaderships until it leads its share of
+    /// the shards it votes in. Safe to re-run.
     Fill(NodeArgs),
 }
 
@@ -63,25 +64,28 @@ struct Placement {
     hosted: BTreeMap<u64, BTreeSet<u64>>,
     /// Shards whose leader is not known, or that are between two configurations.
     unsettled: BTreeSet<u64>,
+    /// Every shard's leader (of the highest term among the nodes that answered).
+    leaders: BTreeMap<u64, u64>,
 }
 
 impl Placement {
     async fn read(client: &Client) -> Placement {
         let mut placement = Placement::default();
-        let mut leaders: BTreeMap<u64, (u64, onekv_client::ShardStatus)> = BTreeMap::new();
+        let mut leaders: BTreeMap<u64, (u64, u64, onekv_client::ShardStatus)> = BTreeMap::new();
         for status in client.status_all().await.into_iter().filter_map(|(_, status)| status.ok()) {
             let hosted = placement.hosted.entry(status.node_id).or_default();
             for replica in status.shards {
                 hosted.insert(replica.shard);
                 placement.unsettled.insert(replica.shard);
                 if replica.role == "leader"
-                    && leaders.get(&replica.shard).is_none_or(|(term, _)| *term < replica.term)
+                    && leaders.get(&replica.shard).is_none_or(|(term, _, _)| *term < replica.term)
                 {
-                    leaders.insert(replica.shard, (replica.term, replica));
+                    leaders.insert(replica.shard, (replica.term, status.node_id, replica));
                 }
             }
         }
-        for (shard, (_, leader)) in leaders {
+        for (shard, (_, node, leader)) in leaders {
+            placement.leaders.insert(shard, node);
             if leader.outgoing_voters.is_empty() {
                 placement.unsettled.remove(&shard);
             }
@@ -206,7 +210,7 @@ async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 "node {node} holds {mine} replicas, its share of {total} on {} nodes ({moved} moved)",
                 load.len()
             )?;
-            return Ok(());
+            return lead_share(&client, node, deadline, out).await;
         };
         writeln!(
             out,
@@ -214,5 +218,62 @@ async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
         )?;
         move_replica(&client, (shard, donor, node), deadline, out).await?;
         moved += 1;
+    }
+}
+
+/// Moves leaderships to `node` (of shards it votes in, from the nodes that lead the most) until it
+/// leads its share of the shards: a filled node would otherwise lead none, as leadership follows
+/// the first placement's primaries. Each moved leadership stays until its new leader restarts
+/// (`onekv lead`). A hand-off that does not happen in time is reported, not retried.
+async fn lead_share(
+    client: &Client,
+    node: u64,
+    deadline: Instant,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let mut moved = 0;
+    loop {
+        let placement = Placement::read(client).await;
+        let mut led: BTreeMap<u64, usize> = placement.hosted.keys().map(|n| (*n, 0)).collect();
+        for leader in placement.leaders.values() {
+            *led.entry(*leader).or_default() += 1;
+        }
+        let mine = led.get(&node).copied().unwrap_or(0);
+        let share = placement.leaders.len() / led.len().max(1);
+        let shard = (mine < share)
+            .then(|| {
+                placement
+                    .leaders
+                    .iter()
+                    .filter(|(shard, leader)| {
+                        **leader != node
+                            && led[*leader] > mine + 1
+                            && placement.voters.get(*shard).is_some_and(|voters| voters.contains(&node))
+                    })
+                    .max_by_key(|(shard, leader)| (led[*leader], std::cmp::Reverse(**shard)))
+                    .map(|(shard, _)| *shard)
+            })
+            .flatten();
+        let Some(shard) = shard else {
+            writeln!(out, "node {node} leads {mine} shard(s) ({moved} leadership(s) moved to it)")?;
+            return Ok(());
+        };
+        writeln!(out, "moving the leadership of shard {shard} to node {node}")?;
+        client.transfer_leadership(shard, node).await?;
+        let until = (Instant::now() + Duration::from_secs(10)).min(deadline);
+        loop {
+            if Placement::read(client).await.leaders.get(&shard) == Some(&node) {
+                moved += 1;
+                break;
+            }
+            if Instant::now() >= until {
+                writeln!(
+                    out,
+                    "node {node} did not take the lead of shard {shard}; leaving leaderships as they are"
+                )?;
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }

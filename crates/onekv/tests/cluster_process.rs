@@ -687,7 +687,8 @@ fn the_shard_move_command_moves_a_replica_under_writes_and_loses_nothing() {
 /// `onekv node drain ID` moves every replica off a node of four (4 shards of 3 replicas) while a
 /// writer writes; with that node down, draining another is refused (its shards would be left a
 /// replica short); and
-/// `onekv node fill ID` gives the drained node its share back; no acknowledged write is lost.
+/// `onekv node fill ID` gives the drained node its share of replicas and leaderships back; no
+/// acknowledged write is lost.
 #[test]
 fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
     let _serial = one_at_a_time();
@@ -752,6 +753,10 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
         let (ok, text) = node_command("fill", 2).await.unwrap();
         assert!(ok, "onekv node fill failed: {text}");
         assert!(text.contains("node 2 holds 3 replicas, its share of 12 on 4 nodes (3 moved)"), "{text}");
+        // And its share of the leaderships (4 shards on 4 nodes): it led none of the moved shards.
+        assert!(text.contains("node 2 leads 1 shard(s)"), "{text}");
+        let leads = cluster.status(2).await.unwrap().shards.iter().filter(|s| s.role == "leader").count();
+        assert_eq!(leads, 1, "{text}");
         let (ok, text) = node_command("fill", 2).await.unwrap();
         assert!(ok && text.contains("(0 moved)"), "filling it again: {text}");
 
