@@ -319,33 +319,35 @@ async fn peer_calls_beyond_the_bound_are_refused_not_decoded() {
             too_large,
         );
         let (peer, gate, mut starts, counts) = gated(admission).await;
-        let calls: Vec<_> = (0..5)
-            .map(|_| {
-                let mut peer = peer.clone();
-                tokio::spawn(async move { peer.send(call(None, 1 << 20)).await })
-            })
-            .collect();
+        let mut calls = tokio::task::JoinSet::new();
+        for _ in 0..5 {
+            let mut peer = peer.clone();
+            calls.spawn(async move { peer.send(call(None, 1 << 20)).await });
+        }
         for _ in 0..2 {
             tokio::time::timeout(Duration::from_secs(5), starts.recv())
                 .await
                 .expect("a call starts")
                 .unwrap();
         }
+        // While those two wait in the handler, the other three are answered: refused at once.
+        for _ in 0..3 {
+            let refused = tokio::time::timeout(Duration::from_secs(10), calls.join_next())
+                .await
+                .expect("a call beyond the bound is answered while two are in flight")
+                .expect("a call")
+                .unwrap();
+            let status = refused.expect_err("beyond the bound");
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+            let message = status.message();
+            assert!(message.contains("limits.max_concurrent_peer_calls = 2"), "{message}");
+        }
         assert_eq!(counts.max_concurrent(), 2);
         assert_eq!(counts.in_flight(), 2);
         gate.add_permits(2);
-        let mut completed = 0;
-        for call in calls {
-            match call.await.unwrap() {
-                Ok(_) => completed += 1,
-                Err(status) => {
-                    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-                    let message = status.message();
-                    assert!(message.contains("limits.max_concurrent_peer_calls = 2"), "{message}");
-                }
-            }
+        while let Some(handled) = calls.join_next().await {
+            handled.unwrap().expect("an admitted call is handled");
         }
-        assert_eq!(completed, 2, "two were handled, three refused");
         assert!(starts.try_recv().is_err(), "no refused call reached the handler");
         assert_eq!(counts.in_flight(), 0);
         // Once the permits are back, calls get in again.
