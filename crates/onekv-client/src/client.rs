@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::{
-    BatchOp, BatchRequest, CasRequest, ChangeMembersRequest, Consistency, DeleteRequest, GetRequest,
-    MembersResponse, PutRequest, ReplicaRequest, RequestId, ScanRequest, ScanResponse, StatusRequest,
-    StatusResponse, TransferLeaderRequest, TxnCondition, TxnRequest,
+    BatchOp, BatchRequest, CasRequest, ChangeMembersRequest, Consistency, DeleteRequest, GetRequest, Member,
+    MembersResponse, PutRequest, ReplicaRequest, RequestId, ScanRequest, ScanResponse, SetMembersRequest,
+    SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TxnCondition, TxnRequest,
 };
 use tonic::Status;
 use tonic::transport::Channel;
@@ -546,6 +546,16 @@ impl Client {
             .call(Route::Exactly(endpoint), request, |mut kv, r| async move { kv.remove_replica(r).await })
             .await?;
         Ok(response.shards)
+    }
+
+    /// Changes the cluster's member list from `expected_epoch` to `members` (at the next epoch)
+    /// through the leader of the shard that keeps it (see `Kv.SetMembers`); returns the list then
+    /// in force and its epoch. Safe to retry; a list that moved on meanwhile comes back as
+    /// [`ClientError::NotApplied`] with the reason (nothing changed).
+    pub async fn set_members(&self, expected_epoch: u64, members: Vec<Member>) -> Result<SetMembersResponse> {
+        let route = self.route_of(onekv_placement::MEMBERS_KEY).await?;
+        let request = SetMembersRequest { expected_epoch, members };
+        self.call(route, request, |mut kv, r| async move { kv.set_members(r).await }).await
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.

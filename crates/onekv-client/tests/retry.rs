@@ -178,6 +178,13 @@ impl Kv for Fake {
         Err(Status::unimplemented("a fake has one node"))
     }
 
+    async fn set_members(
+        &self,
+        _: Request<onekv_proto::SetMembersRequest>,
+    ) -> Result<Response<onekv_proto::SetMembersResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         *self.status_calls.lock().unwrap() += 1;
         Ok(Response::new(StatusResponse {

@@ -10,7 +10,8 @@
 //!   node at or under its share, and primaries (preferred leaders) are balanced separately
 //!   ([`ClusterMap::build`], [`ClusterMap::with_node_added`]);
 //! - the cluster map ([`ClusterMap`]) and its versioned, checksummed binary encoding
-//!   ([`ClusterMap::encode`], [`ClusterMap::decode`]).
+//!   ([`ClusterMap::encode`], [`ClusterMap::decode`]);
+//! - the member list ([`MemberList`]: node ids and addresses at an epoch) and its encoding.
 //!
 //! Does not own: where the map is stored or how it is agreed on (the metadata Raft group), moving data
 //! between nodes, networking, or anything with I/O, threads or async. Everything here is deterministic:
@@ -22,12 +23,16 @@
 mod codec;
 mod error;
 mod map;
+mod members;
 mod ring;
 mod slot;
 
 pub use codec::{FORMAT_VERSION, MAGIC};
 pub use error::PlacementError;
 pub use map::{ClusterMap, ShardPlacement};
+pub use members::{
+    MAX_ADDRESS_BYTES, MAX_MEMBERS, MEMBERS_KEY, Member, MemberList, MemberListError, SYSTEM_PREFIX,
+};
 pub use ring::{VNODES_PER_NODE, ring_hash_node, ring_hash_shard};
 pub use slot::{hash_slot, shard_of_key, shard_of_slot, slots_of_shard};
 

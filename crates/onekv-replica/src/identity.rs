@@ -31,12 +31,21 @@ const TMP_FILE: &str = "IDENTITY.tmp";
 /// The cluster map the server keeps in the data directory (`onekv-server`'s `cluster_map`): it
 /// may be there before the identity, since it is written first.
 pub const CLUSTER_MAP_FILE: &str = "CLUSTER_MAP";
+/// The cluster's member list the server keeps in the data directory (`onekv-server`'s
+/// `members`): written with the cluster map, before the identity.
+pub const MEMBERS_FILE: &str = "MEMBERS";
 
-/// The files a new data directory may hold before its identity: the cluster map (and its
-/// temporary name), and the rejoining marker (`rejoin`), written first so that no crash leaves a
-/// new directory whose replicas would vote as if they held their logs.
-const MAY_PRECEDE_IDENTITY: [&str; 4] =
-    [CLUSTER_MAP_FILE, "CLUSTER_MAP.tmp", crate::rejoin::FILE, crate::rejoin::TMP_FILE];
+/// The files a new data directory may hold before its identity: the cluster map and member list
+/// (and their temporary names), and the rejoining marker (`rejoin`), written first so that no
+/// crash leaves a new directory whose replicas would vote as if they held their logs.
+const MAY_PRECEDE_IDENTITY: [&str; 6] = [
+    CLUSTER_MAP_FILE,
+    "CLUSTER_MAP.tmp",
+    MEMBERS_FILE,
+    "MEMBERS.tmp",
+    crate::rejoin::FILE,
+    crate::rejoin::TMP_FILE,
+];
 
 /// Creates `dir` and every missing ancestor, like [`fs::create_dir_all`], then fsyncs the parent
 /// of each directory it created, so the new entries survive a power failure. Returns the

@@ -53,7 +53,7 @@ mod state;
 pub use api::*;
 pub use disk_space::RESERVE_FILE;
 pub use gc::{GcConfig, GcStatus};
-pub use identity::{CLUSTER_MAP_FILE, create_dir_all_synced};
+pub use identity::{CLUSTER_MAP_FILE, MEMBERS_FILE, create_dir_all_synced};
 pub use maintenance::{CrashHook, CrashPoint, GcPoint};
 pub use membership::{MAX_PROMOTION_LAG, Members, MembershipChange};
 pub use replica::{DrivenLoop, Node, Replica};

@@ -194,10 +194,8 @@ impl RequestWindow {
             return Err(CodecError("count does not match the data"));
         }
         for at in 0..count {
-            // The kind byte closes each id.
-            if encoded[4 + (at + 1) * SNAPSHOT_ID_BYTES - 1] > 1 {
-                return Err(CodecError("bad request kind"));
-            }
+            // The kind byte closes each id; the same decoding as `install_pair`'s.
+            Effect::decode(encoded[4 + (at + 1) * SNAPSHOT_ID_BYTES - 1])?;
         }
         Ok(())
     }
@@ -379,8 +377,14 @@ mod tests {
         assert_eq!(pairs.len(), 2);
         let (_dir2, _tree2, mut other) = window();
         for pair in pairs.iter().rev() {
+            // The check a fetching replica makes before storing a chunk accepts every effect,
+            // a compare-and-swap that did not swap included.
+            RequestWindow::check_pair(pair).unwrap();
             other.install_pair(pair, n as u64 + 1).unwrap();
         }
+        let mut bad = pairs[0].clone();
+        bad[4 + SNAPSHOT_ID_BYTES - 1] = 3;
+        assert_eq!(RequestWindow::check_pair(&bad), Err(CodecError("bad request kind")));
         assert_eq!(other.len(), n);
         assert_eq!(other.order.front(), Some(&id(1)), "ordered by index whatever the pair order");
         assert_eq!(other.lookup(id(6)), w.lookup(id(6)));

@@ -178,6 +178,13 @@ impl Kv for Store {
         Err(Status::unimplemented("a fake has one node"))
     }
 
+    async fn set_members(
+        &self,
+        _: Request<onekv_proto::SetMembersRequest>,
+    ) -> Result<Response<onekv_proto::SetMembersResponse>, Status> {
+        Err(Status::unimplemented("a fake has one node"))
+    }
+
     /// No cluster map: the client takes the store for one shard.
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(StatusResponse { node_id: 1, role: "leader".into(), ..Default::default() }))

@@ -40,7 +40,9 @@ pub fn load_or_create(config: &ServerConfig) -> anyhow::Result<ClusterMap> {
         Ok(bytes) => {
             let stored = ClusterMap::decode(&bytes)
                 .with_context(|| format!("{} is damaged or not a cluster map", path.display()))?;
-            if !same_placement(&stored, &wanted) {
+            // A joined node's map is the cluster's, copied at its first start; its configuration
+            // never described it.
+            if !config.join && !same_placement(&stored, &wanted) {
                 bail!(
                     "{} was created with {}; this configuration gives {} (cluster.shards, \
                      cluster.replicas and the members must stay as they were when the cluster was created)",
@@ -89,7 +91,7 @@ fn describe(map: &ClusterMap) -> String {
     )
 }
 
-fn write(dir: &Path, map: &ClusterMap) -> anyhow::Result<()> {
+pub(crate) fn write(dir: &Path, map: &ClusterMap) -> anyhow::Result<()> {
     // The data directory and any missing ancestor, each entry made durable, as the node does.
     onekv_replica::create_dir_all_synced(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let tmp = dir.join(TMP_FILE);

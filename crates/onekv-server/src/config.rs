@@ -95,8 +95,15 @@ pub struct ServerConfig {
     /// accepts no peer calls at all.
     pub peer_secret_file: Option<PathBuf>,
     /// Every voting member, this node included, as `[[members]]` tables. Required. Used to create
-    /// the cluster, to address peers, and to name the leader in not-leader errors.
+    /// the cluster, to address peers, and to name the leader in not-leader errors. Only the first
+    /// start reads it: afterwards the data directory's member list (`MEMBERS`, changed with `onekv
+    /// node add|remove`) wins.
     pub members: Vec<MemberConfig>,
+    /// This node joins a running cluster instead of creating one: at its first start it copies the
+    /// cluster map and member list from one of the other `members` (the cluster's nodes it can
+    /// reach; this node's own entry gives its address), and holds no shard until `onekv node add`
+    /// adds it. `cluster` then plays no part. Default false.
+    pub join: bool,
     /// Raft timing and log retention.
     pub raft: RaftConfig,
     /// Bounds on what one request may carry.
@@ -293,6 +300,7 @@ impl Default for ServerConfig {
             listen: String::new(),
             http_listen: None,
             resp_listen: None,
+            join: false,
             log_level: None,
             log_format: LogFormat::default(),
             data_dir: PathBuf::new(),

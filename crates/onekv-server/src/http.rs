@@ -16,8 +16,9 @@
 //! Owns the routes and the JSON shape. Does not own the metrics themselves (`metrics`) nor the
 //! node's lifecycle ([`crate::serve`] binds, starts and stops this endpoint with the gRPC server).
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -34,6 +35,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::backend::Backend;
 use crate::config::ServerConfig;
+use crate::members::Directory;
 use crate::metrics::{NodeMetrics, write_amplification};
 
 /// HTTP requests handled at once.
@@ -57,10 +59,38 @@ struct HttpState<B> {
     backend: Arc<B>,
     node_id: u64,
     metrics: NodeMetrics,
-    /// Every member but this node: id, address and a lazily connected client.
-    peers: Vec<(u64, String, KvClient<Channel>)>,
-    /// Every member's id and address, in configuration order.
-    members: Vec<(u64, String)>,
+    /// The cluster's member list as this node knows it.
+    members: Arc<Directory>,
+    /// A lazily connected client per member address asked so far.
+    clients: Mutex<HashMap<String, KvClient<Channel>>>,
+}
+
+impl<B> HttpState<B> {
+    /// Every member but this node: id, address and a client (made on first use).
+    fn peers(&self) -> Vec<(u64, String, Result<KvClient<Channel>, String>)> {
+        let list = self.members.current();
+        let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        list.members()
+            .iter()
+            .filter(|member| member.id != self.node_id)
+            .map(|member| {
+                let client = match clients.get(&member.address) {
+                    Some(client) => Ok(client.clone()),
+                    None => Endpoint::from_shared(format!("http://{}", member.address))
+                        .map(|endpoint| {
+                            let endpoint = endpoint
+                                .connect_timeout(MEMBER_CONNECT_TIMEOUT)
+                                .timeout(MEMBER_STATUS_TIMEOUT);
+                            let client = KvClient::new(endpoint.connect_lazy());
+                            clients.insert(member.address.clone(), client.clone());
+                            client
+                        })
+                        .map_err(|error| format!("invalid address: {error}")),
+                };
+                (member.id, member.address.clone(), client)
+            })
+            .collect()
+    }
 }
 
 /// One member as `/cluster.json` shows it.
@@ -122,10 +152,11 @@ pub fn http_server<B: Backend>(
     listener: TcpListener,
     config: &ServerConfig,
     backend: Arc<B>,
+    members: Arc<Directory>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<impl Future<Output = anyhow::Result<()>> + Send + 'static> {
     let address = listener.local_addr().context("cannot read the HTTP address")?;
-    let app = router(config, backend)?;
+    let app = router(config, backend, members)?;
     tracing::info!(node = config.node_id, "HTTP (metrics, status page) on http://{address}/");
     Ok(async move {
         let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -150,22 +181,18 @@ pub fn http_server<B: Backend>(
     })
 }
 
-/// The routes over `backend` for the node `config` describes.
-pub fn router<B: Backend>(config: &ServerConfig, backend: Arc<B>) -> anyhow::Result<axum::Router> {
-    let mut peers = Vec::new();
-    for member in config.members.iter().filter(|member| member.id != config.node_id) {
-        let endpoint = Endpoint::from_shared(format!("http://{}", member.address))
-            .with_context(|| format!("member {} has an invalid address {}", member.id, member.address))?
-            .connect_timeout(MEMBER_CONNECT_TIMEOUT)
-            .timeout(MEMBER_STATUS_TIMEOUT);
-        peers.push((member.id, member.address.clone(), KvClient::new(endpoint.connect_lazy())));
-    }
+/// The routes over `backend` for the node `config` describes, whose member list is `members`.
+pub fn router<B: Backend>(
+    config: &ServerConfig,
+    backend: Arc<B>,
+    members: Arc<Directory>,
+) -> anyhow::Result<axum::Router> {
     let state = Arc::new(HttpState {
         backend,
         node_id: config.node_id,
         metrics: NodeMetrics::new(config.node_id, &config.data_dir),
-        peers,
-        members: config.members.iter().map(|member| (member.id, member.address.clone())).collect(),
+        members,
+        clients: Mutex::new(HashMap::new()),
     });
     Ok(axum::Router::new()
         .route("/", get(status_page))
@@ -216,8 +243,14 @@ async fn cluster_json<B: Backend>(State(state): State<Arc<HttpState<B>>>) -> Res
 
 async fn cluster_view<B: Backend>(state: &HttpState<B>) -> ClusterView {
     let mut asks = tokio::task::JoinSet::new();
-    for (id, address, client) in &state.peers {
-        let (id, address, mut client) = (*id, address.clone(), client.clone());
+    for (id, address, client) in state.peers() {
+        let mut client = match client {
+            Ok(client) => client,
+            Err(error) => {
+                asks.spawn(async move { down(id, address, error) });
+                continue;
+            }
+        };
         asks.spawn(async move {
             let answer = tokio::time::timeout(MEMBER_STATUS_TIMEOUT, client.status(StatusRequest {})).await;
             match answer {
@@ -234,12 +267,13 @@ async fn cluster_view<B: Backend>(state: &HttpState<B>) -> ClusterView {
             views.push(view);
         }
     }
-    let mut members: Vec<MemberView> = state
-        .members
+    let list = state.members.current();
+    let mut members: Vec<MemberView> = list
+        .members()
         .iter()
-        .map(|(id, address)| match views.iter().position(|view| view.id == *id) {
+        .map(|member| match views.iter().position(|view| view.id == member.id) {
             Some(at) => views.swap_remove(at),
-            None => down(*id, address.clone(), "not asked".into()),
+            None => down(member.id, member.address.clone(), "not asked".into()),
         })
         .collect();
     members.sort_by_key(|member| member.id);
@@ -252,7 +286,7 @@ async fn cluster_view<B: Backend>(state: &HttpState<B>) -> ClusterView {
 }
 
 fn local_view<B>(state: &HttpState<B>, status: &ReplicaStatus) -> MemberView {
-    let address = state.members.iter().find(|(id, _)| *id == state.node_id).map(|(_, a)| a.clone());
+    let address = state.members.current().address(state.node_id).map(str::to_string);
     MemberView {
         id: state.node_id,
         address: address.unwrap_or_default(),

@@ -28,6 +28,7 @@ pub mod backend;
 pub mod cluster_map;
 pub mod config;
 pub mod http;
+pub mod members;
 pub mod metrics;
 pub mod peer;
 pub mod service;
@@ -100,17 +101,39 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         None => None,
     };
 
-    // Before the node's data directory is used: a restart must keep the placement it was made with.
-    let map = {
+    // A node joining a running cluster copies its map and member list first.
+    members::join(&config).await?;
+    // Before the node's data directory is used: a restart must keep the placement it was made with,
+    // and the member list it last knew.
+    let (map, directory) = {
         let config = config.clone();
-        tokio::task::spawn_blocking(move || cluster_map::load_or_create(&config))
-            .await
-            .context("reading the cluster map panicked")??
+        tokio::task::spawn_blocking(move || {
+            anyhow::Ok((cluster_map::load_or_create(&config)?, members::Directory::load_or_create(&config)?))
+        })
+        .await
+        .context("reading the cluster map panicked")??
     };
     let map = Arc::new(map);
-    let peers = config.members.iter().map(|member| (member.id, member.address.clone()));
+    let directory = Arc::new(directory);
+    let peers = directory
+        .current()
+        .members()
+        .iter()
+        .map(|member| (member.id, member.address.clone()))
+        .collect::<Vec<_>>();
     let options = TransportOptions { secret: secret.clone(), ..TransportOptions::default() };
     let transport = Arc::new(GrpcTransport::start(config.node_id, peers, options));
+    // The transport follows the member list; the list follows the agreed one.
+    let mut changes = directory.subscribe();
+    let follower_transport = Arc::clone(&transport);
+    let follow_members = tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let list = changes.borrow_and_update().clone();
+            follower_transport
+                .set_peers(list.members().iter().map(|member| (member.id, member.address.clone())));
+        }
+    });
+    let refresh_members = tokio::spawn(members::refresh_forever(Arc::clone(&directory), config.node_id));
     let replica_config = config.to_replica_config(&map);
     let replica_transport: Arc<dyn Transport> = Arc::clone(&transport) as Arc<dyn Transport>;
     // Opening recovers the log and the index: blocking work of unbounded length.
@@ -134,7 +157,13 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
                 // An error means the sender is gone: the gRPC server stopped; stop too.
                 let _ = http_stopped.await;
             };
-            match http::http_server(http_listener, &config, Arc::clone(&replica), stopped) {
+            match http::http_server(
+                http_listener,
+                &config,
+                Arc::clone(&replica),
+                Arc::clone(&directory),
+                stopped,
+            ) {
                 Ok(server) => Some(tokio::spawn(server)),
                 Err(error) => {
                     transport.close();
@@ -166,7 +195,18 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         let _ = stop_http.send(());
         let _ = stop_resp.send(());
     };
-    let served = serve_with_secret(listener, &config, Arc::clone(&replica), map, secret, shutdown).await;
+    let served = serve_with_secret(
+        listener,
+        &config,
+        Arc::clone(&replica),
+        map,
+        Arc::clone(&directory),
+        secret,
+        shutdown,
+    )
+    .await;
+    refresh_members.abort();
+    follow_members.abort();
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
         None => Ok(()),
@@ -224,7 +264,8 @@ pub async fn serve_backend<B: Backend>(
 ) -> anyhow::Result<()> {
     let secret = config.peer_secret()?;
     let map = Arc::new(config.cluster_map().context("cannot place the shards")?);
-    serve_with_secret(listener, config, backend, map, secret, shutdown).await
+    let directory = Arc::new(members::Directory::from_config(config)?);
+    serve_with_secret(listener, config, backend, map, directory, secret, shutdown).await
 }
 
 async fn serve_with_secret<B: Backend>(
@@ -232,6 +273,7 @@ async fn serve_with_secret<B: Backend>(
     config: &ServerConfig,
     backend: Arc<B>,
     map: Arc<ClusterMap>,
+    directory: Arc<members::Directory>,
     secret: Option<PeerSecret>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
@@ -249,9 +291,14 @@ async fn serve_with_secret<B: Backend>(
     let server = Server::builder()
         .tcp_nodelay(true)
         .add_service(
-            KvService::new(Arc::clone(&backend), config, map).with_drain(drain.clone()).into_server(),
+            KvService::new(Arc::clone(&backend), config, map)
+                .with_members(Arc::clone(&directory))
+                .with_drain(drain.clone())
+                .into_server(),
         )
-        .add_service(PeerService::new(backend, config).with_secret(secret).into_server())
+        .add_service(
+            PeerService::new(backend, config).with_members(directory).with_secret(secret).into_server(),
+        )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
             let _ = stopped.await;
         });

@@ -9,7 +9,7 @@
 //! Raft does with the messages.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use onekv_proto::{
     PeerAck, PeerMessages, SnapshotChunkReply, SnapshotChunkRequest,
@@ -24,6 +24,7 @@ use crate::admission::{Admission, Admitted};
 use crate::auth::{PeerAuth, PeerSecret};
 use crate::backend::Backend;
 use crate::config::ServerConfig;
+use crate::members::Directory;
 
 /// Room in a peer message beyond a snapshot's data: the snapshot's metadata, the Raft message's
 /// other fields and the call's framing.
@@ -48,7 +49,10 @@ const DECODE_INLINE_BYTES: usize = 1 << 20;
 pub struct PeerService<B> {
     backend: Arc<B>,
     node_id: u64,
-    members: Arc<HashSet<u64>>,
+    /// The cluster's member list as this node knows it: only members are heard.
+    directory: Arc<Directory>,
+    /// The ids of `directory`'s list, by its epoch, made again when the list changes.
+    members: RwLock<(u64, Arc<HashSet<u64>>)>,
     secret: Option<PeerSecret>,
     max_concurrent_calls: usize,
 }
@@ -63,10 +67,32 @@ impl<B: Backend> PeerService<B> {
         PeerService {
             backend,
             node_id: config.node_id,
-            members: Arc::new(config.members.iter().map(|member| member.id).collect()),
+            directory: Arc::new(Directory::from_config(config).expect("a validated configuration's members")),
+            members: RwLock::new((0, Arc::new(HashSet::new()))),
             secret: None,
             max_concurrent_calls: config.limits.max_concurrent_peer_calls,
         }
+    }
+
+    /// Hears the members of `directory` (the node's member list, changing as the cluster does)
+    /// instead of the configuration's.
+    pub fn with_members(mut self, directory: Arc<Directory>) -> Self {
+        self.directory = directory;
+        self
+    }
+
+    /// The ids of the current member list.
+    fn member_ids(&self) -> Arc<HashSet<u64>> {
+        let list = self.directory.current();
+        {
+            let cached = self.members.read().unwrap_or_else(|e| e.into_inner());
+            if cached.0 == list.epoch {
+                return Arc::clone(&cached.1);
+            }
+        }
+        let ids: Arc<HashSet<u64>> = Arc::new(list.members().iter().map(|member| member.id).collect());
+        *self.members.write().unwrap_or_else(|e| e.into_inner()) = (list.epoch, Arc::clone(&ids));
+        ids
     }
 
     /// Accepts calls that carry `secret` (`None`: accepts none).
@@ -151,11 +177,11 @@ impl<B: Backend> Peer for PeerService<B> {
         let batch = request.into_inner();
         let bytes: usize = batch.messages.iter().map(Vec::len).sum();
         let node_id = self.node_id;
+        let members = self.member_ids();
         let messages = if bytes <= DECODE_INLINE_BYTES {
-            decode_batch(&batch, node_id, &self.members)?
+            decode_batch(&batch, node_id, &members)?
         } else {
             // A snapshot can take a while to decode; do not hold an async worker meanwhile.
-            let members = Arc::clone(&self.members);
             tokio::task::spawn_blocking(move || decode_batch(&batch, node_id, &members))
                 .await
                 .map_err(|error| Status::internal(format!("decoding failed: {error}")))??
@@ -171,7 +197,7 @@ impl<B: Backend> Peer for PeerService<B> {
         request: Request<SnapshotChunkRequest>,
     ) -> Result<Response<SnapshotChunkReply>, Status> {
         let wire = request.into_inner();
-        if !self.members.contains(&wire.from) {
+        if !self.member_ids().contains(&wire.from) {
             return Err(Status::permission_denied(format!(
                 "node {} is not a member of this cluster (this is node {})",
                 wire.from, self.node_id

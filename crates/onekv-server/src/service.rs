@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use onekv_placement::ClusterMap;
+use onekv_placement::{ClusterMap, Member as ListedMember, MemberList};
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, Consistency, DeleteRequest, GetRequest,
     GetResponse, KeyValue, Member, MembersResponse, PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest,
-    ScanResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse, TxnRequest,
-    TxnResponse, WriteResponse,
+    ScanResponse, SetMembersRequest, SetMembersResponse, StatusRequest, StatusResponse,
+    TransferLeaderRequest, TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
 use onekv_replica::{Command, Condition, Limits, Outcome, ReplicaError, RequestId, WriteOp};
@@ -26,7 +26,8 @@ use tonic::{Request, Response, Status};
 
 use crate::admission::{Admission, Admitted};
 use crate::backend::Backend;
-use crate::config::{MemberConfig, ServerConfig};
+use crate::config::ServerConfig;
+use crate::members::{Directory, MEMBERS_KEY, is_system_key};
 
 /// The `protocol` label of this service's request metrics.
 const PROTOCOL: &str = "grpc";
@@ -47,7 +48,8 @@ pub struct KvService<B> {
     /// Which shard each key belongs to and which nodes hold it.
     map: Arc<ClusterMap>,
     node_id: u64,
-    members: Arc<[MemberConfig]>,
+    /// The cluster's member list as this node knows it (addresses in redirects, `Status`).
+    members: Arc<Directory>,
     limits: Limits,
     request_timeout: Duration,
     drain: Drain,
@@ -111,12 +113,19 @@ impl<B: Backend> KvService<B> {
             backend,
             map,
             node_id: config.node_id,
-            members: config.members.clone().into(),
+            members: Arc::new(Directory::from_config(config).expect("a validated configuration's members")),
             limits: config.limits.to_limits(),
             request_timeout: config.request_timeout(),
             drain: Drain::default(),
             max_concurrent: config.limits.max_concurrent_requests,
         }
+    }
+
+    /// Uses `members` (the node's member list, changing as the cluster does) instead of the
+    /// configuration's.
+    pub fn with_members(mut self, members: Arc<Directory>) -> Self {
+        self.members = members;
+        self
     }
 
     /// Uses `drain` to stop admitting requests when the node shuts down.
@@ -294,7 +303,7 @@ impl<B: Backend> KvService<B> {
     }
 
     fn status_of(&self, error: ReplicaError) -> Status {
-        replica_error_status(error, &self.members)
+        replica_error_status(error, &self.members.current())
     }
 
     /// Refuses a stale read on a failed replica. Its copy stopped at the failure and falls further
@@ -331,10 +340,10 @@ impl<B: Backend> KvService<B> {
 
 /// Maps a [`ReplicaError`] to its gRPC status. A not-leader error names the leader in metadata
 /// (`onekv-leader-id`, `onekv-leader-addr`) when it is known, and is UNAVAILABLE when it is not.
-pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> Status {
+pub fn replica_error_status(error: ReplicaError, members: &MemberList) -> Status {
     match error {
         ReplicaError::NotLeader { leader: Some(leader) } => {
-            let address = members.iter().find(|member| member.id == leader).map(|member| &member.address);
+            let address = members.address(leader);
             let message = match address {
                 Some(address) => format!("not the leader; the leader is node {leader} at {address}"),
                 None => format!("not the leader; the leader is node {leader} (address unknown)"),
@@ -344,7 +353,7 @@ pub fn replica_error_status(error: ReplicaError, members: &[MemberConfig]) -> St
             metadata.insert(onekv_proto::LEADER_ID_METADATA, MetadataValue::from(leader));
             // A member address is validated host:port text, so it is always a valid header value;
             // if it somehow were not, the id alone still lets the client find the leader.
-            if let Some(value) = address.and_then(|address| MetadataValue::try_from(address.as_str()).ok()) {
+            if let Some(value) = address.and_then(|address| MetadataValue::try_from(address).ok()) {
                 metadata.insert(onekv_proto::LEADER_ADDR_METADATA, value);
             }
             status
@@ -414,6 +423,22 @@ fn check_key(limits: &Limits, field: &str, key: &[u8]) -> Result<(), Status> {
     check_len(field, key.len(), "limits.max_key_bytes", limits.max_key_bytes)
 }
 
+/// Checks a key a client writes: as [`check_key`], and not one of onekv's own.
+fn check_written_key(limits: &Limits, field: &str, key: &[u8]) -> Result<(), Status> {
+    check_key(limits, field, key)?;
+    refuse_system_key(field, key)
+}
+
+fn refuse_system_key(field: &str, key: &[u8]) -> Result<(), Status> {
+    if is_system_key(key) {
+        return Err(Status::invalid_argument(format!(
+            "{field} starts with {:?}, which onekv reserves for itself; such keys are read-only",
+            String::from_utf8_lossy(crate::members::SYSTEM_PREFIX)
+        )));
+    }
+    Ok(())
+}
+
 fn check_value(limits: &Limits, field: &str, value: &[u8]) -> Result<(), Status> {
     check_len(field, value.len(), "limits.max_value_bytes", limits.max_value_bytes)
 }
@@ -456,7 +481,7 @@ impl<B: Backend> Kv for KvService<B> {
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<WriteResponse>, Status> {
         self.observed("put", async move {
             let request = request.into_inner();
-            check_key(&self.limits, "key", &request.key)?;
+            check_written_key(&self.limits, "key", &request.key)?;
             check_value(&self.limits, "value", &request.value)?;
             check_write_bytes(&self.limits, "put", request.key.len() + request.value.len())?;
             let shard = self.shard_of(&request.key)?;
@@ -471,7 +496,7 @@ impl<B: Backend> Kv for KvService<B> {
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<WriteResponse>, Status> {
         self.observed("delete", async move {
             let request = request.into_inner();
-            check_key(&self.limits, "key", &request.key)?;
+            check_written_key(&self.limits, "key", &request.key)?;
             let shard = self.shard_of(&request.key)?;
             let op = WriteOp { key: request.key, value: None };
             let outcome =
@@ -497,7 +522,7 @@ impl<B: Backend> Kv for KvService<B> {
             }
             let mut bytes = 0;
             for (i, op) in request.ops.iter().enumerate() {
-                check_key(limits, &format!("ops[{i}].key"), &op.key)?;
+                check_written_key(limits, &format!("ops[{i}].key"), &op.key)?;
                 if let Some(value) = &op.value {
                     check_value(limits, &format!("ops[{i}].value"), value)?;
                 }
@@ -516,7 +541,7 @@ impl<B: Backend> Kv for KvService<B> {
         self.observed("cas", async move {
             let request = request.into_inner();
             let limits = &self.limits;
-            check_key(limits, "key", &request.key)?;
+            check_written_key(limits, "key", &request.key)?;
             let mut bytes = request.key.len();
             for (field, value) in [("expected", &request.expected), ("new_value", &request.new_value)] {
                 if let Some(value) = value {
@@ -547,6 +572,9 @@ impl<B: Backend> Kv for KvService<B> {
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         self.observed("txn", async move {
             let request = request.into_inner();
+            for (i, op) in request.ops.iter().enumerate() {
+                refuse_system_key(&format!("ops[{i}].key"), &op.key)?;
+            }
             // Atomic within one shard only: keys of several are refused, naming them.
             let keys = request.conditions.iter().map(|c| c.key.as_slice());
             let shard = self.one_shard(keys.chain(request.ops.iter().map(|op| op.key.as_slice())))?;
@@ -616,17 +644,24 @@ impl<B: Backend> Kv for KvService<B> {
             }
             // A scan may read megabytes through many preads: keep it off the async workers.
             let backend = Arc::clone(&self.backend);
-            let (pairs, more) = tokio::task::spawn_blocking(move || {
+            // One pair more than asked: onekv's own key (the member list, at most one per shard)
+            // is left out, and a full page must still be full without it.
+            let (mut pairs, mut more) = tokio::task::spawn_blocking(move || {
                 let end = (!request.end.is_empty()).then_some(request.end.as_slice());
                 if request.keys_only {
-                    backend.scan_keys(shard, &request.start, end, limit, request.reverse)
+                    backend.scan_keys(shard, &request.start, end, limit + 1, request.reverse)
                 } else {
-                    backend.scan(shard, &request.start, end, limit, request.reverse)
+                    backend.scan(shard, &request.start, end, limit + 1, request.reverse)
                 }
             })
             .await
             .map_err(|error| Status::internal(format!("scan failed: {error}")))?
             .map_err(|error| self.status_of_read(error))?;
+            pairs.retain(|(key, _)| !is_system_key(key));
+            if pairs.len() > limit {
+                pairs.truncate(limit);
+                more = true;
+            }
             let pairs = pairs.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
             Ok(Response::new(ScanResponse { pairs, more }))
         })
@@ -750,9 +785,89 @@ impl<B: Backend> Kv for KvService<B> {
         .await
     }
 
+    async fn set_members(
+        &self,
+        request: Request<SetMembersRequest>,
+    ) -> Result<Response<SetMembersResponse>, Status> {
+        self.observed("set_members", async move {
+            let request = request.into_inner();
+            let members: Vec<ListedMember> = request
+                .members
+                .into_iter()
+                .map(|member| ListedMember { id: member.id, address: member.address })
+                .collect();
+            for member in &members {
+                crate::config::check_address(&member.address).map_err(|reason| {
+                    Status::invalid_argument(format!(
+                        "node {}'s address {:?} {reason}",
+                        member.id, member.address
+                    ))
+                })?;
+            }
+            let wanted = MemberList::new(request.expected_epoch.saturating_add(1), members)
+                .map_err(|error| Status::invalid_argument(format!("not a valid member list: {error}")))?;
+            let shard = self.shard_of(MEMBERS_KEY)?;
+            self.read_barrier(shard).await?;
+            let stored = self.get_repaired(shard, MEMBERS_KEY).await?;
+            let current = match &stored {
+                Some(bytes) => MemberList::decode(bytes).map_err(|error| {
+                    Status::data_loss(format!("the stored member list does not decode: {error}"))
+                })?,
+                None => self.members.current().as_ref().clone(),
+            };
+            let answer = |list: &MemberList| SetMembersResponse {
+                epoch: list.epoch,
+                members: list
+                    .members()
+                    .iter()
+                    .map(|member| Member { id: member.id, address: member.address.clone() })
+                    .collect(),
+            };
+            if current == wanted {
+                // Asked again after it succeeded: nothing to do.
+                return Ok(Response::new(answer(&current)));
+            }
+            if stored.is_none() && current.epoch != 1 {
+                // Only the first list (the configuration's) is not stored; a node that knows a
+                // later one while the key is absent means the key was lost: refuse to guess.
+                return Err(Status::aborted(format!(
+                    "the member list is not stored although this node knows epoch {}; no change made",
+                    current.epoch
+                )));
+            }
+            if current.epoch != request.expected_epoch {
+                return Err(Status::aborted(format!(
+                    "the member list is at epoch {}, not {}: read it again (onekv status) and decide anew",
+                    current.epoch, request.expected_epoch
+                )));
+            }
+            let command =
+                Command::Cas { key: MEMBERS_KEY.to_vec(), expected: stored, new: Some(wanted.encode()) };
+            let outcome = self.commit(shard, RequestId::default(), command).await?;
+            if !outcome.cas.is_some_and(|cas| cas.swapped) {
+                return Err(Status::aborted(
+                    "the member list changed while this change was made; read it again and decide anew",
+                ));
+            }
+            let directory = Arc::clone(&self.members);
+            let adopted = wanted.clone();
+            tokio::task::spawn_blocking(move || directory.adopt(adopted))
+                .await
+                .map_err(|error| Status::internal(format!("keeping the member list panicked: {error}")))?
+                .map_err(|error| {
+                    Status::internal(format!(
+                        "the member list changed but this node cannot keep it: {error:#}"
+                    ))
+                })?;
+            Ok(Response::new(answer(&wanted)))
+        })
+        .await
+    }
+
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         self.observed("status", async move {
             let statuses = self.backend.statuses();
+            let listed = self.members.current();
             // Node-wide figures summed over the replicas (user bytes, damaged values, ...); the Raft
             // fields, for older clients, are the replica of the lowest shard's; every replica is
             // listed in `shards`.
@@ -781,11 +896,12 @@ impl<B: Backend> Kv for KvService<B> {
                 cluster_map: self.map.encode(),
                 shards,
                 node_id: self.node_id,
-                members: self
-                    .members
+                members: listed
+                    .members()
                     .iter()
                     .map(|member| Member { id: member.id, address: member.address.clone() })
                     .collect(),
+                members_epoch: listed.epoch,
                 leader_id: status.leader_id.unwrap_or(0),
                 term: status.term,
                 role: status.role,

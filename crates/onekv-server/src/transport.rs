@@ -11,8 +11,8 @@
 //! one.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use onekv_proto::{PeerMessages, peer_client::PeerClient};
@@ -94,6 +94,8 @@ struct Counters {
 /// The sending side of one peer's queue.
 struct PeerQueue {
     sender: mpsc::Sender<(u64, Message)>,
+    /// Where the peer is reached (a changed address gets a new queue).
+    address: String,
     /// Estimated bytes queued; added by `send`, subtracted by the peer's task.
     queued_bytes: Arc<AtomicUsize>,
     /// Set when a full queue was reported, so a down peer logs once rather than per message.
@@ -106,7 +108,7 @@ struct PeerQueue {
 /// A [`Transport`] over gRPC: one queue and one task per peer. Create it inside a Tokio runtime.
 pub struct GrpcTransport {
     node_id: u64,
-    peers: HashMap<u64, PeerQueue>,
+    peers: RwLock<HashMap<u64, PeerQueue>>,
     options: TransportOptions,
     counters: Arc<Counters>,
     closed: watch::Sender<bool>,
@@ -125,49 +127,69 @@ impl GrpcTransport {
         peers: impl IntoIterator<Item = (u64, String)>,
         options: TransportOptions,
     ) -> GrpcTransport {
-        let counters = Arc::new(Counters::default());
         let (closed, _) = watch::channel(false);
-        let mut queues = HashMap::new();
-        for (peer_id, address) in peers {
-            if peer_id == node_id {
-                continue;
-            }
-            let (sender, receiver) = mpsc::channel(options.queue_messages.max(1));
-            let chunks = Endpoint::from_shared(format!("http://{address}")).ok().map(|endpoint| {
-                endpoint
-                    .connect_timeout(options.connect_timeout)
-                    .timeout(options.call_timeout)
-                    .tcp_nodelay(true)
-                    .connect_lazy()
-            });
-            let queue = PeerQueue {
-                sender,
-                queued_bytes: Arc::new(AtomicUsize::new(0)),
-                full_reported: Arc::new(AtomicBool::new(false)),
-                chunks,
-            };
-            let task = PeerTask {
-                node_id,
-                peer_id,
-                address,
-                receiver,
-                queued_bytes: Arc::clone(&queue.queued_bytes),
-                full_reported: Arc::clone(&queue.full_reported),
-                options: options.clone(),
-                counters: Arc::clone(&counters),
-                closed: closed.subscribe(),
-            };
-            tokio::spawn(task.run());
-            queues.insert(peer_id, queue);
-        }
-        GrpcTransport {
+        let transport = GrpcTransport {
             node_id,
-            peers: queues,
+            peers: RwLock::new(HashMap::new()),
             options,
-            counters,
+            counters: Arc::new(Counters::default()),
             closed,
             runtime: tokio::runtime::Handle::current(),
+        };
+        transport.set_peers(peers);
+        transport
+    }
+
+    /// Makes `peers` the node's peers (the member list changed): a new peer, or one whose address
+    /// changed, gets a fresh queue and task; a peer no longer listed has its queue dropped (its
+    /// task ends, and messages queued for it are lost, as on any failure); the others keep theirs.
+    pub fn set_peers(&self, peers: impl IntoIterator<Item = (u64, String)>) {
+        let mut queues = self.peers.write().unwrap_or_else(|e| e.into_inner());
+        let mut kept = HashMap::new();
+        for (peer_id, address) in peers {
+            if peer_id == self.node_id {
+                continue;
+            }
+            let queue = match queues.remove(&peer_id) {
+                Some(queue) if queue.address == address => queue,
+                _ => self.spawn_peer(peer_id, address),
+            };
+            kept.insert(peer_id, queue);
         }
+        *queues = kept;
+    }
+
+    /// A queue for `peer_id` at `address`, and the task that drains it.
+    fn spawn_peer(&self, peer_id: u64, address: String) -> PeerQueue {
+        let options = &self.options;
+        let (sender, receiver) = mpsc::channel(options.queue_messages.max(1));
+        let chunks = Endpoint::from_shared(format!("http://{address}")).ok().map(|endpoint| {
+            endpoint
+                .connect_timeout(options.connect_timeout)
+                .timeout(options.call_timeout)
+                .tcp_nodelay(true)
+                .connect_lazy()
+        });
+        let queue = PeerQueue {
+            sender,
+            address: address.clone(),
+            queued_bytes: Arc::new(AtomicUsize::new(0)),
+            full_reported: Arc::new(AtomicBool::new(false)),
+            chunks,
+        };
+        let task = PeerTask {
+            node_id: self.node_id,
+            peer_id,
+            address,
+            receiver,
+            queued_bytes: Arc::clone(&queue.queued_bytes),
+            full_reported: Arc::clone(&queue.full_reported),
+            options: options.clone(),
+            counters: Arc::clone(&self.counters),
+            closed: self.closed.subscribe(),
+        };
+        self.runtime.spawn(task.run());
+        queue
     }
 
     /// What the transport has done so far.
@@ -198,8 +220,9 @@ impl Transport for GrpcTransport {
     }
 
     fn send(&self, shard: u64, messages: Vec<Message>) {
+        let peers = self.peers.read().unwrap_or_else(|e| e.into_inner());
         for message in messages {
-            let Some(queue) = self.peers.get(&message.to) else {
+            let Some(queue) = peers.get(&message.to) else {
                 self.counters.dropped_unknown_peer.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
                     from = self.node_id,
@@ -230,6 +253,8 @@ impl GrpcTransport {
     async fn snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
         let channel = self
             .peers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .get(&to)
             .and_then(|peer| peer.chunks.clone())
             .ok_or_else(|| format!("node {to} is not a peer with a valid address"))?;

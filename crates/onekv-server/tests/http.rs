@@ -79,7 +79,8 @@ async fn cluster_json_health_page_and_metrics() {
     let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http_address = http.local_addr().unwrap().to_string();
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = http_server(http, &config(1), Arc::clone(&backend1), async {
+    let members = Arc::new(onekv_server::members::Directory::from_config(&config(1)).unwrap());
+    let server = http_server(http, &config(1), Arc::clone(&backend1), members, async {
         let _ = http_stopped.await;
     })
     .expect("an HTTP server");

@@ -255,8 +255,9 @@ async fn scans_pass_their_range_and_limit() {
     let keys: Vec<Vec<u8>> = response.pairs.into_iter().map(|pair| pair.key).collect();
     assert_eq!(keys, vec![b"d".to_vec(), b"c".to_vec(), b"b".to_vec()]);
     assert!(!response.more);
-    // limit 0 means the maximum; an empty end means no end.
-    assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 5, true));
+    // limit 0 means the maximum; an empty end means no end; one more is asked for, in case
+    // onekv's own key is among them.
+    assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 6, true));
 
     let request = ScanRequest {
         shard: 0,
@@ -270,7 +271,7 @@ async fn scans_pass_their_range_and_limit() {
     let response = service.scan(Request::new(request)).await.unwrap().into_inner();
     assert_eq!(response.pairs.len(), 2);
     assert!(response.more);
-    assert_eq!(backend.scans.lock().unwrap()[1], (vec![], Some(b"d".to_vec()), 2, false));
+    assert_eq!(backend.scans.lock().unwrap()[1], (vec![], Some(b"d".to_vec()), 3, false));
     assert_eq!(backend.calls(), vec!["scan", "barrier", "scan"]);
 }
 
@@ -294,7 +295,52 @@ async fn keys_only_scans_return_keys_without_values() {
         response.pairs.into_iter().map(|pair| (pair.key, pair.value)).collect();
     assert_eq!(pairs, vec![(b"b".to_vec(), vec![]), (b"c".to_vec(), vec![])]);
     assert!(!response.more);
-    assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 5, false));
+    assert_eq!(backend.scans.lock().unwrap()[0], (b"b".to_vec(), None, 6, false));
+}
+
+#[tokio::test]
+async fn onekvs_own_keys_are_read_only_and_left_out_of_scans() {
+    let (backend, service) = service();
+    // Under the reserved prefix, and short enough for this test's key limit.
+    let system: &[u8] = b"\xffonekv/x";
+    assert!(onekv_server::members::is_system_key(system));
+    assert_invalid(service.put(put(system, b"v")).await, "reserves");
+    assert_invalid(
+        service.delete(Request::new(DeleteRequest { key: system.to_vec(), request_id: None })).await,
+        "reserves",
+    );
+    let ops = vec![BatchOp { key: system.to_vec(), value: None }];
+    assert_invalid(service.batch(Request::new(BatchRequest { ops, request_id: None })).await, "reserves");
+    let cas =
+        CasRequest { key: system.to_vec(), expected: None, new_value: Some(b"v".to_vec()), request_id: None };
+    assert_invalid(service.cas(Request::new(cas)).await, "reserves");
+    let ops = vec![BatchOp { key: system.to_vec(), value: Some(b"v".to_vec()) }];
+    let txn = TxnRequest { conditions: vec![], ops, request_id: None };
+    assert_invalid(service.txn(Request::new(txn)).await, "reserves");
+    assert!(backend.proposed.lock().unwrap().is_empty(), "nothing reached the replica");
+
+    // Reads are allowed; scans skip the key and still fill their page.
+    backend.data.lock().unwrap().insert(system.to_vec(), b"list".to_vec());
+    for key in [b"a", b"b"] {
+        backend.data.lock().unwrap().insert(key.to_vec(), b"v".to_vec());
+    }
+    let get = GetRequest { key: system.to_vec(), consistency: 1 };
+    assert_eq!(service.get(Request::new(get)).await.unwrap().into_inner().value, b"list");
+    let scan = |reverse, limit| ScanRequest {
+        shard: 0,
+        start: vec![],
+        end: vec![],
+        limit,
+        reverse,
+        consistency: 1,
+        keys_only: false,
+    };
+    let response = service.scan(Request::new(scan(true, 2))).await.unwrap().into_inner();
+    let keys: Vec<Vec<u8>> = response.pairs.into_iter().map(|pair| pair.key).collect();
+    assert_eq!((keys, response.more), (vec![b"b".to_vec(), b"a".to_vec()], false));
+    let response = service.scan(Request::new(scan(false, 1))).await.unwrap().into_inner();
+    let keys: Vec<Vec<u8>> = response.pairs.into_iter().map(|pair| pair.key).collect();
+    assert_eq!((keys, response.more), (vec![b"a".to_vec()], true));
 }
 
 #[tokio::test]
@@ -336,7 +382,8 @@ async fn replica_errors_map_to_the_documented_codes() {
 #[test]
 fn a_damaged_value_is_data_loss() {
     let error = ReplicaError::Corrupt { key: b"k1".to_vec(), position: 4096 };
-    let status = onekv_server::service::replica_error_status(error, &config().members);
+    let members = onekv_server::members::Directory::from_config(&config()).unwrap().current();
+    let status = onekv_server::service::replica_error_status(error, &members);
     assert_eq!(status.code(), Code::DataLoss);
     assert!(status.message().contains("\"k1\"") && status.message().contains("4096"), "{}", status.message());
 }

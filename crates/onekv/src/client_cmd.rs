@@ -4,6 +4,7 @@
 //! choosing exit codes. Does not own: talking to the cluster (leader discovery, retries and request ids
 //! are `onekv_client`'s).
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use anyhow::Context as _;
@@ -250,7 +251,17 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
         }
         ClientCommand::Lead(args) => lead(&args, &mut out).await?,
         ClientCommand::Status(args) => {
-            let statuses = connect(&args.connection)?.status_all().await;
+            let mut statuses = connect(&args.connection)?.status_all().await;
+            // Every member of the newest member list, also those not named by --endpoints.
+            let (_, members) = newest_members(&statuses);
+            let missing: Vec<String> = members
+                .values()
+                .filter(|address| !statuses.iter().any(|(endpoint, _)| endpoint == *address))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                statuses.extend(Client::new(missing, ClientOptions::default())?.status_all().await);
+            }
             out.write_all(status_table(&statuses).as_bytes())?;
             if args.shards {
                 out.write_all(shard_table(&statuses).as_bytes())?;
@@ -497,7 +508,23 @@ async fn lead(args: &LeadArgs, out: &mut impl Write) -> anyhow::Result<()> {
 /// The `status` table: a header, then one row per endpoint; an unreachable node shows its error
 /// after its address. For a node of several shards, LEADER and TERM are "-" (they differ by shard:
 /// `--shards` lists them) and COMMIT and APPLIED are summed over its shards.
+/// The newest member list among `statuses`: its epoch and the members' addresses by node id
+/// (epoch 0 and none if no node answered).
+pub(crate) fn newest_members(
+    statuses: &[(String, onekv_client::Result<StatusResponse>)],
+) -> (u64, BTreeMap<u64, String>) {
+    let mut newest = (0, BTreeMap::new());
+    for status in statuses.iter().filter_map(|(_, status)| status.as_ref().ok()) {
+        if status.members_epoch.max(1) > newest.0 {
+            let members = status.members.iter().map(|member| (member.id, member.address.clone())).collect();
+            newest = (status.members_epoch.max(1), members);
+        }
+    }
+    newest
+}
+
 fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
+    let (_, members) = newest_members(statuses);
     const HEADER: [&str; 11] = [
         "ID",
         "ADDRESS",
@@ -523,6 +550,8 @@ fn status_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> 
                     format!("{} (DISK FULL)", node_role(status))
                 } else if status.shards.iter().any(|replica| replica.rejoining) {
                     format!("{} (REJOINING)", node_role(status))
+                } else if !members.is_empty() && !members.contains_key(&status.node_id) {
+                    format!("{} (NOT A MEMBER)", node_role(status))
                 } else {
                     node_role(status)
                 },

@@ -69,6 +69,11 @@ pub struct StartArgs {
     /// [default: 3, or every node when there are fewer].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=7))]
     replicas: Option<u32>,
+    /// Spare nodes to start besides the members: nodes --nodes+1 .. --nodes+SPARES, empty and
+    /// outside the cluster until `onekv node add` adds them (they start with `join`). Their
+    /// configurations are kept like the others', so give the same --spares on restart.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=16))]
+    spares: u64,
     /// Node I serves its metrics and status page on http://127.0.0.1:(HTTP_BASE_PORT + I)/
     /// (unless its onekv.toml sets http_listen); 0 turns HTTP off [default: --base-port + 2000,
     /// so 9000 with the default --base-port, and two clusters on different base ports never clash].
@@ -109,6 +114,8 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&args.dir).with_context(|| format!("cannot create {}", args.dir.display()))?;
     let shape = Shape { storage, shards: args.shards, replicas: args.replicas };
     let mut nodes = plan_shaped(&args.dir, args.nodes, args.base_port, shape)?;
+    let spares = plan_spares(&args.dir, &nodes[0].config, args.nodes, args.spares, args.base_port)?;
+    nodes.extend(spares);
     let http_base_port = match args.http_base_port {
         Some(port) => port,
         None => args.base_port.checked_add(HTTP_PORT_OFFSET).with_context(|| {
@@ -147,19 +154,26 @@ fn start(args: &StartArgs) -> anyhow::Result<()> {
         children.spawn(&exe, node)?;
     }
 
-    let endpoints: Vec<&str> = nodes.iter().map(|node| node.config.listen.as_str()).collect();
+    let endpoints: Vec<&str> =
+        nodes.iter().filter(|node| !node.config.join).map(|node| node.config.listen.as_str()).collect();
     let endpoints = endpoints.join(",");
     let cluster = &nodes[0].config;
     println!(
         "onekv cluster of {} nodes, {} shards of {} replicas (storage {}) in {}",
-        nodes.len(),
+        args.nodes,
         cluster.cluster.shards,
         cluster.replication_factor(),
         storage.name(),
         args.dir.display()
     );
     for node in &nodes {
-        println!("  node {}: {}   log: {}", node.id, node.config.listen, node.dir.join(LOG_FILE).display());
+        let spare = if node.config.join { " (spare: joins with `onekv node add ADDR`)" } else { "" };
+        println!(
+            "  node {}: {}{spare}   log: {}",
+            node.id,
+            node.config.listen,
+            node.dir.join(LOG_FILE).display()
+        );
     }
     let status_pages: Vec<String> = nodes
         .iter()
@@ -339,6 +353,65 @@ fn plan_shaped(dir: &Path, count: u64, base_port: u16, shape: Shape) -> anyhow::
         );
     }
     Ok(nodes)
+}
+
+/// The spare nodes `first + 1 ..= first + count`: configured to join the cluster `member` (a
+/// member's configuration) belongs to, reused from their files if they exist.
+fn plan_spares(
+    dir: &Path,
+    member: &ServerConfig,
+    first: u64,
+    count: u64,
+    base_port: u16,
+) -> anyhow::Result<Vec<PlannedNode>> {
+    let mut spares = Vec::new();
+    for id in first + 1..=first + count {
+        let node_dir = dir.join(format!("node{id}"));
+        let config_path = node_dir.join(CONFIG_FILE);
+        let config = if config_path.exists() {
+            let config = ServerConfig::load(&config_path)?;
+            if config.node_id != id {
+                bail!(
+                    "{} is for node {} but lives in the directory of node {id}",
+                    config_path.display(),
+                    config.node_id
+                );
+            }
+            config
+        } else {
+            let port = u64::from(base_port) + id;
+            if port > u64::from(u16::MAX) {
+                bail!("--base-port {base_port} + node id {id} is past the last port 65535");
+            }
+            let address = format!("127.0.0.1:{port}");
+            let mut members = member.members.clone();
+            members.push(MemberConfig { id, address: address.clone() });
+            let config = ServerConfig {
+                node_id: id,
+                listen: address,
+                data_dir: PathBuf::from("data"),
+                peer_secret_file: Some(Path::new("..").join(SECRET_FILE)),
+                storage: member.storage,
+                members,
+                join: true,
+                cluster: member.cluster.clone(),
+                ..ServerConfig::default()
+            };
+            fs::create_dir_all(&node_dir).with_context(|| format!("cannot create {}", node_dir.display()))?;
+            write_config(&config_path, &config)?;
+            ServerConfig::load(&config_path)?
+        };
+        spares.push(PlannedNode {
+            id,
+            dir: node_dir,
+            config_path,
+            config,
+            http_flag: None,
+            resp_flag: None,
+            secret_flag: None,
+        });
+    }
+    Ok(spares)
 }
 
 /// The cluster secret file `DIR/cluster.secret`: made (32 random bytes as hex, mode 0600) unless it

@@ -29,7 +29,7 @@ enum Command {
     /// Runs a local cluster of nodes on 127.0.0.1 (child processes), with its data under one directory.
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
-    /// Moves replicas off a node (to stop it) or onto one (to give it its share).
+    /// Adds, removes or replaces a node of the cluster; moves replicas off a node or onto one.
     #[command(subcommand)]
     Node(node_cmd::NodeCommand),
     /// Moves a shard's replicas between the nodes of a running cluster.

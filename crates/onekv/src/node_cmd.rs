@@ -1,25 +1,41 @@
-//! `onekv node drain|fill`: moves replicas off one node, or onto one, a shard at a time, with
-//! `shard move`'s steps.
+//! `onekv node add|remove|replace|drain|fill`: nodes joining and leaving the cluster's member list,
+//! and replicas moved off one node or onto one, a shard at a time, with `shard move`'s steps.
 //!
 //! Each move is chosen from the cluster's state as the nodes report it now (every shard's members
 //! as its leader knows them, every node's replicas), so an interrupted command is finished by
 //! running it again. One move at a time: the rate is bounded by one shard's copy.
 //!
-//! Owns: the choice of which shard goes where. Does not own: the steps of a move (`shard_cmd`) or
-//! the cluster's member list (fixed at creation: a node cannot join or leave it yet).
+//! A node joins in two steps: the member list gains it (a compare-and-swap the cluster agrees on,
+//! `Kv.SetMembers`), and once every member has adopted that list, replicas move onto it. A node
+//! leaves the other way round: replicas move off it, then the list loses it.
+//!
+//! Owns: the choice of which shard goes where, and the order of those steps. Does not own: the
+//! steps of a move (`shard_cmd`) or how the member list is agreed and spread (`onekv-server`'s
+//! `members`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use onekv_client::Client;
+use onekv_client::{Client, ClientOptions, Member};
 
 use crate::client_cmd::Connection;
-use crate::shard_cmd::{connect_all, move_replica};
+use crate::shard_cmd::{connect_all, member_list, move_replica};
 
 /// The `node` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum NodeCommand {
+    /// Adds the node at ADDR (started with `--join`, or `onekv cluster start --spare`) to the
+    /// cluster's member list, then moves replicas onto it until it holds its share. Safe to re-run.
+    Add(AddArgs),
+    /// Moves every replica off node ID (as `drain`; it may be down), then removes it from the
+    /// member list; refused when fewer nodes than the replication factor would remain. Stop the
+    /// node afterwards. Safe to re-run.
+    Remove(NodeArgs),
+    /// Replaces node ID (lost, or to be retired) by the node at ADDR (started with `--join`): adds
+    /// ADDR to the member list, moves each of ID's replicas straight to it, then removes ID.
+    /// Safe to re-run.
+    Replace(ReplaceArgs),
     /// Moves every replica off node ID (each to the node that holds the fewest replicas among
     /// those without one of its shard), so the node can be stopped; refused when a shard has a
     /// replica on every other node (it would be left a replica short). Safe to re-run.
@@ -42,13 +58,48 @@ pub struct NodeArgs {
     connection: Connection,
 }
 
+/// Arguments of `node add`.
+#[derive(Debug, clap::Args)]
+pub struct AddArgs {
+    /// The new node's address (`host:port`), as the other nodes and clients will reach it.
+    address: String,
+    /// Give up after this many seconds (each move copies a shard).
+    #[arg(long, default_value_t = 3600)]
+    timeout_secs: u64,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Arguments of `node replace`.
+#[derive(Debug, clap::Args)]
+pub struct ReplaceArgs {
+    /// The node to replace.
+    id: u64,
+    /// The replacement's address (`host:port`); it was started with `--join` and another id.
+    address: String,
+    /// Give up after this many seconds (each move copies a shard).
+    #[arg(long, default_value_t = 3600)]
+    timeout_secs: u64,
+    #[command(flatten)]
+    connection: Connection,
+}
+
 /// Runs one `node` subcommand.
 pub fn run(command: NodeCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut out = io::stdout().lock();
     match command {
-        NodeCommand::Drain(args) => runtime.block_on(drain(&args, &mut out)),
-        NodeCommand::Fill(args) => runtime.block_on(fill(&args, &mut out)),
+        NodeCommand::Add(args) => runtime.block_on(add(&args, &mut out)),
+        NodeCommand::Remove(args) => runtime.block_on(remove(&args, &mut out)),
+        NodeCommand::Replace(args) => runtime.block_on(replace(&args, &mut out)),
+        NodeCommand::Drain(args) => runtime.block_on(async {
+            let (client, node, deadline) = start(&args).await?;
+            drain(&client, node, deadline, &mut out).await
+        }),
+        NodeCommand::Fill(args) => runtime.block_on(async {
+            let (client, node, deadline) = start(&args).await?;
+            fill(&client, node, deadline, &mut out).await
+        }),
     }
 }
 
@@ -116,15 +167,15 @@ async fn start(args: &NodeArgs) -> anyhow::Result<(Client, u64, Instant)> {
     Ok((client, args.id, Instant::now() + Duration::from_secs(args.timeout_secs)))
 }
 
-async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let (client, node, deadline) = start(args).await?;
+/// Moves every replica off `node` (see `NodeCommand::Drain`).
+async fn drain(client: &Client, node: u64, deadline: Instant, out: &mut impl Write) -> anyhow::Result<()> {
     let mut moved = 0;
     loop {
         anyhow::ensure!(
             Instant::now() < deadline,
             "node {node} was not drained in time; run the command again"
         );
-        let placement = Placement::read(&client).await;
+        let placement = Placement::read(client).await;
         let shard =
             placement.members.iter().find(|(_, members)| members.contains(&node)).map(|(shard, _)| *shard);
         let Some(shard) = shard else {
@@ -135,11 +186,19 @@ async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 Some((*shard, voter))
             });
             if let Some((shard, voter)) = left {
-                move_replica(&client, (shard, node, voter), deadline, out).await?;
+                move_replica(client, (shard, node, voter), deadline, out).await?;
                 continue;
             }
             if placement.unsettled.is_empty() && placement.hosted.get(&node).is_some_and(BTreeSet::is_empty) {
                 writeln!(out, "node {node} holds no replica ({moved} moved); it can be stopped")?;
+                return Ok(());
+            }
+            if placement.unsettled.is_empty() && !placement.hosted.contains_key(&node) {
+                writeln!(
+                    out,
+                    "no shard counts node {node} ({moved} moved); it did not answer, so any copies it still \
+                     has are left on its disk"
+                )?;
                 return Ok(());
             }
             // A shard without a known leader (an election) or between configurations, or the node
@@ -162,20 +221,20 @@ async fn drain(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
             );
         };
         writeln!(out, "moving shard {shard} from node {node} to node {target}")?;
-        move_replica(&client, (shard, node, target), deadline, out).await?;
+        move_replica(client, (shard, node, target), deadline, out).await?;
         moved += 1;
     }
 }
 
-async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let (client, node, deadline) = start(args).await?;
+/// Moves replicas, then leaderships, onto `node` (see `NodeCommand::Fill`).
+async fn fill(client: &Client, node: u64, deadline: Instant, out: &mut impl Write) -> anyhow::Result<()> {
     let mut moved = 0;
     loop {
         anyhow::ensure!(
             Instant::now() < deadline,
             "node {node} was not filled in time; run the command again"
         );
-        let placement = Placement::read(&client).await;
+        let placement = Placement::read(client).await;
         let load = placement.load();
         anyhow::ensure!(load.contains_key(&node), "node {node} did not answer; start it first");
         let total: usize = load.values().sum();
@@ -210,13 +269,13 @@ async fn fill(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 "node {node} holds {mine} replicas, its share of {total} on {} nodes ({moved} moved)",
                 load.len()
             )?;
-            return lead_share(&client, node, deadline, out).await;
+            return lead_share(client, node, deadline, out).await;
         };
         writeln!(
             out,
             "moving shard {shard} from node {donor} to node {node} ({mine} of its share of {share})"
         )?;
-        move_replica(&client, (shard, donor, node), deadline, out).await?;
+        move_replica(client, (shard, donor, node), deadline, out).await?;
         moved += 1;
     }
 }
@@ -276,4 +335,218 @@ async fn lead_share(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Adds the node at `args.address` to the member list, then fills it.
+async fn add(args: &AddArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let node = admit(&args.connection, &args.address, deadline, out).await?;
+    let (client, _) = connect_all(&args.connection).await?;
+    fill(&client, node, deadline, out).await
+}
+
+/// Moves node `args.id`'s replicas off it, then removes it from the member list.
+async fn remove(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let (client, addresses) = connect_all(&args.connection).await?;
+    let node = args.id;
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    if !addresses.contains_key(&node) {
+        writeln!(out, "node {node} is not a member of the cluster (nothing to do)")?;
+        return Ok(());
+    }
+    let replicas = replication_factor(&client).await?;
+    anyhow::ensure!(
+        addresses.len() > replicas,
+        "removing node {node} would leave {} node(s) for shards of {replicas} replicas; add a node first",
+        addresses.len() - 1
+    );
+    drain(&client, node, deadline, out).await?;
+    leave(&client, node, deadline, out).await?;
+    writeln!(out, "node {node} left the cluster; stop it")?;
+    Ok(())
+}
+
+/// Adds the node at `args.address`, moves every replica of node `args.id` to it, then removes
+/// node `args.id` from the member list.
+async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let (client, addresses) = connect_all(&args.connection).await?;
+    let old = args.id;
+    let new = match addresses.iter().find(|(_, address)| **address == args.address) {
+        Some((id, _)) => *id,
+        None => {
+            anyhow::ensure!(addresses.contains_key(&old), "node {old} is not a member of the cluster");
+            admit(&args.connection, &args.address, deadline, out).await?
+        }
+    };
+    anyhow::ensure!(
+        new != old,
+        "node {old} is at {} already: start the replacement with another id",
+        args.address
+    );
+    let (client, _) = if addresses.contains_key(&new) {
+        (client, addresses)
+    } else {
+        connect_all(&args.connection).await?
+    };
+    loop {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "node {old} was not replaced in time; run the command again"
+        );
+        let placement = Placement::read(&client).await;
+        let Some(shard) = placement
+            .members
+            .iter()
+            .find(|(shard, members)| members.contains(&old) && !placement.unsettled.contains(shard))
+            .map(|(shard, _)| *shard)
+        else {
+            if placement.unsettled.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        if placement.members[&shard].contains(&new) {
+            anyhow::bail!(
+                "node {new} already holds a replica of shard {shard}, which node {old} also holds: move \
+                 node {old}'s elsewhere first (onekv shard move {shard} {old} OTHER)"
+            );
+        }
+        writeln!(out, "moving shard {shard} from node {old} to node {new}")?;
+        move_replica(&client, (shard, old, new), deadline, out).await?;
+    }
+    if member_list(&client).await.1.contains_key(&old) {
+        leave(&client, old, deadline, out).await?;
+    }
+    writeln!(out, "node {new} replaced node {old}; stop node {old} if it runs")?;
+    Ok(())
+}
+
+/// Puts the node at `address` (asked for its id) in the member list, unless it is there already,
+/// and waits until every member has adopted the list. Returns the node's id.
+async fn admit(
+    connection: &Connection,
+    address: &str,
+    deadline: Instant,
+    out: &mut impl Write,
+) -> anyhow::Result<u64> {
+    let (client, _) = connect_all(connection).await?;
+    let newcomer = Client::new(vec![address.to_string()], ClientOptions::default())?;
+    let status = newcomer.status(address).await.map_err(|error| {
+        anyhow::anyhow!("the node at {address} did not answer ({error}); start it (with --join) first")
+    })?;
+    let node = status.node_id;
+    loop {
+        let (epoch, members) = member_list(&client).await;
+        anyhow::ensure!(epoch > 0, "no node of the cluster answered");
+        match members.get(&node) {
+            Some(known) if known == address => {
+                wait_adopted(&client, epoch, deadline, out).await?;
+                writeln!(out, "node {node} at {address} is a member (member list epoch {epoch})")?;
+                return Ok(node);
+            }
+            Some(known) => anyhow::bail!(
+                "node {node} is already a member at {known}: the node at {address} needs another id (or remove \
+                 node {node} first)"
+            ),
+            None => {}
+        }
+        if let Some((other, _)) = members.iter().find(|(_, known)| *known == address) {
+            anyhow::bail!("{address} is node {other}'s address, but the node there says it is node {node}");
+        }
+        let mut list: Vec<Member> = members.into_iter().map(|(id, address)| Member { id, address }).collect();
+        list.push(Member { id: node, address: address.to_string() });
+        writeln!(out, "adding node {node} at {address} to the member list (epoch {epoch} -> {})", epoch + 1)?;
+        match client.set_members(epoch, list).await {
+            Ok(_) => {}
+            // Another change won the race: read the list again and decide anew.
+            Err(onekv_client::ClientError::NotApplied(reason)) => writeln!(out, "not applied: {reason}")?,
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Removes `node` from the member list and waits until the remaining members have adopted it.
+async fn leave(client: &Client, node: u64, deadline: Instant, out: &mut impl Write) -> anyhow::Result<()> {
+    loop {
+        let (epoch, members) = member_list(client).await;
+        anyhow::ensure!(epoch > 0, "no node of the cluster answered");
+        if !members.contains_key(&node) {
+            return wait_adopted(client, epoch, deadline, out).await;
+        }
+        let list = members
+            .into_iter()
+            .filter(|(id, _)| *id != node)
+            .map(|(id, address)| Member { id, address })
+            .collect();
+        writeln!(out, "removing node {node} from the member list (epoch {epoch} -> {})", epoch + 1)?;
+        match client.set_members(epoch, list).await {
+            Ok(_) => {}
+            Err(onekv_client::ClientError::NotApplied(reason)) => writeln!(out, "not applied: {reason}")?,
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
+/// Waits until every member in the list of `epoch` that answers reports that list (or a newer
+/// one), printing who is behind every few seconds. A member that does not answer is named once and
+/// not waited for: it reads the list when it is back.
+async fn wait_adopted(
+    client: &Client,
+    epoch: u64,
+    deadline: Instant,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let (_, members) = member_list(client).await;
+    let client = Client::new(members.values().cloned().collect(), ClientOptions::default())?;
+    let mut last_report = Instant::now();
+    let mut silent_reported = false;
+    loop {
+        let statuses = client.status_all().await;
+        let silent: Vec<&str> = statuses
+            .iter()
+            .filter(|(_, status)| status.is_err())
+            .map(|(endpoint, _)| endpoint.as_str())
+            .collect();
+        if !silent.is_empty() && !silent_reported {
+            writeln!(out, "not answering (they will read the member list when back): {}", silent.join(", "))?;
+            silent_reported = true;
+        }
+        let behind: Vec<String> = statuses
+            .iter()
+            .filter_map(|(_, status)| status.as_ref().ok())
+            .filter(|status| status.members_epoch < epoch)
+            .map(|status| format!("node {} (epoch {})", status.node_id, status.members_epoch))
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "not every member adopted member list epoch {epoch} in time: {}",
+            behind.join(", ")
+        );
+        if last_report.elapsed() >= Duration::from_secs(3) {
+            writeln!(
+                out,
+                "waiting for every member to adopt member list epoch {epoch}: {}",
+                behind.join(", ")
+            )?;
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The cluster's replication factor, from the cluster map a node reports.
+async fn replication_factor(client: &Client) -> anyhow::Result<usize> {
+    for (_, status) in client.status_all().await {
+        if let Ok(status) = status
+            && let Ok(map) = onekv_placement::ClusterMap::decode(&status.cluster_map)
+        {
+            return Ok(map.replication_factor() as usize);
+        }
+    }
+    anyhow::bail!("no node reported the cluster map")
 }

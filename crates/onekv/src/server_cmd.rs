@@ -33,6 +33,11 @@ pub struct Args {
     /// Every voting member, this node included.
     #[arg(long, value_name = "ID=HOST:PORT,...")]
     members: Option<String>,
+    /// Join a running cluster: at the first start, copy its map and member list from one of the
+    /// other --members (nodes of that cluster), and hold no shard until `onekv node add` adds
+    /// this node.
+    #[arg(long)]
+    join: bool,
     /// File holding the cluster secret (hex, the same on every member), required with other
     /// members: peers prove they belong to the cluster with it.
     #[arg(long, value_name = "FILE")]
@@ -77,6 +82,9 @@ impl Args {
         }
         if let Some(members) = &self.members {
             config.members = parse_members(members)?;
+        }
+        if self.join {
+            config.join = true;
         }
         if let Some(peer_secret_file) = &self.peer_secret_file {
             config.peer_secret_file = Some(peer_secret_file.clone());

@@ -94,14 +94,17 @@ fn view(shard: u64, statuses: &[(String, onekv_client::Result<StatusResponse>)])
     View { leader, replicas, addresses, answered }
 }
 
+/// The newest member list the nodes `client` knows report: its epoch and the members' addresses by
+/// node id (empty if none answered).
+pub(crate) async fn member_list(client: &Client) -> (u64, BTreeMap<u64, String>) {
+    crate::client_cmd::newest_members(&client.status_all().await)
+}
+
 /// A client of every member of the cluster (the nodes `connection` reaches report the members'
-/// addresses), and those addresses by node id.
+/// addresses: the newest list any of them knows), and those addresses by node id.
 pub(crate) async fn connect_all(connection: &Connection) -> anyhow::Result<(Client, BTreeMap<u64, String>)> {
     let first = connect(connection)?;
-    let mut addresses = BTreeMap::new();
-    for status in first.status_all().await.into_iter().filter_map(|(_, status)| status.ok()) {
-        addresses.extend(status.members.into_iter().map(|member| (member.id, member.address)));
-    }
+    let (_, addresses) = member_list(&first).await;
     anyhow::ensure!(!addresses.is_empty(), "no node answered; is the cluster running?");
     let client = Client::new(addresses.values().cloned().collect(), ClientOptions::default())?;
     Ok((client, addresses))

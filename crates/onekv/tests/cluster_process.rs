@@ -19,7 +19,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{TestCluster, free_port, mismatches, port_is_free, run_bounded, tail};
+use common::{TestCluster, free_port, mismatches, onekv_node, port_is_free, run_bounded, tail};
 use onekv_client::ClientError;
 use onekv_proto::PeerMessages;
 use onekv_proto::peer_client::PeerClient;
@@ -770,5 +770,173 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
         })
         .await;
         assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
+    });
+}
+
+/// Key-value pairs a writer had acknowledged.
+type Acked = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+
+/// A writer of unique keys through `client` until `stop`; what was acknowledged lands in `acked`.
+fn spawn_writer(
+    client: &onekv_client::Client,
+    stop: &Arc<AtomicBool>,
+    acked: &Acked,
+) -> tokio::task::JoinHandle<()> {
+    let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
+    tokio::spawn(async move {
+        let mut n = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let key = format!("during-{n:06}").into_bytes();
+            let value = format!("value-{n}").repeat(30).into_bytes();
+            if client.put(&key, &value).await.is_ok() {
+                acked.lock().unwrap().push((key, value));
+            }
+            n += 1;
+        }
+    })
+}
+
+/// Grows a cluster from 3 nodes to 5 and shrinks it back with `onekv node add ADDR` and `onekv
+/// node remove ID` while a writer writes through a client that knows only the first three nodes
+/// (4 shards of 3 replicas): the newcomers get their share of replicas, every member adopts each
+/// member list (kept across a restart), a member the replication factor needs cannot be removed,
+/// onekv's own key cannot be written, and no acknowledged write is lost.
+#[test]
+fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(300), async {
+        let mut cluster = TestCluster::start(3, |config| {
+            config.cluster.shards = 4;
+            config.cluster.replicas = Some(3);
+        })
+        .await;
+        let client = cluster.client();
+        let endpoints: Vec<String> =
+            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let mut before = Vec::new();
+        for n in 0..200 {
+            let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'x'; 1000]);
+            client.put(&key, &value).await.expect("a put");
+            before.push((key, value));
+        }
+        let refused = client.put(onekv_placement::MEMBERS_KEY, b"forged").await;
+        assert!(matches!(refused, Err(ClientError::InvalidArgument(_))), "{refused:?}");
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let writer = spawn_writer(&client, &stop, &acked);
+
+        let four = cluster.add_spare().await;
+        let five = cluster.add_spare().await;
+        assert!(cluster.status(four).await.unwrap().shards.is_empty(), "a spare holds no replica");
+        let (ok, text) = onekv_node(vec!["add".into(), cluster.endpoint(four).into()], &endpoints).await;
+        assert!(ok, "onekv node add failed: {text}");
+        assert!(text.contains("(member list epoch 2)"), "{text}");
+        assert!(text.contains("node 4 holds 3 replicas, its share of 12 on 4 nodes (3 moved)"), "{text}");
+        let (ok, text) = onekv_node(vec!["add".into(), cluster.endpoint(five).into()], &endpoints).await;
+        assert!(ok, "onekv node add failed: {text}");
+        assert!(text.contains("node 5 holds 2 replicas, its share of 12 on 5 nodes (2 moved)"), "{text}");
+        let (ok, again) = onekv_node(vec!["add".into(), cluster.endpoint(five).into()], &endpoints).await;
+        assert!(
+            ok && again.contains("(0 moved)") && !again.contains("epoch 3 ->"),
+            "adding it again: {again}"
+        );
+        for id in 1..=5 {
+            let status = cluster.status(id).await.unwrap();
+            assert_eq!((status.members_epoch, status.members.len()), (3, 5), "node {id}");
+        }
+        // A restarted member keeps the list it adopted (its configuration names three).
+        cluster.kill9(1);
+        cluster.restart(1).await;
+        let status = cluster.status(1).await.unwrap();
+        assert_eq!((status.members_epoch, status.members.len()), (3, 5), "node 1 after a restart");
+
+        let (ok, text) = onekv_node(vec!["remove".into(), five.to_string()], &endpoints).await;
+        assert!(ok, "onekv node remove failed: {text}");
+        assert!(text.contains("node 5 left the cluster"), "{text}");
+        let (ok, text) = onekv_node(vec!["remove".into(), four.to_string()], &endpoints).await;
+        assert!(ok, "onekv node remove failed: {text}");
+        let (ok, text) = onekv_node(vec!["remove".into(), "3".into()], &endpoints).await;
+        assert!(!ok && text.contains("would leave 2 node(s) for shards of 3 replicas"), "{text}");
+        let (ok, text) = onekv_node(vec!["remove".into(), four.to_string()], &endpoints).await;
+        assert!(ok && text.contains("not a member"), "removing it again: {text}");
+        for id in [four, five] {
+            let status = cluster.status(id).await.unwrap();
+            assert!(status.shards.is_empty(), "node {id} still hosts {:?}", status.shards);
+        }
+        for id in 1..=3 {
+            let status = cluster.status(id).await.unwrap();
+            assert_eq!((status.members_epoch, status.members.len()), (5, 3), "node {id}");
+            assert_eq!(status.shards.len(), 4, "node {id} holds every shard again");
+        }
+
+        stop.store(true, Ordering::SeqCst);
+        writer.await.unwrap();
+        let acked = acked.lock().unwrap().clone();
+        assert!(acked.len() > 20, "the writer made little progress: {}", acked.len());
+        let all: Vec<_> = before.into_iter().chain(acked).collect();
+        let reader = client.clone();
+        let (wrong, examples) = mismatches(&all, move |key| {
+            let reader = reader.clone();
+            async move { reader.get(&key).await }
+        })
+        .await;
+        assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
+    });
+}
+
+/// `onekv node replace ID ADDR` rebuilds the replicas of a node that is gone for good (killed,
+/// its disk as good as lost) on a new node started with `--join`, while a writer writes: the new
+/// node holds every shard the lost one held, the lost one leaves the member list, and no
+/// acknowledged write is lost.
+#[test]
+fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(200), async {
+        let mut cluster = TestCluster::start(3, |config| {
+            config.cluster.shards = 4;
+            config.cluster.replicas = Some(3);
+        })
+        .await;
+        let client = cluster.client();
+        let endpoints: Vec<String> =
+            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let mut before = Vec::new();
+        for n in 0..300 {
+            let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'y'; 1000]);
+            client.put(&key, &value).await.expect("a put");
+            before.push((key, value));
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let writer = spawn_writer(&client, &stop, &acked);
+        cluster.kill9(2);
+        let new = cluster.add_spare().await;
+        let (ok, text) =
+            onekv_node(vec!["replace".into(), "2".into(), cluster.endpoint(new).into()], &endpoints).await;
+        assert!(ok, "onekv node replace failed: {text}");
+        assert!(text.contains(&format!("node {new} replaced node 2")), "{text}");
+        let status = cluster.status(new).await.unwrap();
+        assert_eq!(status.shards.len(), 4, "the new node holds every shard: {:?}", status.shards);
+        let ids: Vec<u64> = status.members.iter().map(|member| member.id).collect();
+        assert_eq!(ids, vec![1, 3, new], "{text}");
+        for replica in &status.shards {
+            assert!(!replica.voters.contains(&2) && replica.voters.contains(&new), "{replica:?}");
+        }
+        let (ok, again) =
+            onekv_node(vec!["replace".into(), "2".into(), cluster.endpoint(new).into()], &endpoints).await;
+        assert!(ok && !again.contains("moving shard"), "replacing it again: {again}");
+
+        stop.store(true, Ordering::SeqCst);
+        writer.await.unwrap();
+        let all: Vec<_> = before.into_iter().chain(acked.lock().unwrap().clone()).collect();
+        // Every key from the new node's own copy, once it has applied everything.
+        cluster.wait_caught_up(new).await;
+        let (reader, endpoint) = (client.clone(), cluster.endpoint(new).to_string());
+        let (wrong, examples) = mismatches(&all, move |key| {
+            let (reader, endpoint) = (reader.clone(), endpoint.clone());
+            async move { reader.get_stale(&key, Some(&endpoint)).await }
+        })
+        .await;
+        assert_eq!(wrong, 0, "keys missing from the new node's copy: {examples:?}");
     });
 }

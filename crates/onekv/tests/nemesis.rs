@@ -334,6 +334,69 @@ fn linearizable_under_faults(name: &str, nodes: u64, shards: u32) {
     });
 }
 
+/// Linearizability while the cluster's member list changes (4 shards of 3 replicas): four
+/// checked client tasks that know only nodes 1-3 run while `onekv node add` brings in a fifth...
+/// a fourth node (replicas and a leadership move onto it), `onekv node remove 1` takes an
+/// original member out (its replicas and leaderships move off it; clients that ask it are sent
+/// on), and node 2 is killed and restarted in between. The history must be linearizable.
+#[test]
+fn linearizable_while_nodes_join_and_leave() {
+    let _serial = one_at_a_time();
+    let seed = nemesis::env_number("ONEKV_NEMESIS_SEED", rand::random::<u32>().into());
+    eprintln!("member changes: seed {seed} (replay with ONEKV_NEMESIS_SEED={seed})");
+    nemesis::build_checker();
+    run_bounded(Duration::from_secs(240), async move {
+        let mut cluster = TestCluster::start(3, |config| {
+            config.cluster.shards = 4;
+            config.cluster.replicas = Some(3);
+        })
+        .await;
+        let endpoints: Vec<String> =
+            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let recorder = Recorder::new();
+        let keys = nemesis::keys(8);
+        let workload = Workload::start(&cluster, 4, keys.clone(), &recorder, seed);
+        let spare = cluster.add_spare().await;
+        let (ok, text) =
+            common::onekv_node(vec!["add".into(), cluster.endpoint(spare).into()], &endpoints).await;
+        assert!(ok, "onekv node add failed: {text}");
+        cluster.kill9(2);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cluster.restart(2).await;
+        let (ok, text) = common::onekv_node(vec!["remove".into(), "1".into()], &endpoints).await;
+        assert!(ok, "onekv node remove failed: {text}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let issued = workload.stop().await;
+        // Final reads through a client that knows only the removed node.
+        let client = Client::new(vec![cluster.endpoint(1).to_string()], nemesis::workload_client_options())
+            .expect("a client");
+        for key in &keys {
+            let call = recorder.now();
+            let value = client.get(key.as_bytes()).await.expect("a final read through the removed node");
+            let value = value.map(|value| String::from_utf8(value).expect("values are UTF-8"));
+            let response = Response { value, swapped: false };
+            recorder.record(FINAL_READER, key, Request::Get, (call, recorder.now()), Outcome::Ok, response);
+        }
+        let (history, html) = history_paths("members", seed);
+        recorder.write(&history, seed);
+        let verdict = nemesis::check_history(&history, &html, CHECK_TIMEOUT);
+        let (ok, unknown, fail) = recorder.counts();
+        eprintln!(
+            "member changes: {issued} ops issued, recorded ok {ok}, unknown {unknown}, fail {fail}; checker: {}",
+            verdict.summary
+        );
+        assert_eq!(
+            verdict.code,
+            0,
+            "not linearizable: {} {} (history {})",
+            verdict.summary,
+            verdict.stderr,
+            history.display()
+        );
+        assert!(ok > 200, "the workload made little progress: {ok} operations succeeded");
+    });
+}
+
 #[test]
 fn stale_reads_from_an_isolated_follower_are_caught() {
     let _serial = one_at_a_time();

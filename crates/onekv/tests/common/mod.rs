@@ -171,6 +171,37 @@ impl TestCluster {
         cluster
     }
 
+    /// Starts a spare node (the next id) configured to join this cluster (`join`, with every
+    /// member's address and its own), outside the member list until `onekv node add` adds it;
+    /// waits until it answers Status. Returns its id.
+    #[allow(dead_code)]
+    pub async fn add_spare(&mut self) -> u64 {
+        let id = self.nodes.iter().map(|node| node.id).max().unwrap_or(0) + 1;
+        let mut config = ServerConfig::load(&self.nodes[0].config_path).expect("node 1's configuration");
+        let address = format!("127.0.0.1:{}", free_port());
+        let node_dir = self.dir.path().join(format!("node{id}"));
+        fs::create_dir_all(&node_dir).expect("creating a node directory");
+        config.node_id = id;
+        config.listen = address.clone();
+        config.data_dir = node_dir.join("data");
+        config.members.push(MemberConfig { id, address: address.clone() });
+        config.join = true;
+        config.validate().expect("the spare's configuration is valid");
+        let config_path = node_dir.join("onekv.toml");
+        fs::write(&config_path, config.to_toml()).expect("writing a configuration");
+        self.nodes.push(Node {
+            id,
+            address,
+            config_path,
+            log_path: node_dir.join("server.log"),
+            child: None,
+            env: Vec::new(),
+        });
+        self.spawn(id);
+        self.wait_ready(id).await;
+        id
+    }
+
     /// Sets the extra environment node `id` gets from its next (re)start on.
     pub fn set_env(&mut self, id: u64, env: Vec<(String, String)>) {
         self.node_mut(id).env = env;
@@ -520,4 +551,24 @@ pub async fn start_resp_cluster(
     })
     .await;
     (cluster, ports)
+}
+
+/// Runs `onekv node ARGS... --timeout-secs 120 --endpoints ENDPOINTS` on a blocking thread;
+/// returns whether it succeeded and its output.
+#[allow(dead_code)]
+pub async fn onekv_node(args: Vec<String>, endpoints: &[String]) -> (bool, String) {
+    let endpoints = endpoints.join(",");
+    tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_onekv"))
+            .arg("node")
+            .args(&args)
+            .args(["--timeout-secs", "120", "--endpoints", &endpoints])
+            .output()
+            .expect("running onekv node");
+        let text =
+            String::from_utf8_lossy(&output.stdout).to_string() + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success(), text)
+    })
+    .await
+    .unwrap()
 }
