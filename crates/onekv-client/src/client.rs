@@ -552,10 +552,25 @@ impl Client {
     /// through the leader of the shard that keeps it (see `Kv.SetMembers`); returns the list then
     /// in force and its epoch. Safe to retry; a list that moved on meanwhile comes back as
     /// [`ClientError::NotApplied`] with the reason (nothing changed).
-    pub async fn set_members(&self, expected_epoch: u64, members: Vec<Member>) -> Result<SetMembersResponse> {
+    ///
+    /// `secret` is the cluster secret (the hex text of a `peer_secret_file`): a member list says
+    /// where the nodes send their Raft messages, so only those who hold the secret may change it.
+    pub async fn set_members(
+        &self,
+        expected_epoch: u64,
+        members: Vec<Member>,
+        secret: &str,
+    ) -> Result<SetMembersResponse> {
+        let secret = tonic::metadata::MetadataValue::try_from(secret.trim()).map_err(|_| {
+            ClientError::InvalidArgument("the cluster secret is not valid header text".into())
+        })?;
         let route = self.route_of(onekv_placement::MEMBERS_KEY).await?;
-        let request = SetMembersRequest { expected_epoch, members };
-        self.call(route, request, |mut kv, r| async move { kv.set_members(r).await }).await
+        let request = SetMembersRequest { expected_epoch, members, request_id: Some(self.next_id()) };
+        self.call(route, request, |mut kv, mut r| {
+            r.metadata_mut().insert(onekv_proto::PEER_SECRET_METADATA, secret.clone());
+            async move { kv.set_members(r).await }
+        })
+        .await
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.

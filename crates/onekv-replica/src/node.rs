@@ -251,7 +251,9 @@ impl NodeLoop {
             GcInput::Relocate { shard, moves, done } => {
                 let result = match (&self.ctx.failed, self.groups.get_mut(&shard)) {
                     (Some(failure), _) => Err(format!("the node failed: {failure}")),
-                    (None, None) => Err(format!("shard {shard} has no replica here")),
+                    (None, None) => Err(format!(
+                        "shard {shard} has no replica here (removed during this round; the next round skips it)"
+                    )),
                     (None, Some(group)) => group.relocate(moves),
                 };
                 let _ = done.try_send(result);

@@ -25,8 +25,8 @@ use subtle::ConstantTimeEq as _;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::{Request, Status};
 
-/// The gRPC metadata key a `Peer` call carries the cluster secret under.
-pub const PEER_SECRET_METADATA: &str = "onekv-peer-secret";
+/// The gRPC metadata key a `Peer` call (and `Kv.SetMembers`) carries the cluster secret under.
+pub use onekv_proto::PEER_SECRET_METADATA;
 
 /// Random bytes in a secret that `onekv cluster start` (or [`PeerSecret::generate`]) makes.
 pub const SECRET_BYTES: usize = 32;
@@ -127,6 +127,27 @@ impl PeerSecret {
     }
 }
 
+/// Whether `request` carries `secret` (`None`: this node has none, so nothing passes); `what`
+/// names the call in the refusal.
+pub fn check_secret<T>(secret: Option<&PeerSecret>, request: &Request<T>, what: &str) -> Result<(), Status> {
+    let Some(secret) = secret else {
+        return Err(Status::unauthenticated(
+            "this node has no peer secret (peer_secret_file): it accepts no Raft messages and no member \
+             list change",
+        ));
+    };
+    match request.metadata().get(PEER_SECRET_METADATA) {
+        None => Err(Status::unauthenticated(format!(
+            "{what} must carry the cluster secret ({PEER_SECRET_METADATA}); is the sender a member of this \
+             cluster, with its peer_secret_file?"
+        ))),
+        Some(value) if secret.matches(value.as_bytes()) => Ok(()),
+        Some(_) => Err(Status::unauthenticated(
+            "wrong cluster secret: the sender's peer_secret_file differs from this node's",
+        )),
+    }
+}
+
 /// The interceptor in front of the `Peer` service: a call passes only with the right secret in
 /// [`PEER_SECRET_METADATA`]. It runs on the call's headers, before the body is read or decoded.
 /// Without a secret (a node configured without `peer_secret_file`, which validation allows only
@@ -149,21 +170,7 @@ impl PeerAuth {
     }
 
     fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let Some(secret) = &self.secret else {
-            return Err(Status::unauthenticated(
-                "this node has no peer secret (peer_secret_file) and accepts no Raft messages",
-            ));
-        };
-        match request.metadata().get(PEER_SECRET_METADATA) {
-            None => Err(Status::unauthenticated(format!(
-                "a Peer call must carry the cluster secret ({PEER_SECRET_METADATA}); is the sender a \
-                 member of this cluster, with its peer_secret_file?"
-            ))),
-            Some(value) if secret.matches(value.as_bytes()) => Ok(()),
-            Some(_) => Err(Status::unauthenticated(
-                "wrong cluster secret: the sender's peer_secret_file differs from this node's",
-            )),
-        }
+        check_secret(self.secret.as_ref(), request, "a Peer call")
     }
 
     fn log_refusal<T>(&self, request: &Request<T>, status: &Status) {

@@ -33,16 +33,18 @@ const IDENTITY_FILE: &str = "IDENTITY";
 /// The cluster map this node runs with: the one in its data directory, which must equal the one
 /// `config` describes; or, for a new data directory, the one `config` describes, written first.
 pub fn load_or_create(config: &ServerConfig) -> anyhow::Result<ClusterMap> {
-    let wanted = config.cluster_map().context("cannot place the shards")?;
     let dir = &config.data_dir;
     let path = dir.join(FILE);
     match fs::read(&path) {
+        // A joined node's map is the cluster's, copied at its first start ([`crate::members::join`]):
+        // its configuration never described it.
+        Ok(bytes) if config.join => ClusterMap::decode(&bytes)
+            .with_context(|| format!("{} is damaged or not a cluster map", path.display())),
         Ok(bytes) => {
+            let wanted = config.cluster_map().context("cannot place the shards")?;
             let stored = ClusterMap::decode(&bytes)
                 .with_context(|| format!("{} is damaged or not a cluster map", path.display()))?;
-            // A joined node's map is the cluster's, copied at its first start; its configuration
-            // never described it.
-            if !config.join && !same_placement(&stored, &wanted) {
+            if !same_placement(&stored, &wanted) {
                 bail!(
                     "{} was created with {}; this configuration gives {} (cluster.shards, \
                      cluster.replicas and the members must stay as they were when the cluster was created)",
@@ -54,6 +56,10 @@ pub fn load_or_create(config: &ServerConfig) -> anyhow::Result<ClusterMap> {
             Ok(stored)
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            if config.join {
+                bail!("{} has no cluster map: a joining node copies it from a member first", dir.display());
+            }
+            let wanted = config.cluster_map().context("cannot place the shards")?;
             if dir.join(IDENTITY_FILE).exists() {
                 let members: Vec<u64> = config.members.iter().map(|member| member.id).collect();
                 let legacy = ClusterMap::build(&members, 1, members.len() as u32)

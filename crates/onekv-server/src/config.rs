@@ -642,7 +642,9 @@ impl ServerConfig {
             &mut problem,
             "limits.max_scan_pairs",
             as_u64(limits.max_scan_pairs),
-            (1, as_u64(bounds::MAX_SCAN_PAIRS)),
+            // At least 2: a page may hold onekv's own key, which the service leaves out, and a
+            // page must never come back empty while more follows.
+            (2, as_u64(bounds::MAX_SCAN_PAIRS)),
         );
         check_range(
             &mut problem,
@@ -698,7 +700,8 @@ impl ServerConfig {
             u64::from(self.cluster.shards),
             (1, u64::from(onekv_placement::MAX_SHARDS)),
         );
-        if let Some(replicas) = self.cluster.replicas {
+        // A joining node's `cluster` plays no part: it copies the cluster's map.
+        if let Some(replicas) = self.cluster.replicas.filter(|_| !self.join) {
             let most = onekv_placement::MAX_REPLICAS.min(self.members.len().max(1) as u32);
             check_range(&mut problem, "cluster.replicas", u64::from(replicas), (1, u64::from(most)));
         }

@@ -123,17 +123,6 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         .collect::<Vec<_>>();
     let options = TransportOptions { secret: secret.clone(), ..TransportOptions::default() };
     let transport = Arc::new(GrpcTransport::start(config.node_id, peers, options));
-    // The transport follows the member list; the list follows the agreed one.
-    let mut changes = directory.subscribe();
-    let follower_transport = Arc::clone(&transport);
-    let follow_members = tokio::spawn(async move {
-        while changes.changed().await.is_ok() {
-            let list = changes.borrow_and_update().clone();
-            follower_transport
-                .set_peers(list.members().iter().map(|member| (member.id, member.address.clone())));
-        }
-    });
-    let refresh_members = tokio::spawn(members::refresh_forever(Arc::clone(&directory), config.node_id));
     let replica_config = config.to_replica_config(&map);
     let replica_transport: Arc<dyn Transport> = Arc::clone(&transport) as Arc<dyn Transport>;
     // Opening recovers the log and the index: blocking work of unbounded length.
@@ -148,6 +137,19 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
             return Err(error);
         }
     };
+    // The transport follows the member list; the list follows the agreed one. Both tasks stop
+    // when `_member_tasks` is dropped, on every way out of this function.
+    let mut changes = directory.subscribe();
+    let follower_transport = Arc::clone(&transport);
+    let follow_members = tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            let list = changes.borrow_and_update().clone();
+            follower_transport
+                .set_peers(list.members().iter().map(|member| (member.id, member.address.clone())));
+        }
+    });
+    let refresh_members = tokio::spawn(members::refresh_forever(Arc::clone(&directory), config.node_id));
+    let _member_tasks = AbortOnDrop(vec![follow_members, refresh_members]);
 
     // The HTTP endpoint stops accepting when the node starts draining.
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -205,8 +207,6 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         shutdown,
     )
     .await;
-    refresh_members.abort();
-    follow_members.abort();
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
         None => Ok(()),
@@ -228,6 +228,17 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
     stopped.context("shutting the replica down panicked")?;
     tracing::info!(node = config.node_id, "stopped");
     Ok(())
+}
+
+/// Tasks aborted when this is dropped.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 /// The RESP front end's shared state: its client reaches every member, this node first, so a
@@ -293,6 +304,7 @@ async fn serve_with_secret<B: Backend>(
         .add_service(
             KvService::new(Arc::clone(&backend), config, map)
                 .with_members(Arc::clone(&directory))
+                .with_secret(secret.clone())
                 .with_drain(drain.clone())
                 .into_server(),
         )

@@ -51,6 +51,9 @@ pub fn is_system_key(key: &[u8]) -> bool {
 /// The newest member list this node knows, shared by everything that reaches other nodes.
 pub struct Directory {
     current: watch::Sender<Arc<MemberList>>,
+    /// Held across an adoption's check, file write and publication, so two adoptions (a change
+    /// this node made and one it read) never interleave their writes of the one file.
+    adopting: std::sync::Mutex<()>,
     /// The data directory's file; `None` for a directory kept only in memory (tests, tools).
     file: Option<PathBuf>,
 }
@@ -58,7 +61,11 @@ pub struct Directory {
 impl Directory {
     /// A directory of the configuration's members at epoch 1, kept only in memory.
     pub fn from_config(config: &ServerConfig) -> anyhow::Result<Directory> {
-        Ok(Directory { current: watch::Sender::new(Arc::new(configured(config)?)), file: None })
+        Ok(Directory {
+            current: watch::Sender::new(Arc::new(configured(config)?)),
+            adopting: Default::default(),
+            file: None,
+        })
     }
 
     /// The list in the data directory, or (first start) the configuration's, written there.
@@ -74,7 +81,11 @@ impl Directory {
             }
             Err(error) => return Err(error).with_context(|| format!("cannot read {}", path.display())),
         };
-        Ok(Directory { current: watch::Sender::new(Arc::new(list)), file: Some(path) })
+        Ok(Directory {
+            current: watch::Sender::new(Arc::new(list)),
+            adopting: Default::default(),
+            file: Some(path),
+        })
     }
 
     /// The newest list this node knows.
@@ -90,21 +101,15 @@ impl Directory {
     /// Takes `list` if it is newer than the current one: written to the data directory first, then
     /// shown to every subscriber. Returns whether it was taken. Blocks on the file's fsync.
     pub fn adopt(&self, list: MemberList) -> anyhow::Result<bool> {
+        let _adopting = self.adopting.lock().unwrap_or_else(|e| e.into_inner());
         if list.epoch <= self.current.borrow().epoch {
             return Ok(false);
         }
         if let Some(dir) = self.file.as_deref().and_then(Path::parent) {
             write(dir, &list)?;
         }
-        let list = Arc::new(list);
-        Ok(self.current.send_if_modified(|current| {
-            // Another adoption may have won the race since the check above.
-            let newer = list.epoch > current.epoch;
-            if newer {
-                *current = Arc::clone(&list);
-            }
-            newer
-        }))
+        self.current.send_replace(Arc::new(list));
+        Ok(true)
     }
 }
 

@@ -54,6 +54,8 @@ pub struct KvService<B> {
     request_timeout: Duration,
     drain: Drain,
     max_concurrent: usize,
+    /// The cluster secret `SetMembers` must carry (`None`: no change is accepted).
+    secret: Option<crate::auth::PeerSecret>,
 }
 
 /// Lets a stopping node refuse new client requests while those in flight finish, without stopping
@@ -118,6 +120,7 @@ impl<B: Backend> KvService<B> {
             request_timeout: config.request_timeout(),
             drain: Drain::default(),
             max_concurrent: config.limits.max_concurrent_requests,
+            secret: None,
         }
     }
 
@@ -125,6 +128,12 @@ impl<B: Backend> KvService<B> {
     /// configuration's.
     pub fn with_members(mut self, members: Arc<Directory>) -> Self {
         self.members = members;
+        self
+    }
+
+    /// Accepts member list changes (`SetMembers`) that carry `secret`; without one, none.
+    pub fn with_secret(mut self, secret: Option<crate::auth::PeerSecret>) -> Self {
+        self.secret = secret;
         self
     }
 
@@ -452,6 +461,28 @@ fn check_len(field: &str, len: usize, limit_name: &str, limit: usize) -> Result<
 
 fn check_write_bytes(limits: &Limits, what: &str, bytes: usize) -> Result<(), Status> {
     check_len(&format!("{what} (keys and values)"), bytes, "limits.max_batch_bytes", limits.max_batch_bytes)
+}
+
+/// Refuses a member list change other than one member added or removed, the others kept at their
+/// addresses: the commands that change the list make one such step at a time, and a bigger jump
+/// (or a moved address) from a mistaken or forged call could cut nodes that still vote off.
+fn one_member_changed(current: &MemberList, wanted: &MemberList) -> Result<(), Status> {
+    let added: Vec<u64> = wanted.members().iter().filter(|m| !current.contains(m.id)).map(|m| m.id).collect();
+    let removed: Vec<u64> =
+        current.members().iter().filter(|m| !wanted.contains(m.id)).map(|m| m.id).collect();
+    let moved: Vec<u64> = current
+        .members()
+        .iter()
+        .filter(|m| wanted.address(m.id).is_some_and(|address| address != m.address))
+        .map(|m| m.id)
+        .collect();
+    if !moved.is_empty() || added.len() + removed.len() != 1 {
+        return Err(Status::invalid_argument(format!(
+            "a member list change adds or removes one member and keeps the others' addresses; this one \
+             adds {added:?}, removes {removed:?} and changes the address of {moved:?}"
+        )));
+    }
+    Ok(())
 }
 
 fn request_id(id: Option<onekv_proto::RequestId>) -> RequestId {
@@ -790,6 +821,7 @@ impl<B: Backend> Kv for KvService<B> {
         request: Request<SetMembersRequest>,
     ) -> Result<Response<SetMembersResponse>, Status> {
         self.observed("set_members", async move {
+            crate::auth::check_secret(self.secret.as_ref(), &request, "changing the member list")?;
             let request = request.into_inner();
             let members: Vec<ListedMember> = request
                 .members
@@ -841,9 +873,10 @@ impl<B: Backend> Kv for KvService<B> {
                     current.epoch, request.expected_epoch
                 )));
             }
+            one_member_changed(&current, &wanted)?;
             let command =
                 Command::Cas { key: MEMBERS_KEY.to_vec(), expected: stored, new: Some(wanted.encode()) };
-            let outcome = self.commit(shard, RequestId::default(), command).await?;
+            let outcome = self.commit(shard, request_id(request.request_id), command).await?;
             if !outcome.cas.is_some_and(|cas| cas.swapped) {
                 return Err(Status::aborted(
                     "the member list changed while this change was made; read it again and decide anew",

@@ -10,9 +10,9 @@
 //! most once, per peer". Every call carries the cluster secret ([`crate::auth`]) when the node has
 //! one.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use onekv_proto::{PeerMessages, peer_client::PeerClient};
@@ -109,6 +109,8 @@ struct PeerQueue {
 pub struct GrpcTransport {
     node_id: u64,
     peers: RwLock<HashMap<u64, PeerQueue>>,
+    /// Nodes outside the member list that messages were dropped for, each logged once.
+    unknown_reported: Mutex<HashSet<u64>>,
     options: TransportOptions,
     counters: Arc<Counters>,
     closed: watch::Sender<bool>,
@@ -131,6 +133,7 @@ impl GrpcTransport {
         let transport = GrpcTransport {
             node_id,
             peers: RwLock::new(HashMap::new()),
+            unknown_reported: Mutex::new(HashSet::new()),
             options,
             counters: Arc::new(Counters::default()),
             closed,
@@ -224,11 +227,14 @@ impl Transport for GrpcTransport {
         for message in messages {
             let Some(queue) = peers.get(&message.to) else {
                 self.counters.dropped_unknown_peer.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    from = self.node_id,
-                    to = message.to,
-                    "dropping a Raft message to a node that is not a peer"
-                );
+                // Once per node: a replica that still knows a removed member would log per message.
+                if self.unknown_reported.lock().unwrap_or_else(|e| e.into_inner()).insert(message.to) {
+                    tracing::warn!(
+                        from = self.node_id,
+                        to = message.to,
+                        "dropping Raft messages to a node that is not in the member list"
+                    );
+                }
                 continue;
             };
             let size = estimated_size(&message);

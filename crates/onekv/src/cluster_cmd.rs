@@ -750,6 +750,27 @@ mod tests {
     }
 
     #[test]
+    fn spares_join_the_cluster_their_members_describe_and_keep_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes = plan(dir.path(), 3, 17000, StorageMode::OneLog).unwrap();
+        let spares = plan_spares(dir.path(), &nodes[0].config, 3, 2, 17000).unwrap();
+        assert_eq!(spares.iter().map(|spare| spare.id).collect::<Vec<_>>(), vec![4, 5]);
+        for spare in &spares {
+            let config = &spare.config;
+            assert!(config.join, "node {} joins", spare.id);
+            assert_eq!(config.listen, format!("127.0.0.1:{}", 17000 + spare.id));
+            // The cluster's members to ask, and itself.
+            let ids: Vec<u64> = config.members.iter().map(|member| member.id).collect();
+            assert_eq!(ids, vec![1, 2, 3, spare.id]);
+            assert_eq!(config.cluster, nodes[0].config.cluster);
+            config.validate().unwrap();
+        }
+        // A restart reuses their files, whatever the base port.
+        let again = plan_spares(dir.path(), &nodes[0].config, 3, 2, 18000).unwrap();
+        assert_eq!(again[1].config.listen, "127.0.0.1:17005");
+    }
+
+    #[test]
     fn shards_and_replicas_are_fixed_at_creation() {
         let dir = tempfile::tempdir().unwrap();
         let shape = |shards, replicas| Shape { storage: StorageMode::OneLog, shards, replicas };

@@ -15,8 +15,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use onekv_client::{Client, ClientOptions, Member};
 
 use crate::client_cmd::Connection;
@@ -31,7 +33,7 @@ pub enum NodeCommand {
     /// Moves every replica off node ID (as `drain`; it may be down), then removes it from the
     /// member list; refused when fewer nodes than the replication factor would remain. Stop the
     /// node afterwards. Safe to re-run.
-    Remove(NodeArgs),
+    Remove(RemoveArgs),
     /// Replaces node ID (lost, or to be retired) by the node at ADDR (started with `--join`): adds
     /// ADDR to the member list, moves each of ID's replicas straight to it, then removes ID.
     /// Safe to re-run.
@@ -67,7 +69,52 @@ pub struct AddArgs {
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
     #[command(flatten)]
+    secret: SecretArg,
+    #[command(flatten)]
     connection: Connection,
+}
+
+/// Arguments of `node remove`.
+#[derive(Debug, clap::Args)]
+pub struct RemoveArgs {
+    /// The node.
+    id: u64,
+    /// Give up after this many seconds (each move copies a shard).
+    #[arg(long, default_value_t = 3600)]
+    timeout_secs: u64,
+    #[command(flatten)]
+    secret: SecretArg,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// Where the cluster secret is: changing the member list needs it.
+#[derive(Debug, clap::Args)]
+pub struct SecretArg {
+    /// The cluster secret file (the nodes' peer_secret_file), which changing the member list
+    /// needs [env: ONEKV_PEER_SECRET_FILE] [default: ./onekv-data/cluster.secret, where `onekv
+    /// cluster start` keeps it].
+    #[arg(long, value_name = "FILE")]
+    peer_secret_file: Option<PathBuf>,
+}
+
+impl SecretArg {
+    /// The secret's text, from the flag, the environment or the local cluster's file.
+    fn load(&self) -> anyhow::Result<String> {
+        let path = self
+            .peer_secret_file
+            .clone()
+            .or_else(|| std::env::var_os("ONEKV_PEER_SECRET_FILE").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("onekv-data/cluster.secret"));
+        let secret = onekv_server::PeerSecret::load(&path).with_context(|| {
+            format!(
+                "changing the member list needs the cluster secret: give --peer-secret-file (the nodes' \
+                 peer_secret_file; `onekv cluster start` keeps it in DIR/cluster.secret); tried {}",
+                path.display()
+            )
+        })?;
+        Ok(secret.metadata_value().to_str().unwrap_or_default().to_string())
+    }
 }
 
 /// Arguments of `node replace`.
@@ -80,6 +127,8 @@ pub struct ReplaceArgs {
     /// Give up after this many seconds (each move copies a shard).
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
+    #[command(flatten)]
+    secret: SecretArg,
     #[command(flatten)]
     connection: Connection,
 }
@@ -117,6 +166,8 @@ struct Placement {
     unsettled: BTreeSet<u64>,
     /// Every shard's leader (of the highest term among the nodes that answered).
     leaders: BTreeMap<u64, u64>,
+    /// The cluster's shard count, as the nodes that answered report it.
+    shards: u64,
 }
 
 impl Placement {
@@ -124,6 +175,7 @@ impl Placement {
         let mut placement = Placement::default();
         let mut leaders: BTreeMap<u64, (u64, u64, onekv_client::ShardStatus)> = BTreeMap::new();
         for status in client.status_all().await.into_iter().filter_map(|(_, status)| status.ok()) {
+            placement.shards = placement.shards.max(u64::from(status.shard_count));
             let hosted = placement.hosted.entry(status.node_id).or_default();
             for replica in status.shards {
                 hosted.insert(replica.shard);
@@ -144,6 +196,12 @@ impl Placement {
             placement.voters.insert(shard, leader.voters.iter().copied().collect());
         }
         placement
+    }
+
+    /// Whether every shard's members are known (a leader answered) and none is between two
+    /// configurations: only then does a shard missing from `members` mean what it says.
+    fn settled(&self) -> bool {
+        self.unsettled.is_empty() && self.shards > 0 && self.members.len() as u64 == self.shards
     }
 
     /// Replicas each answering node is a member with.
@@ -189,11 +247,11 @@ async fn drain(client: &Client, node: u64, deadline: Instant, out: &mut impl Wri
                 move_replica(client, (shard, node, voter), deadline, out).await?;
                 continue;
             }
-            if placement.unsettled.is_empty() && placement.hosted.get(&node).is_some_and(BTreeSet::is_empty) {
+            if placement.settled() && placement.hosted.get(&node).is_some_and(BTreeSet::is_empty) {
                 writeln!(out, "node {node} holds no replica ({moved} moved); it can be stopped")?;
                 return Ok(());
             }
-            if placement.unsettled.is_empty() && !placement.hosted.contains_key(&node) {
+            if placement.settled() && !placement.hosted.contains_key(&node) {
                 writeln!(
                     out,
                     "no shard counts node {node} ({moved} moved); it did not answer, so any copies it still \
@@ -340,13 +398,15 @@ async fn lead_share(
 /// Adds the node at `args.address` to the member list, then fills it.
 async fn add(args: &AddArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
-    let node = admit(&args.connection, &args.address, deadline, out).await?;
+    let secret = args.secret.load()?;
+    let node = admit(&args.connection, &args.address, &secret, deadline, out).await?;
     let (client, _) = connect_all(&args.connection).await?;
     fill(&client, node, deadline, out).await
 }
 
 /// Moves node `args.id`'s replicas off it, then removes it from the member list.
-async fn remove(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
+async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
+    let secret = args.secret.load()?;
     let (client, addresses) = connect_all(&args.connection).await?;
     let node = args.id;
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
@@ -361,7 +421,7 @@ async fn remove(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
         addresses.len() - 1
     );
     drain(&client, node, deadline, out).await?;
-    leave(&client, node, deadline, out).await?;
+    leave(&client, node, &secret, deadline, out).await?;
     writeln!(out, "node {node} left the cluster; stop it")?;
     Ok(())
 }
@@ -370,13 +430,14 @@ async fn remove(args: &NodeArgs, out: &mut impl Write) -> anyhow::Result<()> {
 /// node `args.id` from the member list.
 async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let secret = args.secret.load()?;
     let (client, addresses) = connect_all(&args.connection).await?;
     let old = args.id;
     let new = match addresses.iter().find(|(_, address)| **address == args.address) {
         Some((id, _)) => *id,
         None => {
             anyhow::ensure!(addresses.contains_key(&old), "node {old} is not a member of the cluster");
-            admit(&args.connection, &args.address, deadline, out).await?
+            admit(&args.connection, &args.address, &secret, deadline, out).await?
         }
     };
     anyhow::ensure!(
@@ -401,7 +462,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
             .find(|(shard, members)| members.contains(&old) && !placement.unsettled.contains(shard))
             .map(|(shard, _)| *shard)
         else {
-            if placement.unsettled.is_empty() {
+            if placement.settled() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -417,7 +478,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
         move_replica(&client, (shard, old, new), deadline, out).await?;
     }
     if member_list(&client).await.1.contains_key(&old) {
-        leave(&client, old, deadline, out).await?;
+        leave(&client, old, &secret, deadline, out).await?;
     }
     writeln!(out, "node {new} replaced node {old}; stop node {old} if it runs")?;
     Ok(())
@@ -428,6 +489,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
 async fn admit(
     connection: &Connection,
     address: &str,
+    secret: &str,
     deadline: Instant,
     out: &mut impl Write,
 ) -> anyhow::Result<u64> {
@@ -455,10 +517,19 @@ async fn admit(
         if let Some((other, _)) = members.iter().find(|(_, known)| *known == address) {
             anyhow::bail!("{address} is node {other}'s address, but the node there says it is node {node}");
         }
+        // A node started without `join` made a cluster of its own: its replicas would disrupt
+        // the shards it is added to.
+        let hosted: Vec<u64> = status.shards.iter().map(|replica| replica.shard).collect();
+        anyhow::ensure!(
+            hosted.is_empty(),
+            "the node at {address} (node {node}) already holds replicas of shards {hosted:?}: it was not \
+             started with --join (it made a cluster of its own); wipe its data directory and start it \
+             with --join"
+        );
         let mut list: Vec<Member> = members.into_iter().map(|(id, address)| Member { id, address }).collect();
         list.push(Member { id: node, address: address.to_string() });
         writeln!(out, "adding node {node} at {address} to the member list (epoch {epoch} -> {})", epoch + 1)?;
-        match client.set_members(epoch, list).await {
+        match client.set_members(epoch, list, secret).await {
             Ok(_) => {}
             // Another change won the race: read the list again and decide anew.
             Err(onekv_client::ClientError::NotApplied(reason)) => writeln!(out, "not applied: {reason}")?,
@@ -468,7 +539,13 @@ async fn admit(
 }
 
 /// Removes `node` from the member list and waits until the remaining members have adopted it.
-async fn leave(client: &Client, node: u64, deadline: Instant, out: &mut impl Write) -> anyhow::Result<()> {
+async fn leave(
+    client: &Client,
+    node: u64,
+    secret: &str,
+    deadline: Instant,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
     loop {
         let (epoch, members) = member_list(client).await;
         anyhow::ensure!(epoch > 0, "no node of the cluster answered");
@@ -481,7 +558,7 @@ async fn leave(client: &Client, node: u64, deadline: Instant, out: &mut impl Wri
             .map(|(id, address)| Member { id, address })
             .collect();
         writeln!(out, "removing node {node} from the member list (epoch {epoch} -> {})", epoch + 1)?;
-        match client.set_members(epoch, list).await {
+        match client.set_members(epoch, list, secret).await {
             Ok(_) => {}
             Err(onekv_client::ClientError::NotApplied(reason)) => writeln!(out, "not applied: {reason}")?,
             Err(error) => return Err(error.into()),

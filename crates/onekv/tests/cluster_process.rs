@@ -813,6 +813,7 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         let client = cluster.client();
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let secret = cluster.peer_secret_file();
         let mut before = Vec::new();
         for n in 0..200 {
             let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'x'; 1000]);
@@ -821,6 +822,17 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         }
         let refused = client.put(onekv_placement::MEMBERS_KEY, b"forged").await;
         assert!(matches!(refused, Err(ClientError::InvalidArgument(_))), "{refused:?}");
+        // The member list changes only with the cluster secret, and one member at a time.
+        let status = cluster.status(1).await.unwrap();
+        let mut forged = status.members.clone();
+        forged.push(onekv_client::Member { id: 9, address: "10.9.9.9:1".into() });
+        let refused = client.set_members(1, forged.clone(), &"ab".repeat(32)).await;
+        assert!(format!("{refused:?}").contains("wrong cluster secret"), "{refused:?}");
+        let real = std::fs::read_to_string(&secret).unwrap();
+        forged.push(onekv_client::Member { id: 10, address: "10.9.9.9:2".into() });
+        let refused = client.set_members(1, forged, &real).await;
+        assert!(format!("{refused:?}").contains("adds or removes one member"), "{refused:?}");
+        assert_eq!(cluster.status(1).await.unwrap().members_epoch, 1, "nothing changed");
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let writer = spawn_writer(&client, &stop, &acked);
@@ -828,14 +840,17 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         let four = cluster.add_spare().await;
         let five = cluster.add_spare().await;
         assert!(cluster.status(four).await.unwrap().shards.is_empty(), "a spare holds no replica");
-        let (ok, text) = onekv_node(vec!["add".into(), cluster.endpoint(four).into()], &endpoints).await;
+        let (ok, text) =
+            onekv_node(vec!["add".into(), cluster.endpoint(four).into()], &endpoints, &secret).await;
         assert!(ok, "onekv node add failed: {text}");
         assert!(text.contains("(member list epoch 2)"), "{text}");
         assert!(text.contains("node 4 holds 3 replicas, its share of 12 on 4 nodes (3 moved)"), "{text}");
-        let (ok, text) = onekv_node(vec!["add".into(), cluster.endpoint(five).into()], &endpoints).await;
+        let (ok, text) =
+            onekv_node(vec!["add".into(), cluster.endpoint(five).into()], &endpoints, &secret).await;
         assert!(ok, "onekv node add failed: {text}");
         assert!(text.contains("node 5 holds 2 replicas, its share of 12 on 5 nodes (2 moved)"), "{text}");
-        let (ok, again) = onekv_node(vec!["add".into(), cluster.endpoint(five).into()], &endpoints).await;
+        let (ok, again) =
+            onekv_node(vec!["add".into(), cluster.endpoint(five).into()], &endpoints, &secret).await;
         assert!(
             ok && again.contains("(0 moved)") && !again.contains("epoch 3 ->"),
             "adding it again: {again}"
@@ -850,14 +865,14 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         let status = cluster.status(1).await.unwrap();
         assert_eq!((status.members_epoch, status.members.len()), (3, 5), "node 1 after a restart");
 
-        let (ok, text) = onekv_node(vec!["remove".into(), five.to_string()], &endpoints).await;
+        let (ok, text) = onekv_node(vec!["remove".into(), five.to_string()], &endpoints, &secret).await;
         assert!(ok, "onekv node remove failed: {text}");
         assert!(text.contains("node 5 left the cluster"), "{text}");
-        let (ok, text) = onekv_node(vec!["remove".into(), four.to_string()], &endpoints).await;
+        let (ok, text) = onekv_node(vec!["remove".into(), four.to_string()], &endpoints, &secret).await;
         assert!(ok, "onekv node remove failed: {text}");
-        let (ok, text) = onekv_node(vec!["remove".into(), "3".into()], &endpoints).await;
+        let (ok, text) = onekv_node(vec!["remove".into(), "3".into()], &endpoints, &secret).await;
         assert!(!ok && text.contains("would leave 2 node(s) for shards of 3 replicas"), "{text}");
-        let (ok, text) = onekv_node(vec!["remove".into(), four.to_string()], &endpoints).await;
+        let (ok, text) = onekv_node(vec!["remove".into(), four.to_string()], &endpoints, &secret).await;
         assert!(ok && text.contains("not a member"), "removing it again: {text}");
         for id in [four, five] {
             let status = cluster.status(id).await.unwrap();
@@ -900,6 +915,7 @@ fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
         let client = cluster.client();
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let secret = cluster.peer_secret_file();
         let mut before = Vec::new();
         for n in 0..300 {
             let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'y'; 1000]);
@@ -912,7 +928,8 @@ fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
         cluster.kill9(2);
         let new = cluster.add_spare().await;
         let (ok, text) =
-            onekv_node(vec!["replace".into(), "2".into(), cluster.endpoint(new).into()], &endpoints).await;
+            onekv_node(vec!["replace".into(), "2".into(), cluster.endpoint(new).into()], &endpoints, &secret)
+                .await;
         assert!(ok, "onekv node replace failed: {text}");
         assert!(text.contains(&format!("node {new} replaced node 2")), "{text}");
         let status = cluster.status(new).await.unwrap();
@@ -923,7 +940,8 @@ fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
             assert!(!replica.voters.contains(&2) && replica.voters.contains(&new), "{replica:?}");
         }
         let (ok, again) =
-            onekv_node(vec!["replace".into(), "2".into(), cluster.endpoint(new).into()], &endpoints).await;
+            onekv_node(vec!["replace".into(), "2".into(), cluster.endpoint(new).into()], &endpoints, &secret)
+                .await;
         assert!(ok && !again.contains("moving shard"), "replacing it again: {again}");
 
         stop.store(true, Ordering::SeqCst);

@@ -353,17 +353,18 @@ fn linearizable_while_nodes_join_and_leave() {
         .await;
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let secret = cluster.peer_secret_file();
         let recorder = Recorder::new();
         let keys = nemesis::keys(8);
         let workload = Workload::start(&cluster, 4, keys.clone(), &recorder, seed);
         let spare = cluster.add_spare().await;
         let (ok, text) =
-            common::onekv_node(vec!["add".into(), cluster.endpoint(spare).into()], &endpoints).await;
+            common::onekv_node(vec!["add".into(), cluster.endpoint(spare).into()], &endpoints, &secret).await;
         assert!(ok, "onekv node add failed: {text}");
         cluster.kill9(2);
         tokio::time::sleep(Duration::from_millis(500)).await;
         cluster.restart(2).await;
-        let (ok, text) = common::onekv_node(vec!["remove".into(), "1".into()], &endpoints).await;
+        let (ok, text) = common::onekv_node(vec!["remove".into(), "1".into()], &endpoints, &secret).await;
         assert!(ok, "onekv node remove failed: {text}");
         tokio::time::sleep(Duration::from_secs(1)).await;
         let issued = workload.stop().await;

@@ -227,9 +227,11 @@ impl Link for InlineLink<'_> {
         if let Some(failure) = &ctx.failed {
             return Err(RoundError::Failed(format!("the node failed: {failure}")));
         }
-        let group = groups
-            .get_mut(&shard)
-            .ok_or_else(|| RoundError::Failed(format!("shard {shard} has no replica here")))?;
+        let group = groups.get_mut(&shard).ok_or_else(|| {
+            RoundError::Failed(format!(
+                "shard {shard} has no replica here (removed during this round; the next round skips it)"
+            ))
+        })?;
         group.relocate(moves).map_err(RoundError::Failed)
     }
 

@@ -216,6 +216,12 @@ impl TestCluster {
         Some(status.code())
     }
 
+    /// The file holding the cluster secret the nodes share.
+    #[allow(dead_code)]
+    pub fn peer_secret_file(&self) -> PathBuf {
+        self.dir.path().join("cluster.secret")
+    }
+
     /// The cluster secret the nodes share.
     pub fn peer_secret(&self) -> onekv_server::PeerSecret {
         onekv_server::PeerSecret::load(&self.dir.path().join("cluster.secret")).expect("the cluster secret")
@@ -553,16 +559,19 @@ pub async fn start_resp_cluster(
     (cluster, ports)
 }
 
-/// Runs `onekv node ARGS... --timeout-secs 120 --endpoints ENDPOINTS` on a blocking thread;
-/// returns whether it succeeded and its output.
+/// Runs `onekv node ARGS... --timeout-secs 120 --endpoints ENDPOINTS` on a blocking thread, with
+/// the cluster secret at `secret` (`ONEKV_PEER_SECRET_FILE`); returns whether it succeeded and its
+/// output.
 #[allow(dead_code)]
-pub async fn onekv_node(args: Vec<String>, endpoints: &[String]) -> (bool, String) {
+pub async fn onekv_node(args: Vec<String>, endpoints: &[String], secret: &Path) -> (bool, String) {
     let endpoints = endpoints.join(",");
+    let secret = secret.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_onekv"))
             .arg("node")
             .args(&args)
             .args(["--timeout-secs", "120", "--endpoints", &endpoints])
+            .env("ONEKV_PEER_SECRET_FILE", secret)
             .output()
             .expect("running onekv node");
         let text =
