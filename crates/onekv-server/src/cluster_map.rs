@@ -26,7 +26,6 @@ use crate::config::ServerConfig;
 
 /// The map's file in the data directory (the replica lets it precede its identity file).
 pub const FILE: &str = onekv_replica::CLUSTER_MAP_FILE;
-const TMP_FILE: &str = "CLUSTER_MAP.tmp";
 /// The replica's identity file: its presence means the data directory was used before.
 const IDENTITY_FILE: &str = "IDENTITY";
 
@@ -98,18 +97,20 @@ fn describe(map: &ClusterMap) -> String {
 }
 
 pub(crate) fn write(dir: &Path, map: &ClusterMap) -> anyhow::Result<()> {
-    // The data directory and any missing ancestor, each entry made durable, as the node does.
-    onekv_replica::create_dir_all_synced(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(TMP_FILE);
-    let mut file = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    file.write_all(&map.encode()).with_context(|| format!("cannot write {}", tmp.display()))?;
-    file.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
-    drop(file);
-    fs::rename(&tmp, dir.join(FILE)).with_context(|| format!("cannot rename {}", tmp.display()))?;
-    sync_dir(dir)
+    replace_file(dir, FILE, &map.encode())
 }
 
-fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+/// Makes `dir/name` hold `bytes` durably: the data directory and any missing ancestor are created
+/// (each entry made durable, as the node does), the bytes written to `name.tmp`, fsynced, renamed
+/// over `name` and the directory fsynced. A crash leaves the old file or the new one whole.
+pub(crate) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    onekv_replica::create_dir_all_synced(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    file.write_all(bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    file.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
+    drop(file);
+    fs::rename(&tmp, dir.join(name)).with_context(|| format!("cannot rename {}", tmp.display()))?;
     fs::File::open(dir)
         .and_then(|handle| handle.sync_all())
         .with_context(|| format!("cannot sync the directory {}", dir.display()))

@@ -721,7 +721,15 @@ impl ServerConfig {
         // such as a batch fitting one log record); asking it now reports them before any data is
         // touched. Its messages name its fields, which are ours without the section.
         if problems.is_empty() {
-            match self.cluster_map() {
+            // A joining node's placement is the cluster's, copied at its first start: check the
+            // rest of its configuration with a placement of its own members.
+            let map = if self.join {
+                let ids: Vec<u64> = self.members.iter().map(|member| member.id).collect();
+                onekv_placement::ClusterMap::build(&ids, self.cluster.shards, 1)
+            } else {
+                self.cluster_map()
+            };
+            match map {
                 Err(error) => problems.push(Problem { field: "cluster".into(), reason: error.to_string() }),
                 Ok(map) => {
                     if let Err(error) = self.to_replica_config(&map).validate() {

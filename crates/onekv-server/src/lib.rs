@@ -138,7 +138,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         }
     };
     // The transport follows the member list; the list follows the agreed one. Both tasks stop
-    // when `_member_tasks` is dropped, on every way out of this function.
+    // when `member_tasks` is dropped: once the server stopped, or on any way out before.
     let mut changes = directory.subscribe();
     let follower_transport = Arc::clone(&transport);
     let follow_members = tokio::spawn(async move {
@@ -149,7 +149,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         }
     });
     let refresh_members = tokio::spawn(members::refresh_forever(Arc::clone(&directory), config.node_id));
-    let _member_tasks = AbortOnDrop(vec![follow_members, refresh_members]);
+    let member_tasks = AbortOnDrop(vec![follow_members, refresh_members]);
 
     // The HTTP endpoint stops accepting when the node starts draining.
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -207,6 +207,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         shutdown,
     )
     .await;
+    drop(member_tasks);
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
         None => Ok(()),

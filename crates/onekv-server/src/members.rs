@@ -23,7 +23,6 @@
 //! skip them (`service`).
 
 use std::fs;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +36,6 @@ use crate::config::ServerConfig;
 pub use onekv_placement::{MEMBERS_KEY, SYSTEM_PREFIX};
 /// The member list's file in the data directory (the replica lets it precede its identity file).
 pub const FILE: &str = onekv_replica::MEMBERS_FILE;
-const TMP_FILE: &str = "MEMBERS.tmp";
 /// How often a node reads the agreed list again.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
 /// How long a joining node keeps asking the members it was given for the cluster's map and list.
@@ -124,16 +122,7 @@ fn configured(config: &ServerConfig) -> anyhow::Result<MemberList> {
 }
 
 fn write(dir: &Path, list: &MemberList) -> anyhow::Result<()> {
-    onekv_replica::create_dir_all_synced(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let tmp = dir.join(TMP_FILE);
-    let mut file = fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    file.write_all(&list.encode()).with_context(|| format!("cannot write {}", tmp.display()))?;
-    file.sync_all().with_context(|| format!("cannot sync {}", tmp.display()))?;
-    drop(file);
-    fs::rename(&tmp, dir.join(FILE)).with_context(|| format!("cannot rename {}", tmp.display()))?;
-    fs::File::open(dir)
-        .and_then(|handle| handle.sync_all())
-        .with_context(|| format!("cannot sync the directory {}", dir.display()))
+    crate::cluster_map::replace_file(dir, FILE, &list.encode())
 }
 
 /// Reads the agreed list every [`REFRESH_EVERY`] and adopts it when it is newer; runs until

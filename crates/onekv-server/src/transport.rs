@@ -148,11 +148,14 @@ impl GrpcTransport {
     /// task ends, and messages queued for it are lost, as on any failure); the others keep theirs.
     pub fn set_peers(&self, peers: impl IntoIterator<Item = (u64, String)>) {
         let mut queues = self.peers.write().unwrap_or_else(|e| e.into_inner());
+        let mut unknown_reported = self.unknown_reported.lock().unwrap_or_else(|e| e.into_inner());
         let mut kept = HashMap::new();
         for (peer_id, address) in peers {
             if peer_id == self.node_id {
                 continue;
             }
+            // Should it leave the list again, that is worth a line again.
+            unknown_reported.remove(&peer_id);
             let queue = match queues.remove(&peer_id) {
                 Some(queue) if queue.address == address => queue,
                 _ => self.spawn_peer(peer_id, address),

@@ -401,3 +401,14 @@ fn http_listen_and_logging_keys() {
     let error = ServerConfig::parse("log_format = \"xml\"").unwrap_err();
     assert!(error.contains("log_format") || error.contains("xml"), "{error}");
 }
+
+#[test]
+fn a_joining_nodes_cluster_section_plays_no_part() {
+    // Itself and one node of the cluster it joins; the cluster's three replicas per shard.
+    let mut config = valid();
+    config.members.truncate(2);
+    config.cluster.replicas = Some(3);
+    assert!(problem_fields(&config).contains(&"cluster.replicas".to_string()), "a new cluster of two");
+    config.join = true;
+    assert_eq!(problem_fields(&config), Vec::<String>::new(), "joining one");
+}

@@ -204,6 +204,22 @@ impl Placement {
         self.unsettled.is_empty() && self.shards > 0 && self.members.len() as u64 == self.shards
     }
 
+    /// Prints which shards the command waits for (no known leader, or between configurations),
+    /// when that changed since `last`.
+    fn report_waiting(&self, last: &mut String, out: &mut impl Write) -> io::Result<()> {
+        let unknown: Vec<u64> = (1..=self.shards).filter(|shard| !self.members.contains_key(shard)).collect();
+        let line = format!(
+            "waiting for shards {unknown:?} to have a known leader and {:?} to leave their joint \
+             configuration",
+            self.unsettled
+        );
+        if line != *last {
+            writeln!(out, "{line}")?;
+            *last = line;
+        }
+        Ok(())
+    }
+
     /// Replicas each answering node is a member with.
     fn load(&self) -> BTreeMap<u64, usize> {
         let mut load: BTreeMap<u64, usize> = self.hosted.keys().map(|node| (*node, 0)).collect();
@@ -228,6 +244,7 @@ async fn start(args: &NodeArgs) -> anyhow::Result<(Client, u64, Instant)> {
 /// Moves every replica off `node` (see `NodeCommand::Drain`).
 async fn drain(client: &Client, node: u64, deadline: Instant, out: &mut impl Write) -> anyhow::Result<()> {
     let mut moved = 0;
+    let mut waiting = String::new();
     loop {
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -261,6 +278,7 @@ async fn drain(client: &Client, node: u64, deadline: Instant, out: &mut impl Wri
             }
             // A shard without a known leader (an election) or between configurations, or the node
             // did not answer (its replicas are unknown): decide again in a moment.
+            placement.report_waiting(&mut waiting, out)?;
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
@@ -406,7 +424,6 @@ async fn add(args: &AddArgs, out: &mut impl Write) -> anyhow::Result<()> {
 
 /// Moves node `args.id`'s replicas off it, then removes it from the member list.
 async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let secret = args.secret.load()?;
     let (client, addresses) = connect_all(&args.connection).await?;
     let node = args.id;
     let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
@@ -414,6 +431,7 @@ async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
         writeln!(out, "node {node} is not a member of the cluster (nothing to do)")?;
         return Ok(());
     }
+    let secret = args.secret.load()?;
     let replicas = replication_factor(&client).await?;
     anyhow::ensure!(
         addresses.len() > replicas,
@@ -450,6 +468,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
     } else {
         connect_all(&args.connection).await?
     };
+    let mut waiting = String::new();
     loop {
         anyhow::ensure!(
             Instant::now() < deadline,
@@ -465,6 +484,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
             if placement.settled() {
                 break;
             }
+            placement.report_waiting(&mut waiting, out)?;
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
@@ -517,6 +537,13 @@ async fn admit(
         if let Some((other, _)) = members.iter().find(|(_, known)| *known == address) {
             anyhow::bail!("{address} is node {other}'s address, but the node there says it is node {node}");
         }
+        let ours = client.status_all().await.into_iter().find_map(|(_, status)| status.ok());
+        anyhow::ensure!(
+            ours.is_some_and(|ours| ours.cluster_map == status.cluster_map),
+            "the node at {address} (node {node}) has another cluster map than this cluster: it joined \
+             another cluster (or none); wipe its data directory and start it with --join and this \
+             cluster's nodes in --members"
+        );
         // A node started without `join` made a cluster of its own: its replicas would disrupt
         // the shards it is added to.
         let hosted: Vec<u64> = status.shards.iter().map(|replica| replica.shard).collect();
@@ -529,12 +556,23 @@ async fn admit(
         let mut list: Vec<Member> = members.into_iter().map(|(id, address)| Member { id, address }).collect();
         list.push(Member { id: node, address: address.to_string() });
         writeln!(out, "adding node {node} at {address} to the member list (epoch {epoch} -> {})", epoch + 1)?;
-        match client.set_members(epoch, list, secret).await {
-            Ok(_) => {}
-            // Another change won the race: read the list again and decide anew.
-            Err(onekv_client::ClientError::NotApplied(reason)) => writeln!(out, "not applied: {reason}")?,
-            Err(error) => return Err(error.into()),
-        }
+        set_members(&client, epoch, list, secret, out).await?;
+    }
+}
+
+/// Asks for the member list `list` in place of the list of `epoch`. A change that lost a race is
+/// reported and not an error: the caller reads the list again and decides anew.
+async fn set_members(
+    client: &Client,
+    epoch: u64,
+    list: Vec<Member>,
+    secret: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    match client.set_members(epoch, list, secret).await {
+        Ok(_) => Ok(()),
+        Err(onekv_client::ClientError::NotApplied(reason)) => Ok(writeln!(out, "not applied: {reason}")?),
+        Err(error) => Err(error.into()),
     }
 }
 
@@ -558,11 +596,7 @@ async fn leave(
             .map(|(id, address)| Member { id, address })
             .collect();
         writeln!(out, "removing node {node} from the member list (epoch {epoch} -> {})", epoch + 1)?;
-        match client.set_members(epoch, list, secret).await {
-            Ok(_) => {}
-            Err(onekv_client::ClientError::NotApplied(reason)) => writeln!(out, "not applied: {reason}")?,
-            Err(error) => return Err(error.into()),
-        }
+        set_members(client, epoch, list, secret, out).await?;
     }
 }
 

@@ -796,6 +796,37 @@ fn spawn_writer(
     })
 }
 
+/// A cluster of three nodes (4 shards of 3 replicas) holding `keys` keys of 1000 bytes.
+struct Loaded {
+    cluster: TestCluster,
+    /// A client of the three nodes.
+    client: onekv_client::Client,
+    /// The three nodes' endpoints.
+    endpoints: Vec<String>,
+    /// The cluster secret's file.
+    secret: std::path::PathBuf,
+    /// The keys written, with their values.
+    before: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+async fn three_nodes_of_four_shards(keys: usize) -> Loaded {
+    let cluster = TestCluster::start(3, |config| {
+        config.cluster.shards = 4;
+        config.cluster.replicas = Some(3);
+    })
+    .await;
+    let client = cluster.client();
+    let endpoints = cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+    let secret = cluster.peer_secret_file();
+    let mut before = Vec::new();
+    for n in 0..keys {
+        let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'x'; 1000]);
+        client.put(&key, &value).await.expect("a put");
+        before.push((key, value));
+    }
+    Loaded { cluster, client, endpoints, secret, before }
+}
+
 /// Grows a cluster from 3 nodes to 5 and shrinks it back with `onekv node add ADDR` and `onekv
 /// node remove ID` while a writer writes through a client that knows only the first three nodes
 /// (4 shards of 3 replicas): the newcomers get their share of replicas, every member adopts each
@@ -805,21 +836,7 @@ fn spawn_writer(
 fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
     let _serial = one_at_a_time();
     run_bounded(Duration::from_secs(300), async {
-        let mut cluster = TestCluster::start(3, |config| {
-            config.cluster.shards = 4;
-            config.cluster.replicas = Some(3);
-        })
-        .await;
-        let client = cluster.client();
-        let endpoints: Vec<String> =
-            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
-        let secret = cluster.peer_secret_file();
-        let mut before = Vec::new();
-        for n in 0..200 {
-            let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'x'; 1000]);
-            client.put(&key, &value).await.expect("a put");
-            before.push((key, value));
-        }
+        let Loaded { mut cluster, client, endpoints, secret, before } = three_nodes_of_four_shards(200).await;
         let refused = client.put(onekv_placement::MEMBERS_KEY, b"forged").await;
         assert!(matches!(refused, Err(ClientError::InvalidArgument(_))), "{refused:?}");
         // The member list changes only with the cluster secret, and one member at a time.
@@ -907,21 +924,7 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
 fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
     let _serial = one_at_a_time();
     run_bounded(Duration::from_secs(200), async {
-        let mut cluster = TestCluster::start(3, |config| {
-            config.cluster.shards = 4;
-            config.cluster.replicas = Some(3);
-        })
-        .await;
-        let client = cluster.client();
-        let endpoints: Vec<String> =
-            cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
-        let secret = cluster.peer_secret_file();
-        let mut before = Vec::new();
-        for n in 0..300 {
-            let (key, value) = (format!("before-{n:04}").into_bytes(), vec![b'y'; 1000]);
-            client.put(&key, &value).await.expect("a put");
-            before.push((key, value));
-        }
+        let Loaded { mut cluster, client, endpoints, secret, before } = three_nodes_of_four_shards(300).await;
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
         let writer = spawn_writer(&client, &stop, &acked);
