@@ -17,6 +17,7 @@ use onekv_server::config::StorageMode;
 use serde::{Deserialize, Serialize};
 
 use crate::amplification::{self, NodeAmplification, NodeProbe};
+use crate::cpu::CpuProbe;
 use crate::local_cluster::{ClusterError, LocalCluster};
 use crate::local_etcd::LocalEtcd;
 use crate::runner::{RunConfig, RunError, RunReport, live_bytes, run_phases};
@@ -34,6 +35,9 @@ pub enum Contender {
         shards: u32,
         /// How the nodes run their log garbage collector.
         gc: GcVariant,
+        /// Whether the nodes run the baseline executable ([`CompareConfig::baseline_exe`],
+        /// `@base`) instead of this one: one build against another in the same run.
+        baseline: bool,
     },
     /// An etcd cluster with its default (fsync per commit) durability.
     Etcd,
@@ -63,10 +67,11 @@ impl GcVariant {
 
 impl Contender {
     /// `etcd`, or the storage mode's name, then `:SHARDS` unless the default shard count, then
-    /// `:nogc` when the log garbage collector is off or `:nocompress` when it compresses nothing.
+    /// `:nogc` when the log garbage collector is off or `:nocompress` when it compresses nothing,
+    /// then `@base` when it runs the baseline executable.
     pub fn name(self) -> String {
         match self {
-            Contender::Onekv { mode, shards, gc } => {
+            Contender::Onekv { mode, shards, gc, baseline } => {
                 let mut name = mode.name().to_string();
                 if shards != onekv_placement::DEFAULT_SHARDS {
                     name.push_str(&format!(":{shards}"));
@@ -75,6 +80,9 @@ impl Contender {
                     name.push(':');
                     name.push_str(suffix);
                 }
+                if baseline {
+                    name.push_str(BASELINE_SUFFIX);
+                }
                 name
             }
             Contender::Etcd => "etcd".into(),
@@ -82,11 +90,15 @@ impl Contender {
     }
 
     /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`,
-    /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`.
+    /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`, `onelog@base`.
     pub fn parse(name: &str) -> Option<Contender> {
         if name == "etcd" {
             return Some(Contender::Etcd);
         }
+        let (name, baseline) = match name.strip_suffix(BASELINE_SUFFIX) {
+            Some(name) => (name, true),
+            None => (name, false),
+        };
         let mut parts = name.split(':');
         let mode = StorageMode::parse(parts.next()?)?;
         let mut shards = onekv_placement::DEFAULT_SHARDS;
@@ -107,15 +119,21 @@ impl Contender {
         if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
             return None;
         }
-        Some(Contender::Onekv { mode, shards, gc })
+        Some(Contender::Onekv { mode, shards, gc, baseline })
     }
 }
+
+/// The contender name's suffix for one run with the baseline executable.
+const BASELINE_SUFFIX: &str = "@base";
 
 /// What to compare.
 #[derive(Debug, Clone)]
 pub struct CompareConfig {
     /// The `onekv` executable the nodes run.
     pub exe: PathBuf,
+    /// The `onekv` executable of contenders named `...@base` (another build, to compare against
+    /// this one in the same run).
+    pub baseline_exe: Option<PathBuf>,
     /// The `etcd` executable, used when `modes` names etcd.
     pub etcd_exe: PathBuf,
     /// Storage modes (or etcd), the first being the baseline of the ratios.
@@ -256,22 +274,32 @@ pub async fn compare(
 
 async fn run_one(config: &CompareConfig, mode: Contender, round: u32) -> Result<CompareRun, CompareError> {
     match mode {
-        Contender::Onekv { mode, shards, gc } => run_onekv(config, mode, shards, gc, round).await,
+        Contender::Onekv { .. } => run_onekv(config, mode, round).await,
         Contender::Etcd => run_etcd(config, round).await,
     }
 }
 
 async fn run_onekv(
     config: &CompareConfig,
-    mode: StorageMode,
-    shards: u32,
-    gc: GcVariant,
+    contender: Contender,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let name = Contender::Onekv { mode, shards, gc }.name();
+    let Contender::Onekv { mode, shards, gc, baseline } = contender else {
+        unreachable!("run_onekv runs onekv contenders only")
+    };
+    let name = contender.name();
     let cluster_error = |source| CompareError::Cluster { mode: name.clone(), round, source };
+    let exe = match (baseline, &config.baseline_exe) {
+        (false, _) => &config.exe,
+        (true, Some(exe)) => exe,
+        (true, None) => {
+            return Err(cluster_error(ClusterError::Config(
+                "a contender named ...@base needs a baseline executable (--baseline-exe)".into(),
+            )));
+        }
+    };
     // Dropped (nodes stopped, directory removed) on every path out of this function.
-    let mut cluster = LocalCluster::start(&config.exe, config.dir.as_deref(), config.nodes, mode, shards, gc)
+    let mut cluster = LocalCluster::start(exe, config.dir.as_deref(), config.nodes, mode, shards, gc)
         .map_err(cluster_error)?;
     cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
     let client = cluster.client(ClientOptions::default());
@@ -281,7 +309,8 @@ async fn run_onekv(
     let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sampler =
         config.sample_disk.map(|every| tokio::spawn(sample_disk(probes.clone(), every, samples.clone())));
-    let phases = run_phases(target, &config.run, true).await;
+    let cpu = CpuProbe { server_pids: probes.iter().filter_map(|probe| probe.pid).collect() };
+    let phases = run_phases(target, &config.run, true, &cpu).await;
     if let Some(sampler) = sampler {
         sampler.abort();
     }
@@ -303,7 +332,8 @@ async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, Comp
     let probes = cluster.probes();
     let before = process_snapshots(&probes);
     let target = Arc::new(cluster.target());
-    let phases = run_phases(target, &config.run, true).await?;
+    let cpu = CpuProbe { server_pids: probes.iter().filter_map(|probe| probe.pid).collect() };
+    let phases = run_phases(target, &config.run, true, &cpu).await?;
     let after = process_snapshots(&probes);
     // etcd reports no applied-bytes counter: every member applies every acknowledged write, so
     // the user bytes are what the harness wrote.
@@ -395,6 +425,9 @@ pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
         let name = phase.workload;
         figures.push((format!("{name}: ops/s"), phase.throughput_ops_per_sec));
         figures.push((format!("{name}: errors"), phase.errors as f64));
+        figures
+            .push((format!("{name}: servers' CPU µs/op"), phase.server_cpu_us_per_op().unwrap_or(f64::NAN)));
+        figures.push((format!("{name}: client CPU µs/op"), phase.client_cpu_us_per_op().unwrap_or(f64::NAN)));
         for op in &phase.ops {
             figures.push((format!("{name}: {} p50 µs", op.op), op.p50_us as f64));
             figures.push((format!("{name}: {} p99 µs", op.op), op.p99_us as f64));
@@ -506,31 +539,64 @@ mod tests {
     fn contenders_parse_as_they_are_named() {
         for contender in [
             Contender::Etcd,
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::On },
-            Contender::Onekv { mode: StorageMode::Classic, shards: 16, gc: GcVariant::On },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: GcVariant::On },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::Off },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Off },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::On, baseline: false },
+            Contender::Onekv { mode: StorageMode::Classic, shards: 16, gc: GcVariant::On, baseline: false },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: GcVariant::On, baseline: false },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::Off, baseline: false },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Off, baseline: false },
+            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Off, baseline: true },
         ] {
             assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
         assert_eq!(Contender::parse("etcd3"), None);
         assert_eq!(
             Contender::parse("onelog:1"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: GcVariant::On })
+            Some(Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 1,
+                gc: GcVariant::On,
+                baseline: false
+            })
         );
         assert_eq!(
             Contender::parse("onelog"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::On })
+            Some(Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 16,
+                gc: GcVariant::On,
+                baseline: false
+            })
         );
         assert_eq!(
             Contender::parse("onelog:nogc"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::Off })
+            Some(Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 16,
+                gc: GcVariant::Off,
+                baseline: false
+            })
         );
         assert_eq!(
             Contender::parse("onelog:4:nocompress"),
-            Some(Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Uncompressed })
+            Some(Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 4,
+                gc: GcVariant::Uncompressed,
+                baseline: false
+            })
         );
+        assert_eq!(
+            Contender::parse("onelog:1@base"),
+            Some(Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 1,
+                gc: GcVariant::On,
+                baseline: true
+            })
+        );
+        assert_eq!(Contender::parse("onelog@base").unwrap().name(), "onelog@base");
+        assert_eq!(Contender::parse("etcd@base"), None);
+        assert_eq!(Contender::parse("onelog@base:1"), None);
         assert_eq!(Contender::parse("onelog:nogc:1"), None);
         assert_eq!(Contender::parse("onelog:nogc:nocompress"), None);
         assert_eq!(Contender::parse("onelog:1:2"), None);
@@ -594,6 +660,8 @@ mod tests {
             payload_bytes_written: 1240,
             records_inserted: 10,
             ops: vec![op],
+            server_cpu_seconds: Some(0.5),
+            client_cpu_seconds: None,
         };
         let node = NodeAmplification {
             endpoint: "127.0.0.1:1".into(),
@@ -641,6 +709,10 @@ mod tests {
             "{table}"
         );
         assert_eq!(row("node 1: engine WA"), "| node 1: engine WA | 1 | 4 | 4 | 1 | 1 | 4 | 4.00 |");
+        assert_eq!(
+            row("load: servers' CPU µs/op"),
+            "| load: servers' CPU µs/op | 50000 | 50000 | 50000 | 50000 | 50000 | 50000 | 1.00 |"
+        );
         // No kernel figure anywhere: dashes, not NaN.
         assert_eq!(row("node 1: kernel WA"), "| node 1: kernel WA | - | - | - | - | - | - | - |");
     }

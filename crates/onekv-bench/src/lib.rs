@@ -4,7 +4,7 @@
 //!
 //! Owns: workload definitions (`generator`, `workload`), the system-under-test abstraction
 //! (`target`, with a onekv implementation, and `etcd`), running and reporting (`runner`),
-//! amplification figures (`amplification`), fresh local clusters of `onekv server` processes
+//! amplification figures (`amplification`), CPU time per operation (`cpu`), fresh local clusters of `onekv server` processes
 //! (`local_cluster`) and of `etcd` processes (`local_etcd`), and side-by-side comparisons of storage
 //! modes and etcd on them (`compare`). Does not own the command line (the `onekv bench` subcommand
 //! in the `onekv` binary) nor any store's internals: it talks to onekv only through `onekv-client`
@@ -12,6 +12,7 @@
 
 pub mod amplification;
 pub mod compare;
+pub mod cpu;
 pub mod etcd;
 pub mod generator;
 pub mod local_cluster;
@@ -21,6 +22,7 @@ pub mod target;
 pub mod values;
 pub mod workload;
 
+pub use cpu::CpuProbe;
 pub use etcd::EtcdTarget;
 pub use runner::{BenchReport, OpReport, RunConfig, RunError, RunReport, live_bytes, run, run_phases};
 pub use target::{OnekvTarget, Target, TargetError, TargetResult};

@@ -114,6 +114,7 @@ impl LocalCluster {
                 peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
                 cluster: onekv_server::config::ClusterConfig { shards, replicas: None },
+
                 gc: match gc {
                     GcVariant::On => Default::default(),
                     GcVariant::Off => onekv_server::config::GcConfig { enabled: false, ..Default::default() },
@@ -135,6 +136,13 @@ impl LocalCluster {
                 .arg(&config_path)
                 .arg("--parent-pid")
                 .arg(std::process::id().to_string())
+                // The nodes share this machine's cores, as `onekv cluster start` sets them up
+                // (`worker_threads`). Through tokio's variable rather than the file, so that a
+                // baseline build from before that key (`bench compare --baseline-exe`) runs the same.
+                .env(
+                    "TOKIO_WORKER_THREADS",
+                    onekv_server::config::worker_threads_sharing_cores(count).to_string(),
+                )
                 .stdin(Stdio::null())
                 .stdout(Stdio::from(log))
                 .stderr(Stdio::from(stderr))

@@ -18,6 +18,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+use crate::cpu::CpuProbe;
 use crate::generator::{KEY_BYTES, record_key};
 use crate::target::Target;
 use crate::values::ValueKind;
@@ -117,12 +118,34 @@ pub struct RunReport {
     pub records_inserted: u64,
     /// One entry per operation type the workload issued.
     pub ops: Vec<OpReport>,
+    /// CPU seconds the servers spent during the phase (user + system, every process), when the
+    /// harness knows their processes ([`run_phases`]'s probe).
+    #[serde(default)]
+    pub server_cpu_seconds: Option<f64>,
+    /// CPU seconds the benchmark process itself spent during the phase.
+    #[serde(default)]
+    pub client_cpu_seconds: Option<f64>,
 }
 
 impl RunReport {
     /// The figures of `op`, if the run issued it.
     pub fn op(&self, op: OpType) -> Option<&OpReport> {
         self.ops.iter().find(|report| report.op == op)
+    }
+
+    /// Microseconds of server CPU per successful operation, when measured.
+    pub fn server_cpu_us_per_op(&self) -> Option<f64> {
+        self.per_op_us(self.server_cpu_seconds)
+    }
+
+    /// Microseconds of the benchmark client's CPU per successful operation, when measured.
+    pub fn client_cpu_us_per_op(&self) -> Option<f64> {
+        self.per_op_us(self.client_cpu_seconds)
+    }
+
+    fn per_op_us(&self, seconds: Option<f64>) -> Option<f64> {
+        let succeeded = self.operations.saturating_sub(self.errors);
+        (succeeded > 0).then(|| seconds.map(|seconds| seconds * 1e6 / succeeded as f64)).flatten()
     }
 
     /// A markdown table: one line per operation type, latencies in µs.
@@ -141,6 +164,16 @@ impl RunReport {
             self.value_bytes,
             self.errors,
             if self.stopped_by_time { ", stopped by the time bound" } else { "" },
+        );
+        let cpu = |seconds: Option<f64>, per_op: Option<f64>| match (seconds, per_op) {
+            (Some(seconds), Some(per_op)) => format!("{seconds:.1} s = {per_op:.0} µs/op"),
+            _ => "not measured".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "CPU: servers {}, client {}\n",
+            cpu(self.server_cpu_seconds, self.server_cpu_us_per_op()),
+            cpu(self.client_cpu_seconds, self.client_cpu_us_per_op()),
         );
         out.push_str(
             "| op | count | errors | not found | ops/s | mean µs | p50 µs | p95 µs | p99 µs | p99.9 µs | max µs |\n",
@@ -187,14 +220,27 @@ pub async fn run_phases<T: Target>(
     target: Arc<T>,
     config: &RunConfig,
     with_load: bool,
+    cpu: &CpuProbe,
 ) -> Result<Vec<RunReport>, RunError> {
     let mut phases = Vec::new();
     if with_load && config.workload != WorkloadKind::Load {
         let load = RunConfig { workload: WorkloadKind::Load, ..config.clone() };
-        phases.push(run(Arc::clone(&target), load).await?);
+        phases.push(run_measured(Arc::clone(&target), load, cpu).await?);
     }
-    phases.push(run(target, config.clone()).await?);
+    phases.push(run_measured(target, config.clone(), cpu).await?);
     Ok(phases)
+}
+
+/// [`run`], with the CPU `cpu`'s processes spent meanwhile.
+async fn run_measured<T: Target>(
+    target: Arc<T>,
+    config: RunConfig,
+    cpu: &CpuProbe,
+) -> Result<RunReport, RunError> {
+    let before = cpu.read();
+    let mut report = run(target, config).await?;
+    (report.server_cpu_seconds, report.client_cpu_seconds) = cpu.read().since(&before);
+    Ok(report)
 }
 
 /// Keys plus values of the records that exist after `phases`, one copy: the records the Load
@@ -380,6 +426,8 @@ fn report(config: &RunConfig, stats: TaskStats, elapsed: Duration, stopped_by_ti
         payload_bytes_written: stats.payload_bytes_written,
         records_inserted: stats.records_inserted,
         ops,
+        server_cpu_seconds: None,
+        client_cpu_seconds: None,
     }
 }
 

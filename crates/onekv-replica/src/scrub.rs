@@ -35,6 +35,13 @@ const PER_KEY_COST: u64 = 64;
 /// The shortest time between the starts of two passes (a small shard is not re-read in a loop).
 pub(crate) const MIN_PASS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The scrub sleeps only once it is at least this far ahead of its rate, so it reads in bursts of
+/// about this much of its budget and wakes a few times a second, rather than sleeping after every
+/// key: at 1 KiB values a per-key sleep was hundreds of thread wake-ups per second per shard, which
+/// cost the node more CPU than the reads themselves (`docs/benchmarks/profile.md`). The average
+/// rate is unchanged.
+const PACING_QUANTUM: Duration = Duration::from_millis(250);
+
 /// What the scrub thread and its handle share.
 struct Shared {
     status: Mutex<ScrubStatus>,
@@ -180,7 +187,9 @@ impl Scrubber {
                 last_key = Some(key);
                 // Pace: `charged` bytes may take no less than charged / rate seconds.
                 let due = started + Duration::from_secs_f64(charged as f64 / self.bytes_per_sec as f64);
-                self.sleep_until(due)?;
+                if due >= Instant::now() + PACING_QUANTUM {
+                    self.sleep_until(due)?;
+                }
             }
             match last_key {
                 Some(key) if more || page.len() > PAGE => {

@@ -44,6 +44,8 @@ mod bounds {
     pub const TICK_MS: (u64, u64) = (1, 10_000);
     /// A client request's budget.
     pub const REQUEST_TIMEOUT_MS: (u64, u64) = (1, 600_000);
+    /// Threads of the async runtime.
+    pub const WORKER_THREADS: (u64, u64) = (1, 1024);
     /// Raft entries kept for lagging followers.
     pub const RAFT_LOG_KEEP_ENTRIES: (u64, u64) = (1, 1_000_000_000);
     /// Client calls decoded and handled at once.
@@ -88,6 +90,13 @@ pub struct ServerConfig {
     /// How long a client request may wait for its write to commit or its read barrier to complete,
     /// in milliseconds, before it fails with DEADLINE_EXCEEDED. Default 5000.
     pub request_timeout_ms: u64,
+    /// Threads of the node's async runtime, which serves clients, peers, the HTTP endpoint and the
+    /// Redis front end (the node loop, the log writer and the background work have threads of
+    /// their own). Unset: `TOKIO_WORKER_THREADS` if set, else one per core. Nodes that share a machine do better with the cores
+    /// divided between them: every idle worker is woken and put back to sleep as requests arrive,
+    /// so more workers than cores cost CPU on every request (`onekv cluster start` writes
+    /// cores ÷ nodes, at least 1, into the files it creates; docs/benchmarks/profile.md).
+    pub worker_threads: Option<u64>,
     /// File holding the cluster secret (hex; `onekv cluster start` writes one of 32 random bytes,
     /// mode 0600), the same on every member: peers send it with every Raft message and a node
     /// refuses messages without it. In a file, a relative path is resolved against the file's own
@@ -306,6 +315,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::new(),
             storage: StorageMode::default(),
             request_timeout_ms: 5000,
+            worker_threads: None,
             peer_secret_file: None,
             members: Vec::new(),
             raft: RaftConfig::default(),
@@ -546,6 +556,9 @@ impl ServerConfig {
             problem("data_dir", "is missing".into());
         }
         check_range(&mut problem, "request_timeout_ms", self.request_timeout_ms, bounds::REQUEST_TIMEOUT_MS);
+        if let Some(threads) = self.worker_threads {
+            check_range(&mut problem, "worker_threads", threads, bounds::WORKER_THREADS);
+        }
 
         if self.members.is_empty() {
             problem("members", "is empty; list every voting member, this node included".into());
@@ -804,6 +817,13 @@ impl ServerConfig {
         };
         config
     }
+}
+
+/// [`ServerConfig::worker_threads`] for each of `nodes` nodes that share this machine: its cores
+/// divided between them, at least 1.
+pub fn worker_threads_sharing_cores(nodes: u64) -> u64 {
+    let cores = std::thread::available_parallelism().map_or(1, |cores| cores.get() as u64);
+    (cores / nodes.max(1)).max(1)
 }
 
 fn check_range(problem: &mut impl FnMut(&str, String), field: &str, value: u64, (min, max): (u64, u64)) {

@@ -54,6 +54,7 @@ fn the_documented_example_parses_validates_and_matches_the_defaults() {
     let defaults = ServerConfig::default();
     assert_eq!(config.storage, defaults.storage);
     assert_eq!(config.request_timeout_ms, defaults.request_timeout_ms);
+    assert_eq!(config.worker_threads, defaults.worker_threads);
     assert_eq!(config.raft, defaults.raft);
     assert_eq!(config.limits, defaults.limits);
     assert_eq!(config.index, defaults.index);
@@ -292,6 +293,8 @@ fn every_rule_is_enforced_and_names_its_field() {
     assert_rejected(|c| c.listen = "http://127.0.0.1:1".into(), "listen", "scheme");
     assert_rejected(|c| c.data_dir = PathBuf::new(), "data_dir", "missing");
     assert_rejected(|c| c.request_timeout_ms = 0, "request_timeout_ms", "range");
+    assert_rejected(|c| c.worker_threads = Some(0), "worker_threads", "range");
+    assert_rejected(|c| c.worker_threads = Some(1025), "worker_threads", "range");
     assert_rejected(|c| c.members.clear(), "members", "empty");
     assert_rejected(|c| c.members[1].id = 0, "members[1].id", "non-zero");
     assert_rejected(|c| c.members[2].id = 2, "members[2].id", "also the id of members[1]");

@@ -12,7 +12,8 @@ use anyhow::{Context as _, bail};
 use onekv_bench::amplification::{self, NodeProbe};
 use onekv_bench::compare::{CompareConfig, Contender, compare};
 use onekv_bench::{
-    BenchReport, EtcdTarget, OnekvTarget, RunConfig, ValueKind, WorkloadKind, live_bytes, run_phases,
+    BenchReport, CpuProbe, EtcdTarget, OnekvTarget, RunConfig, ValueKind, WorkloadKind, live_bytes,
+    run_phases,
 };
 
 /// The benchmark subcommands.
@@ -104,6 +105,10 @@ pub struct YcsbArgs {
     /// addresses instead of onekv (no amplification figures: the process is not ours).
     #[arg(long, value_name = "HOST:PORT,...")]
     etcd: Option<String>,
+    /// Comma-separated process ids of the servers (onekv or etcd), to report their CPU time per
+    /// operation next to throughput (for a local cluster: `pgrep -d, -f 'onekv server'`).
+    #[arg(long, value_name = "PID,...", value_delimiter = ',')]
+    server_pids: Vec<u32>,
 }
 
 /// Flags of `onekv bench compare`.
@@ -114,10 +119,15 @@ pub struct CompareArgs {
     /// Storage modes to compare, the first being the baseline of the ratios, each with 16 shards or
     /// `MODE:SHARDS` (`onelog:1` is a single Raft group), and `:nogc` to run it with its log
     /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`) or `:nocompress` with a collector
-    /// that moves small values uncompressed; `etcd` adds a local etcd cluster
-    /// (same number of members, default durability) as one more contender.
+    /// that moves small values uncompressed, then `@base` to run it with --baseline-exe; `etcd`
+    /// adds a local etcd cluster (same number of members, default durability) as one more
+    /// contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
     modes: Vec<String>,
+    /// Another `onekv` executable (an earlier build, say) that contenders named with `@base` run
+    /// (`--modes onelog@base,onelog`): two builds compared in one run, on the same machine.
+    #[arg(long, value_name = "PATH")]
+    baseline_exe: Option<PathBuf>,
     /// The etcd executable used when --modes names etcd (scripts/install-etcd installs one).
     #[arg(long, default_value = "etcd")]
     etcd_exe: PathBuf,
@@ -170,7 +180,8 @@ async fn ycsb(args: &YcsbArgs) -> anyhow::Result<()> {
     let probes: Vec<NodeProbe> = Vec::new();
     let before = amplification::snapshot(&client, &probes).await;
     let target = Arc::new(OnekvTarget::new(client.clone()));
-    let phases = run_phases(target, &config, args.load).await?;
+    let cpu = CpuProbe { server_pids: args.server_pids.clone() };
+    let phases = run_phases(target, &config, args.load, &cpu).await?;
     let after = amplification::snapshot(&client, &probes).await;
     let nodes = amplification::amplification(&before, &after, live_bytes(config.records, &phases));
     for phase in &phases {
@@ -193,7 +204,8 @@ async fn ycsb_etcd(args: &YcsbArgs, config: &RunConfig, list: &str) -> anyhow::R
     let endpoints = crate::client_cmd::split_endpoints(list);
     let target =
         EtcdTarget::new(&endpoints).map_err(|error| anyhow::anyhow!("bad --etcd {list:?}: {error}"))?;
-    let phases = run_phases(Arc::new(target), config, args.load).await?;
+    let cpu = CpuProbe { server_pids: args.server_pids.clone() };
+    let phases = run_phases(Arc::new(target), config, args.load, &cpu).await?;
     for phase in &phases {
         println!("{}", phase.markdown());
     }
@@ -215,11 +227,15 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         let mode = Contender::parse(name.trim()).with_context(|| {
             format!(
                 "unknown storage mode {name:?}; expected onelog, separated, classic (each optionally \
-                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards; and optionally :nogc or :nocompress) or etcd"
+                 :SHARDS, 1..=1024, e.g. onelog:1; default 16 shards; optionally :nogc or :nocompress; \
+                 and optionally @base) or etcd"
             )
         })?;
         if modes.contains(&mode) {
             bail!("--modes names {name} twice");
+        }
+        if matches!(mode, Contender::Onekv { baseline: true, .. }) && args.baseline_exe.is_none() {
+            bail!("--modes names {name}, which runs the baseline executable: give --baseline-exe");
         }
         modes.push(mode);
     }
@@ -228,6 +244,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
     }
     let config = CompareConfig {
         exe: std::env::current_exe().context("cannot find the onekv executable")?,
+        baseline_exe: args.baseline_exe.clone(),
         etcd_exe: args.etcd_exe.clone(),
         modes,
         rounds: args.rounds,

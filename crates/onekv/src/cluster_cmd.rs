@@ -273,6 +273,8 @@ fn plan_shaped(dir: &Path, count: u64, base_port: u16, shape: Shape) -> anyhow::
                     shards: shape.shards.unwrap_or(onekv_placement::DEFAULT_SHARDS),
                     replicas: shape.replicas,
                 },
+                // The nodes share this machine's cores.
+                worker_threads: Some(onekv_server::config::worker_threads_sharing_cores(count)),
                 ..ServerConfig::default()
             };
             let dir = node_dir(member.id);
@@ -395,6 +397,7 @@ fn plan_spares(
                 members,
                 join: true,
                 cluster: member.cluster.clone(),
+                worker_threads: member.worker_threads,
                 ..ServerConfig::default()
             };
             fs::create_dir_all(&node_dir).with_context(|| format!("cannot create {}", node_dir.display()))?;
@@ -742,6 +745,11 @@ mod tests {
             assert_eq!(node.config.listen, format!("127.0.0.1:{}", 17000 + id));
             assert_eq!(node.config.data_dir, dir.path().join(format!("node{id}/data")));
             assert_eq!(node.config.members.len(), 3);
+            // The nodes divide the machine's cores between them.
+            assert_eq!(
+                node.config.worker_threads,
+                Some(onekv_server::config::worker_threads_sharing_cores(3))
+            );
             node.config.validate().unwrap();
         }
         // A restart with other ports reuses the files (their addresses win).
@@ -763,6 +771,7 @@ mod tests {
             let ids: Vec<u64> = config.members.iter().map(|member| member.id).collect();
             assert_eq!(ids, vec![1, 2, 3, spare.id]);
             assert_eq!(config.cluster, nodes[0].config.cluster);
+            assert_eq!(config.worker_threads, nodes[0].config.worker_threads);
             config.validate().unwrap();
         }
         // A restart reuses their files, whatever the base port.

@@ -115,11 +115,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // returned (and printed by main), not logged.
     let config = args.config()?;
     init_logging(args.log_level.as_deref(), config.log_level.as_deref(), config.log_format)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("onekv-server")
-        .build()
-        .context("cannot start the async runtime")?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all().thread_name("onekv-server");
+    if let Some(threads) = config.worker_threads {
+        // Validated: 1..=1024.
+        runtime.worker_threads(threads as usize);
+    }
+    let runtime = runtime.build().context("cannot start the async runtime")?;
     runtime.block_on(async {
         let shutdown = shutdown_signal()?;
         onekv_server::serve(config, shutdown).await
