@@ -22,11 +22,10 @@ use onekv_proto::{
     SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TxnCondition, TxnRequest,
 };
 use tonic::Status;
-use tonic::transport::Channel;
 
 use crate::error::{ClientError, Result};
 use crate::retry::{Failure, backoff_delay, classify, timed_out};
-use crate::routing::{ChannelSettings, Routing, normalize};
+use crate::routing::{ChannelSettings, Conn, Routing, normalize};
 
 /// Largest response the client decodes. Scans return many pairs at once; tonic's default of 4 MiB
 /// would turn a large page into an error.
@@ -189,6 +188,15 @@ impl Client {
                 last_seq: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Sends every call for `endpoint` to `service`, in this process, instead of over a connection:
+    /// a node's own front ends (the Redis protocol) reach the node they run in without a network
+    /// round trip, gRPC framing or a trip through the kernel. Everything else (routing, redirects,
+    /// retries, request ids) is as for any endpoint.
+    pub fn serve_locally(&self, endpoint: &str, service: LocalKv) -> Result<()> {
+        self.inner.routing.serve_locally(normalize(endpoint)?, service);
+        Ok(())
     }
 
     /// The endpoints the client was created with (normalized to `host:port`, without duplicates).
@@ -623,7 +631,7 @@ impl Client {
     async fn call<Req, Resp, Rpc, Fut>(&self, route: Route<'_>, request: Req, rpc: Rpc) -> Result<Resp>
     where
         Req: Clone,
-        Rpc: Fn(KvClient<Channel>, tonic::Request<Req>) -> Fut,
+        Rpc: Fn(KvClient<Conn>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         let routing = &self.inner.routing;
@@ -750,7 +758,7 @@ impl Client {
     ) -> std::result::Result<Resp, Failure>
     where
         Req: Clone,
-        Rpc: Fn(KvClient<Channel>, tonic::Request<Req>) -> Fut,
+        Rpc: Fn(KvClient<Conn>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         let channel = self.inner.routing.channel(endpoint).map_err(Failure::Fatal)?;
@@ -773,6 +781,14 @@ impl Client {
         }
     }
 }
+
+/// A `Kv` service in this process (a node's own, built by `onekv-server`), for
+/// [`Client::serve_locally`]. Its error type is a connection's, which it never returns.
+pub type LocalKv = tower::util::BoxCloneService<
+    tonic::codegen::http::Request<tonic::body::Body>,
+    tonic::codegen::http::Response<tonic::body::Body>,
+    tonic::transport::Error,
+>;
 
 /// One operation of a batch: `(key, Some(value))` puts, `(key, None)` deletes.
 pub type BatchItem = (Vec<u8>, Option<Vec<u8>>);

@@ -26,7 +26,7 @@ mod retry;
 mod routing;
 
 pub use client::{
-    BatchItem, CasResult, Client, ClientOptions, KeyPage, MAX_RESPONSE_BYTES, ScanPage, TxnResult,
+    BatchItem, CasResult, Client, ClientOptions, KeyPage, LocalKv, MAX_RESPONSE_BYTES, ScanPage, TxnResult,
 };
 pub use error::{ClientError, Result};
 pub use onekv_proto::{Member, ShardStatus, StatusResponse};

@@ -49,6 +49,10 @@ fn uri(address: &str) -> String {
 /// Every new refusal starts the period again.
 pub(crate) const UNREACHABLE_MEMORY: Duration = Duration::from_secs(2);
 
+/// What a call goes through: a connection to the node, or the node's own `Kv` service when the
+/// client runs inside it ([`crate::LocalKv`]).
+pub(crate) type Conn = tower::util::Either<Channel, crate::LocalKv>;
+
 /// How channels are configured.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ChannelSettings {
@@ -76,6 +80,8 @@ struct State {
     /// anything is removed.
     unreachable: HashMap<String, Instant>,
     channels: HashMap<String, Channel>,
+    /// The endpoint served in this process, and its service ([`Routing::serve_locally`]).
+    local: Option<(String, crate::LocalKv)>,
 }
 
 impl State {
@@ -95,6 +101,7 @@ impl Routing {
                 next: 0,
                 unreachable: HashMap::new(),
                 channels: HashMap::new(),
+                local: None,
             }),
         }
     }
@@ -196,14 +203,25 @@ impl Routing {
         state.known[pick].clone()
     }
 
-    /// The channel to `endpoint` (normalized), created on first use. Creating it does not connect:
-    /// tonic connects on the first request and reconnects after a failure.
+    /// Calls to `endpoint` (normalized) go to `service` from now on, not over a connection.
+    pub(crate) fn serve_locally(&self, endpoint: String, service: crate::LocalKv) {
+        self.lock().local = Some((endpoint, service));
+    }
+
+    /// The way to `endpoint` (normalized): the local service if it is the one served in this
+    /// process, else its channel, created on first use. Creating a channel does not connect: tonic
+    /// connects on the first request and reconnects after a failure.
     ///
-    /// Must be called inside a tokio runtime (the channel spawns its worker task there).
-    pub(crate) fn channel(&self, endpoint: &str) -> Result<Channel> {
+    /// Must be called inside a tokio runtime (a channel spawns its worker task there).
+    pub(crate) fn channel(&self, endpoint: &str) -> Result<Conn> {
         let mut state = self.lock();
+        if let Some((local, service)) = &state.local
+            && local == endpoint
+        {
+            return Ok(Conn::Right(service.clone()));
+        }
         if let Some(channel) = state.channels.get(endpoint) {
-            return Ok(channel.clone());
+            return Ok(Conn::Left(channel.clone()));
         }
         let channel = Endpoint::from_shared(uri(endpoint))
             .map_err(|error| ClientError::InvalidEndpoint {
@@ -214,7 +232,7 @@ impl Routing {
             .tcp_nodelay(true)
             .connect_lazy();
         state.channels.insert(endpoint.to_string(), channel.clone());
-        Ok(channel)
+        Ok(Conn::Left(channel))
     }
 }
 

@@ -177,10 +177,20 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         }
         None => None,
     };
-    // So does the RESP front end.
+    // So does the RESP front end. It reaches this node's own `Kv` service in process (the same
+    // service the gRPC server runs, with the same drain), not through a connection to itself.
+    let services = Services {
+        map: Arc::clone(&map),
+        directory: Arc::clone(&directory),
+        secret: secret.clone(),
+        drain: service::Drain::default(),
+    };
     let (stop_resp, resp_stopped) = tokio::sync::oneshot::channel::<()>();
     let resp = match resp {
         Some((resp_listener, address, context)) => {
+            let own = config.member_address(config.node_id).unwrap_or(&config.listen);
+            let local = services.kv(Arc::clone(&replica), &config).into_local_service();
+            context.serve_locally(own, local).context("cannot set up the RESP front end")?;
             let stopped = async move {
                 let _ = resp_stopped.await;
             };
@@ -197,16 +207,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         let _ = stop_http.send(());
         let _ = stop_resp.send(());
     };
-    let served = serve_with_secret(
-        listener,
-        &config,
-        Arc::clone(&replica),
-        map,
-        Arc::clone(&directory),
-        secret,
-        shutdown,
-    )
-    .await;
+    let served = serve_services(listener, &config, Arc::clone(&replica), services, shutdown).await;
     drop(member_tasks);
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
@@ -274,22 +275,43 @@ pub async fn serve_backend<B: Backend>(
     backend: Arc<B>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let secret = config.peer_secret()?;
-    let map = Arc::new(config.cluster_map().context("cannot place the shards")?);
-    let directory = Arc::new(members::Directory::from_config(config)?);
-    serve_with_secret(listener, config, backend, map, directory, secret, shutdown).await
+    let services = Services {
+        secret: config.peer_secret()?,
+        map: Arc::new(config.cluster_map().context("cannot place the shards")?),
+        directory: Arc::new(members::Directory::from_config(config)?),
+        drain: service::Drain::default(),
+    };
+    serve_services(listener, config, backend, services, shutdown).await
 }
 
-async fn serve_with_secret<B: Backend>(
-    listener: TcpListener,
-    config: &ServerConfig,
-    backend: Arc<B>,
+/// What the node's `Kv` services share: the one served over gRPC and the one the RESP front end
+/// calls in process ([`KvService::into_local_service`]), so both see the same map and member list,
+/// check the same secret, and stop taking requests with the same drain.
+struct Services {
     map: Arc<ClusterMap>,
     directory: Arc<members::Directory>,
     secret: Option<PeerSecret>,
+    drain: service::Drain,
+}
+
+impl Services {
+    fn kv<B: Backend>(&self, backend: Arc<B>, config: &ServerConfig) -> KvService<B> {
+        KvService::new(backend, config, Arc::clone(&self.map))
+            .with_members(Arc::clone(&self.directory))
+            .with_secret(self.secret.clone())
+            .with_drain(self.drain.clone())
+    }
+}
+
+async fn serve_services<B: Backend>(
+    listener: TcpListener,
+    config: &ServerConfig,
+    backend: Arc<B>,
+    services: Services,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let address = listener.local_addr().context("cannot read the listening address")?;
+    let Services { directory, secret, drain, .. } = &services;
     if secret.is_none() {
         if config.members.iter().any(|member| member.id != config.node_id) {
             // Validation refuses this; only a caller that skipped it gets here.
@@ -299,18 +321,14 @@ async fn serve_with_secret<B: Backend>(
         }
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let drain = service::Drain::default();
     let server = Server::builder()
         .tcp_nodelay(true)
+        .add_service(services.kv(Arc::clone(&backend), config).into_server())
         .add_service(
-            KvService::new(Arc::clone(&backend), config, map)
-                .with_members(Arc::clone(&directory))
+            PeerService::new(backend, config)
+                .with_members(Arc::clone(directory))
                 .with_secret(secret.clone())
-                .with_drain(drain.clone())
                 .into_server(),
-        )
-        .add_service(
-            PeerService::new(backend, config).with_members(directory).with_secret(secret).into_server(),
         )
         .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), async {
             let _ = stopped.await;

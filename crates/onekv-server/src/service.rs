@@ -143,6 +143,13 @@ impl<B: Backend> KvService<B> {
         self
     }
 
+    /// This service for calls made in this process ([`onekv_client::Client::serve_locally`]): the
+    /// same bounds as over the network ([`KvService::into_server`]), without a connection.
+    pub fn into_local_service(self) -> onekv_client::LocalKv {
+        use tower::ServiceExt as _;
+        tower::util::BoxCloneService::new(self.into_server().map_err(|never| match never {}))
+    }
+
     /// The tonic server for this service, with message size limits that admit every request and
     /// response the configured limits allow (tonic's 4 MiB default would not), and no more, behind
     /// its admission ([`crate::admission`]): at most `limits.max_concurrent_requests` calls at once

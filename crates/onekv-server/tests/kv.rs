@@ -789,3 +789,33 @@ async fn a_disk_full_refusal_is_resource_exhausted_and_says_disk_full() {
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(status.message().starts_with("disk full: /data has 10 bytes free"), "{}", status.message());
 }
+
+#[tokio::test]
+async fn a_client_in_the_node_reaches_its_own_service_without_a_connection() {
+    // Members on ports nothing listens on: a call that went over a connection would be refused.
+    let mut config = config();
+    for member in &mut config.members {
+        member.address = format!("127.0.0.1:{}", member.id);
+    }
+    config.listen = config.members[0].address.clone();
+    let backend = Arc::new(FakeBackend::default());
+    let map = Arc::new(config.cluster_map().unwrap());
+    let service = KvService::new(Arc::clone(&backend), &config, map);
+    let options =
+        onekv_client::ClientOptions { retry_budget: Duration::from_millis(300), ..Default::default() };
+    let client = onekv_client::Client::new(vec![config.listen.clone()], options).unwrap();
+    let refused = client.put(b"k", b"v").await.expect_err("nothing listens on port 1");
+    assert!(backend.proposed.lock().unwrap().is_empty(), "{refused}");
+
+    client.serve_locally(&config.listen, service.into_local_service()).unwrap();
+    client.put(b"k", b"v").await.unwrap();
+    assert_eq!(
+        backend.proposed.lock().unwrap().last().map(|(_, command)| command.clone()),
+        Some(Command::Write(vec![WriteOp { key: b"k".to_vec(), value: Some(b"v".to_vec()) }]))
+    );
+    backend.data.lock().unwrap().insert(b"k".to_vec(), b"stored".to_vec());
+    assert_eq!(client.get(b"k").await.unwrap(), Some(b"stored".to_vec()));
+    // The service's limits hold in process as over the network.
+    let error = client.put(b"k", &[0; 21]).await.expect_err("over limits.max_value_bytes");
+    assert!(error.to_string().contains("max_value_bytes"), "{error}");
+}

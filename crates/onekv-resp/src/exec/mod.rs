@@ -242,6 +242,12 @@ impl From<ClientError> for Reply {
 }
 
 impl RespContext {
+    /// Sends the commands whose shard `endpoint` (this node's gRPC address) leads to `service`, the
+    /// node's own `Kv` service, in this process rather than over a connection to itself.
+    pub fn serve_locally(&self, endpoint: &str, service: onekv_client::LocalKv) -> Result<(), ClientError> {
+        self.shared.client.serve_locally(endpoint, service)
+    }
+
     /// The shared state of a node's front end. Connects nothing yet.
     pub fn new(settings: RespSettings) -> Result<RespContext, ClientError> {
         let client = Client::new(settings.endpoints.clone(), settings.client_options.clone())?;
