@@ -114,7 +114,6 @@ impl LocalCluster {
                 peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
                 cluster: onekv_server::config::ClusterConfig { shards, replicas: None },
-
                 gc: match gc {
                     GcVariant::On => Default::default(),
                     GcVariant::Off => onekv_server::config::GcConfig { enabled: false, ..Default::default() },

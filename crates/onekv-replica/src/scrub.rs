@@ -38,8 +38,8 @@ pub(crate) const MIN_PASS_INTERVAL: Duration = Duration::from_secs(1);
 /// The scrub sleeps only once it is at least this far ahead of its rate, so it reads in bursts of
 /// about this much of its budget and wakes a few times a second, rather than sleeping after every
 /// key: at 1 KiB values a per-key sleep was hundreds of thread wake-ups per second per shard, which
-/// cost the node more CPU than the reads themselves (`docs/benchmarks/profile.md`). The average
-/// rate is unchanged.
+/// cost the node more CPU than the reads themselves (`docs/benchmarks/profile.md`). The rate is
+/// unchanged: what a pass read ahead of it is slept off before the next pass.
 const PACING_QUANTUM: Duration = Duration::from_millis(250);
 
 /// What the scrub thread and its handle share.
@@ -119,8 +119,11 @@ impl Scrubber {
     fn run(self) {
         loop {
             let started = Instant::now();
+            let mut next = started + MIN_PASS_INTERVAL;
             match self.pass() {
-                Ok((values, corrupt)) => {
+                Ok((values, corrupt, due)) => {
+                    // What the pass read ahead of its rate (less than a quantum) is slept off too.
+                    next = next.max(due);
                     let finished_ms = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis() as u64);
@@ -138,19 +141,22 @@ impl Scrubber {
                 }
                 Err(Stopped) => return,
             }
-            if self.sleep_until(started + MIN_PASS_INTERVAL).is_err() {
+            if self.sleep_until(next).is_err() {
                 return;
             }
         }
     }
 
-    /// One pass over every key; returns the values verified and how many were damaged.
-    fn pass(&self) -> Result<(u64, u64), Stopped> {
+    /// One pass over every key; returns the values verified, how many were damaged, and when the
+    /// rate allows the next read.
+    fn pass(&self) -> Result<(u64, u64, Instant), Stopped> {
         let started = Instant::now();
         let mut charged = 0u64;
         let (mut values, mut corrupt) = (0u64, 0u64);
         let mut start: Vec<u8> = Vec::new();
         let mut first = true;
+        let due =
+            |charged: u64| started + Duration::from_secs_f64(charged as f64 / self.bytes_per_sec as f64);
         loop {
             self.check_stop()?;
             // A short-lived view per page (see the module documentation), pinned until the page's
@@ -162,7 +168,7 @@ impl Scrubber {
                 Err(error) => {
                     // The index failing is the loop's to report; the scrub tries again next pass.
                     tracing::warn!(%error, "the scrub cannot read the index; pass abandoned");
-                    return Ok((values, corrupt));
+                    return Ok((values, corrupt, due(charged)));
                 }
             };
             drop(view);
@@ -186,9 +192,9 @@ impl Scrubber {
                 }
                 last_key = Some(key);
                 // Pace: `charged` bytes may take no less than charged / rate seconds.
-                let due = started + Duration::from_secs_f64(charged as f64 / self.bytes_per_sec as f64);
-                if due >= Instant::now() + PACING_QUANTUM {
-                    self.sleep_until(due)?;
+                let allowed = due(charged);
+                if allowed >= Instant::now() + PACING_QUANTUM {
+                    self.sleep_until(allowed)?;
                 }
             }
             match last_key {
@@ -196,7 +202,7 @@ impl Scrubber {
                     start = key.clone();
                     first = false;
                 }
-                _ => return Ok((values, corrupt)),
+                _ => return Ok((values, corrupt, due(charged))),
             }
         }
     }

@@ -50,7 +50,7 @@ pub use auth::PeerSecret;
 pub use backend::Backend;
 pub use config::ServerConfig;
 pub use peer::PeerService;
-pub use service::KvService;
+pub use service::{KvService, local_kv_service};
 pub use transport::{GrpcTransport, TransportOptions, TransportStats};
 
 /// After the shutdown signal, how long in-flight requests get to finish beyond the request timeout
@@ -177,20 +177,24 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         }
         None => None,
     };
-    // So does the RESP front end. It reaches this node's own `Kv` service in process (the same
-    // service the gRPC server runs, with the same drain), not through a connection to itself.
+    // So does the RESP front end. It reaches this node's own `Kv` service in process (the very
+    // service the gRPC server runs: its admission and drain), not through a connection to itself.
     let services = Services {
         map: Arc::clone(&map),
         directory: Arc::clone(&directory),
         secret: secret.clone(),
         drain: service::Drain::default(),
     };
+    let kv = services.kv(Arc::clone(&replica), &config).into_server();
     let (stop_resp, resp_stopped) = tokio::sync::oneshot::channel::<()>();
     let resp = match resp {
         Some((resp_listener, address, context)) => {
             let own = config.member_address(config.node_id).unwrap_or(&config.listen);
-            let local = services.kv(Arc::clone(&replica), &config).into_local_service();
-            context.serve_locally(own, local).context("cannot set up the RESP front end")?;
+            if let Err(error) = context.serve_locally(own, local_kv_service(kv.clone())) {
+                // Validated addresses always parse; should one not, calls to this node go over a
+                // connection, as to any other.
+                tracing::warn!(%error, "the RESP front end reaches this node over gRPC");
+            }
             let stopped = async move {
                 let _ = resp_stopped.await;
             };
@@ -207,7 +211,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         let _ = stop_http.send(());
         let _ = stop_resp.send(());
     };
-    let served = serve_services(listener, &config, Arc::clone(&replica), services, shutdown).await;
+    let served = serve_services(listener, &config, Arc::clone(&replica), services, kv, shutdown).await;
     drop(member_tasks);
     let http_served = match http {
         Some(task) => task.await.context("the HTTP server panicked").and_then(|result| result),
@@ -281,12 +285,12 @@ pub async fn serve_backend<B: Backend>(
         directory: Arc::new(members::Directory::from_config(config)?),
         drain: service::Drain::default(),
     };
-    serve_services(listener, config, backend, services, shutdown).await
+    let kv = services.kv(Arc::clone(&backend), config).into_server();
+    serve_services(listener, config, backend, services, kv, shutdown).await
 }
 
-/// What the node's `Kv` services share: the one served over gRPC and the one the RESP front end
-/// calls in process ([`KvService::into_local_service`]), so both see the same map and member list,
-/// check the same secret, and stop taking requests with the same drain.
+/// What the node's `Kv` service and its `Peer` service are made of: the map, the member list, the
+/// secret, and the drain that stops `Kv` requests (over gRPC and in process alike) at shutdown.
 struct Services {
     map: Arc<ClusterMap>,
     directory: Arc<members::Directory>,
@@ -303,11 +307,13 @@ impl Services {
     }
 }
 
+/// Serves `kv` (built from `services`, [`Services::kv`]) and the `Peer` service on `listener`.
 async fn serve_services<B: Backend>(
     listener: TcpListener,
     config: &ServerConfig,
     backend: Arc<B>,
     services: Services,
+    kv: admission::Admitted<onekv_proto::kv_server::KvServer<KvService<B>>>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let address = listener.local_addr().context("cannot read the listening address")?;
@@ -323,7 +329,7 @@ async fn serve_services<B: Backend>(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
         .tcp_nodelay(true)
-        .add_service(services.kv(Arc::clone(&backend), config).into_server())
+        .add_service(kv)
         .add_service(
             PeerService::new(backend, config)
                 .with_members(Arc::clone(directory))

@@ -143,13 +143,6 @@ impl<B: Backend> KvService<B> {
         self
     }
 
-    /// This service for calls made in this process ([`onekv_client::Client::serve_locally`]): the
-    /// same bounds as over the network ([`KvService::into_server`]), without a connection.
-    pub fn into_local_service(self) -> onekv_client::LocalKv {
-        use tower::ServiceExt as _;
-        tower::util::BoxCloneService::new(self.into_server().map_err(|never| match never {}))
-    }
-
     /// The tonic server for this service, with message size limits that admit every request and
     /// response the configured limits allow (tonic's 4 MiB default would not), and no more, behind
     /// its admission ([`crate::admission`]): at most `limits.max_concurrent_requests` calls at once
@@ -352,6 +345,14 @@ impl<B: Backend> KvService<B> {
         check_key(&self.limits, "key", key)?;
         Ok(consistency)
     }
+}
+
+/// `server` (a clone of the one served over gRPC, [`KvService::into_server`]) for calls made in
+/// this process ([`onekv_client::Client::serve_locally`]): the same service, sharing its admission
+/// (one `limits.max_concurrent_requests` for both), without a connection.
+pub fn local_kv_service<B: Backend>(server: Admitted<KvServer<KvService<B>>>) -> onekv_client::LocalKv {
+    use tower::ServiceExt as _;
+    tower::util::BoxCloneService::new(server.map_err(|never| match never {}))
 }
 
 /// Maps a [`ReplicaError`] to its gRPC status. A not-leader error names the leader in metadata

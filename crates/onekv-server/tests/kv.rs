@@ -807,7 +807,7 @@ async fn a_client_in_the_node_reaches_its_own_service_without_a_connection() {
     let refused = client.put(b"k", b"v").await.expect_err("nothing listens on port 1");
     assert!(backend.proposed.lock().unwrap().is_empty(), "{refused}");
 
-    client.serve_locally(&config.listen, service.into_local_service()).unwrap();
+    client.serve_locally(&config.listen, onekv_server::local_kv_service(service.into_server())).unwrap();
     client.put(b"k", b"v").await.unwrap();
     assert_eq!(
         backend.proposed.lock().unwrap().last().map(|(_, command)| command.clone()),

@@ -242,6 +242,15 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
     if modes.is_empty() || args.rounds == 0 {
         bail!("give at least one mode and one round");
     }
+    if let Some(exe) = &args.baseline_exe {
+        if !modes.iter().any(|mode| matches!(mode, Contender::Onekv { baseline: true, .. })) {
+            bail!("--baseline-exe is given but no mode runs it: name one MODE@base in --modes");
+        }
+        // Found now rather than when its first run starts, maybe after long runs of the others.
+        if !exe.is_file() {
+            bail!("--baseline-exe {}: no such file", exe.display());
+        }
+    }
     let config = CompareConfig {
         exe: std::env::current_exe().context("cannot find the onekv executable")?,
         baseline_exe: args.baseline_exe.clone(),

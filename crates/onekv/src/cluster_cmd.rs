@@ -397,7 +397,10 @@ fn plan_spares(
                 members,
                 join: true,
                 cluster: member.cluster.clone(),
-                worker_threads: member.worker_threads,
+                // Members and spares share this machine's cores.
+                worker_threads: member
+                    .worker_threads
+                    .map(|_| onekv_server::config::worker_threads_sharing_cores(first + count)),
                 ..ServerConfig::default()
             };
             fs::create_dir_all(&node_dir).with_context(|| format!("cannot create {}", node_dir.display()))?;
@@ -771,7 +774,7 @@ mod tests {
             let ids: Vec<u64> = config.members.iter().map(|member| member.id).collect();
             assert_eq!(ids, vec![1, 2, 3, spare.id]);
             assert_eq!(config.cluster, nodes[0].config.cluster);
-            assert_eq!(config.worker_threads, nodes[0].config.worker_threads);
+            assert_eq!(config.worker_threads, Some(onekv_server::config::worker_threads_sharing_cores(5)));
             config.validate().unwrap();
         }
         // A restart reuses their files, whatever the base port.
