@@ -119,18 +119,9 @@ pub(crate) fn replace_file(dir: &Path, name: &str, bytes: &[u8]) -> anyhow::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::MemberConfig;
 
     fn config(dir: &Path, shards: u32) -> ServerConfig {
-        let mut config = ServerConfig {
-            node_id: 1,
-            listen: "127.0.0.1:7001".into(),
-            data_dir: dir.to_path_buf(),
-            members: (1..=3)
-                .map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", 7000 + id) })
-                .collect(),
-            ..ServerConfig::default()
-        };
+        let mut config = crate::config::node_one_of_three(dir);
         config.cluster.shards = shards;
         config
     }

@@ -819,6 +819,18 @@ impl ServerConfig {
     }
 }
 
+/// Node 1 of three members on 127.0.0.1:7001..7003, its data in `dir`: the unit tests' node.
+#[cfg(test)]
+pub(crate) fn node_one_of_three(dir: &Path) -> ServerConfig {
+    ServerConfig {
+        node_id: 1,
+        listen: "127.0.0.1:7001".into(),
+        data_dir: dir.to_path_buf(),
+        members: (1..=3).map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", 7000 + id) }).collect(),
+        ..ServerConfig::default()
+    }
+}
+
 /// [`ServerConfig::worker_threads`] for each of `nodes` nodes that share this machine: its cores
 /// divided between them, at least 1.
 pub fn worker_threads_sharing_cores(nodes: u64) -> u64 {

@@ -237,19 +237,7 @@ async fn ask(seed: &str) -> anyhow::Result<(ClusterMap, MemberList)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::MemberConfig;
-
-    fn config(dir: &Path) -> ServerConfig {
-        ServerConfig {
-            node_id: 1,
-            listen: "127.0.0.1:7001".into(),
-            data_dir: dir.to_path_buf(),
-            members: (1..=3)
-                .map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", 7000 + id) })
-                .collect(),
-            ..ServerConfig::default()
-        }
-    }
+    use crate::config::node_one_of_three as config;
 
     #[test]
     fn the_data_directory_keeps_the_newest_list_over_the_configuration() {

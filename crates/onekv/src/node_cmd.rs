@@ -53,11 +53,25 @@ pub enum NodeCommand {
 pub struct NodeArgs {
     /// The node.
     id: u64,
+    #[command(flatten)]
+    reach: Reach,
+}
+
+/// How long a `node` command may take, and how it reaches the cluster.
+#[derive(Debug, clap::Args)]
+pub struct Reach {
     /// Give up after this many seconds (each move copies a shard).
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
     #[command(flatten)]
     connection: Connection,
+}
+
+impl Reach {
+    /// When the command gives up, counted from now.
+    fn deadline(&self) -> Instant {
+        Instant::now() + Duration::from_secs(self.timeout_secs)
+    }
 }
 
 /// Arguments of `node add`.
@@ -65,13 +79,10 @@ pub struct NodeArgs {
 pub struct AddArgs {
     /// The new node's address (`host:port`), as the other nodes and clients will reach it.
     address: String,
-    /// Give up after this many seconds (each move copies a shard).
-    #[arg(long, default_value_t = 3600)]
-    timeout_secs: u64,
     #[command(flatten)]
     secret: SecretArg,
     #[command(flatten)]
-    connection: Connection,
+    reach: Reach,
 }
 
 /// Arguments of `node remove`.
@@ -79,13 +90,10 @@ pub struct AddArgs {
 pub struct RemoveArgs {
     /// The node.
     id: u64,
-    /// Give up after this many seconds (each move copies a shard).
-    #[arg(long, default_value_t = 3600)]
-    timeout_secs: u64,
     #[command(flatten)]
     secret: SecretArg,
     #[command(flatten)]
-    connection: Connection,
+    reach: Reach,
 }
 
 /// Where the cluster secret is: changing the member list needs it.
@@ -124,13 +132,10 @@ pub struct ReplaceArgs {
     id: u64,
     /// The replacement's address (`host:port`); it was started with `--join` and another id.
     address: String,
-    /// Give up after this many seconds (each move copies a shard).
-    #[arg(long, default_value_t = 3600)]
-    timeout_secs: u64,
     #[command(flatten)]
     secret: SecretArg,
     #[command(flatten)]
-    connection: Connection,
+    reach: Reach,
 }
 
 /// Runs one `node` subcommand.
@@ -236,9 +241,9 @@ impl Placement {
 
 /// A client of every member, the node, and when to give up.
 async fn start(args: &NodeArgs) -> anyhow::Result<(Client, u64, Instant)> {
-    let (client, addresses) = connect_all(&args.connection).await?;
+    let (client, addresses) = connect_all(&args.reach.connection).await?;
     anyhow::ensure!(addresses.contains_key(&args.id), "node {} is not a member of the cluster", args.id);
-    Ok((client, args.id, Instant::now() + Duration::from_secs(args.timeout_secs)))
+    Ok((client, args.id, args.reach.deadline()))
 }
 
 /// Moves every replica off `node` (see `NodeCommand::Drain`).
@@ -415,18 +420,18 @@ async fn lead_share(
 
 /// Adds the node at `args.address` to the member list, then fills it.
 async fn add(args: &AddArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let deadline = args.reach.deadline();
     let secret = args.secret.load()?;
-    let node = admit(&args.connection, &args.address, &secret, deadline, out).await?;
-    let (client, _) = connect_all(&args.connection).await?;
+    let node = admit(&args.reach.connection, &args.address, &secret, deadline, out).await?;
+    let (client, _) = connect_all(&args.reach.connection).await?;
     fill(&client, node, deadline, out).await
 }
 
 /// Moves node `args.id`'s replicas off it, then removes it from the member list.
 async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let (client, addresses) = connect_all(&args.connection).await?;
+    let (client, addresses) = connect_all(&args.reach.connection).await?;
     let node = args.id;
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let deadline = args.reach.deadline();
     if !addresses.contains_key(&node) {
         writeln!(out, "node {node} is not a member of the cluster (nothing to do)")?;
         return Ok(());
@@ -447,15 +452,15 @@ async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
 /// Adds the node at `args.address`, moves every replica of node `args.id` to it, then removes
 /// node `args.id` from the member list.
 async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+    let deadline = args.reach.deadline();
     let secret = args.secret.load()?;
-    let (client, addresses) = connect_all(&args.connection).await?;
+    let (client, addresses) = connect_all(&args.reach.connection).await?;
     let old = args.id;
     let new = match addresses.iter().find(|(_, address)| **address == args.address) {
         Some((id, _)) => *id,
         None => {
             anyhow::ensure!(addresses.contains_key(&old), "node {old} is not a member of the cluster");
-            admit(&args.connection, &args.address, &secret, deadline, out).await?
+            admit(&args.reach.connection, &args.address, &secret, deadline, out).await?
         }
     };
     anyhow::ensure!(
@@ -466,7 +471,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
     let (client, _) = if addresses.contains_key(&new) {
         (client, addresses)
     } else {
-        connect_all(&args.connection).await?
+        connect_all(&args.reach.connection).await?
     };
     let mut waiting = String::new();
     loop {

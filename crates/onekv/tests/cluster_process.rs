@@ -595,22 +595,9 @@ fn the_shard_move_command_moves_a_replica_under_writes_and_loses_nothing() {
 
         // Writers run through the whole move; only acknowledged writes are checked.
         let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let mut writers = Vec::new();
-        for writer in 0..4 {
-            let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
-            writers.push(tokio::spawn(async move {
-                let mut n = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    let key = format!("during-{writer}-{n:06}").into_bytes();
-                    let value = format!("value-{writer}-{n}").repeat(20).into_bytes();
-                    if client.put(&key, &value).await.is_ok() {
-                        acked.lock().unwrap().push((key, value));
-                    }
-                    n += 1;
-                }
-            }));
-        }
+        let acked: Acked = Arc::new(Mutex::new(Vec::new()));
+        let writers: Vec<_> =
+            (0..4).map(|writer| spawn_writer(&client, &stop, &acked, &format!("{writer}-"))).collect();
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
         let shard_move = move || {
@@ -706,20 +693,8 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
             before.push((key, value));
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let writer = {
-            let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
-            tokio::spawn(async move {
-                let mut n = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    let key = format!("during-{n:06}").into_bytes();
-                    if client.put(&key, b"v").await.is_ok() {
-                        acked.lock().unwrap().push((key, b"v".to_vec()));
-                    }
-                    n += 1;
-                }
-            })
-        };
+        let acked: Acked = Arc::new(Mutex::new(Vec::new()));
+        let writer = spawn_writer(&client, &stop, &acked, "");
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
         let node_command = move |verb: &'static str, id: u64| {
@@ -776,18 +751,20 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
 /// Key-value pairs a writer had acknowledged.
 type Acked = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
 
-/// A writer of unique keys through `client` until `stop`; what was acknowledged lands in `acked`.
+/// A writer of unique keys (`during-{name}N`) through `client` until `stop`; what was acknowledged
+/// lands in `acked`.
 fn spawn_writer(
     client: &onekv_client::Client,
     stop: &Arc<AtomicBool>,
     acked: &Acked,
+    name: &str,
 ) -> tokio::task::JoinHandle<()> {
-    let (client, stop, acked) = (client.clone(), stop.clone(), acked.clone());
+    let (client, stop, acked, name) = (client.clone(), stop.clone(), acked.clone(), name.to_string());
     tokio::spawn(async move {
         let mut n = 0;
         while !stop.load(Ordering::SeqCst) {
-            let key = format!("during-{n:06}").into_bytes();
-            let value = format!("value-{n}").repeat(30).into_bytes();
+            let key = format!("during-{name}{n:06}").into_bytes();
+            let value = format!("value-{name}{n}").repeat(30).into_bytes();
             if client.put(&key, &value).await.is_ok() {
                 acked.lock().unwrap().push((key, value));
             }
@@ -852,7 +829,7 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         assert_eq!(cluster.status(1).await.unwrap().members_epoch, 1, "nothing changed");
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
-        let writer = spawn_writer(&client, &stop, &acked);
+        let writer = spawn_writer(&client, &stop, &acked, "");
 
         let four = cluster.add_spare().await;
         let five = cluster.add_spare().await;
@@ -927,7 +904,7 @@ fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
         let Loaded { mut cluster, client, endpoints, secret, before } = three_nodes_of_four_shards(300).await;
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(Vec::new()));
-        let writer = spawn_writer(&client, &stop, &acked);
+        let writer = spawn_writer(&client, &stop, &acked, "");
         cluster.kill9(2);
         let new = cluster.add_spare().await;
         let (ok, text) =
