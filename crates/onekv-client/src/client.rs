@@ -57,6 +57,30 @@ pub struct ClientOptions {
     pub max_backoff: Duration,
     /// How long establishing a connection to one node may take.
     pub connect_timeout: Duration,
+    /// The cluster secret sent with the administrative calls (moving leadership, changing a
+    /// shard's members, adding or removing a replica, changing the member list). Nodes refuse
+    /// those calls without it (UNAUTHENTICATED); every other call ignores it. Default `None`.
+    pub cluster_secret: Option<ClusterSecret>,
+}
+
+/// The cluster secret (the hex text of a node's `peer_secret_file`) as a client sends it, in
+/// `onekv-peer-secret` metadata. `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterSecret(tonic::metadata::AsciiMetadataValue);
+
+impl ClusterSecret {
+    /// The secret from its text (surrounding whitespace ignored); the error never shows it.
+    pub fn new(text: &str) -> Result<ClusterSecret> {
+        tonic::metadata::AsciiMetadataValue::try_from(text.trim())
+            .map(ClusterSecret)
+            .map_err(|_| ClientError::InvalidArgument("the cluster secret is not valid header text".into()))
+    }
+}
+
+impl fmt::Debug for ClusterSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ClusterSecret(..)")
+    }
 }
 
 impl Default for ClientOptions {
@@ -68,6 +92,7 @@ impl Default for ClientOptions {
             backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(2),
+            cluster_secret: None,
         }
     }
 }
@@ -505,18 +530,21 @@ impl Client {
 
     /// Asks the leader of `shard` to hand its leadership to `to` (a voter of the shard). Returns
     /// once the hand-off has started; [`Client::status_all`] shows when `to` leads. `to` stays the
-    /// shard's preferred leader until its node restarts.
+    /// shard's preferred leader until its node restarts. Needs the cluster secret
+    /// ([`ClientOptions::cluster_secret`]), as every call that changes where data lives does.
     pub async fn transfer_leadership(&self, shard: u64, to: u64) -> Result<()> {
         let request = TransferLeaderRequest { shard, to };
-        self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.transfer_leader(r).await })
-            .await?;
+        self.call(Route::Leader(shard), request, |mut kv, r| async move {
+            kv.transfer_leader(self.with_secret(r)).await
+        })
+        .await?;
         Ok(())
     }
 
     /// Asks the leader of `shard` to change its members by one step (see
     /// `onekv_replica::MembershipChange`); returns the members once the step is applied on the
     /// leader. A step refused (one pending, a learner not caught up, the leader removing itself)
-    /// comes back as [`ClientError::InvalidArgument`] with the reason.
+    /// comes back as [`ClientError::InvalidArgument`] with the reason. Needs the cluster secret.
     pub async fn change_members(
         &self,
         shard: u64,
@@ -525,7 +553,10 @@ impl Client {
         remove: Vec<u64>,
     ) -> Result<MembersResponse> {
         let request = ChangeMembersRequest { shard, add_learners, promote, remove };
-        self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.change_members(r).await }).await
+        self.call(Route::Leader(shard), request, |mut kv, r| async move {
+            kv.change_members(self.with_secret(r)).await
+        })
+        .await
     }
 
     /// The members of `shard` as its leader applied them, after it confirmed its leadership with
@@ -536,22 +567,27 @@ impl Client {
     }
 
     /// Creates a replica of `shard` on the node at `endpoint` (nothing if it has one), empty and
-    /// waiting to be added to the shard as a learner; returns the shards that node hosts.
+    /// waiting to be added to the shard as a learner; returns the shards that node hosts. Needs the
+    /// cluster secret.
     pub async fn add_replica(&self, endpoint: &str, shard: u64) -> Result<Vec<u64>> {
         let request = ReplicaRequest { shard };
         let response = self
-            .call(Route::Exactly(endpoint), request, |mut kv, r| async move { kv.add_replica(r).await })
+            .call(Route::Exactly(endpoint), request, |mut kv, r| async move {
+                kv.add_replica(self.with_secret(r)).await
+            })
             .await?;
         Ok(response.shards)
     }
 
     /// Removes the replica of `shard` from the node at `endpoint` (nothing if it has none); the
     /// caller has checked with the shard's leader that the node is no longer a member. Returns the
-    /// shards that node hosts.
+    /// shards that node hosts. Needs the cluster secret.
     pub async fn remove_replica(&self, endpoint: &str, shard: u64) -> Result<Vec<u64>> {
         let request = ReplicaRequest { shard };
         let response = self
-            .call(Route::Exactly(endpoint), request, |mut kv, r| async move { kv.remove_replica(r).await })
+            .call(Route::Exactly(endpoint), request, |mut kv, r| async move {
+                kv.remove_replica(self.with_secret(r)).await
+            })
             .await?;
         Ok(response.shards)
     }
@@ -561,24 +597,20 @@ impl Client {
     /// in force and its epoch. Safe to retry; a list that moved on meanwhile comes back as
     /// [`ClientError::NotApplied`] with the reason (nothing changed).
     ///
-    /// `secret` is the cluster secret (the hex text of a `peer_secret_file`): a member list says
-    /// where the nodes send their Raft messages, so only those who hold the secret may change it.
-    pub async fn set_members(
-        &self,
-        expected_epoch: u64,
-        members: Vec<Member>,
-        secret: &str,
-    ) -> Result<SetMembersResponse> {
-        let secret = tonic::metadata::MetadataValue::try_from(secret.trim()).map_err(|_| {
-            ClientError::InvalidArgument("the cluster secret is not valid header text".into())
-        })?;
+    /// Needs the cluster secret ([`ClientOptions::cluster_secret`]): a member list says where the
+    /// nodes send their Raft messages, so only those who hold the secret may change it.
+    pub async fn set_members(&self, expected_epoch: u64, members: Vec<Member>) -> Result<SetMembersResponse> {
         let route = self.route_of(onekv_placement::MEMBERS_KEY).await?;
         let request = SetMembersRequest { expected_epoch, members, request_id: Some(self.next_id()) };
-        self.call(route, request, |mut kv, mut r| {
-            r.metadata_mut().insert(onekv_proto::PEER_SECRET_METADATA, secret.clone());
-            async move { kv.set_members(r).await }
-        })
-        .await
+        self.call(route, request, |mut kv, r| async move { kv.set_members(self.with_secret(r)).await }).await
+    }
+
+    /// `request` with the cluster secret in its metadata, if the client has one.
+    fn with_secret<T>(&self, mut request: tonic::Request<T>) -> tonic::Request<T> {
+        if let Some(ClusterSecret(secret)) = &self.inner.options.cluster_secret {
+            request.metadata_mut().insert(onekv_proto::PEER_SECRET_METADATA, secret.clone());
+        }
+        request
     }
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.

@@ -253,6 +253,7 @@ fn fast_options() -> ClientOptions {
         backoff: Duration::from_millis(5),
         max_backoff: Duration::from_millis(20),
         connect_timeout: Duration::from_secs(1),
+        cluster_secret: None,
     }
 }
 

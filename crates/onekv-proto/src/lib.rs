@@ -17,5 +17,6 @@ pub use v1::*;
 pub const LEADER_ID_METADATA: &str = "onekv-leader-id";
 /// gRPC metadata key naming the leader's client address (`host:port`) on a not-leader error.
 pub const LEADER_ADDR_METADATA: &str = "onekv-leader-addr";
-/// gRPC metadata key carrying the cluster secret: on every `Peer` call, and on `Kv.SetMembers`.
+/// gRPC metadata key carrying the cluster secret: on every `Peer` call, and on the administrative
+/// `Kv` calls (`TransferLeader`, `ChangeMembers`, `AddReplica`, `RemoveReplica`, `SetMembers`).
 pub const PEER_SECRET_METADATA: &str = "onekv-peer-secret";

@@ -25,7 +25,7 @@ use subtle::ConstantTimeEq as _;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::{Request, Status};
 
-/// The gRPC metadata key a `Peer` call (and `Kv.SetMembers`) carries the cluster secret under.
+/// The gRPC metadata key a `Peer` call (and an administrative `Kv` call) carries the cluster secret under.
 pub use onekv_proto::PEER_SECRET_METADATA;
 
 /// Random bytes in a secret that `onekv cluster start` (or [`PeerSecret::generate`]) makes.
@@ -132,8 +132,8 @@ impl PeerSecret {
 pub fn check_secret<T>(secret: Option<&PeerSecret>, request: &Request<T>, what: &str) -> Result<(), Status> {
     let Some(secret) = secret else {
         return Err(Status::unauthenticated(
-            "this node has no peer secret (peer_secret_file): it accepts no Raft messages and no member \
-             list change",
+            "this node has no peer secret (peer_secret_file): it accepts no Raft messages and no \
+             administrative call (leadership, shard members, replicas, member list)",
         ));
     };
     match request.metadata().get(PEER_SECRET_METADATA) {

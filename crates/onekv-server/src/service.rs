@@ -54,7 +54,8 @@ pub struct KvService<B> {
     request_timeout: Duration,
     drain: Drain,
     max_concurrent: usize,
-    /// The cluster secret `SetMembers` must carry (`None`: no change is accepted).
+    /// The cluster secret the administrative calls must carry (`TransferLeader`, `ChangeMembers`,
+    /// `AddReplica`, `RemoveReplica`, `SetMembers`; `None`: none is accepted).
     secret: Option<crate::auth::PeerSecret>,
 }
 
@@ -131,7 +132,7 @@ impl<B: Backend> KvService<B> {
         self
     }
 
-    /// Accepts member list changes (`SetMembers`) that carry `secret`; without one, none.
+    /// Accepts the administrative calls that carry `secret` (see the field); without one, none.
     pub fn with_secret(mut self, secret: Option<crate::auth::PeerSecret>) -> Self {
         self.secret = secret;
         self
@@ -712,6 +713,7 @@ impl<B: Backend> Kv for KvService<B> {
         request: Request<TransferLeaderRequest>,
     ) -> Result<Response<TransferLeaderResponse>, Status> {
         self.observed("transfer_leader", async move {
+            crate::auth::check_secret(self.secret.as_ref(), &request, "moving a shard's leadership")?;
             let request = request.into_inner();
             let shard = self.held(request.shard)?;
             let (sender, receiver) = oneshot::channel();
@@ -733,6 +735,7 @@ impl<B: Backend> Kv for KvService<B> {
         request: Request<ChangeMembersRequest>,
     ) -> Result<Response<MembersResponse>, Status> {
         self.observed("change_members", async move {
+            crate::auth::check_secret(self.secret.as_ref(), &request, "changing a shard's members")?;
             let request = request.into_inner();
             let shard = self.held(request.shard)?;
             let change = onekv_replica::MembershipChange {
@@ -790,6 +793,7 @@ impl<B: Backend> Kv for KvService<B> {
         request: Request<ReplicaRequest>,
     ) -> Result<Response<ReplicaResponse>, Status> {
         self.observed("add_replica", async move {
+            crate::auth::check_secret(self.secret.as_ref(), &request, "adding a replica")?;
             let shard = request.into_inner().shard;
             if self.map.shard(shard).is_none() {
                 return Err(Status::invalid_argument(format!(
@@ -813,6 +817,7 @@ impl<B: Backend> Kv for KvService<B> {
         request: Request<ReplicaRequest>,
     ) -> Result<Response<ReplicaResponse>, Status> {
         self.observed("remove_replica", async move {
+            crate::auth::check_secret(self.secret.as_ref(), &request, "removing a replica")?;
             let shard = request.into_inner().shard;
             let backend = Arc::clone(&self.backend);
             tokio::task::spawn_blocking(move || backend.remove_replica(shard))

@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
-use onekv_client::{Client, ClientOptions, StatusResponse};
+use onekv_client::{Client, ClientOptions, ClusterSecret, StatusResponse};
 
 /// What `--endpoints` is when neither the flag nor the environment variable gives it: the addresses
 /// `onekv cluster start` uses.
@@ -47,6 +48,8 @@ pub struct LeadArgs {
     #[arg(long, default_value_t = 30)]
     timeout_secs: u64,
     #[command(flatten)]
+    secret: SecretArg,
+    #[command(flatten)]
     connection: Connection,
 }
 
@@ -57,6 +60,36 @@ pub struct Connection {
     /// [default: 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003]
     #[arg(long, value_name = "HOST:PORT,...")]
     endpoints: Option<String>,
+}
+
+/// Where the cluster secret is: the commands that move leadership or replicas, or change the
+/// member list, must send it.
+#[derive(Debug, clap::Args)]
+pub struct SecretArg {
+    /// The cluster secret file (the nodes' peer_secret_file), which moving leaderships and
+    /// replicas and changing the member list need [env: ONEKV_PEER_SECRET_FILE] [default:
+    /// ./onekv-data/cluster.secret, where `onekv cluster start` keeps it].
+    #[arg(long, value_name = "FILE")]
+    peer_secret_file: Option<PathBuf>,
+}
+
+impl SecretArg {
+    /// The secret, from the flag's file, the environment's or the local cluster's.
+    pub(crate) fn load(&self) -> anyhow::Result<ClusterSecret> {
+        let path = self
+            .peer_secret_file
+            .clone()
+            .or_else(|| std::env::var_os("ONEKV_PEER_SECRET_FILE").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("onekv-data/cluster.secret"));
+        let secret = onekv_server::PeerSecret::load(&path).with_context(|| {
+            format!(
+                "this command needs the cluster secret: give --peer-secret-file (the nodes' \
+                 peer_secret_file; `onekv cluster start` keeps it in DIR/cluster.secret); tried {}",
+                path.display()
+            )
+        })?;
+        Ok(ClusterSecret::new(secret.metadata_value().to_str().unwrap_or_default())?)
+    }
 }
 
 /// How to print keys and values.
@@ -305,13 +338,23 @@ pub(crate) fn connect(connection: &Connection) -> anyhow::Result<Client> {
     connect_to(connection.endpoints.as_deref())
 }
 
+/// As [`connect`], for a client whose administrative calls carry `secret`.
+pub(crate) fn connect_admin(connection: &Connection, secret: &ClusterSecret) -> anyhow::Result<Client> {
+    let options = ClientOptions { cluster_secret: Some(secret.clone()), ..ClientOptions::default() };
+    connect_with(connection.endpoints.as_deref(), options)
+}
+
 /// A client for `flag` (comma-separated `host:port`s), else `ONEKV_ENDPOINTS`, else the
 /// addresses `onekv cluster start` uses.
 pub(crate) fn connect_to(flag: Option<&str>) -> anyhow::Result<Client> {
+    connect_with(flag, ClientOptions::default())
+}
+
+/// As [`connect_to`], with `options`.
+fn connect_with(flag: Option<&str>, options: ClientOptions) -> anyhow::Result<Client> {
     let from_env = std::env::var(ENDPOINTS_ENV).ok().filter(|value| !value.trim().is_empty());
     let list = flag.map(str::to_string).or(from_env).unwrap_or_else(|| DEFAULT_ENDPOINTS.to_string());
-    Client::new(split_endpoints(&list), ClientOptions::default())
-        .with_context(|| format!("bad endpoint list {list:?}"))
+    Client::new(split_endpoints(&list), options).with_context(|| format!("bad endpoint list {list:?}"))
 }
 
 /// `a:1, b:2,` → `["a:1", "b:2"]`.
@@ -453,7 +496,8 @@ fn node_role(status: &StatusResponse) -> String {
 /// `lead`: asks the shard's leader to hand over (again every few seconds: raft-rs abandons a
 /// hand-off that does not finish within an election timeout) until `node` reports leading it.
 async fn lead(args: &LeadArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let client = connect(&args.connection)?;
+    let secret = args.secret.load()?;
+    let client = connect_admin(&args.connection, &secret)?;
     let started = std::time::Instant::now();
     let deadline = started + std::time::Duration::from_secs(args.timeout_secs);
     let mut asked_at: Option<std::time::Instant> = None;

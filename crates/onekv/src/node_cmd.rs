@@ -15,13 +15,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use onekv_client::{Client, ClientOptions, Member};
+use onekv_client::{Client, ClientOptions, ClusterSecret, Member};
 
-use crate::client_cmd::Connection;
+use crate::client_cmd::{Connection, SecretArg};
 use crate::shard_cmd::{connect_all, member_list, move_replica};
 
 /// The `node` subcommands.
@@ -53,6 +51,8 @@ pub enum NodeCommand {
 pub struct NodeArgs {
     /// The node.
     id: u64,
+    #[command(flatten)]
+    secret: SecretArg,
     #[command(flatten)]
     reach: Reach,
 }
@@ -94,35 +94,6 @@ pub struct RemoveArgs {
     secret: SecretArg,
     #[command(flatten)]
     reach: Reach,
-}
-
-/// Where the cluster secret is: changing the member list needs it.
-#[derive(Debug, clap::Args)]
-pub struct SecretArg {
-    /// The cluster secret file (the nodes' peer_secret_file), which changing the member list
-    /// needs [env: ONEKV_PEER_SECRET_FILE] [default: ./onekv-data/cluster.secret, where `onekv
-    /// cluster start` keeps it].
-    #[arg(long, value_name = "FILE")]
-    peer_secret_file: Option<PathBuf>,
-}
-
-impl SecretArg {
-    /// The secret's text, from the flag, the environment or the local cluster's file.
-    fn load(&self) -> anyhow::Result<String> {
-        let path = self
-            .peer_secret_file
-            .clone()
-            .or_else(|| std::env::var_os("ONEKV_PEER_SECRET_FILE").map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from("onekv-data/cluster.secret"));
-        let secret = onekv_server::PeerSecret::load(&path).with_context(|| {
-            format!(
-                "changing the member list needs the cluster secret: give --peer-secret-file (the nodes' \
-                 peer_secret_file; `onekv cluster start` keeps it in DIR/cluster.secret); tried {}",
-                path.display()
-            )
-        })?;
-        Ok(secret.metadata_value().to_str().unwrap_or_default().to_string())
-    }
 }
 
 /// Arguments of `node replace`.
@@ -241,7 +212,7 @@ impl Placement {
 
 /// A client of every member, the node, and when to give up.
 async fn start(args: &NodeArgs) -> anyhow::Result<(Client, u64, Instant)> {
-    let (client, addresses) = connect_all(&args.reach.connection).await?;
+    let (client, addresses) = connect_all(&args.reach.connection, &args.secret.load()?).await?;
     anyhow::ensure!(addresses.contains_key(&args.id), "node {} is not a member of the cluster", args.id);
     Ok((client, args.id, args.reach.deadline()))
 }
@@ -423,20 +394,20 @@ async fn add(args: &AddArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let deadline = args.reach.deadline();
     let secret = args.secret.load()?;
     let node = admit(&args.reach.connection, &args.address, &secret, deadline, out).await?;
-    let (client, _) = connect_all(&args.reach.connection).await?;
+    let (client, _) = connect_all(&args.reach.connection, &secret).await?;
     fill(&client, node, deadline, out).await
 }
 
 /// Moves node `args.id`'s replicas off it, then removes it from the member list.
 async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let (client, addresses) = connect_all(&args.reach.connection).await?;
+    let secret = args.secret.load()?;
+    let (client, addresses) = connect_all(&args.reach.connection, &secret).await?;
     let node = args.id;
     let deadline = args.reach.deadline();
     if !addresses.contains_key(&node) {
         writeln!(out, "node {node} is not a member of the cluster (nothing to do)")?;
         return Ok(());
     }
-    let secret = args.secret.load()?;
     let replicas = replication_factor(&client).await?;
     anyhow::ensure!(
         addresses.len() > replicas,
@@ -444,7 +415,7 @@ async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
         addresses.len() - 1
     );
     drain(&client, node, deadline, out).await?;
-    leave(&client, node, &secret, deadline, out).await?;
+    leave(&client, node, deadline, out).await?;
     writeln!(out, "node {node} left the cluster; stop it")?;
     Ok(())
 }
@@ -454,7 +425,7 @@ async fn remove(args: &RemoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
 async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let deadline = args.reach.deadline();
     let secret = args.secret.load()?;
-    let (client, addresses) = connect_all(&args.reach.connection).await?;
+    let (client, addresses) = connect_all(&args.reach.connection, &secret).await?;
     let old = args.id;
     let new = match addresses.iter().find(|(_, address)| **address == args.address) {
         Some((id, _)) => *id,
@@ -471,7 +442,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
     let (client, _) = if addresses.contains_key(&new) {
         (client, addresses)
     } else {
-        connect_all(&args.reach.connection).await?
+        connect_all(&args.reach.connection, &secret).await?
     };
     let mut waiting = String::new();
     loop {
@@ -503,7 +474,7 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
         move_replica(&client, (shard, old, new), deadline, out).await?;
     }
     if member_list(&client).await.1.contains_key(&old) {
-        leave(&client, old, &secret, deadline, out).await?;
+        leave(&client, old, deadline, out).await?;
     }
     writeln!(out, "node {new} replaced node {old}; stop node {old} if it runs")?;
     Ok(())
@@ -514,11 +485,11 @@ async fn replace(args: &ReplaceArgs, out: &mut impl Write) -> anyhow::Result<()>
 async fn admit(
     connection: &Connection,
     address: &str,
-    secret: &str,
+    secret: &ClusterSecret,
     deadline: Instant,
     out: &mut impl Write,
 ) -> anyhow::Result<u64> {
-    let (client, _) = connect_all(connection).await?;
+    let (client, _) = connect_all(connection, secret).await?;
     let newcomer = Client::new(vec![address.to_string()], ClientOptions::default())?;
     let status = newcomer.status(address).await.map_err(|error| {
         anyhow::anyhow!("the node at {address} did not answer ({error}); start it (with --join) first")
@@ -561,7 +532,7 @@ async fn admit(
         let mut list: Vec<Member> = members.into_iter().map(|(id, address)| Member { id, address }).collect();
         list.push(Member { id: node, address: address.to_string() });
         writeln!(out, "adding node {node} at {address} to the member list (epoch {epoch} -> {})", epoch + 1)?;
-        set_members(&client, epoch, list, secret, out).await?;
+        set_members(&client, epoch, list, out).await?;
     }
 }
 
@@ -571,10 +542,9 @@ async fn set_members(
     client: &Client,
     epoch: u64,
     list: Vec<Member>,
-    secret: &str,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    match client.set_members(epoch, list, secret).await {
+    match client.set_members(epoch, list).await {
         Ok(_) => Ok(()),
         Err(onekv_client::ClientError::NotApplied(reason)) => Ok(writeln!(out, "not applied: {reason}")?),
         Err(error) => Err(error.into()),
@@ -582,13 +552,7 @@ async fn set_members(
 }
 
 /// Removes `node` from the member list and waits until the remaining members have adopted it.
-async fn leave(
-    client: &Client,
-    node: u64,
-    secret: &str,
-    deadline: Instant,
-    out: &mut impl Write,
-) -> anyhow::Result<()> {
+async fn leave(client: &Client, node: u64, deadline: Instant, out: &mut impl Write) -> anyhow::Result<()> {
     loop {
         let (epoch, members) = member_list(client).await;
         anyhow::ensure!(epoch > 0, "no node of the cluster answered");
@@ -601,7 +565,7 @@ async fn leave(
             .map(|(id, address)| Member { id, address })
             .collect();
         writeln!(out, "removing node {node} from the member list (epoch {epoch} -> {})", epoch + 1)?;
-        set_members(client, epoch, list, secret, out).await?;
+        set_members(client, epoch, list, out).await?;
     }
 }
 

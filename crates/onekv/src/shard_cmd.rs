@@ -17,9 +17,9 @@ use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
-use onekv_client::{Client, ClientOptions, StatusResponse};
+use onekv_client::{Client, ClientOptions, ClusterSecret, StatusResponse};
 
-use crate::client_cmd::{Connection, connect};
+use crate::client_cmd::{Connection, SecretArg, connect};
 
 /// The `shard` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -43,6 +43,8 @@ pub struct MoveArgs {
     /// Give up after this many seconds (a move copies the shard's data to TO).
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
+    #[command(flatten)]
+    secret: SecretArg,
     #[command(flatten)]
     connection: Connection,
 }
@@ -101,18 +103,23 @@ pub(crate) async fn member_list(client: &Client) -> (u64, BTreeMap<u64, String>)
 }
 
 /// A client of every member of the cluster (the nodes `connection` reaches report the members'
-/// addresses: the newest list any of them knows), and those addresses by node id.
-pub(crate) async fn connect_all(connection: &Connection) -> anyhow::Result<(Client, BTreeMap<u64, String>)> {
+/// addresses: the newest list any of them knows) that sends `secret` with administrative calls,
+/// and those addresses by node id.
+pub(crate) async fn connect_all(
+    connection: &Connection,
+    secret: &ClusterSecret,
+) -> anyhow::Result<(Client, BTreeMap<u64, String>)> {
     let first = connect(connection)?;
     let (_, addresses) = member_list(&first).await;
     anyhow::ensure!(!addresses.is_empty(), "no node answered; is the cluster running?");
-    let client = Client::new(addresses.values().cloned().collect(), ClientOptions::default())?;
+    let options = ClientOptions { cluster_secret: Some(secret.clone()), ..ClientOptions::default() };
+    let client = Client::new(addresses.values().cloned().collect(), options)?;
     Ok((client, addresses))
 }
 
 async fn move_command(args: &MoveArgs, out: &mut impl Write) -> anyhow::Result<()> {
     anyhow::ensure!(args.from != args.to, "FROM and TO are the same node ({})", args.from);
-    let (client, addresses) = connect_all(&args.connection).await?;
+    let (client, addresses) = connect_all(&args.connection, &args.secret.load()?).await?;
     for node in [args.from, args.to] {
         anyhow::ensure!(addresses.contains_key(&node), "node {node} is not a member of the cluster");
     }

@@ -537,10 +537,43 @@ fn the_lead_command_moves_a_shards_leadership_and_it_stays() {
         let target = cluster.ids().into_iter().find(|&id| id != primary).expect("another node");
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
-        let lead = |node: u64| {
+        // Without the cluster secret (or with another) no administrative call is served, not even
+        // redirected: whoever reaches the client port must not move leaderships or replicas.
+        let other_secret = cluster.peer_secret_file().with_file_name("other.secret");
+        onekv_server::PeerSecret::generate().write_new(&other_secret).expect("writing a secret");
+        let strangers = [
+            ("without a secret", cluster.client()),
+            ("with another secret", cluster.admin_client(&other_secret)),
+        ];
+        for (how, stranger) in &strangers {
+            let refusals = [
+                ("lead", stranger.transfer_leadership(shard, target).await.err()),
+                (
+                    "change members",
+                    stranger.change_members(shard, Vec::new(), Vec::new(), vec![target]).await.err(),
+                ),
+                ("add a replica", stranger.add_replica(cluster.endpoint(target), shard).await.err()),
+                ("remove a replica", stranger.remove_replica(cluster.endpoint(target), shard).await.err()),
+            ];
+            for (what, refusal) in refusals {
+                let text = format!("{refusal:?}");
+                assert!(
+                    text.contains("cluster secret"),
+                    "{what} {how} must be refused for the secret: {text}"
+                );
+            }
+        }
+        assert_eq!(cluster.leader_of(shard).await, primary, "a refused transfer moved the leadership");
+        assert_eq!(
+            cluster.status(target).await.expect("status").shards.len(),
+            1,
+            "a refused call changed replicas"
+        );
+        let lead_with = |node: u64, secret: &Path| {
             let output = Command::new(env!("CARGO_BIN_EXE_onekv"))
                 .args(["lead", &shard.to_string(), &node.to_string(), "--timeout-secs", "20"])
                 .args(["--endpoints", &endpoints.join(",")])
+                .env("ONEKV_PEER_SECRET_FILE", secret)
                 .output()
                 .expect("running onekv lead");
             (
@@ -549,6 +582,10 @@ fn the_lead_command_moves_a_shards_leadership_and_it_stays() {
                     + &String::from_utf8_lossy(&output.stderr),
             )
         };
+        let (ok, text) = lead_with(target, &other_secret);
+        assert!(!ok && text.contains("wrong cluster secret"), "onekv lead with another secret: {text}");
+        let secret = cluster.peer_secret_file();
+        let lead = |node: u64| lead_with(node, &secret);
         let (ok, text) = lead(target);
         assert!(ok, "onekv lead failed: {text}");
         assert!(text.contains(&format!("node {target} leads shard {shard}")), "{text}");
@@ -600,10 +637,12 @@ fn the_shard_move_command_moves_a_replica_under_writes_and_loses_nothing() {
             (0..4).map(|writer| spawn_writer(&client, &stop, &acked, &format!("{writer}-"))).collect();
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
+        let secret = cluster.peer_secret_file();
         let shard_move = move || {
             let output = Command::new(env!("CARGO_BIN_EXE_onekv"))
                 .args(["shard", "move", &shard.to_string(), &from.to_string(), &to.to_string()])
                 .args(["--timeout-secs", "90", "--endpoints", &endpoints.join(",")])
+                .env("ONEKV_PEER_SECRET_FILE", &secret)
                 .output()
                 .expect("running onekv shard move");
             let text = String::from_utf8_lossy(&output.stdout).to_string()
@@ -697,22 +736,12 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
         let writer = spawn_writer(&client, &stop, &acked, "");
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
-        let node_command = move |verb: &'static str, id: u64| {
-            let endpoints = endpoints.clone();
-            tokio::task::spawn_blocking(move || {
-                let output = Command::new(env!("CARGO_BIN_EXE_onekv"))
-                    .args(["node", verb, &id.to_string(), "--timeout-secs", "120"])
-                    .args(["--endpoints", &endpoints.join(",")])
-                    .output()
-                    .expect("running onekv node");
-                let text = String::from_utf8_lossy(&output.stdout).to_string()
-                    + &String::from_utf8_lossy(&output.stderr);
-                (output.status.success(), text)
-            })
-        };
+        let secret = cluster.peer_secret_file();
+        let node_command =
+            |verb: &str, id: u64| onekv_node(vec![verb.into(), id.to_string()], &endpoints, &secret);
         let replicas_of = |status: &onekv_client::StatusResponse| status.shards.len();
 
-        let (ok, text) = node_command("drain", 2).await.unwrap();
+        let (ok, text) = node_command("drain", 2).await;
         assert!(ok, "onekv node drain failed: {text}");
         assert!(text.contains("node 2 holds no replica (3 moved)"), "{text}");
         assert_eq!(replicas_of(&cluster.status(2).await.unwrap()), 0, "{text}");
@@ -721,18 +750,18 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
         }
         // With the drained node down, the other three hold every shard: none can give one up.
         cluster.kill9(2);
-        let (ok, text) = node_command("drain", 3).await.unwrap();
+        let (ok, text) = node_command("drain", 3).await;
         assert!(!ok && text.contains("a replica short"), "draining a second node: {text}");
         cluster.restart(2).await;
 
-        let (ok, text) = node_command("fill", 2).await.unwrap();
+        let (ok, text) = node_command("fill", 2).await;
         assert!(ok, "onekv node fill failed: {text}");
         assert!(text.contains("node 2 holds 3 replicas, its share of 12 on 4 nodes (3 moved)"), "{text}");
         // And its share of the leaderships (4 shards on 4 nodes): it led none of the moved shards.
         assert!(text.contains("node 2 leads 1 shard(s)"), "{text}");
         let leads = cluster.status(2).await.unwrap().shards.iter().filter(|s| s.role == "leader").count();
         assert_eq!(leads, 1, "{text}");
-        let (ok, text) = node_command("fill", 2).await.unwrap();
+        let (ok, text) = node_command("fill", 2).await;
         assert!(ok && text.contains("(0 moved)"), "filling it again: {text}");
 
         stop.store(true, Ordering::SeqCst);
@@ -820,11 +849,14 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         let status = cluster.status(1).await.unwrap();
         let mut forged = status.members.clone();
         forged.push(onekv_client::Member { id: 9, address: "10.9.9.9:1".into() });
-        let refused = client.set_members(1, forged.clone(), &"ab".repeat(32)).await;
+        let refused = client.set_members(1, forged.clone()).await;
+        assert!(format!("{refused:?}").contains("must carry the cluster secret"), "{refused:?}");
+        let other_secret = cluster.peer_secret_file().with_file_name("other.secret");
+        onekv_server::PeerSecret::generate().write_new(&other_secret).expect("writing a secret");
+        let refused = cluster.admin_client(&other_secret).set_members(1, forged.clone()).await;
         assert!(format!("{refused:?}").contains("wrong cluster secret"), "{refused:?}");
-        let real = std::fs::read_to_string(&secret).unwrap();
         forged.push(onekv_client::Member { id: 10, address: "10.9.9.9:2".into() });
-        let refused = client.set_members(1, forged, &real).await;
+        let refused = cluster.admin_client(&secret).set_members(1, forged).await;
         assert!(format!("{refused:?}").contains("adds or removes one member"), "{refused:?}");
         assert_eq!(cluster.status(1).await.unwrap().members_epoch, 1, "nothing changed");
         let stop = Arc::new(AtomicBool::new(false));

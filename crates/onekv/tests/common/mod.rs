@@ -243,6 +243,17 @@ impl TestCluster {
         Client::new(endpoints, test_client_options()).expect("a client")
     }
 
+    /// A client like [`TestCluster::client`] whose administrative calls carry the cluster secret
+    /// in the file `secret` (as `onekv` commands read `--peer-secret-file`).
+    #[allow(dead_code)]
+    pub fn admin_client(&self, secret: &Path) -> Client {
+        let text = fs::read_to_string(secret).expect("reading the secret file");
+        let secret = onekv_client::ClusterSecret::new(&text).expect("a secret");
+        let options = ClientOptions { cluster_secret: Some(secret), ..test_client_options() };
+        let endpoints = self.nodes.iter().map(|node| node.address.clone()).collect();
+        Client::new(endpoints, options).expect("a client")
+    }
+
     /// Node `id`'s data directory.
     pub fn data_dir(&self, id: u64) -> PathBuf {
         self.node(id).config_path.parent().expect("a node directory").join("data")

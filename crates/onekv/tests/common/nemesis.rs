@@ -32,6 +32,7 @@ pub fn workload_client_options() -> ClientOptions {
         backoff: Duration::from_millis(50),
         max_backoff: Duration::from_millis(300),
         connect_timeout: Duration::from_millis(500),
+        cluster_secret: None,
     }
 }
 
