@@ -384,6 +384,44 @@ impl Tree {
         Ok(())
     }
 
+    /// Writes the memtable to a table, durably, **without** moving the flush flag: the flag and
+    /// note on disk stay those of the last seal. For a rewrite too large to wait in memory for its
+    /// flagged flush (installing a snapshot): the memtable stays within the index's
+    /// `memtable_bytes` ([`Tree::memtable_full`]) however much is written.
+    ///
+    /// What this flushes is on disk *above* the flag's state: after a crash, a reopened tree reads
+    /// it as visible and [`Tree::last_written_seqno`] is above it, so the caller must redo the
+    /// rewrite at seqnos above that (the replica re-installs the snapshot from its log, which the
+    /// flag's note still covers). Memtables sealed with a flag are flushed first, as
+    /// [`Tree::flush_sealed`] would.
+    pub fn flush_keeping_flag(&self) -> Result<(), IndexError> {
+        self.flush_sealed()?;
+        let mut maintenance = self.maintenance()?;
+        self.flush_unflagged(&mut maintenance)
+    }
+
+    /// Whether the active memtable holds the index's `memtable_bytes` or more.
+    pub fn memtable_full(&self) -> bool {
+        self.memtable_bytes() >= self.inner.index.config.memtable_bytes
+    }
+
+    /// [`Tree::flush_keeping_flag`]'s flush, with the maintenance lock held.
+    fn flush_unflagged(&self, maintenance: &mut Maintenance) -> Result<(), IndexError> {
+        let inner = &*self.inner;
+        let _memtable = inner.lsm.rotate_memtable();
+        let flush_lock = inner.lsm.get_flush_lock();
+        let watermark = self.gc_watermark();
+        self.pin_version_seqno();
+        let result = inner.lsm.flush(&flush_lock, watermark);
+        drop(flush_lock);
+        self.account_written(maintenance);
+        if let Err(e) = result {
+            return Err(fail(maintenance, IndexError::storage(&inner.name, "flushing the memtable", e)));
+        }
+        inner.index.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Every write at or below this seqno is durable: the flag seqno of the last flush that
     /// completed (the highest seqno on disk right after open).
     pub fn durable_seqno(&self) -> u64 {
@@ -420,11 +458,14 @@ impl Tree {
     /// writes at `seqno` or below are all removed. Like other writes, invisible until published; durable
     /// after the next flush. The flush flag is unchanged.
     ///
-    /// Costs one tombstone in the memtable per key in the tree.
+    /// Costs one tombstone per key in the tree; whenever the memtable fills
+    /// ([`Tree::memtable_full`]) they are flushed as [`Tree::flush_keeping_flag`] does, with the
+    /// same consequence after a crash.
     pub fn clear(&self, seqno: u64) -> Result<(), IndexError> {
         let inner = &*self.inner;
-        let _maintenance = self.maintenance()?;
         self.check_seqno(seqno, true)?;
+        self.flush_sealed()?;
+        let mut maintenance = self.maintenance()?;
         let mut after: Option<Vec<u8>> = None;
         loop {
             let chunk = {
@@ -446,6 +487,9 @@ impl Tree {
                 let _sizes = inner.lsm.remove(key.clone(), seqno);
             }
             self.note_data_write(seqno);
+            if self.memtable_full() {
+                self.flush_unflagged(&mut maintenance)?;
+            }
             match chunk.last() {
                 Some(last) if chunk.len() == CLEAR_CHUNK_KEYS => after = Some(last.to_vec()),
                 _ => return Ok(()),

@@ -298,6 +298,64 @@ fn clear_removes_every_key_at_its_seqno() {
     assert_eq!(tree.range(b"", None, 10, false).unwrap(), (pairs(&[(b"after", b"snapshot")]), false));
 }
 
+/// A rewrite larger than the memtable budget (a snapshot's install: clear, then write everything)
+/// is flushed as it goes without moving the flag; after a "crash" (a reopen without the flagged
+/// flush) the partial rewrite is on disk above the flag, the flag and note are the old ones, and a
+/// second rewrite above the highest seqno replaces it.
+#[test]
+fn a_rewrite_flushes_as_it_goes_and_keeps_the_flag_until_its_own_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = IndexConfig { l0_threshold: 2, memtable_bytes: 64 << 10, ..IndexConfig::default() };
+    let n = 20_000u32;
+    let value = [7u8; 40];
+    let last;
+    {
+        let index = Index::open(dir.path(), config.clone()).unwrap();
+        let tree = index.tree("t").unwrap();
+        for i in 0..n {
+            tree.insert(&i.to_be_bytes(), b"old", 1);
+            if tree.memtable_full() {
+                tree.flush_keeping_flag().unwrap();
+            }
+        }
+        tree.publish(1);
+        tree.flush_with_note(1, 1, b"note one").unwrap();
+        let flushes = index.flushes();
+        // Clearing writes a tombstone per key: the memtable never holds all of them.
+        tree.clear(2).unwrap();
+        assert!(tree.memtable_bytes() < 2 * config.memtable_bytes, "{} bytes", tree.memtable_bytes());
+        for i in 0..n {
+            tree.insert(&i.to_be_bytes(), &value, 3);
+            if tree.memtable_full() {
+                tree.flush_keeping_flag().unwrap();
+            }
+            assert!(tree.memtable_bytes() < 2 * config.memtable_bytes, "{} bytes", tree.memtable_bytes());
+        }
+        assert!(index.flushes() >= flushes + 10, "{} flushes", index.flushes() - flushes);
+        assert_eq!(tree.flush_flag(), Some(1));
+        assert_eq!(get(&tree, &5u32.to_be_bytes()).as_deref(), Some(&b"old"[..]), "unpublished");
+        last = tree.last_written_seqno();
+        assert_eq!(last, 3);
+    }
+    // Reopened without the rewrite's own flush: the old flag and note, the partial rewrite visible.
+    let index = Index::open(dir.path(), config).unwrap();
+    let tree = index.tree("t").unwrap();
+    assert_eq!(tree.flush_flag(), Some(1));
+    assert_eq!(tree.flush_note().as_deref(), Some(&b"note one"[..]));
+    assert!(tree.last_written_seqno() >= last);
+    assert!(matches!(tree.clear(2), Err(IndexError::InvalidSeqno { .. })), "below what is on disk");
+    let again = tree.last_written_seqno() + 1;
+    tree.clear(again).unwrap();
+    for i in (0..n).step_by(2) {
+        tree.insert(&i.to_be_bytes(), b"new", again + 1);
+    }
+    tree.publish(again + 1);
+    tree.flush_with_note(2, again + 1, b"note two").unwrap();
+    assert_eq!(get(&tree, &4u32.to_be_bytes()).as_deref(), Some(&b"new"[..]));
+    assert_eq!(get(&tree, &5u32.to_be_bytes()), None, "the first rewrite's pairs are cleared");
+    assert_eq!(tree.range(b"", None, u32::MAX as usize, false).unwrap().0.len(), n as usize / 2);
+}
+
 /// lsm-tree serves a read at `r` from the newest tree version tagged below `r`. If version tags ran
 /// ahead of the data seqnos (one per flush here, with dense seqnos), a read would be served from an
 /// old version that lacks the newest memtable.

@@ -375,6 +375,11 @@ impl Applier {
     /// Replaces the tree's contents with a snapshot's pairs (read from its durable chunk records)
     /// and flushes the tree with the snapshot's index as its flag and `note` (the shard's recovery
     /// point: never empty, since the log GC may have reclaimed the log's start) beside it.
+    ///
+    /// Memory stays bounded whatever the snapshot's size: whenever the memtable fills, it is
+    /// flushed without moving the flag (`Tree::flush_keeping_flag`). A crash part-way leaves those
+    /// writes on disk under the old flag and recovery point, and the snapshot's metadata is durable
+    /// before this runs, so recovery installs the snapshot again, above them.
     pub fn install_snapshot(
         &mut self,
         index: u64,
@@ -382,7 +387,9 @@ impl Applier {
         note: &[u8],
     ) -> Result<(), ReplicaError> {
         let state = self.state.clone();
-        state.tree.clear(state::seqno(index, 0)).map_err(|e| storage(format!("clearing the index: {e}")))?;
+        let (clear_at, write_at) = install_seqnos(index, state.tree.last_written_seqno())?;
+        let flushed = |e| storage(format!("flushing part of a snapshot's install: {e}"));
+        state.tree.clear(clear_at).map_err(|e| storage(format!("clearing the index: {e}")))?;
         state.requests().reset();
         for chunk in chunk_locators {
             let (_, payload) = state
@@ -396,7 +403,7 @@ impl Applier {
                 let (key, span) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
                 if key.is_empty() {
                     // Not a user key (those are never empty): part of the request-id window.
-                    state.requests().install_pair(span.value(pairs), index)?;
+                    state.requests().install_pair(span.value(pairs), write_at)?;
                     continue;
                 }
                 keys.push((key, span));
@@ -430,7 +437,11 @@ impl Applier {
                     }
                     StorageMode::Classic => IndexValue::Inline(span.value(pairs).to_vec()),
                 };
-                state.tree.insert(key, &stored.encode(), state::seqno(index, 1));
+                state.tree.insert(key, &stored.encode(), write_at);
+            }
+            if state.tree.memtable_full() {
+                state.tree.flush_keeping_flag().map_err(flushed)?;
+                crate::failpoint!("during-snapshot-install");
             }
         }
         state.tree.publish(state::last_seqno(index));
@@ -440,6 +451,21 @@ impl Applier {
             .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
         Ok(())
     }
+}
+
+/// The seqnos a snapshot's install at `index` clears the tree at and writes its pairs at, given
+/// the highest seqno the tree has written: normally the entry's first two, but above what an
+/// earlier install of the same snapshot flushed before a crash cut it short (its writes are on
+/// disk, and a tree never takes a write below one it has).
+fn install_seqnos(index: u64, last_written: u64) -> Result<(u64, u64), ReplicaError> {
+    let clear_at = state::seqno(index, 0).max(last_written + 1);
+    let write_at = clear_at + 1;
+    if write_at > state::seqno(index, state::MAX_OP) {
+        return Err(storage(format!(
+            "the index has written seqno {last_written}, at or past those of the snapshot at entry {index}"
+        )));
+    }
+    Ok((clear_at, write_at))
 }
 
 /// The answer to a retry, at entry `index`, of a compare-and-swap (or transaction) that took no

@@ -7,8 +7,11 @@
 //! `return` means "crash here". Points: `before-raft-append`, `during-raft-append` (half of a
 //! multi-entry append is made durable, then crash), `after-raft-append`, `before-apply`,
 //! `after-apply`, `after-reply`; on a follower installing a streamed snapshot,
-//! `during-snapshot-fetch` (after a chunk is stored) and `after-snapshot-meta` (its metadata is
-//! durable, the index not yet rebuilt). One point injects an error instead of a crash: `fail-raft-append`
+//! `during-snapshot-fetch` (after a chunk is stored), `after-snapshot-meta` (its metadata is
+//! durable, the index not yet rebuilt) and `during-snapshot-install` (part of the rebuilt index
+//! flushed under the old flag). The server's member list: `before-member-list-write` and
+//! `after-member-list-write` (a node adopting a new list, around its `MEMBERS` file's replacement),
+//! `join-before-map` (a joining node wrote the cluster's member list, not yet its map). One point injects an error instead of a crash: `fail-raft-append`
 //! makes the Raft append fail as a failed write or fsync would.
 
 /// Exit code of a process stopped at a crash point.

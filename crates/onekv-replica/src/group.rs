@@ -816,7 +816,7 @@ impl Group {
         }
         let last_flush = *self.last_flush.get_or_insert(now);
         let due = self.gc_flush
-            || self.state.tree.memtable_bytes() >= ctx.config.memtable_bytes
+            || self.state.tree.memtable_full()
             || applied - flagged >= ctx.config.flush_every_entries
             || now.saturating_duration_since(last_flush) >= ctx.config.flush_every;
         if !due {

@@ -305,8 +305,12 @@ impl Node {
         let second_log = names.get(1).map(|name| open_log(name)).transpose()?;
         let index_dir = dir.join("index");
         let index = Arc::new(
-            Index::open(&index_dir, IndexConfig::default())
-                .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?,
+            // Every tree's flush threshold (`Tree::memtable_full`) is the replica's.
+            Index::open(
+                &index_dir,
+                IndexConfig { memtable_bytes: config.memtable_bytes, ..IndexConfig::default() },
+            )
+            .map_err(|e| ReplicaError::Open(format!("opening the index: {e}")))?,
         );
         let hosted = crate::hosted::load(dir)?.map_or_else(
             || {

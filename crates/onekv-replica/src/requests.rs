@@ -200,8 +200,8 @@ impl RequestWindow {
         Ok(())
     }
 
-    /// Adds the ids of one snapshot pair (taken at `index`), writing them to the tree.
-    pub fn install_pair(&mut self, encoded: &[u8], index: u64) -> Result<(), ReplicaError> {
+    /// Adds the ids of one snapshot pair, writing them to the tree at `seqno` (the install's).
+    pub fn install_pair(&mut self, encoded: &[u8], seqno: u64) -> Result<(), ReplicaError> {
         let bad = |e: CodecError| storage(format!("the snapshot's request window: {e}"));
         let mut r = Reader { data: encoded, at: 0 };
         let count = r.u32().map_err(bad)? as usize;
@@ -216,7 +216,7 @@ impl RequestWindow {
                 time_ms: r.u64().map_err(bad)?,
                 effect: Effect::decode(r.u8().map_err(bad)?).map_err(bad)?,
             };
-            self.tree.insert_meta(&encode_key(id), &encode_value(remembered), state::seqno(index, 1));
+            self.tree.insert_meta(&encode_key(id), &encode_value(remembered), seqno);
             entries.push((id, remembered));
         }
         // Pairs may arrive in any order; the in-memory order is by index.

@@ -2,7 +2,8 @@
 //! three-node cluster in-process, stops one follower, writes more than the leader keeps in its Raft
 //! log, and restarts the follower, which fetches the state in chunks; an armed crash point ends the
 //! process part-way through the fetch (`during-snapshot-fetch`) or once the snapshot's metadata is
-//! durable but the index not yet rebuilt (`after-snapshot-meta`). The parent then reopens all three
+//! durable but the index not yet rebuilt (`after-snapshot-meta`), or once part of the rebuilt index
+//! was flushed under the old flag (`during-snapshot-install`). The parent then reopens all three
 //! nodes from the same directories and checks that the follower recovers without error, catches
 //! up, and serves every acknowledged key from its own copy.
 //!
@@ -145,4 +146,11 @@ fn crash_during_a_snapshot_fetch() {
 #[test]
 fn crash_after_a_fetched_snapshots_metadata() {
     crash_and_recover("after-snapshot-meta", 0);
+}
+
+#[test]
+fn crash_during_a_snapshot_install() {
+    // After the first part of the install was flushed (the memtable holds 4 KiB): the tree holds
+    // part of the snapshot above its old flag, and recovery installs the snapshot again over it.
+    crash_and_recover("during-snapshot-install", 0);
 }

@@ -101,6 +101,8 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()>) -> 
         None => None,
     };
 
+    // Crash points (test builds only) cover the server's own files too, from the join on.
+    onekv_replica::failpoints::arm_from_env().map_err(|e| anyhow::anyhow!("ONEKV_FAILPOINTS: {e}"))?;
     // A node joining a running cluster copies its map and member list first.
     members::join(&config).await?;
     // Before the node's data directory is used: a restart must keep the placement it was made with,

@@ -104,7 +104,9 @@ impl Directory {
             return Ok(false);
         }
         if let Some(dir) = self.file.as_deref().and_then(Path::parent) {
+            onekv_replica::failpoint!("before-member-list-write");
             write(dir, &list)?;
+            onekv_replica::failpoint!("after-member-list-write");
         }
         self.current.send_replace(Arc::new(list));
         Ok(true)
@@ -201,6 +203,8 @@ pub async fn join(config: &ServerConfig) -> anyhow::Result<()> {
                     let dir = config.data_dir.clone();
                     tokio::task::spawn_blocking(move || {
                         write(&dir, &list)?;
+                        // The map is written last: a start that finds it does not join again.
+                        onekv_replica::failpoint!("join-before-map");
                         crate::cluster_map::write(&dir, &map)
                     })
                     .await

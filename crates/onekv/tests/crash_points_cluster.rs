@@ -143,3 +143,101 @@ fn crash_after_apply_before_the_reply() {
 fn crash_after_the_reply() {
     crash_point("after-reply", [80, 240, 440]);
 }
+
+/// The member list's files cross crash points too. A node started with `--join` crashes after
+/// writing the cluster's member list but before its map (`join-before-map`); restarted unarmed, it
+/// joins again. Then `onekv node add` adds it while two members crash adopting the new list, one
+/// before its `MEMBERS` file is replaced and one after (`before-member-list-write`,
+/// `after-member-list-write`), and are restarted unarmed. The addition completes, every node ends
+/// at the new list (a restarted node reads it back or fetches it again), and no acknowledged write
+/// is lost.
+#[test]
+fn crash_while_the_member_list_changes() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(240), async {
+        let arm = |point: &str| vec![("ONEKV_FAILPOINTS".to_string(), format!("{point}=return"))];
+        let armed = |id: u64| match id {
+            2 => arm("before-member-list-write"),
+            3 => arm("after-member-list-write"),
+            _ => Vec::new(),
+        };
+        let mut cluster = TestCluster::start_with_env(3, |config| config.cluster.shards = 4, armed).await;
+        let client = cluster.client();
+        let acks = Arc::new(Mutex::new(Pairs::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (client, acks, stop) = (client.clone(), acks.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let (key, value) = (format!("m-{n:06}").into_bytes(), format!("v{n}").into_bytes());
+                    if client.put(&key, &value).await.is_ok() {
+                        acks.lock().unwrap().push((key, value));
+                    }
+                    n += 1;
+                }
+            })
+        };
+
+        let four = cluster.add_spare_with_env(arm("join-before-map"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(code) = cluster.poll_exit(four) {
+                assert_eq!(code, Some(CRASH_EXIT_CODE), "the joining node exited without reaching its point");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the joining node did not reach join-before-map");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.set_env(four, Vec::new());
+        cluster.restart(four).await;
+
+        let endpoints: Vec<String> = (1..=3).map(|id| cluster.endpoint(id).to_string()).collect();
+        let (address, secret) = (cluster.endpoint(four).to_string(), cluster.peer_secret_file());
+        let add = tokio::spawn(async move {
+            common::onekv_node(vec!["add".into(), address], &endpoints, &secret).await
+        });
+        let mut crashed = Vec::new();
+        while !add.is_finished() {
+            for id in [2, 3] {
+                if let Some(code) = cluster.poll_exit(id) {
+                    assert_eq!(code, Some(CRASH_EXIT_CODE), "node {id} exited without reaching its point");
+                    crashed.push(id);
+                    cluster.set_env(id, Vec::new());
+                    cluster.restart(id).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (ok, text) = add.await.expect("the node add task");
+        assert!(ok, "onekv node add failed: {text}");
+        crashed.sort_unstable();
+        assert_eq!(crashed, [2, 3], "both members crash adopting the new list: {text}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for id in 1..=4 {
+            loop {
+                let status = cluster.status(id).await.expect("status");
+                if (status.members_epoch, status.members.len()) == (2, 4) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {id} is at {status:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        assert!(!cluster.status(four).await.expect("status").shards.is_empty(), "{text}");
+
+        stop.store(true, Ordering::Relaxed);
+        writer.await.expect("the writer");
+        let acked = std::mem::take(&mut *acks.lock().unwrap());
+        assert!(acked.len() > 20, "the writer made little progress: {}", acked.len());
+        let (bad, examples) = mismatches(&acked, {
+            let client = client.clone();
+            move |key| {
+                let client = client.clone();
+                async move { client.get(&key).await }
+            }
+        })
+        .await;
+        assert_eq!(bad, 0, "acknowledged writes lost or wrong: {examples:?}");
+    });
+}

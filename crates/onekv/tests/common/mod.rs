@@ -176,6 +176,13 @@ impl TestCluster {
     /// waits until it answers Status. Returns its id.
     #[allow(dead_code)]
     pub async fn add_spare(&mut self) -> u64 {
+        let id = self.add_spare_with_env(Vec::new());
+        self.wait_ready(id).await;
+        id
+    }
+
+    /// [`TestCluster::add_spare`] with extra environment (crash points, say), not waited for.
+    pub fn add_spare_with_env(&mut self, env: Vec<(String, String)>) -> u64 {
         let id = self.nodes.iter().map(|node| node.id).max().unwrap_or(0) + 1;
         let mut config = ServerConfig::load(&self.nodes[0].config_path).expect("node 1's configuration");
         let address = format!("127.0.0.1:{}", free_port());
@@ -195,10 +202,9 @@ impl TestCluster {
             config_path,
             log_path: node_dir.join("server.log"),
             child: None,
-            env: Vec::new(),
+            env,
         });
         self.spawn(id);
-        self.wait_ready(id).await;
         id
     }
 
