@@ -69,11 +69,14 @@ pub struct ClientOptions {
 pub struct ClusterSecret(tonic::metadata::AsciiMetadataValue);
 
 impl ClusterSecret {
-    /// The secret from its text (surrounding whitespace ignored); the error never shows it.
+    /// The secret from its text (surrounding whitespace ignored); the error never shows it. The
+    /// header is marked sensitive, so HTTP/2 header compression never puts it in its tables.
     pub fn new(text: &str) -> Result<ClusterSecret> {
-        tonic::metadata::AsciiMetadataValue::try_from(text.trim())
-            .map(ClusterSecret)
-            .map_err(|_| ClientError::InvalidArgument("the cluster secret is not valid header text".into()))
+        let mut value = tonic::metadata::AsciiMetadataValue::try_from(text.trim()).map_err(|_| {
+            ClientError::InvalidArgument("the cluster secret is not valid header text".into())
+        })?;
+        value.set_sensitive(true);
+        Ok(ClusterSecret(value))
     }
 }
 

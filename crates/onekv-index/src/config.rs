@@ -9,9 +9,9 @@ use crate::IndexError;
 /// How an [`crate::Index`] and its trees are tuned.
 #[derive(Clone, Debug, PartialEq)]
 pub struct IndexConfig {
-    /// Memtable size at which callers should flush a tree (compare with
-    /// [`crate::Tree::memtable_bytes`]). A hint only: the index never flushes on its own, because a
-    /// flush must carry the caller's flush flag. Default 16 MiB.
+    /// Memtable size at which callers should flush a tree ([`crate::Tree::memtable_full`]). The
+    /// index flushes on its own only inside [`crate::Tree::clear`] (without moving the flag); every
+    /// other flush is the caller's, because it carries the caller's flush flag. Default 16 MiB.
     pub memtable_bytes: u64,
     /// Number of L0 tables that triggers a leveled compaction into L1. Default 4.
     pub l0_threshold: u8,

@@ -12,7 +12,9 @@
 //! then rotates and flushes it to a table; lsm-tree fsyncs the table and the manifest before the
 //! atomic switch of its `current` file. After reopening, [`Tree::flush_flag`] is the flag of the
 //! last flush that completed, and the replica replays from the entry after it. Writes made after
-//! that flush are gone after a crash, by design.
+//! that flush are gone after a crash, by design, except those a rewrite flushed without moving the
+//! flag ([`Tree::flush_keeping_flag`], and [`Tree::clear`] as it goes): they are on disk above the
+//! flag, and the caller redoes the rewrite above them.
 //!
 //! # Keys on disk
 //!

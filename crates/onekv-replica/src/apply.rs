@@ -387,6 +387,8 @@ impl Applier {
         note: &[u8],
     ) -> Result<(), ReplicaError> {
         let state = self.state.clone();
+        // Until its flagged flush ends, the log GC collects nothing for a census it overlapped.
+        let _installing = state::InstallGuard::begin(&state);
         let (clear_at, write_at) = install_seqnos(index, state.tree.last_written_seqno())?;
         let flushed = |e| storage(format!("flushing part of a snapshot's install: {e}"));
         state.tree.clear(clear_at).map_err(|e| storage(format!("clearing the index: {e}")))?;

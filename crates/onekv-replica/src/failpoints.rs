@@ -11,8 +11,11 @@
 //! durable, the index not yet rebuilt) and `during-snapshot-install` (part of the rebuilt index
 //! flushed under the old flag). The server's member list: `before-member-list-write` and
 //! `after-member-list-write` (a node adopting a new list, around its `MEMBERS` file's replacement),
-//! `join-before-map` (a joining node wrote the cluster's member list, not yet its map). One point injects an error instead of a crash: `fail-raft-append`
-//! makes the Raft append fail as a failed write or fsync would.
+//! `join-before-map` (a joining node wrote the cluster's member list, not yet its map). The server
+//! arms the points before its join and `Node::open` arms them again: a counted action
+//! (`20*off->return`) restarts its count there, so count hits of the replica's points from the
+//! node's open. One point injects an error instead of a crash: `fail-raft-append` makes the Raft
+//! append fail as a failed write or fsync would.
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;

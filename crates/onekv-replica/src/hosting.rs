@@ -125,6 +125,7 @@ impl GroupParts {
             pins: self.pins.clone(),
             served: Mutex::new(None),
             staged: Mutex::new(Default::default()),
+            installs: AtomicU64::new(0),
         });
         let snapshots = crate::snapshot::SnapshotBuilder::new(
             state.clone(),

@@ -81,6 +81,29 @@ pub(crate) struct State {
     pub served: Mutex<Option<Arc<crate::snapshot::stream::Served>>>,
     /// The chunks of snapshots this replica fetched or is fetching, not yet installed.
     pub staged: Mutex<crate::snapshot::stream::Stagings>,
+    /// Snapshot installs begun plus those ended: odd while one runs ([`InstallGuard`]). An
+    /// install points keys into log segments sealed long before (its chunks, or in separated mode
+    /// the copies it appends), which the log GC's census assumes never happens; the collector
+    /// gives up a pass whose census an install overlapped.
+    pub installs: AtomicU64,
+}
+
+/// Marks a snapshot install in [`State::installs`] from its creation to its drop, whatever way
+/// the install ends.
+pub(crate) struct InstallGuard<'a>(&'a AtomicU64);
+
+impl<'a> InstallGuard<'a> {
+    /// An install of `state` begins (before it changes the tree).
+    pub fn begin(state: &'a State) -> InstallGuard<'a> {
+        state.installs.fetch_add(1, Ordering::SeqCst);
+        InstallGuard(&state.installs)
+    }
+}
+
+impl Drop for InstallGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// Damaged values remembered per position, so a hot damaged key logs one error and counts once

@@ -115,9 +115,13 @@ impl PeerSecret {
         Ok(())
     }
 
-    /// The value to send in [`PEER_SECRET_METADATA`].
+    /// The value to send in [`PEER_SECRET_METADATA`], marked sensitive: HTTP/2 header compression
+    /// never puts it in its tables.
     pub fn metadata_value(&self) -> AsciiMetadataValue {
-        MetadataValue::try_from(&*self.hex).expect("hex digits are a valid header value")
+        let mut value: AsciiMetadataValue =
+            MetadataValue::try_from(&*self.hex).expect("hex digits are a valid header value");
+        value.set_sensitive(true);
+        value
     }
 
     /// Whether `presented` is this secret, compared in constant time (for equal lengths; the length

@@ -60,6 +60,7 @@ use batch::Batch;
 use onekv_index::IndexValue;
 use onekv_log::{Locator, Log, SegmentInfo};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -266,6 +267,21 @@ struct Census {
     /// For the oldest sealed segments (whole lists only), every key that pointed into each during
     /// the walk: all of its live values, since no key gains a locator into a sealed segment.
     keys: BTreeMap<u64, Vec<LiveKey>>,
+    /// Each shard's `State::installs` before the walk. A snapshot install is the one writer that
+    /// points keys into sealed segments (after the walk may have counted them dead), so a census
+    /// that an install overlapped is not acted on ([`Census::overlapped_an_install`]).
+    installs: BTreeMap<u64, u64>,
+}
+
+impl Census {
+    /// A shard whose snapshot install ran, or runs, since the census began (one under way now, or
+    /// begun or ended since), given each shard's `State::installs` now.
+    fn overlapped_an_install(&self, now: impl IntoIterator<Item = (u64, u64)>) -> Option<u64> {
+        now.into_iter().find_map(|(shard, installs)| {
+            let before = self.installs.get(&shard).copied().unwrap_or(0);
+            (installs % 2 == 1 || installs != before).then_some(shard)
+        })
+    }
 }
 
 /// A key the census found pointing into a segment.
@@ -476,6 +492,15 @@ impl Collector {
             self.ask_holders_to_flush(last, link)?;
             return Ok(false);
         }
+        // Read after the persistence point: an install that moved a recovery point past its
+        // chunks began before that, so it shows here.
+        let installs =
+            self.states.iter().map(|(shard, state)| (*shard, state.installs.load(Ordering::SeqCst)));
+        if let Some(shard) = self.census.overlapped_an_install(installs) {
+            lock(&self.status).waiting =
+                Some(format!("shard {shard} installed a snapshot during the census; counting again"));
+            return Ok(false);
+        }
         self.collect(&chosen[..ready], link)?;
         Ok(true)
     }
@@ -507,6 +532,11 @@ impl Collector {
     /// only drop after the walk (new values go to the log's head), so the census may overstate
     /// what is live, never understate it: the collector may wait longer, never reclaim early.
     fn take_census(&mut self, link: &mut dyn Link) -> Result<(), RoundError> {
+        let installs = self
+            .states
+            .iter()
+            .map(|(shard, state)| (*shard, state.installs.load(Ordering::SeqCst)))
+            .collect();
         let log = self.values_log();
         let end = log.end_position();
         let segments = log.segments();
@@ -591,7 +621,7 @@ impl Collector {
         for base in live.keys().filter(|base| **base < keys_end) {
             keys.entry(*base).or_default();
         }
-        self.census = Census { live, end, keys };
+        self.census = Census { live, end, keys, installs };
         Ok(())
     }
 
@@ -939,4 +969,19 @@ fn recovery_point(shard: u64, state: &State) -> u64 {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Census;
+
+    #[test]
+    fn a_census_that_an_install_overlapped_is_not_acted_on() {
+        let census = Census { installs: [(1, 0), (2, 2)].into(), ..Census::default() };
+        assert_eq!(census.overlapped_an_install([(1, 0), (2, 2)]), None, "no install since");
+        assert_eq!(census.overlapped_an_install([(1, 1), (2, 2)]), Some(1), "one under way");
+        assert_eq!(census.overlapped_an_install([(1, 0), (2, 4)]), Some(2), "one began and ended");
+        assert_eq!(census.overlapped_an_install([(1, 0), (3, 0)]), None, "a replica added since");
+        assert_eq!(census.overlapped_an_install([(3, 2)]), Some(3), "added since, and installed");
+    }
 }
