@@ -53,14 +53,7 @@ fn a_follower_catches_up_through_a_streamed_snapshot_even_when_its_sender_dies_m
         );
         assert!(log.contains("fetched a snapshot"), "no snapshot was fetched whole");
         assert!(!log.contains("panicked"), "the follower panicked");
-        let endpoint = cluster.endpoint(lagging).to_string();
-        let reader = client.clone();
-        let (missing, examples) = common::mismatches(&acked, move |key| {
-            let client = reader.clone();
-            let endpoint = endpoint.clone();
-            async move { client.get_stale(&key, Some(&endpoint)).await }
-        })
-        .await;
+        let (missing, examples) = common::read_back_from(&client, cluster.endpoint(lagging), &acked).await;
         assert_eq!(missing, 0, "acknowledged writes missing on the follower: {examples:?}");
     });
 }

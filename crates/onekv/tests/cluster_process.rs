@@ -19,7 +19,9 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{TestCluster, free_port, mismatches, onekv_node, port_is_free, run_bounded, tail};
+use common::{
+    TestCluster, free_port, onekv_node, port_is_free, read_back, read_back_from, run_bounded, tail,
+};
 use onekv_client::ClientError;
 use onekv_proto::PeerMessages;
 use onekv_proto::peer_client::PeerClient;
@@ -49,12 +51,7 @@ fn writes_replicate_to_every_node() {
         }
         for id in cluster.ids() {
             cluster.wait_applied(id, last_index).await;
-            let (client, endpoint) = (client.clone(), cluster.endpoint(id).to_string());
-            let (count, wrong) = mismatches(&pairs, move |key| {
-                let (client, endpoint) = (client.clone(), endpoint.clone());
-                async move { client.get_stale(&key, Some(&endpoint)).await }
-            })
-            .await;
+            let (count, wrong) = read_back_from(&client, cluster.endpoint(id), &pairs).await;
             assert_eq!(count, 0, "node {id}'s stale reads: {wrong:#?}");
         }
     });
@@ -133,24 +130,14 @@ fn leader_killed_under_writes_loses_no_acked_write() {
             acked.len()
         );
 
-        let reader = client.clone();
-        let (count, wrong) = mismatches(&acked, move |key| {
-            let reader = reader.clone();
-            async move { reader.get(&key).await }
-        })
-        .await;
+        let (count, wrong) = read_back(&client, &acked).await;
         assert_eq!(count, 0, "{count} of {} acknowledged writes read back wrong: {wrong:#?}", acked.len());
 
         let leader = cluster.leader().await;
         let commit = cluster.status(leader).await.expect("the leader's status").commit_index;
         for id in cluster.ids() {
             cluster.wait_applied(id, commit).await;
-            let (client, endpoint) = (client.clone(), cluster.endpoint(id).to_string());
-            let (count, wrong) = mismatches(&acked, move |key| {
-                let (client, endpoint) = (client.clone(), endpoint.clone());
-                async move { client.get_stale(&key, Some(&endpoint)).await }
-            })
-            .await;
+            let (count, wrong) = read_back_from(&client, cluster.endpoint(id), &acked).await;
             assert_eq!(count, 0, "node {id}'s stale reads of {} acked keys: {wrong:#?}", acked.len());
         }
     });
@@ -196,12 +183,7 @@ fn every_node_killed_and_restarted_keeps_every_acked_write() {
         }
         cluster.leader().await;
 
-        let reader = client.clone();
-        let (count, wrong) = mismatches(&pairs, move |key| {
-            let reader = reader.clone();
-            async move { reader.get(&key).await }
-        })
-        .await;
+        let (count, wrong) = read_back(&client, &pairs).await;
         assert_eq!(count, 0, "after restarting every node: {wrong:#?}");
         client.put(b"after-restart", b"new").await.expect("a put after the restart");
         assert_eq!(client.get(b"after-restart").await.expect("get"), Some(b"new".to_vec()));
@@ -259,12 +241,7 @@ fn follower_down_for_long_catches_up_through_a_snapshot() {
         let log = cluster.log_text(follower);
         assert!(log.contains("installing a snapshot"), "node {follower} never installed a snapshot");
 
-        let (reader, endpoint) = (client.clone(), cluster.endpoint(follower).to_string());
-        let (count, wrong) = mismatches(&written, move |key| {
-            let (reader, endpoint) = (reader.clone(), endpoint.clone());
-            async move { reader.get_stale(&key, Some(&endpoint)).await }
-        })
-        .await;
+        let (count, wrong) = read_back_from(&client, cluster.endpoint(follower), &written).await;
         assert_eq!(count, 0, "node {follower}'s stale reads after the snapshot: {wrong:#?}");
     });
 }
@@ -670,22 +647,12 @@ fn the_shard_move_command_moves_a_replica_under_writes_and_loses_nothing() {
         let replica = status.shards.iter().find(|replica| replica.shard == shard).expect("a replica on TO");
         assert!(replica.voters.contains(&to) && !replica.voters.contains(&from), "{replica:?}");
         assert!(cluster.status(from).await.expect("status").shards.is_empty(), "FROM still hosts a replica");
-        let reader = client.clone();
-        let (wrong, examples) = mismatches(&all, move |key| {
-            let reader = reader.clone();
-            async move { reader.get(&key).await }
-        })
-        .await;
+        let (wrong, examples) = read_back(&client, &all).await;
         assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
         // The new node's own copy, once it has applied everything.
         let last = client.put(b"after-the-move", b"v").await.expect("a write after the move");
         cluster.wait_applied(to, last).await;
-        let (reader, endpoint) = (client.clone(), cluster.endpoint(to).to_string());
-        let (wrong, examples) = mismatches(&all, move |key| {
-            let (reader, endpoint) = (reader.clone(), endpoint.clone());
-            async move { reader.get_stale(&key, Some(&endpoint)).await }
-        })
-        .await;
+        let (wrong, examples) = read_back_from(&client, cluster.endpoint(to), &all).await;
         assert_eq!(wrong, 0, "keys missing from node {to}'s own copy: {examples:?}");
 
         // The old node, killed and restarted, hosts nothing, and a client that knows only it finds
@@ -767,12 +734,7 @@ fn node_drain_and_fill_move_replicas_off_and_back_onto_a_node() {
         stop.store(true, Ordering::SeqCst);
         writer.await.unwrap();
         let all: Vec<_> = before.into_iter().chain(acked.lock().unwrap().clone()).collect();
-        let reader = client.clone();
-        let (wrong, examples) = mismatches(&all, move |key| {
-            let reader = reader.clone();
-            async move { reader.get(&key).await }
-        })
-        .await;
+        let (wrong, examples) = read_back(&client, &all).await;
         assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
     });
 }
@@ -915,12 +877,7 @@ fn nodes_join_and_leave_the_cluster_under_writes_and_lose_nothing() {
         let acked = acked.lock().unwrap().clone();
         assert!(acked.len() > 20, "the writer made little progress: {}", acked.len());
         let all: Vec<_> = before.into_iter().chain(acked).collect();
-        let reader = client.clone();
-        let (wrong, examples) = mismatches(&all, move |key| {
-            let reader = reader.clone();
-            async move { reader.get(&key).await }
-        })
-        .await;
+        let (wrong, examples) = read_back(&client, &all).await;
         assert_eq!(wrong, 0, "acknowledged writes lost: {examples:?}");
     });
 }
@@ -961,12 +918,7 @@ fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
         let all: Vec<_> = before.into_iter().chain(acked.lock().unwrap().clone()).collect();
         // Every key from the new node's own copy, once it has applied everything.
         cluster.wait_caught_up(new).await;
-        let (reader, endpoint) = (client.clone(), cluster.endpoint(new).to_string());
-        let (wrong, examples) = mismatches(&all, move |key| {
-            let (reader, endpoint) = (reader.clone(), endpoint.clone());
-            async move { reader.get_stale(&key, Some(&endpoint)).await }
-        })
-        .await;
+        let (wrong, examples) = read_back_from(&client, cluster.endpoint(new), &all).await;
         assert_eq!(wrong, 0, "keys missing from the new node's copy: {examples:?}");
     });
 }

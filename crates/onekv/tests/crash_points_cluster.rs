@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{TestCluster, mismatches, run_bounded};
+use common::{TestCluster, read_back, read_back_from, run_bounded};
 use onekv_replica::failpoints::CRASH_EXIT_CODE;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -88,26 +88,12 @@ fn crash_point(point: &'static str, skips: [u32; 3]) {
             cluster.set_env(id, Vec::new());
             cluster.restart(id).await;
         }
-        let (bad, examples) = mismatches(&acked, {
-            let client = client.clone();
-            move |key| {
-                let client = client.clone();
-                async move { client.get(&key).await }
-            }
-        })
-        .await;
+        let (bad, examples) = read_back(&client, &acked).await;
         assert_eq!(bad, 0, "{point}: acknowledged writes lost or wrong: {examples:?}");
         for id in 1..=3 {
             cluster.wait_caught_up(id).await;
             let endpoint = cluster.endpoint(id).to_string();
-            let (bad, examples) = mismatches(&acked, {
-                let client = client.clone();
-                move |key| {
-                    let (client, endpoint) = (client.clone(), endpoint.clone());
-                    async move { client.get_stale(&key, Some(&endpoint)).await }
-                }
-            })
-            .await;
+            let (bad, examples) = read_back_from(&client, &endpoint, &acked).await;
             assert_eq!(bad, 0, "{point}: node {id} lacks acknowledged writes: {examples:?}");
         }
         eprintln!("{point}: {} acked writes, nodes {crashed:?} crashed and recovered", acked.len());
@@ -230,14 +216,7 @@ fn crash_while_the_member_list_changes() {
         writer.await.expect("the writer");
         let acked = std::mem::take(&mut *acks.lock().unwrap());
         assert!(acked.len() > 20, "the writer made little progress: {}", acked.len());
-        let (bad, examples) = mismatches(&acked, {
-            let client = client.clone();
-            move |key| {
-                let client = client.clone();
-                async move { client.get(&key).await }
-            }
-        })
-        .await;
+        let (bad, examples) = read_back(&client, &acked).await;
         assert_eq!(bad, 0, "acknowledged writes lost or wrong: {examples:?}");
     });
 }

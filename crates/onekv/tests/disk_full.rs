@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{TestCluster, mismatches, run_bounded};
+use common::{TestCluster, read_back, read_back_from, run_bounded};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
@@ -218,28 +218,14 @@ async fn leader_other_than(cluster: &mut TestCluster, not: u64, within: Duration
 /// Every pair reads back linearizably, and from each node's own copy once it has caught up.
 async fn check_everything_reads_back(cluster: &mut TestCluster, acked: &Pairs) {
     let client = cluster.client();
-    let (bad, examples) = mismatches(acked, {
-        let client = client.clone();
-        move |key| {
-            let client = client.clone();
-            async move { client.get(&key).await }
-        }
-    })
-    .await;
+    let (bad, examples) = read_back(&client, acked).await;
     assert_eq!(bad, 0, "acknowledged writes lost or wrong: {examples:?}");
     let leader = cluster.leader().await;
     let commit = cluster.status(leader).await.expect("leader status").commit_index;
     for id in cluster.ids() {
         cluster.wait_applied(id, commit).await;
         let endpoint = cluster.endpoint(id).to_string();
-        let (bad, examples) = mismatches(acked, {
-            let client = client.clone();
-            move |key| {
-                let (client, endpoint) = (client.clone(), endpoint.clone());
-                async move { client.get_stale(&key, Some(&endpoint)).await }
-            }
-        })
-        .await;
+        let (bad, examples) = read_back_from(&client, &endpoint, acked).await;
         assert_eq!(bad, 0, "node {id} lacks acknowledged writes: {examples:?}");
     }
 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use common::{TestCluster, mismatches, run_bounded};
+use common::{TestCluster, read_back, run_bounded};
 use onekv_client::{Client, ClientOptions};
 
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -100,14 +100,7 @@ async fn stop_writers(stop: &AtomicBool, mut writers: tokio::task::JoinSet<()>) 
 
 /// Every acknowledged pair reads back, linearizably.
 async fn assert_all_read_back(client: &Client, acked: &Pairs) {
-    let (bad, examples) = mismatches(acked, {
-        let client = client.clone();
-        move |key| {
-            let client = client.clone();
-            async move { client.get(&key).await }
-        }
-    })
-    .await;
+    let (bad, examples) = read_back(client, acked).await;
     assert_eq!(bad, 0, "acknowledged writes lost or wrong: {examples:?}");
 }
 

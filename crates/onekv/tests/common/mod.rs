@@ -522,6 +522,32 @@ pub async fn write_keys(client: &Client, prefix: &str, count: usize) -> Vec<(Vec
     pairs
 }
 
+/// [`mismatches`] of `pairs` read linearizably through `client`.
+#[allow(dead_code)]
+pub async fn read_back(client: &Client, pairs: &[(Vec<u8>, Vec<u8>)]) -> (usize, Vec<String>) {
+    let client = client.clone();
+    mismatches(pairs, move |key| {
+        let client = client.clone();
+        async move { client.get(&key).await }
+    })
+    .await
+}
+
+/// [`mismatches`] of `pairs` read from the own copy of the node at `endpoint` (stale reads).
+#[allow(dead_code)]
+pub async fn read_back_from(
+    client: &Client,
+    endpoint: &str,
+    pairs: &[(Vec<u8>, Vec<u8>)],
+) -> (usize, Vec<String>) {
+    let (client, endpoint) = (client.clone(), endpoint.to_string());
+    mismatches(pairs, move |key| {
+        let (client, endpoint) = (client.clone(), endpoint.clone());
+        async move { client.get_stale(&key, Some(&endpoint)).await }
+    })
+    .await
+}
+
 /// Reads every `(key, value)` through `read` from 8 concurrent tasks; returns a description of
 /// each key that did not read back its value (at most the first 10) and the number of them.
 pub async fn mismatches<F, Fut>(pairs: &[(Vec<u8>, Vec<u8>)], read: F) -> (usize, Vec<String>)
