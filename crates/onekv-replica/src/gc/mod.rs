@@ -10,8 +10,10 @@
 //!    bytes moving each live value would write (key and stored value, a packed value's share of
 //!    its compressed block) are summed per segment: the live bytes, and log bytes ÷ live is the space
 //!    amplification (segments begun during the walk count as wholly live). For the oldest sealed
-//!    segments it also keeps the keys that point into them (up to a bound): since no key ever gains
-//!    a locator into a sealed segment, those are all of their live values.
+//!    segments it also keeps the keys that point into them (up to a bound): since no key gains a
+//!    locator into a sealed segment, those are all of their live values. A snapshot install is the
+//!    exception (its keys point at chunks, or copies, written before it ends): a pass whose census
+//!    an install overlapped collects nothing.
 //! 2. **Decide.** Only when that exceeds `target_space_amp` is the oldest segment collected. It must
 //!    lie wholly below the node's **persistence point** (the lowest recovery point of all shards:
 //!    recovery never reads below it, and every Raft entry below it is below its shard's Raft log
@@ -265,7 +267,8 @@ struct Census {
     /// The log's end when the walk started: segments from there on count as wholly live.
     end: u64,
     /// For the oldest sealed segments (whole lists only), every key that pointed into each during
-    /// the walk: all of its live values, since no key gains a locator into a sealed segment.
+    /// the walk: all of its live values, since no key gains a locator into a sealed segment
+    /// (a snapshot install does, so a census it overlapped is not acted on: `installs`).
     keys: BTreeMap<u64, Vec<LiveKey>>,
     /// Each shard's `State::installs` before the walk. A snapshot install is the one writer that
     /// points keys into sealed segments (after the walk may have counted them dead), so a census
@@ -545,7 +548,8 @@ impl Collector {
         // The keys of the oldest segments' live values are kept, so collecting them reads only
         // those values; past a bound on their number, the later segments are scanned instead.
         // Only segments sealed when the walk starts (ending at or before the active one's base):
-        // no key can gain a locator into those during or after the walk.
+        // no key can gain a locator into those during or after the walk (but through a snapshot
+        // install, which `installs` tells of).
         let window_end = segments
             .iter()
             .take_while(|s| s.end() <= sealed_end)
