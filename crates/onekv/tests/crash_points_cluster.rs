@@ -24,6 +24,16 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
 
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
+/// If node `id` has exited, checks it stopped at its crash point (`point` names it in the
+/// failure) and restarts it unarmed; whether it had.
+async fn restart_if_crashed(cluster: &mut TestCluster, id: u64, point: &str) -> bool {
+    let Some(code) = cluster.poll_exit(id) else { return false };
+    assert_eq!(code, Some(CRASH_EXIT_CODE), "node {id} exited without reaching {point}");
+    cluster.set_env(id, Vec::new());
+    cluster.restart(id).await;
+    true
+}
+
 fn crash_point(point: &'static str, skips: [u32; 3]) {
     let _serial = one_at_a_time();
     run_bounded(Duration::from_secs(120), async move {
@@ -58,11 +68,8 @@ fn crash_point(point: &'static str, skips: [u32; 3]) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while crashed.len() < 3 && Instant::now() < deadline {
             for id in 1..=3 {
-                if let Some(code) = cluster.poll_exit(id) {
-                    assert_eq!(code, Some(CRASH_EXIT_CODE), "{point}: node {id} exited without reaching it");
+                if restart_if_crashed(&mut cluster, id, point).await {
                     crashed.push(id);
-                    cluster.set_env(id, Vec::new());
-                    cluster.restart(id).await;
                 }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -167,16 +174,10 @@ fn crash_while_the_member_list_changes() {
 
         let four = cluster.add_spare_with_env(arm("join-before-map"));
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(code) = cluster.poll_exit(four) {
-                assert_eq!(code, Some(CRASH_EXIT_CODE), "the joining node exited without reaching its point");
-                break;
-            }
+        while !restart_if_crashed(&mut cluster, four, "join-before-map").await {
             assert!(Instant::now() < deadline, "the joining node did not reach join-before-map");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        cluster.set_env(four, Vec::new());
-        cluster.restart(four).await;
 
         let endpoints: Vec<String> = (1..=3).map(|id| cluster.endpoint(id).to_string()).collect();
         let (address, secret) = (cluster.endpoint(four).to_string(), cluster.peer_secret_file());
@@ -186,11 +187,8 @@ fn crash_while_the_member_list_changes() {
         let mut crashed = Vec::new();
         while !add.is_finished() {
             for id in [2, 3] {
-                if let Some(code) = cluster.poll_exit(id) {
-                    assert_eq!(code, Some(CRASH_EXIT_CODE), "node {id} exited without reaching its point");
+                if restart_if_crashed(&mut cluster, id, "its member-list point").await {
                     crashed.push(id);
-                    cluster.set_env(id, Vec::new());
-                    cluster.restart(id).await;
                 }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
