@@ -12,13 +12,13 @@ use onekv_replica::{codec, records};
 fuzz_target!(|data: &[u8]| {
     let mut again = Vec::new();
     for pair in records::SnapshotPairs::new(data) {
-        let Ok((key, span)) = pair else { return };
+        let Ok((key, span, expiry)) = pair else { return };
         assert!(span.offset + span.len <= data.len());
         let stored = &data[span.offset..span.offset + span.len];
         let Ok(value) = codec::verify_stored_value(stored) else { return };
         assert!(value.len() <= stored.len());
         assert_eq!(span.value(data), value);
-        records::push_snapshot_pair(&mut again, key, value);
+        records::push_expiring_pair(&mut again, key, expiry, value);
         assert_eq!(&again[..], &data[..again.len()]);
     }
     // Every pair verified: the whole input was consumed and re-encodes to itself.

@@ -100,6 +100,47 @@ impl Default for ClientOptions {
     }
 }
 
+/// When a written key expires. Expired keys read as absent on every node at once and are deleted
+/// in the background.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Expiry {
+    /// Never (a write without an expiry drops any the key had).
+    #[default]
+    Never,
+    /// This long after the shard's leader receives the write (at least 1 ms).
+    After(std::time::Duration),
+    /// At this Unix time, in ms (a time already past makes the key absent at once).
+    AtUnixMs(u64),
+    /// Keep the key's expiry as it is when the write applies (none if the key is absent).
+    Keep,
+}
+
+impl Expiry {
+    /// The request's form of it (`None` for [`Expiry::Never`]). A TTL shorter than a millisecond
+    /// counts as one.
+    fn to_proto(self) -> Option<onekv_proto::Expiry> {
+        use onekv_proto::expiry::When;
+        let when = match self {
+            Expiry::Never => return None,
+            Expiry::After(ttl) => When::TtlMs(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)),
+            Expiry::AtUnixMs(at) => When::AtUnixMs(at),
+            Expiry::Keep => When::Keep(true),
+        };
+        Some(onekv_proto::Expiry { when: Some(when) })
+    }
+}
+
+/// One write of a transaction or batch that may set an expiry: `value` `None` deletes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteItem {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The new value; `None` deletes.
+    pub value: Option<Vec<u8>>,
+    /// When a put's key expires.
+    pub expiry: Expiry,
+}
+
 /// The outcome of a compare-and-swap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CasResult {
@@ -314,26 +355,50 @@ impl Client {
 
     /// The value of `key`, read linearizably from its shard's leader (`None`: absent).
     pub async fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_with_expiry(key).await?.map(|(value, _)| value))
+    }
+
+    /// [`Client::get`] with the key's expiry time in ms since the Unix epoch (`None`: it never
+    /// expires).
+    pub async fn get_with_expiry(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Option<u64>)>> {
         let route = self.route_of(key).await?;
         let request = GetRequest { key: key.to_vec(), consistency: Consistency::Linearizable.into() };
         let response = self.call(route, request, |mut kv, r| async move { kv.get(r).await }).await?;
-        Ok(response.found.then_some(response.value))
+        Ok(found_with_expiry(response))
     }
 
     /// The value of `key` as some node has applied it, possibly stale: from `endpoint` alone (one
     /// attempt, no retry) if given, else from any node, round-robin with retries.
     pub async fn get_stale(&self, key: &[u8], endpoint: Option<&str>) -> Result<Option<Vec<u8>>> {
+        Ok(self.get_stale_with_expiry(key, endpoint).await?.map(|(value, _)| value))
+    }
+
+    /// [`Client::get_stale`] with the key's expiry time, as [`Client::get_with_expiry`].
+    pub async fn get_stale_with_expiry(
+        &self,
+        key: &[u8],
+        endpoint: Option<&str>,
+    ) -> Result<Option<(Vec<u8>, Option<u64>)>> {
         let request = GetRequest { key: key.to_vec(), consistency: Consistency::Stale.into() };
         let route = endpoint.map_or(Route::AnyNode, Route::Exactly);
         let response = self.call(route, request, |mut kv, r| async move { kv.get(r).await }).await?;
-        Ok(response.found.then_some(response.value))
+        Ok(found_with_expiry(response))
     }
 
     /// Sets `key` to `value`; returns the Raft log index it was applied at.
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<u64> {
+        self.put_with_expiry(key, value, Expiry::Never).await
+    }
+
+    /// [`Client::put`] with an expiry for the key.
+    pub async fn put_with_expiry(&self, key: &[u8], value: &[u8], expiry: Expiry) -> Result<u64> {
         let route = self.route_of(key).await?;
-        let request =
-            PutRequest { key: key.to_vec(), value: value.to_vec(), request_id: Some(self.next_id()) };
+        let request = PutRequest {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            request_id: Some(self.next_id()),
+            expiry: expiry.to_proto(),
+        };
         let response = self.call(route, request, |mut kv, r| async move { kv.put(r).await }).await?;
         Ok(response.index)
     }
@@ -392,7 +457,7 @@ impl Client {
     }
 
     async fn batch_in(&self, shard: u64, ops: Vec<BatchItem>) -> Result<u64> {
-        let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value }).collect();
+        let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value, expiry: None }).collect();
         let request = BatchRequest { ops, request_id: Some(self.next_id()) };
         let response =
             self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.batch(r).await }).await?;
@@ -402,12 +467,25 @@ impl Client {
     /// If `key` currently holds `expected` (`None`: the key must be absent), sets it to `new`
     /// (`None`: deletes it).
     pub async fn cas(&self, key: &[u8], expected: Option<&[u8]>, new: Option<&[u8]>) -> Result<CasResult> {
+        self.cas_with_expiry(key, expected, new, Expiry::Never).await
+    }
+
+    /// [`Client::cas`] with an expiry for the new value's key. A key that has expired counts as
+    /// absent for `expected`.
+    pub async fn cas_with_expiry(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+        new_expiry: Expiry,
+    ) -> Result<CasResult> {
         let route = self.route_of(key).await?;
         let request = CasRequest {
             key: key.to_vec(),
             expected: expected.map(<[u8]>::to_vec),
             new_value: new.map(<[u8]>::to_vec),
             request_id: Some(self.next_id()),
+            new_expiry: new_expiry.to_proto(),
         };
         let response = self.call(route, request, |mut kv, r| async move { kv.cas(r).await }).await?;
         Ok(CasResult {
@@ -428,11 +506,23 @@ impl Client {
         conditions: Vec<(Vec<u8>, Option<Vec<u8>>)>,
         ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     ) -> Result<TxnResult> {
+        let ops =
+            ops.into_iter().map(|(key, value)| WriteItem { key, value, expiry: Expiry::Never }).collect();
+        self.txn_with_expiry(conditions, ops).await
+    }
+
+    /// [`Client::txn`] whose ops may set expiries. A key that has expired counts as absent for the
+    /// conditions.
+    pub async fn txn_with_expiry(
+        &self,
+        conditions: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        ops: Vec<WriteItem>,
+    ) -> Result<TxnResult> {
         let placement = self.placement().await?;
         let shards: std::collections::BTreeSet<u64> = conditions
             .iter()
             .map(|(key, _)| key)
-            .chain(ops.iter().map(|(key, _)| key))
+            .chain(ops.iter().map(|op| &op.key))
             .map(|key| placement.shard_of_key(key))
             .collect();
         if shards.len() > 1 {
@@ -449,7 +539,10 @@ impl Client {
                 .into_iter()
                 .map(|(key, expected)| TxnCondition { key, expected })
                 .collect(),
-            ops: ops.into_iter().map(|(key, value)| BatchOp { key, value }).collect(),
+            ops: ops
+                .into_iter()
+                .map(|op| BatchOp { key: op.key, value: op.value, expiry: op.expiry.to_proto() })
+                .collect(),
             request_id: Some(self.next_id()),
         };
         let response = self.call(route, request, |mut kv, r| async move { kv.txn(r).await }).await?;
@@ -824,6 +917,12 @@ pub type LocalKv = tower::util::BoxCloneService<
     tonic::codegen::http::Response<tonic::body::Body>,
     tonic::transport::Error,
 >;
+
+/// A get's answer: the value and its expiry time, if found.
+fn found_with_expiry(response: onekv_proto::GetResponse) -> Option<(Vec<u8>, Option<u64>)> {
+    let expiry = (response.expires_at_unix_ms != 0).then_some(response.expires_at_unix_ms);
+    response.found.then_some((response.value, expiry))
+}
 
 /// One operation of a batch: `(key, Some(value))` puts, `(key, None)` deletes.
 pub type BatchItem = (Vec<u8>, Option<Vec<u8>>);

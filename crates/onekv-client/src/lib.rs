@@ -26,8 +26,8 @@ mod retry;
 mod routing;
 
 pub use client::{
-    BatchItem, CasResult, Client, ClientOptions, ClusterSecret, KeyPage, LocalKv, MAX_RESPONSE_BYTES,
-    ScanPage, TxnResult,
+    BatchItem, CasResult, Client, ClientOptions, ClusterSecret, Expiry, KeyPage, LocalKv, MAX_RESPONSE_BYTES,
+    ScanPage, TxnResult, WriteItem,
 };
 pub use error::{ClientError, Result};
 pub use onekv_proto::{Member, ShardStatus, StatusResponse};

@@ -95,7 +95,11 @@ impl Kv for Fake {
         self.seen_consistency.lock().unwrap().push(request.consistency);
         self.answer(None).await?;
         let found = request.key != b"missing";
-        Ok(Response::new(GetResponse { found, value: format!("value@{}", self.node_id).into_bytes() }))
+        Ok(Response::new(GetResponse {
+            found,
+            value: format!("value@{}", self.node_id).into_bytes(),
+            expires_at_unix_ms: 0,
+        }))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<WriteResponse>, Status> {

@@ -66,7 +66,7 @@ pub use config::IndexConfig;
 pub use error::IndexError;
 pub use index::Index;
 pub use tree::{Tree, TreeSnapshot};
-pub use value::{IndexValue, Packed};
+pub use value::{IndexValue, Packed, decode_stored, expired_at, stored_expiry};
 
 /// The smallest sequence number a write may carry.
 pub const MIN_SEQNO: u64 = 1;

@@ -8,8 +8,11 @@
 //! | `1` | a 16-byte [`Locator`] (`Locator::to_bytes`) |
 //! | `2` | the value bytes, any length (including none) |
 //! | `3` | the block's 16-byte [`Locator`], then `offset:u32 len:u32` inside the decompressed block |
+//! | `4` | `expires_at_ms:u64`, then one of the forms above: a key that expires (ms since the Unix epoch) |
 //!
-//! Decoding accepts exactly these forms and reports anything else as an error; it never panics.
+//! Decoding accepts exactly these forms (an expiry wraps exactly one of the others, never another
+//! expiry) and reports anything else as an error; it never panics. An expiry is metadata beside
+//! where the value is: [`IndexValue::decode`] reads through it, [`decode_stored`] returns it too.
 
 use crate::IndexError;
 use onekv_log::Locator;
@@ -17,6 +20,8 @@ use onekv_log::Locator;
 const TAG_LOCATOR: u8 = 1;
 const TAG_INLINE: u8 = 2;
 const TAG_PACKED: u8 = 3;
+const TAG_EXPIRES: u8 = 4;
+const EXPIRY_PREFIX: usize = 1 + 8;
 
 /// The value of one key in a tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,8 +87,24 @@ impl IndexValue {
         }
     }
 
-    /// Decodes [`IndexValue::encode`]'s output; anything else is [`IndexError::InvalidValue`].
+    /// The stored form with an expiry time (ms since the Unix epoch) in front, if any.
+    pub fn encode_expiring(&self, expires_at_ms: Option<u64>) -> Vec<u8> {
+        let Some(at) = expires_at_ms else { return self.encode() };
+        let inner = self.encode();
+        let mut out = Vec::with_capacity(EXPIRY_PREFIX + inner.len());
+        out.push(TAG_EXPIRES);
+        out.extend_from_slice(&at.to_le_bytes());
+        out.extend_from_slice(&inner);
+        out
+    }
+
+    /// Decodes a stored value ([`IndexValue::encode`] or [`IndexValue::encode_expiring`]), ignoring
+    /// any expiry; anything else is [`IndexError::InvalidValue`].
     pub fn decode(bytes: &[u8]) -> Result<IndexValue, IndexError> {
+        decode_stored(bytes).map(|(value, _)| value)
+    }
+
+    fn decode_plain(bytes: &[u8]) -> Result<IndexValue, IndexError> {
         match bytes.split_first() {
             None => Err(IndexError::InvalidValue("empty".to_owned())),
             Some((&TAG_LOCATOR, payload)) => {
@@ -114,9 +135,41 @@ impl IndexValue {
                 offset.checked_add(len).ok_or_else(invalid)?;
                 Ok(IndexValue::Packed(Packed { block, offset, len }))
             }
+            Some((&TAG_EXPIRES, _)) => Err(IndexError::InvalidValue("an expiry inside an expiry".to_owned())),
             Some((tag, _)) => Err(IndexError::InvalidValue(format!("unknown tag {tag}"))),
         }
     }
+}
+
+/// Decodes a stored value and its expiry time (`None`: it never expires).
+pub fn decode_stored(bytes: &[u8]) -> Result<(IndexValue, Option<u64>), IndexError> {
+    match bytes.split_first() {
+        Some((&TAG_EXPIRES, rest)) => {
+            let (at, inner) = rest
+                .split_at_checked(8)
+                .ok_or_else(|| IndexError::InvalidValue(format!("expiry payload of {} bytes", rest.len())))?;
+            let at = u64::from_le_bytes(at.try_into().expect("8 bytes"));
+            Ok((IndexValue::decode_plain(inner)?, Some(at)))
+        }
+        _ => Ok((IndexValue::decode_plain(bytes)?, None)),
+    }
+}
+
+/// The expiry time of a stored value, if it has one, without decoding the rest (a cheap test on
+/// every read). Malformed bytes report no expiry here; decoding them fails where they are used.
+pub fn stored_expiry(bytes: &[u8]) -> Option<u64> {
+    match bytes.split_first() {
+        Some((&TAG_EXPIRES, rest)) => {
+            rest.get(..8).map(|at| u64::from_le_bytes(at.try_into().expect("8 bytes")))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a stored value has expired at `now_ms`: its expiry time is at or before `now_ms` (Redis's
+/// rule: a key whose time has come is gone).
+pub fn expired_at(bytes: &[u8], now_ms: u64) -> bool {
+    stored_expiry(bytes).is_some_and(|at| at <= now_ms)
 }
 
 #[cfg(test)]
@@ -136,11 +189,38 @@ mod tests {
         assert_eq!(IndexValue::Inline(vec![]).encode(), vec![2]);
         assert_eq!(IndexValue::decode(&[2]).unwrap(), IndexValue::Inline(vec![]));
         assert_eq!(IndexValue::decode(&[2, 9, 8]).unwrap(), IndexValue::Inline(vec![9, 8]));
+
+        let expiring = locator.encode_expiring(Some(0x0a0b));
+        assert_eq!(expiring.len(), 26);
+        assert_eq!(&expiring[..3], &[4, 0x0b, 0x0a]);
+        assert_eq!(decode_stored(&expiring).unwrap(), (locator.clone(), Some(0x0a0b)));
+        assert_eq!(IndexValue::decode(&expiring).unwrap(), locator);
+        assert_eq!(stored_expiry(&expiring), Some(0x0a0b));
+        assert!(expired_at(&expiring, 0x0a0b) && !expired_at(&expiring, 0x0a0a));
+        assert_eq!(locator.encode_expiring(None), locator.encode());
+        assert!(!expired_at(&locator.encode(), u64::MAX));
     }
 
     #[test]
     fn malformed_encodings_are_rejected() {
-        for bad in [&[][..], &[0], &[3, 1], &[255], &[1], &[1; 16], &[1; 18], &[3; 24], &[3; 26]] {
+        let nested = IndexValue::Inline(vec![]).encode_expiring(Some(1));
+        let mut twice = vec![4, 0, 0, 0, 0, 0, 0, 0, 0];
+        twice.extend_from_slice(&nested);
+        for bad in [
+            &[][..],
+            &[0],
+            &[3, 1],
+            &[255],
+            &[1],
+            &[1; 16],
+            &[1; 18],
+            &[3; 24],
+            &[3; 26],
+            &[4],
+            &[4; 8],
+            &[4; 9],
+            &twice,
+        ] {
             assert!(matches!(IndexValue::decode(bad), Err(IndexError::InvalidValue(_))), "accepted {bad:?}");
         }
         let mut overflowing = vec![1];
@@ -167,15 +247,16 @@ mod tests {
 
     proptest! {
         #[test]
-        fn round_trips(value in any_value()) {
-            prop_assert_eq!(IndexValue::decode(&value.encode()).unwrap(), value);
+        fn round_trips(value in any_value(), expiry in proptest::option::of(any::<u64>())) {
+            prop_assert_eq!(IndexValue::decode(&value.encode()).unwrap(), value.clone());
+            prop_assert_eq!(decode_stored(&value.encode_expiring(expiry)).unwrap(), (value, expiry));
         }
 
         #[test]
         fn arbitrary_bytes_never_panic_and_reencode_exactly(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
             // Whatever decodes must be the unique encoding of its value.
-            if let Ok(value) = IndexValue::decode(&bytes) {
-                prop_assert_eq!(value.encode(), bytes);
+            if let Ok((value, expiry)) = decode_stored(&bytes) {
+                prop_assert_eq!(value.encode_expiring(expiry), bytes);
             }
         }
     }

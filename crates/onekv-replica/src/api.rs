@@ -156,6 +156,9 @@ pub struct ReplicaConfig {
     /// The log garbage collector: bounded disk in every mode. Never runs in a simulation (driven
     /// mode) yet.
     pub gc: crate::GcConfig,
+    /// Passes of each leader's expiry sweep (which deletes expired keys through Raft) begin at
+    /// least this far apart, by the leader's clock.
+    pub expiry_sweep_interval: Duration,
 }
 
 impl ReplicaConfig {
@@ -194,6 +197,7 @@ impl ReplicaConfig {
             reserve_bytes: 64 << 20,
             scrub_bytes_per_sec: 8 << 20,
             gc: crate::GcConfig::default(),
+            expiry_sweep_interval: crate::expiry::DEFAULT_PASS_INTERVAL,
         }
     }
 }
@@ -235,6 +239,38 @@ pub struct WriteOp {
     pub key: Vec<u8>,
     /// The new value; `None` deletes.
     pub value: Option<Vec<u8>>,
+    /// When a put's key expires (a delete ignores it).
+    pub expiry: Expiry,
+}
+
+impl WriteOp {
+    /// A put of `value` that never expires.
+    pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> WriteOp {
+        WriteOp { key: key.into(), value: Some(value.into()), expiry: Expiry::Never }
+    }
+
+    /// A delete of `key`.
+    pub fn delete(key: impl Into<Vec<u8>>) -> WriteOp {
+        WriteOp { key: key.into(), value: None, expiry: Expiry::Never }
+    }
+}
+
+/// A key's value and when it expires (ms since the Unix epoch; `None`: never).
+pub type ValueWithExpiry = (Vec<u8>, Option<u64>);
+
+/// When a key written by a put expires. Times are absolute, in ms since the Unix epoch, chosen
+/// before the command is proposed (by the leader's service, from a client's TTL), so every replica
+/// applies the same time; an expired key reads as absent and is deleted later through Raft.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Expiry {
+    /// The key never expires (any expiry it had is dropped: Redis's `SET`).
+    #[default]
+    Never,
+    /// The key expires at this time. A time already past is allowed: the key reads as absent.
+    At(u64),
+    /// The key keeps the expiry it has when the command applies (none if it is absent or expired):
+    /// Redis's `KEEPTTL`, and what `INCR` or `APPEND` do.
+    Keep,
 }
 
 /// A command that goes through Raft.
@@ -251,6 +287,8 @@ pub enum Command {
         expected: Option<Vec<u8>>,
         /// The value to set.
         new: Option<Vec<u8>>,
+        /// When the new value expires (ignored when `new` is `None`).
+        new_expiry: Expiry,
     },
     /// A conditional transaction: if every condition holds (each key currently has its expected
     /// value), apply every op atomically, as one write; otherwise change nothing. The outcome's
@@ -312,6 +350,10 @@ pub enum Mutation {
     /// A replica added again to a node that removed it reuses the removed replica's trees (their
     /// data, recovery point and members) instead of starting from fresh ones.
     ReplicaReusesRetiredTrees,
+    /// Applying a deletion of expired keys deletes every key it names, without checking that the
+    /// key is still expired at the entry's time: a key written again after the leader's sweep
+    /// found it expired, but before the deletion applied, is lost.
+    DeletesExpiredUnchecked,
 }
 
 /// Why a request failed.
@@ -448,6 +490,8 @@ pub struct ReplicaStatus {
     pub corrupt_values: u64,
     /// Damaged values replaced by another replica's healthy copy since the replica started.
     pub repaired_values: u64,
+    /// Expired keys deleted here since the replica started (the leaders' expiry sweeps).
+    pub expired_keys_deleted: u64,
     /// The background scrub's progress.
     pub scrub: ScrubStatus,
     /// The node's log garbage collector (the same for every shard of the node).
@@ -467,6 +511,7 @@ impl ReplicaStatus {
         node.request_ids = statuses.iter().map(|s| s.request_ids).sum();
         node.corrupt_values = statuses.iter().map(|s| s.corrupt_values).sum();
         node.repaired_values = statuses.iter().map(|s| s.repaired_values).sum();
+        node.expired_keys_deleted = statuses.iter().map(|s| s.expired_keys_deleted).sum();
         node.recovery_records = statuses.iter().map(|s| s.recovery_records).sum();
         node.recovery_replayed = statuses.iter().map(|s| s.recovery_replayed).sum();
         node.flushed_index = statuses.iter().map(|s| s.flushed_index).min().unwrap_or(0);
@@ -666,7 +711,7 @@ impl Limits {
                 }
                 Ok(())
             }
-            Command::Cas { key, expected, new } => {
+            Command::Cas { key, expected, new, .. } => {
                 check_key(key)?;
                 for value in [expected, new].into_iter().flatten() {
                     check_value(value)?;

@@ -24,7 +24,7 @@ use crate::codec::{self, DecodedCommand, ValueSpan};
 use crate::records;
 use crate::requests::Effect;
 use crate::state::{self, State, storage};
-use crate::{CasOutcome, Outcome, ReplicaError, StorageMode};
+use crate::{CasOutcome, Expiry, Outcome, ReplicaError, StorageMode};
 use onekv_index::IndexValue;
 use onekv_log::Locator;
 use raft::eraftpb::{Entry, EntryType};
@@ -44,6 +44,8 @@ pub(crate) struct Applier {
     shard: u64,
     /// Healthy copies `(key, value)` this replica offers in answer to repair requests it applied.
     offers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The broken variant [`crate::Mutation::DeletesExpiredUnchecked`] (a simulation only).
+    pub unchecked_expiry_deletes: bool,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -54,7 +56,7 @@ enum Placement {
 
 impl Applier {
     pub fn new(state: Arc<State>, shard: u64) -> Self {
-        Applier { state, shard, offers: Vec::new() }
+        Applier { state, shard, offers: Vec::new(), unchecked_expiry_deletes: false }
     }
 
     /// Takes the healthy copies to propose as repairs (the loop proposes them after applying).
@@ -127,6 +129,7 @@ impl Applier {
             // before deduplication decides whether the command takes effect.
             let placements: Vec<Placement> =
                 value_spans(&decoded.command).into_iter().map(&mut place).collect();
+            state.observe_time(decoded.time_ms);
             if let DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } = decoded.command {
                 // Replicas' own commands: no request id, no reply.
                 state.requests().on_entry(entry.index, decoded.time_ms, None);
@@ -145,14 +148,19 @@ impl Applier {
                         Effect::Write | Effect::Swapped => {
                             Ok(repeated_outcome(previous.index, &decoded.command, &entry.data))
                         }
-                        Effect::Nothing => {
-                            reevaluated_without_effect(&state, entry.index, previous.index, &decoded.command)?
-                        }
+                        Effect::Nothing => reevaluated_without_effect(
+                            &state,
+                            entry.index,
+                            decoded.time_ms,
+                            previous.index,
+                            &decoded.command,
+                        )?,
                     }
                 }
                 None => {
                     let outcome = self.apply_command(
                         entry,
+                        decoded.time_ms,
                         &decoded.command,
                         placements,
                         if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
@@ -233,9 +241,12 @@ impl Applier {
         Ok(())
     }
 
+    /// Applies a client's command (or a leader's deletion of expired keys) at the entry's time
+    /// `time_ms`: keys expired by then count as absent, whatever this machine's clock says.
     fn apply_command(
         &mut self,
         entry: &Entry,
+        time_ms: u64,
         command: &DecodedCommand<'_>,
         placements: Vec<Placement>,
         wal: Option<&mut Vec<Vec<u8>>>,
@@ -245,7 +256,7 @@ impl Applier {
         let mut placements = placements.into_iter();
         let mut effects: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
         let mut user_bytes = 0u64;
-        let mut write = |op: usize, key: &[u8], value: Option<(ValueSpan, Placement)>| {
+        let mut write = |op: usize, key: &[u8], value: Option<(ValueSpan, Placement)>, expiry: Expiry| {
             let seqno = state::seqno(entry.index, op);
             match value {
                 Some((span, placement)) => {
@@ -253,7 +264,15 @@ impl Applier {
                         Placement::Locator(locator) => IndexValue::Locator(locator),
                         Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
                     };
-                    state.tree.insert(key, &stored.encode(), seqno);
+                    let expires_at = match expiry {
+                        Expiry::Never => None,
+                        Expiry::At(at) => Some(at),
+                        Expiry::Keep => state.live_expiry(key, time_ms)?,
+                    };
+                    if expires_at.is_some() {
+                        state.expiring_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    state.tree.insert(key, &stored.encode_expiring(expires_at), seqno);
                     user_bytes += (key.len() + span.len - codec::STORED_VALUE_PREFIX) as u64;
                 }
                 None => {
@@ -261,24 +280,37 @@ impl Applier {
                     user_bytes += key.len() as u64;
                 }
             }
+            Ok::<_, ReplicaError>(())
         };
         let outcome = match command {
             DecodedCommand::Write(ops) => {
                 for (op, decoded) in ops.iter().enumerate() {
                     let value = decoded.value.map(|span| (span, placements.next().expect("placement")));
-                    write(op, decoded.key, value);
+                    write(op, decoded.key, value, decoded.expiry)?;
                     effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
+                }
+                Outcome { index: entry.index, cas: None }
+            }
+            DecodedCommand::DeleteExpired { keys } => {
+                for (op, key) in keys.iter().enumerate() {
+                    let stored = state.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))?;
+                    let expired = stored.is_some_and(|stored| onekv_index::expired_at(&stored, time_ms));
+                    if expired || (self.unchecked_expiry_deletes && stored_is_some(&state, key)?) {
+                        write(op, key, None, Expiry::Never)?;
+                        state.expired_deleted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        effects.push((key, None));
+                    }
                 }
                 Outcome { index: entry.index, cas: None }
             }
             DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
                 unreachable!("repairs are applied by apply_repair")
             }
-            DecodedCommand::Cas { key, expected, new } => {
-                let current = state.get(key)?;
+            DecodedCommand::Cas { key, expected, new, new_expiry } => {
+                let current = state.get_at(key, time_ms)?.map(|(value, _)| value);
                 let new_placement = new.map(|span| (span, placements.next().expect("placement")));
                 if current.as_deref() == *expected {
-                    write(0, key, new_placement);
+                    write(0, key, new_placement, *new_expiry)?;
                     effects.push((key, new.map(|span| span.value(data))));
                     let current = new.map(|span| span.value(data).to_vec());
                     Outcome { index: entry.index, cas: Some(CasOutcome { swapped: true, current }) }
@@ -290,7 +322,7 @@ impl Applier {
                 // Every condition is checked before anything is written: all of the ops or none.
                 let mut holds = true;
                 for (key, expected) in conditions {
-                    if state.get(key)?.as_deref() != *expected {
+                    if state.get_at(key, time_ms)?.map(|(value, _)| value).as_deref() != *expected {
                         holds = false;
                         break;
                     }
@@ -298,7 +330,7 @@ impl Applier {
                 if holds {
                     for (op, decoded) in ops.iter().enumerate() {
                         let value = decoded.value.map(|span| (span, placements.next().expect("placement")));
-                        write(op, decoded.key, value);
+                        write(op, decoded.key, value, decoded.expiry)?;
                         effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
                     }
                 }
@@ -325,13 +357,13 @@ impl Applier {
         let mut chunks: Vec<Vec<u8>> = Vec::new();
         let mut current = Vec::new();
         for pair in records::SnapshotPairs::new(data) {
-            let (key, span) = pair.map_err(|e| storage(format!("snapshot data: {e}")))?;
-            if !current.is_empty() && current.len() + key.len() + span.len + 8 > chunk_bytes {
+            let (key, span, expiry) = pair.map_err(|e| storage(format!("snapshot data: {e}")))?;
+            if !current.is_empty() && current.len() + key.len() + span.len + 16 > chunk_bytes {
                 chunks.push(std::mem::take(&mut current));
             }
             let value = codec::verify_stored_value(&data[span.offset..span.offset + span.len])
                 .map_err(|e| storage(format!("snapshot data: {e}")))?;
-            records::push_snapshot_pair(&mut current, key, value);
+            records::push_expiring_pair(&mut current, key, expiry, value);
         }
         if !current.is_empty() {
             chunks.push(current);
@@ -402,13 +434,13 @@ impl Applier {
             let mut values = Vec::new();
             let mut keys = Vec::new();
             for pair in records::SnapshotPairs::new(pairs) {
-                let (key, span) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
+                let (key, span, expiry) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
                 if key.is_empty() {
                     // Not a user key (those are never empty): part of the request-id window.
                     state.requests().install_pair(span.value(pairs), write_at)?;
                     continue;
                 }
-                keys.push((key, span));
+                keys.push((key, span, expiry));
                 if state.mode == StorageMode::Separated {
                     values.push(records::encode_value(self.shard, span.value(pairs)));
                 }
@@ -423,7 +455,7 @@ impl Applier {
                     )
                     .map_err(|e| storage(format!("writing the value log: {e}")))?
             };
-            for (i, (key, span)) in keys.into_iter().enumerate() {
+            for (i, (key, span, expiry)) in keys.into_iter().enumerate() {
                 let stored = match state.mode {
                     StorageMode::OneLog => IndexValue::Locator(
                         chunk
@@ -439,7 +471,7 @@ impl Applier {
                     }
                     StorageMode::Classic => IndexValue::Inline(span.value(pairs).to_vec()),
                 };
-                state.tree.insert(key, &stored.encode(), write_at);
+                state.tree.insert(key, &stored.encode_expiring(expiry), write_at);
             }
             if state.tree.memtable_full() {
                 state.tree.flush_keeping_flag().map_err(flushed)?;
@@ -453,6 +485,11 @@ impl Applier {
             .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
         Ok(())
     }
+}
+
+/// Whether `key` is present in the tree at all (expired or not).
+fn stored_is_some(state: &State, key: &[u8]) -> Result<bool, ReplicaError> {
+    Ok(state.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))?.is_some())
 }
 
 /// The seqnos a snapshot's install at `index` clears the tree at and writes its pairs at, given
@@ -478,13 +515,15 @@ fn install_seqnos(index: u64, last_written: u64) -> Result<(u64, u64), ReplicaEr
 fn reevaluated_without_effect(
     state: &State,
     index: u64,
+    time_ms: u64,
     first_index: u64,
     command: &DecodedCommand<'_>,
 ) -> Result<Result<Outcome, ReplicaError>, ReplicaError> {
     let already = Err(ReplicaError::AlreadyEvaluated { index: first_index });
+    let current = |key| Ok::<_, ReplicaError>(state.get_at(key, time_ms)?.map(|(value, _)| value));
     Ok(match command {
         DecodedCommand::Cas { key, expected, .. } => {
-            let current = state.get(key)?;
+            let current = current(key)?;
             if current.as_deref() == *expected {
                 already
             } else {
@@ -493,7 +532,7 @@ fn reevaluated_without_effect(
         }
         DecodedCommand::Txn { conditions, .. } => {
             for (key, expected) in conditions {
-                if state.get(key)?.as_deref() != *expected {
+                if current(key)?.as_deref() != *expected {
                     return Ok(Ok(Outcome {
                         index,
                         cas: Some(CasOutcome { swapped: false, current: None }),
@@ -512,9 +551,10 @@ fn reevaluated_without_effect(
 /// too (same request id, same command).
 fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8]) -> Outcome {
     let cas = match command {
-        DecodedCommand::Write(_) | DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
-            None
-        }
+        DecodedCommand::Write(_)
+        | DecodedCommand::DeleteExpired { .. }
+        | DecodedCommand::RepairRequest { .. }
+        | DecodedCommand::Repair { .. } => None,
         DecodedCommand::Cas { new, .. } => {
             Some(CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) })
         }
@@ -530,7 +570,7 @@ fn value_spans(command: &DecodedCommand<'_>) -> Vec<ValueSpan> {
             ops.iter().filter_map(|op| op.value).collect()
         }
         DecodedCommand::Cas { new, .. } => new.iter().copied().collect(),
-        DecodedCommand::RepairRequest { .. } => Vec::new(),
+        DecodedCommand::RepairRequest { .. } | DecodedCommand::DeleteExpired { .. } => Vec::new(),
         DecodedCommand::Repair { value, .. } => vec![*value],
     }
 }

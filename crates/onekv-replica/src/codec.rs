@@ -14,19 +14,24 @@
 //!            (version 1, written before the leader's time was carried, has no time_ms; it
 //!            decodes with time 0)
 //! tag 1 (write) body = count:u32 op*count
-//!     op   = kind:u8 (1 put, 2 delete) key_len:u32 key [value]   (value only for put)
-//! tag 2 (cas) body   = key_len:u32 key has_expected:u8 [expected_len:u32 expected] has_new:u8 [value]
+//!     op   = kind:u8 key_len:u32 key [expires_at_ms:u64] [value]
+//!            kind 1 put, 2 delete (no value), 3 put that expires (expires_at_ms), 4 put that keeps
+//!            the key's expiry
+//! tag 2 (cas) body   = key_len:u32 key has_expected:u8 [expected_len:u32 expected]
+//!                      new:u8 [expires_at_ms:u64] [value]
+//!            new 0 delete, 1 put, 2 put that expires (expires_at_ms), 3 put that keeps the expiry
 //! tag 3 (repair request) body = key_len:u32 key            (client and seq are 0)
 //! tag 4 (repair) body         = key_len:u32 key value      (client and seq are 0)
 //! tag 5 (txn) body   = cond_count:u32 cond*cond_count count:u32 op*count
 //!     cond = key_len:u32 key has_expected:u8 [expected_len:u32 expected]
+//! tag 6 (delete expired) body = count:u32 (key_len:u32 key)*count   (client and seq are 0)
 //! value    = len:u32 crc32c(bytes):u32 bytes        (the locator covers crc32c and bytes)
 //! ```
 //!
 //! Decoding never panics and never reads past its input: every length is checked before use, so
 //! bytes from a damaged or hostile peer produce an error.
 
-use crate::{Command, RequestId};
+use crate::{Command, Expiry, RequestId};
 #[cfg(test)]
 use crate::{Condition, WriteOp};
 
@@ -38,8 +43,11 @@ const TAG_CAS: u8 = 2;
 const TAG_REPAIR_REQUEST: u8 = 3;
 const TAG_REPAIR: u8 = 4;
 const TAG_TXN: u8 = 5;
+const TAG_DELETE_EXPIRED: u8 = 6;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
+const OP_PUT_EXPIRING: u8 = 3;
+const OP_PUT_KEEPING_EXPIRY: u8 = 4;
 
 /// Bytes in front of a stored value's bytes: its CRC-32C (the length precedes it and is not covered
 /// by the locator).
@@ -69,6 +77,8 @@ pub struct DecodedOp<'a> {
     pub key: &'a [u8],
     /// The value's place in the encoded command, for a put.
     pub value: Option<ValueSpan>,
+    /// When a put's key expires ([`Expiry::Never`] for a delete).
+    pub expiry: Expiry,
 }
 
 /// A decoded command, borrowing from the encoded bytes.
@@ -84,6 +94,8 @@ pub enum DecodedCommand<'a> {
         expected: Option<&'a [u8]>,
         /// The value to set (`None`: delete), as a span like a put's.
         new: Option<ValueSpan>,
+        /// When the new value expires.
+        new_expiry: Expiry,
     },
     /// A conditional transaction: when every key has its expected value, the ops apply as one
     /// write.
@@ -99,6 +111,13 @@ pub enum DecodedCommand<'a> {
     RepairRequest {
         /// The key whose value is damaged somewhere.
         key: &'a [u8],
+    },
+    /// Deletes each key that has expired by the entry's time (a key written again since, without an
+    /// expiry or with a later one, stays). Proposed by a shard's leader as it finds expired keys,
+    /// never by clients.
+    DeleteExpired {
+        /// The keys.
+        keys: Vec<&'a [u8]>,
     },
     /// A healthy copy of `key`'s value: a replica whose current copy is damaged (and of the same
     /// length) takes it; every other replica changes nothing. Proposed by replicas, never by
@@ -139,7 +158,7 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
             out.extend_from_slice(&time_ms.to_le_bytes());
             push_ops(&mut out, ops);
         }
-        Command::Cas { key, expected, new } => {
+        Command::Cas { key, expected, new, new_expiry } => {
             out.push(TAG_CAS);
             push_request_id(&mut out, request_id);
             out.extend_from_slice(&time_ms.to_le_bytes());
@@ -153,7 +172,7 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
             }
             match new {
                 Some(new) => {
-                    out.push(1);
+                    push_expiry(&mut out, *new_expiry, [1, 2, 3]);
                     push_value(&mut out, new);
                 }
                 None => out.push(0),
@@ -185,8 +204,16 @@ fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp]) {
     for op in ops {
         match &op.value {
             Some(value) => {
-                out.push(OP_PUT);
+                let kind = match op.expiry {
+                    Expiry::Never => OP_PUT,
+                    Expiry::At(_) => OP_PUT_EXPIRING,
+                    Expiry::Keep => OP_PUT_KEEPING_EXPIRY,
+                };
+                out.push(kind);
                 push_bytes(out, &op.key);
+                if let Expiry::At(at) = op.expiry {
+                    out.extend_from_slice(&at.to_le_bytes());
+                }
                 push_value(out, value);
             }
             None => {
@@ -195,6 +222,32 @@ fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp]) {
             }
         }
     }
+}
+
+/// A put's flag byte for `expiry` (`flags`: never, at, keep), then the time for [`Expiry::At`].
+fn push_expiry(out: &mut Vec<u8>, expiry: Expiry, flags: [u8; 3]) {
+    match expiry {
+        Expiry::Never => out.push(flags[0]),
+        Expiry::At(at) => {
+            out.push(flags[1]);
+            out.extend_from_slice(&at.to_le_bytes());
+        }
+        Expiry::Keep => out.push(flags[2]),
+    }
+}
+
+/// Encodes a leader's deletion of keys it found expired ([`DecodedCommand::DeleteExpired`]).
+pub fn encode_delete_expired(time_ms: u64, keys: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + keys.iter().map(|k| 4 + k.len()).sum::<usize>());
+    out.push(VERSION);
+    out.push(TAG_DELETE_EXPIRED);
+    push_request_id(&mut out, RequestId::default());
+    out.extend_from_slice(&time_ms.to_le_bytes());
+    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for key in keys {
+        push_bytes(&mut out, key);
+    }
+    out
 }
 
 /// Encodes a replica's request for a healthy copy of `key`'s value
@@ -271,12 +324,29 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
                 1 => Some(r.bytes()?),
                 _ => return Err(CodecError("bad expected-value flag")),
             };
-            let new = match r.u8()? {
-                0 => None,
-                1 => Some(r.value()?),
+            let (new, new_expiry) = match r.u8()? {
+                0 => (None, Expiry::Never),
+                1 => (Some(r.value()?), Expiry::Never),
+                2 => {
+                    let at = r.u64()?;
+                    (Some(r.value()?), Expiry::At(at))
+                }
+                3 => (Some(r.value()?), Expiry::Keep),
                 _ => return Err(CodecError("bad new-value flag")),
             };
-            DecodedCommand::Cas { key, expected, new }
+            DecodedCommand::Cas { key, expected, new, new_expiry }
+        }
+        TAG_DELETE_EXPIRED => {
+            let count = r.u32()? as usize;
+            // Each key takes at least 4 bytes, which bounds the allocation by the input size.
+            if count > r.remaining() / 4 {
+                return Err(CodecError("key count exceeds the command's size"));
+            }
+            let mut keys = Vec::with_capacity(count);
+            for _ in 0..count {
+                keys.push(r.bytes()?);
+            }
+            DecodedCommand::DeleteExpired { keys }
         }
         TAG_REPAIR_REQUEST => DecodedCommand::RepairRequest { key: r.bytes()? },
         TAG_REPAIR => {
@@ -302,12 +372,17 @@ fn decode_ops<'a>(r: &mut Reader<'a>) -> Result<Vec<DecodedOp<'a>>, CodecError> 
     for _ in 0..count {
         let kind = r.u8()?;
         let key = r.bytes()?;
-        let value = match kind {
-            OP_PUT => Some(r.value()?),
-            OP_DELETE => None,
+        let (value, expiry) = match kind {
+            OP_PUT => (Some(r.value()?), Expiry::Never),
+            OP_DELETE => (None, Expiry::Never),
+            OP_PUT_EXPIRING => {
+                let at = r.u64()?;
+                (Some(r.value()?), Expiry::At(at))
+            }
+            OP_PUT_KEEPING_EXPIRY => (Some(r.value()?), Expiry::Keep),
             _ => return Err(CodecError("unknown op kind")),
         };
-        ops.push(DecodedOp { key, value });
+        ops.push(DecodedOp { key, value, expiry });
     }
     Ok(ops)
 }
@@ -408,9 +483,9 @@ mod tests {
     #[test]
     fn a_write_decodes_with_value_spans_that_name_the_values() {
         let command = Command::Write(vec![
-            WriteOp { key: b"a".to_vec(), value: Some(b"hello".to_vec()) },
-            WriteOp { key: b"b".to_vec(), value: None },
-            WriteOp { key: b"c".to_vec(), value: Some(Vec::new()) },
+            WriteOp { key: b"a".to_vec(), value: Some(b"hello".to_vec()), expiry: Default::default() },
+            WriteOp { key: b"b".to_vec(), value: None, expiry: Default::default() },
+            WriteOp { key: b"c".to_vec(), value: Some(Vec::new()), expiry: Default::default() },
         ]);
         let data = encode(id(), 1_700_000_000_123, &command);
         let decoded = decode(&data).unwrap();
@@ -420,7 +495,7 @@ mod tests {
         let span = ops[0].value.unwrap();
         assert_eq!(span.value(&data), b"hello");
         assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"hello");
-        assert_eq!(ops[1], DecodedOp { key: b"b", value: None });
+        assert_eq!(ops[1], DecodedOp { key: b"b", value: None, expiry: Expiry::Never });
         assert_eq!(ops[2].value.unwrap().value(&data), b"");
     }
 
@@ -441,11 +516,70 @@ mod tests {
 
     #[test]
     fn a_cas_round_trips() {
-        let command = Command::Cas { key: b"k".to_vec(), expected: None, new: Some(b"v".to_vec()) };
+        let command = Command::Cas {
+            key: b"k".to_vec(),
+            expected: None,
+            new: Some(b"v".to_vec()),
+            new_expiry: Default::default(),
+        };
         let data = encode(id(), 5, &command);
-        let DecodedCommand::Cas { key, expected, new } = decode(&data).unwrap().command else { panic!() };
+        let DecodedCommand::Cas { key, expected, new, new_expiry } = decode(&data).unwrap().command else {
+            panic!()
+        };
         assert_eq!((key, expected), (&b"k"[..], None));
         assert_eq!(new.unwrap().value(&data), b"v");
+        assert_eq!(new_expiry, Expiry::Never);
+    }
+
+    #[test]
+    fn expiries_round_trip_in_writes_swaps_and_transactions_and_truncations_fail() {
+        let expiries = [Expiry::Never, Expiry::At(0x0102_0304_0506_0708), Expiry::Keep];
+        for expiry in expiries {
+            let op = WriteOp { key: b"key".to_vec(), value: Some(b"val".to_vec()), expiry };
+            for command in [
+                Command::Write(vec![op.clone(), WriteOp::delete(b"gone".to_vec())]),
+                Command::Txn { conditions: vec![], ops: vec![op.clone()] },
+            ] {
+                let data = encode(id(), 5, &command);
+                let (DecodedCommand::Write(ops) | DecodedCommand::Txn { ops, .. }) =
+                    decode(&data).unwrap().command
+                else {
+                    panic!("not a write")
+                };
+                assert_eq!((ops[0].key, ops[0].expiry), (&b"key"[..], expiry));
+                assert_eq!(ops[0].value.unwrap().value(&data), b"val");
+                for cut in 0..data.len() {
+                    assert!(decode(&data[..cut]).is_err(), "{expiry:?} cut at {cut} decoded");
+                }
+            }
+            let cas = Command::Cas {
+                key: b"k".to_vec(),
+                expected: None,
+                new: Some(b"v".to_vec()),
+                new_expiry: expiry,
+            };
+            let data = encode(id(), 5, &cas);
+            let DecodedCommand::Cas { new, new_expiry, .. } = decode(&data).unwrap().command else {
+                panic!()
+            };
+            assert_eq!((new.unwrap().value(&data), new_expiry), (&b"v"[..], expiry));
+        }
+    }
+
+    #[test]
+    fn a_deletion_of_expired_keys_round_trips() {
+        let keys = vec![b"a".to_vec(), b"bb".to_vec()];
+        let data = encode_delete_expired(42, &keys);
+        let decoded = decode(&data).unwrap();
+        assert_eq!((decoded.request_id, decoded.time_ms), (RequestId::default(), 42));
+        assert_eq!(decoded.command, DecodedCommand::DeleteExpired { keys: vec![&b"a"[..], &b"bb"[..]] });
+        for cut in 0..data.len() {
+            assert!(decode(&data[..cut]).is_err(), "cut at {cut} decoded");
+        }
+        // A count larger than the bytes could hold is refused before allocating.
+        let mut huge = data.clone();
+        huge[26..30].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&huge).is_err());
     }
 
     #[test]
@@ -456,8 +590,8 @@ mod tests {
                 Condition { key: b"b".to_vec(), expected: None },
             ],
             ops: vec![
-                WriteOp { key: b"a".to_vec(), value: Some(b"2".to_vec()) },
-                WriteOp { key: b"c".to_vec(), value: None },
+                WriteOp { key: b"a".to_vec(), value: Some(b"2".to_vec()), expiry: Default::default() },
+                WriteOp { key: b"c".to_vec(), value: None, expiry: Default::default() },
             ],
         };
         let data = encode(id(), 5, &command);
@@ -469,7 +603,7 @@ mod tests {
         let span = ops[0].value.unwrap();
         assert_eq!((ops[0].key, span.value(&data)), (&b"a"[..], &b"2"[..]));
         assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"2");
-        assert_eq!(ops[1], DecodedOp { key: b"c", value: None });
+        assert_eq!(ops[1], DecodedOp { key: b"c", value: None, expiry: Expiry::Never });
         assert_eq!(encoded_payload_len(&command), 3);
         for len in 0..data.len() {
             assert!(decode(&data[..len]).is_err(), "prefix of {len} bytes decoded");
@@ -484,7 +618,8 @@ mod tests {
 
     #[test]
     fn version_1_commands_still_decode_with_time_0() {
-        let command = Command::Cas { key: b"k".to_vec(), expected: None, new: None };
+        let command =
+            Command::Cas { key: b"k".to_vec(), expected: None, new: None, new_expiry: Default::default() };
         let mut data = encode(id(), 5, &command);
         // Version 1 had no time: drop its 8 bytes after the request id.
         data[0] = VERSION_WITHOUT_TIME;
@@ -506,7 +641,11 @@ mod tests {
 
     #[test]
     fn every_truncation_of_a_command_is_an_error() {
-        let command = Command::Write(vec![WriteOp { key: b"key".to_vec(), value: Some(b"val".to_vec()) }]);
+        let command = Command::Write(vec![WriteOp {
+            key: b"key".to_vec(),
+            value: Some(b"val".to_vec()),
+            expiry: Default::default(),
+        }]);
         let data = encode(id(), 5, &command);
         for len in 0..data.len() {
             assert!(decode(&data[..len]).is_err(), "prefix of {len} bytes decoded");
@@ -535,7 +674,7 @@ mod tests {
         ) {
             let conditions: Vec<Condition> =
                 conditions.into_iter().map(|(key, expected)| Condition { key, expected }).collect();
-            let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value }).collect();
+            let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value, expiry: Default::default() }).collect();
             let data = encode(id(), 5, &Command::Txn { conditions: conditions.clone(), ops: ops.clone() });
             let DecodedCommand::Txn { conditions: decoded_conditions, ops: decoded_ops } = decode(&data).unwrap().command
             else {
@@ -558,7 +697,7 @@ mod tests {
             (proptest::collection::vec(any::<u8>(), 0..16), proptest::option::of(proptest::collection::vec(any::<u8>(), 0..32))),
             0..8,
         )) {
-            let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value }).collect();
+            let ops: Vec<WriteOp> = ops.into_iter().map(|(key, value)| WriteOp { key, value, expiry: Default::default() }).collect();
             let data = encode(id(), 5, &Command::Write(ops.clone()));
             let DecodedCommand::Write(decoded) = decode(&data).unwrap().command else { panic!() };
             prop_assert_eq!(decoded.len(), ops.len());

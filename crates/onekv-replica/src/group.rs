@@ -125,6 +125,8 @@ pub(crate) struct Group {
     /// Damaged values of this replica waiting for a healthy copy: key → (damaged position, when
     /// the copy was last asked for, times asked).
     pub repairs: BTreeMap<Vec<u8>, (u64, Option<Instant>, u32)>,
+    /// The walk that finds expired keys to delete, while this node leads (`expiry`).
+    pub expiry_sweep: crate::expiry::Sweep,
     /// The shard's preferred leader ([`crate::ShardConfig::primary`]).
     pub primary: Option<u64>,
     /// The voter leadership is being handed to on request ([`Group::transfer_leader`]).
@@ -502,6 +504,29 @@ impl Group {
             }
             self.repairs.insert(key, (position, Some(now), times.saturating_add(1)));
             asked += 1;
+        }
+    }
+
+    /// While this node leads, reads the next page of the expiry sweep and proposes the deletion
+    /// of the keys it found expired (`expiry`). Called once per tick.
+    pub fn sweep_expired(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        if self.role() != StateRole::Leader || self.raw.raft.lead_transferee.is_some() {
+            self.expiry_sweep.reset();
+            return;
+        }
+        let now_ms = ctx.clock.ms(now);
+        let interval_ms = ctx.config.expiry_sweep_interval.as_millis() as u64;
+        match self.expiry_sweep.next_page(&self.state, now_ms, interval_ms) {
+            Ok(keys) if keys.is_empty() => {}
+            Ok(keys) => {
+                let data = crate::codec::encode_delete_expired(now_ms, &keys);
+                if let Err(err) = self.raw.propose(Vec::new(), data) {
+                    tracing::debug!(shard = self.shard, %err, "deleting expired keys was refused; the next pass finds them");
+                }
+            }
+            Err(err) => {
+                tracing::warn!(shard = self.shard, %err, "the expiry sweep failed; trying again next tick")
+            }
         }
     }
 
@@ -942,6 +967,7 @@ impl Group {
     pub fn relocate(&mut self, moves: Vec<crate::gc::Move>) -> Result<crate::gc::Relocated, String> {
         let tree = &self.state.tree;
         let still_there = |m: &crate::gc::Move| self.state.points_at(&m.key, &m.from);
+        let pointing_at = |m: &crate::gc::Move| self.state.pointing_at(&m.key, &m.from);
         let applied = self.raw.store().applied_index;
         let Some(seqno) = state::relocation_seqno(applied, tree.last_written_seqno()) else {
             let mut left = 0;
@@ -952,8 +978,10 @@ impl Group {
         };
         let mut moved = 0;
         for m in &moves {
-            if still_there(m)? {
-                tree.insert(&m.key, &m.to.encode(), seqno);
+            // The moved copy keeps the key's expiry: the move changes where the value is, nothing
+            // else.
+            if let Some(expiry) = pointing_at(m)? {
+                tree.insert(&m.key, &m.to.encode_expiring(expiry), seqno);
                 moved += 1;
             }
         }
@@ -1202,6 +1230,7 @@ impl Group {
             disk: ctx.disk.status(),
             corrupt_values: self.state.corruption.count(),
             repaired_values: self.state.corruption.repaired_count(),
+            expired_keys_deleted: self.state.expired_deleted.load(std::sync::atomic::Ordering::Relaxed),
             scrub: self.scrub.status(),
             gc: ctx.gc_status.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         };

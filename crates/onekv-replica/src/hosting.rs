@@ -126,6 +126,10 @@ impl GroupParts {
             served: Mutex::new(None),
             staged: Mutex::new(Default::default()),
             installs: AtomicU64::new(0),
+            system_clock: !self.driven,
+            applied_time_ms: AtomicU64::new(0),
+            expiring_writes: AtomicU64::new(0),
+            expired_deleted: AtomicU64::new(0),
         });
         let snapshots = crate::snapshot::SnapshotBuilder::new(
             state.clone(),
@@ -140,7 +144,9 @@ impl GroupParts {
             snapshots,
             Instant::now(),
         );
-        Recovering::new(shard, store, Applier::new(state, shard))
+        let mut applier = Applier::new(state, shard);
+        applier.unchecked_expiry_deletes = self.mutation == Some(crate::Mutation::DeletesExpiredUnchecked);
+        Recovering::new(shard, store, applier)
     }
 
     /// The group of a recovered replica. `primary` is its preferred leader, `rejoin_listed`
@@ -243,6 +249,7 @@ impl GroupParts {
             last_flush: None,
             scrub,
             repairs: BTreeMap::new(),
+            expiry_sweep: Default::default(),
             primary,
             leader_since: None,
             requested_transfer: None,

@@ -17,6 +17,8 @@
 //!   rate (`scrub`);
 //! - changing a shard's members with joint consensus (`membership`), and adding or removing a
 //!   shard's replica on a running node (`hosting`; the node's list of them is `hosted`);
+//! - expiring keys: puts carry an absolute expiry time ([`Expiry`]), expired keys read as absent,
+//!   and each shard's leader deletes them through Raft at a bounded rate (`expiry`);
 //! - the log garbage collector (`gc`): relocates live values out of the log's oldest segment and
 //!   deletes it, so disk stays bounded; readers pin what they read (`pins`).
 //!
@@ -27,6 +29,7 @@ mod api;
 mod apply;
 pub mod codec;
 mod disk_space;
+mod expiry;
 pub mod failpoints;
 mod gc;
 mod group;

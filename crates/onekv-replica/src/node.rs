@@ -102,26 +102,43 @@ pub(crate) struct NodeLoop {
     pub inbox: Receiver<Input>,
 }
 
-/// Wall-clock milliseconds for proposals, read from the turn's `now` (never a clock of the
-/// loop's own, so a simulation stays a function of its seed): anchored at the first turn.
+/// Wall-clock milliseconds for proposals (the time every replica applies an entry at, which
+/// decides expiry). A server reads the system clock, never going backwards, so its entries' times
+/// and its reads judge expiry by the same clock; a simulation derives it from the turn's `now`
+/// (never a clock of the loop's own, so a run stays a function of its seed), anchored at the
+/// first turn.
 pub(crate) struct WallClock {
-    /// The Unix time in ms at the anchor; a fixed value in a simulation.
+    /// The Unix time in ms at the anchor (a simulation's fixed start).
     pub unix_ms_at_start: u64,
     pub anchor: Option<Instant>,
+    /// Read the system clock (a server) rather than the turn's `now`.
+    pub system: bool,
+    /// The last time handed out (a server's clock never goes back, even if the system's does).
+    last_ms: u64,
 }
 
 impl WallClock {
-    /// The wall clock now, for a server.
+    /// The system clock, for a server.
     pub fn system() -> Self {
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        WallClock { unix_ms_at_start: unix_ms, anchor: None }
+        WallClock { unix_ms_at_start: 0, anchor: None, system: true, last_ms: 0 }
+    }
+
+    /// A clock that starts at `unix_ms` on the first turn and follows the turns' `now`.
+    pub fn simulated(unix_ms: u64) -> Self {
+        WallClock { unix_ms_at_start: unix_ms, anchor: None, system: false, last_ms: 0 }
     }
 
     pub fn ms(&mut self, now: Instant) -> u64 {
-        let anchor = *self.anchor.get_or_insert(now);
-        self.unix_ms_at_start + now.saturating_duration_since(anchor).as_millis() as u64
+        let ms = if self.system {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        } else {
+            let anchor = *self.anchor.get_or_insert(now);
+            self.unix_ms_at_start + now.saturating_duration_since(anchor).as_millis() as u64
+        };
+        self.last_ms = self.last_ms.max(ms);
+        self.last_ms
     }
 }
 
@@ -233,6 +250,7 @@ impl NodeLoop {
         for group in self.groups.values_mut() {
             if tick {
                 group.tick(now, &self.ctx);
+                group.sweep_expired(now, &mut self.ctx);
             }
             group.propose_repairs(now, &mut self.ctx);
             group.send_read_index();

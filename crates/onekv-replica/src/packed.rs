@@ -147,7 +147,7 @@ mod tests {
 
         // A value is found in the raw block by its span, checksum included.
         let raw = unpack(&payload[spans[0].clone()]).unwrap();
-        let (key, span) = records::SnapshotPairs::new(&raw).nth(1).unwrap().unwrap();
+        let (key, span, _) = records::SnapshotPairs::new(&raw).nth(1).unwrap().unwrap();
         assert_eq!(key, b"b");
         let stored = stored_value(&raw, span.offset as u32, span.len as u32).unwrap();
         assert_eq!(codec::verify_stored_value(stored).unwrap(), &b"x".repeat(200)[..]);

@@ -161,8 +161,10 @@ pub fn decode_hard_state(payload: &[u8]) -> Result<HardStateRecord, CodecError> 
 }
 
 /// Snapshot pairs: the format of a Raft snapshot's data on the wire and of a SNAP_CHUNK's tail:
-/// `(key_len:u32 key value_len:u32 crc32c:u32 value)*`, which is the command codec's stored value
-/// layout, so the index can point into a chunk record exactly as into an entry.
+/// `(key_len:u32 key [expires_at_ms:u64] value_len:u32 crc32c:u32 value)*`, whose value part is
+/// the command codec's stored value layout, so the index can point into a chunk record exactly as
+/// into an entry. Bit 31 of `key_len` ([`PAIR_EXPIRES`]) says the key expires, at the time that
+/// follows it (a key's length never comes near 2^31).
 pub struct SnapshotPairs<'a> {
     reader: Reader<'a>,
 }
@@ -174,15 +176,24 @@ impl<'a> SnapshotPairs<'a> {
     }
 }
 
+/// Bit 31 of a snapshot pair's key length: an expiry time follows the key.
+pub const PAIR_EXPIRES: u32 = 1 << 31;
+
 impl<'a> Iterator for SnapshotPairs<'a> {
-    /// A key and its value's span in the data (covering the CRC), or a decoding error.
-    type Item = Result<(&'a [u8], ValueSpan), CodecError>;
+    /// A key, its value's span in the data (covering the CRC) and its expiry time, or a decoding
+    /// error.
+    type Item = Result<(&'a [u8], ValueSpan, Option<u64>), CodecError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.reader.remaining() == 0 {
             return None;
         }
-        let pair = self.reader.bytes().and_then(|key| Ok((key, self.reader.value()?)));
+        let reader = &mut self.reader;
+        let pair = reader.u32().and_then(|len| {
+            let key = reader.take((len & !PAIR_EXPIRES) as usize)?;
+            let expiry = if len & PAIR_EXPIRES != 0 { Some(reader.u64()?) } else { None };
+            Ok((key, reader.value()?, expiry))
+        });
         if pair.is_err() {
             self.reader.at = self.reader.data.len();
         }
@@ -192,8 +203,18 @@ impl<'a> Iterator for SnapshotPairs<'a> {
 
 /// Appends one pair to snapshot data.
 pub fn push_snapshot_pair(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    push_expiring_pair(out, key, None, value);
+}
+
+/// Appends one pair whose key expires at `expiry` (if any) to snapshot data.
+pub fn push_expiring_pair(out: &mut Vec<u8>, key: &[u8], expiry: Option<u64>, value: &[u8]) {
+    debug_assert!((key.len() as u32) < PAIR_EXPIRES, "a key of 2 GiB");
+    let flag = if expiry.is_some() { PAIR_EXPIRES } else { 0 };
+    out.extend_from_slice(&(key.len() as u32 | flag).to_le_bytes());
     out.extend_from_slice(key);
+    if let Some(at) = expiry {
+        out.extend_from_slice(&at.to_le_bytes());
+    }
     out.extend_from_slice(&(value.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(value).to_le_bytes());
     out.extend_from_slice(value);
@@ -497,11 +518,20 @@ mod tests {
         let mut data = Vec::new();
         push_snapshot_pair(&mut data, b"a", b"1");
         push_snapshot_pair(&mut data, b"bb", b"");
+        push_expiring_pair(&mut data, b"ccc", Some(0x0102_0304), b"3");
         let pairs: Vec<_> = SnapshotPairs::new(&data).collect::<Result<_, _>>().unwrap();
-        assert_eq!(pairs.len(), 2);
+        assert_eq!(pairs.len(), 3);
         assert_eq!(pairs[0].0, b"a");
         assert_eq!(pairs[0].1.value(&data), b"1");
-        assert!(SnapshotPairs::new(&data[..data.len() - 1]).any(|p| p.is_err()));
+        assert_eq!((pairs[0].2, pairs[1].2), (None, None));
+        assert_eq!(
+            (pairs[2].0, pairs[2].1.value(&data), pairs[2].2),
+            (&b"ccc"[..], &b"3"[..], Some(0x0102_0304))
+        );
+        for cut in 0..data.len() {
+            let whole = SnapshotPairs::new(&data[..cut]).all(|p| p.is_ok());
+            assert!(!whole || [0, 14, 28].contains(&cut), "cut at {cut} decoded");
+        }
         let meta = SnapshotMeta { shard: 1, index: 9, term: 2, chunks: 3, members: joint_members() };
         let payload = encode_snapshot_meta(&meta);
         assert_eq!(decode_snapshot_meta(&payload).unwrap(), meta);

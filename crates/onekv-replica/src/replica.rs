@@ -263,7 +263,7 @@ impl Node {
         });
         node_loop.ctx.mutation = mutation;
         node_loop.ctx.crash_hook = crash_hook;
-        node_loop.ctx.clock.unix_ms_at_start = SIMULATED_UNIX_MS;
+        node_loop.ctx.clock = crate::node::WallClock::simulated(SIMULATED_UNIX_MS);
         Ok((node, DrivenLoop { node_loop, gc }))
     }
 
@@ -681,6 +681,14 @@ impl Replica {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
         self.check_key(key)?;
         self.state()?.get(key)
+    }
+
+    /// [`Replica::get`] with the key's expiry time (ms since the Unix epoch; `None`: it never
+    /// expires). A key whose time has come is absent.
+    pub fn get_with_expiry(&self, key: &[u8]) -> Result<Option<crate::ValueWithExpiry>, ReplicaError> {
+        self.check_key(key)?;
+        let state = self.state()?;
+        state.get_at(key, state.now_ms())
     }
 
     /// Reads up to `limit` pairs with `start <= key < end` (no end when `None`) from what this

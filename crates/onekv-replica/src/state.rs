@@ -86,6 +86,16 @@ pub(crate) struct State {
     /// the copies it appends), which the log GC's census assumes never happens; the collector
     /// gives up a pass whose census an install overlapped.
     pub installs: AtomicU64,
+    /// Whether reads judge expiry by this machine's wall clock (a server) or only by the times of
+    /// the entries applied (a simulation, whose time is the leaders' simulated clocks).
+    pub system_clock: bool,
+    /// The latest leader time of an entry applied here ([`State::now_ms`] never runs behind it).
+    pub applied_time_ms: AtomicU64,
+    /// Puts with an expiry applied here since the process started (the expiry sweep's hint that
+    /// a pass is worth it: `expiry`).
+    pub expiring_writes: AtomicU64,
+    /// Expired keys deleted here since the process started (`expiry`).
+    pub expired_deleted: AtomicU64,
 }
 
 /// Marks a snapshot install in [`State::installs`] from its creation to its drop, whatever way
@@ -247,17 +257,61 @@ impl State {
     /// Whether `key` points at `value` now (the log GC's test of whether a copy is still the live
     /// one: a write, delete or earlier move since makes it not).
     pub fn points_at(&self, key: &[u8], value: &IndexValue) -> Result<bool, String> {
-        let current = self.tree.get(key).map_err(|e| format!("index lookup: {e}"))?;
-        Ok(current.is_some_and(|stored| IndexValue::decode(&stored).is_ok_and(|current| current == *value)))
+        Ok(self.pointing_at(key, value)?.is_some())
     }
 
-    /// The current value of `key` as applied here.
+    /// [`State::points_at`], with the key's expiry when it does (`Some(None)`: it never expires),
+    /// which a copy moved elsewhere keeps.
+    pub fn pointing_at(&self, key: &[u8], value: &IndexValue) -> Result<Option<Option<u64>>, String> {
+        let current = self.tree.get(key).map_err(|e| format!("index lookup: {e}"))?;
+        Ok(current.and_then(|stored| match onekv_index::decode_stored(&stored) {
+            Ok((current, expiry)) if current == *value => Some(expiry),
+            _ => None,
+        }))
+    }
+
+    /// The time reads judge expiry by, in ms since the Unix epoch: this machine's wall clock, but
+    /// never behind the latest entry applied here (so a key the leader's entries treat as expired
+    /// never reads as live here because this clock is behind theirs).
+    pub fn now_ms(&self) -> u64 {
+        let applied = self.applied_time_ms.load(Ordering::Relaxed);
+        if !self.system_clock {
+            return applied;
+        }
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        wall.max(applied)
+    }
+
+    /// Records that an entry proposed at `time_ms` was applied.
+    pub fn observe_time(&self, time_ms: u64) {
+        self.applied_time_ms.fetch_max(time_ms, Ordering::Relaxed);
+    }
+
+    /// The current value of `key` as applied here, absent if it expired by now.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+        Ok(self.get_at(key, self.now_ms())?.map(|(value, _)| value))
+    }
+
+    /// The value of `key` and when it expires, as seen at `now_ms`: absent if it expired by then.
+    /// Applying an entry asks at the entry's time, so every replica decides alike.
+    pub fn get_at(&self, key: &[u8], now_ms: u64) -> Result<Option<crate::ValueWithExpiry>, ReplicaError> {
         let _pin = self.pins.pin();
         match self.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))? {
-            Some(stored) => self.resolve(key, &stored).map(Some),
+            Some(stored) if onekv_index::expired_at(&stored, now_ms) => Ok(None),
+            Some(stored) => {
+                let expiry = onekv_index::stored_expiry(&stored);
+                self.resolve(key, &stored).map(|value| Some((value, expiry)))
+            }
             None => Ok(None),
         }
+    }
+
+    /// When `key` expires, if it is live at `now_ms` and has an expiry (no value is read).
+    pub fn live_expiry(&self, key: &[u8], now_ms: u64) -> Result<Option<u64>, ReplicaError> {
+        let stored = self.tree.get(key).map_err(|e| storage(format!("index lookup: {e}")))?;
+        Ok(stored.and_then(|stored| onekv_index::stored_expiry(&stored)).filter(|&at| at > now_ms))
     }
 
     /// Up to `limit` pairs in `[start, end)`, stopping early past `max_bytes`; and whether more remain.
@@ -273,12 +327,18 @@ impl State {
         keys_only: bool,
     ) -> Result<crate::ScanResult, ReplicaError> {
         let _pin = self.pins.pin();
+        let now_ms = self.now_ms();
         let (found, mut more) =
             self.tree.range(start, end, limit, reverse).map_err(|e| storage(format!("index scan: {e}")))?;
         let mut out = Vec::with_capacity(found.len());
         let mut bytes = 0usize;
         let total = found.len();
         for (i, (key, stored)) in found.into_iter().enumerate() {
+            // Expired keys are left out (a page can then hold fewer pairs than `limit`, even
+            // none, while `more` still says whether the range goes on).
+            if onekv_index::expired_at(&stored, now_ms) {
+                continue;
+            }
             let value = if keys_only { Vec::new() } else { self.resolve(&key, &stored)? };
             bytes += key.len() + value.len();
             out.push((key, value));

@@ -30,8 +30,13 @@ fn writes_replicate_and_survive_a_leader_failover_and_a_full_restart() {
         }
         assert_ne!(cluster.leader(), first_leader);
         cluster.open(first_leader);
-        let last =
-            cluster.propose(Command::Write(vec![WriteOp { key: b"last".to_vec(), value: None }])).unwrap();
+        let last = cluster
+            .propose(Command::Write(vec![WriteOp {
+                key: b"last".to_vec(),
+                value: None,
+                expiry: Default::default(),
+            }]))
+            .unwrap();
         for id in 1..=3 {
             cluster.wait_applied(id, last.index);
             let replica = cluster.replica(id);
@@ -78,6 +83,7 @@ fn compare_and_swap_and_retried_request_ids() {
         key: b"k".to_vec(),
         expected: expected.map(<[u8]>::to_vec),
         new: new.map(<[u8]>::to_vec),
+        new_expiry: Default::default(),
     };
     let swapped = cluster.propose(cas(None, Some(b"a"))).unwrap().cas.unwrap();
     assert!(swapped.swapped);
@@ -112,10 +118,15 @@ fn a_retried_compare_and_swap_that_did_not_swap_never_swaps_later() {
     let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, no_tweak);
     cluster.put("k", b"a");
     let id = RequestId { client: 77, seq: 1 };
-    let cas = Command::Cas { key: b"k".to_vec(), expected: None, new: Some(b"b".to_vec()) };
+    let cas = Command::Cas {
+        key: b"k".to_vec(),
+        expected: None,
+        new: Some(b"b".to_vec()),
+        new_expiry: Default::default(),
+    };
     let txn = Command::Txn {
         conditions: vec![Condition { key: b"k".to_vec(), expected: None }],
-        ops: vec![WriteOp { key: b"t".to_vec(), value: Some(b"t".to_vec()) }],
+        ops: vec![WriteOp { key: b"t".to_vec(), value: Some(b"t".to_vec()), expiry: Default::default() }],
     };
     let txn_id = RequestId { client: 77, seq: 2 };
     let replica = cluster.replica(cluster.leader());
@@ -134,7 +145,13 @@ fn a_retried_compare_and_swap_that_did_not_swap_never_swaps_later() {
     assert!(!again.swapped);
     assert_eq!(again.current.as_deref(), Some(&b"c"[..]));
     // Once the compared value matches, a retry may neither swap nor say "not swapped".
-    cluster.propose(Command::Write(vec![WriteOp { key: b"k".to_vec(), value: None }])).unwrap();
+    cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"k".to_vec(),
+            value: None,
+            expiry: Default::default(),
+        }]))
+        .unwrap();
     for (id, command, evaluated) in [(id, &cas, first.index), (txn_id, &txn, first_txn.index)] {
         match propose(id, command) {
             Err(ReplicaError::AlreadyEvaluated { index }) => assert_eq!(index, evaluated),
@@ -163,14 +180,22 @@ fn transactions_apply_all_or_nothing_and_survive_a_restart() {
             key: key.into(),
             expected: expected.map(<[u8]>::to_vec),
         };
-        let put = |key: &str, value: &[u8]| WriteOp { key: key.into(), value: Some(value.to_vec()) };
+        let put = |key: &str, value: &[u8]| WriteOp {
+            key: key.into(),
+            value: Some(value.to_vec()),
+            expiry: Default::default(),
+        };
         let txn = |conditions, ops| Command::Txn { conditions, ops };
         cluster.put("a", b"1");
         // Conditions hold: every op applies, deletes included.
         let applied = cluster
             .propose(txn(
                 vec![condition("a", Some(b"1")), condition("b", None)],
-                vec![put("a", b"2"), put("b", b"x"), WriteOp { key: b"c".to_vec(), value: None }],
+                vec![
+                    put("a", b"2"),
+                    put("b", b"x"),
+                    WriteOp { key: b"c".to_vec(), value: None, expiry: Default::default() },
+                ],
             ))
             .unwrap();
         assert_eq!(applied.cas.as_ref().map(|cas| cas.swapped), Some(true), "{mode:?}");
@@ -241,14 +266,19 @@ fn oversized_and_empty_input_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, no_tweak);
     let limits = cluster.replica(1).limits().clone();
-    let put = |key: Vec<u8>, value: Vec<u8>| Command::Write(vec![WriteOp { key, value: Some(value) }]);
+    let put = |key: Vec<u8>, value: Vec<u8>| {
+        Command::Write(vec![WriteOp { key, value: Some(value), expiry: Default::default() }])
+    };
     for (command, expect) in [
         (put(vec![b'k'; limits.max_key_bytes + 1], vec![]), "max_key_bytes"),
         (put(b"k".to_vec(), vec![0; limits.max_value_bytes + 1]), "max_value_bytes"),
         (put(Vec::new(), b"v".to_vec()), "empty key"),
         (Command::Write(Vec::new()), "empty batch"),
         (
-            Command::Write(vec![WriteOp { key: b"k".to_vec(), value: None }; limits.max_batch_ops + 1]),
+            Command::Write(vec![
+                WriteOp { key: b"k".to_vec(), value: None, expiry: Default::default() };
+                limits.max_batch_ops + 1
+            ]),
             "max_batch_ops",
         ),
     ] {
@@ -278,7 +308,13 @@ fn a_follower_that_was_down_catches_up_through_a_snapshot() {
     cluster.stop(lagging);
     // A request applied while the follower is down reaches it only inside the snapshot.
     let retried = RequestId { client: 88, seq: 1 };
-    let dup = |v: &[u8]| Command::Write(vec![WriteOp { key: b"dup".to_vec(), value: Some(v.to_vec()) }]);
+    let dup = |v: &[u8]| {
+        Command::Write(vec![WriteOp {
+            key: b"dup".to_vec(),
+            value: Some(v.to_vec()),
+            expiry: Default::default(),
+        }])
+    };
     let propose_with = |cluster: &Cluster, id: RequestId, command: Command| {
         let (tx, rx) = mpsc::channel();
         cluster.replica(cluster.leader()).propose(id, command, Box::new(move |r| tx.send(r).unwrap()));
@@ -292,8 +328,13 @@ fn a_follower_that_was_down_catches_up_through_a_snapshot() {
     let leader_status = cluster.replica(cluster.leader()).status();
     assert!(leader_status.first_index > 100, "the Raft log was not compacted: {leader_status:?}");
     cluster.open(lagging);
-    let last =
-        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+    let last = cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"after".to_vec(),
+            value: None,
+            expiry: Default::default(),
+        }]))
+        .unwrap();
     cluster.wait_applied(lagging, last.index);
     // The retry commits again after the snapshot; the follower must skip it like everyone else.
     let again = propose_with(&cluster, retried, dup(b"one"));
@@ -371,8 +412,13 @@ fn a_lost_snapshot_is_sent_again() {
             && counter.fetch_add(1, Ordering::SeqCst) == 0
     })));
     cluster.open(lagging);
-    let last =
-        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+    let last = cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"after".to_vec(),
+            value: None,
+            expiry: Default::default(),
+        }]))
+        .unwrap();
     cluster.wait_applied(lagging, last.index);
     assert!(lost.load(Ordering::SeqCst) >= 2, "the snapshot was not sent again after the loss");
     assert_eq!(cluster.replica(lagging).get(b"k0150").unwrap(), Some(value(150, 64)));
@@ -384,7 +430,11 @@ fn a_retried_request_id_is_recognised_after_restarts_and_on_every_replica() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, small_log);
     let put = |key: &str, value: &[u8]| {
-        Command::Write(vec![WriteOp { key: key.as_bytes().to_vec(), value: Some(value.to_vec()) }])
+        Command::Write(vec![WriteOp {
+            key: key.as_bytes().to_vec(),
+            value: Some(value.to_vec()),
+            expiry: Default::default(),
+        }])
     };
     let propose_with = |cluster: &Cluster, id: RequestId, command: Command| {
         let (tx, rx) = mpsc::channel();
@@ -406,7 +456,13 @@ fn a_retried_request_id_is_recognised_after_restarts_and_on_every_replica() {
     // The retry commits again, but takes no effect anywhere and answers as the first did.
     let again = propose_with(&cluster, retried, put("k", b"first"));
     assert_eq!(again, first);
-    let last = cluster.propose(Command::Write(vec![WriteOp { key: b"last".to_vec(), value: None }])).unwrap();
+    let last = cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"last".to_vec(),
+            value: None,
+            expiry: Default::default(),
+        }]))
+        .unwrap();
     for id in 1..=3 {
         cluster.wait_applied(id, last.index);
         assert_eq!(cluster.replica(id).get(b"k").unwrap().as_deref(), Some(&b"second"[..]), "node {id}");
@@ -446,8 +502,11 @@ fn a_turn_larger_than_the_log_queue_slows_the_leader_but_never_fails_it() {
         let (tx, rx) = mpsc::channel();
         for &i in &pending {
             let tx = tx.clone();
-            let command =
-                Command::Write(vec![WriteOp { key: format!("big{i:03}").into(), value: Some(mib(i)) }]);
+            let command = Command::Write(vec![WriteOp {
+                key: format!("big{i:03}").into(),
+                value: Some(mib(i)),
+                expiry: Default::default(),
+            }]);
             let id = RequestId { client: 5, seq: i as u64 + 1 };
             cluster.replica(cluster.leader()).propose(
                 id,
@@ -498,8 +557,13 @@ fn a_follower_catches_up_on_more_than_the_log_queues_at_once() {
             cluster.put(&format!("big{i:03}"), &mib(i));
         }
         cluster.open(lagging);
-        let last =
-            cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+        let last = cluster
+            .propose(Command::Write(vec![WriteOp {
+                key: b"after".to_vec(),
+                value: None,
+                expiry: Default::default(),
+            }]))
+            .unwrap();
         cluster.wait_applied(lagging, last.index);
         no_failures(&cluster);
         let replica = cluster.replica(lagging);
@@ -551,7 +615,11 @@ fn a_state_larger_than_any_message_streams_to_a_lagging_follower_in_chunks() {
     while started.elapsed() < Duration::from_secs(60) {
         let put = Instant::now();
         last = cluster
-            .propose(Command::Write(vec![WriteOp { key: b"during".to_vec(), value: Some(b"x".to_vec()) }]))
+            .propose(Command::Write(vec![WriteOp {
+                key: b"during".to_vec(),
+                value: Some(b"x".to_vec()),
+                expiry: Default::default(),
+            }]))
             .unwrap()
             .index;
         slowest = slowest.max(put.elapsed());
@@ -616,8 +684,14 @@ fn a_snapshot_fetch_cut_off_part_way_resumes_where_it_stopped() {
     }
     cluster.router.fail_chunk_calls_after(None);
     let before = cluster.router.chunk_calls();
-    let last =
-        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap().index;
+    let last = cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"after".to_vec(),
+            value: None,
+            expiry: Default::default(),
+        }]))
+        .unwrap()
+        .index;
     cluster.wait_applied(lagging, last);
     let replica = cluster.replica(lagging);
     for i in 0..200 {
@@ -641,7 +715,12 @@ fn the_index_flushes_on_entry_count_and_age_even_when_little_is_written() {
         config.raft_log_keep_entries = 10;
     };
     let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, tweak);
-    let cas = || Command::Cas { key: b"k".to_vec(), expected: Some(b"never".to_vec()), new: None };
+    let cas = || Command::Cas {
+        key: b"k".to_vec(),
+        expected: Some(b"never".to_vec()),
+        new: None,
+        new_expiry: Default::default(),
+    };
     for _ in 0..200 {
         let outcome = cluster.propose(cas()).unwrap();
         assert!(!outcome.cas.unwrap().swapped);
@@ -692,8 +771,13 @@ fn a_wiped_replica_stays_rejoining_across_a_restart_until_it_has_caught_up() {
     assert!(std::fs::read_to_string(rejoining_file(wiped)).unwrap().contains("shards=1\n"));
     cluster.open(wiped);
     assert!(cluster.replica(wiped).status().rejoining);
-    let last =
-        cluster.propose(Command::Write(vec![WriteOp { key: b"after".to_vec(), value: None }])).unwrap();
+    let last = cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"after".to_vec(),
+            value: None,
+            expiry: Default::default(),
+        }]))
+        .unwrap();
     cluster.wait_applied(wiped, last.index);
     let deadline = Instant::now() + Duration::from_secs(20);
     while cluster.replica(wiped).status().rejoining {

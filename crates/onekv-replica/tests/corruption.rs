@@ -110,9 +110,13 @@ impl Cluster {
     }
 
     fn put(&mut self, key: &str, value: &[u8]) -> u64 {
-        self.propose(Command::Write(vec![WriteOp { key: key.into(), value: Some(value.to_vec()) }]))
-            .unwrap()
-            .index
+        self.propose(Command::Write(vec![WriteOp {
+            key: key.into(),
+            value: Some(value.to_vec()),
+            expiry: Default::default(),
+        }]))
+        .unwrap()
+        .index
     }
 
     /// A linearizable read on node `id` (which must lead).
@@ -253,6 +257,7 @@ fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_rep
         key: b"damaged".to_vec(),
         expected: Some(damaged_value.clone()),
         new: Some(damaged_value.clone()),
+        new_expiry: Default::default(),
     };
     assert!(cluster.propose(cas).unwrap().cas.unwrap().swapped);
     let leader_status = status(&cluster, leader);
@@ -305,6 +310,7 @@ fn a_value_damaged_on_every_replica_fails_its_key_everywhere_counted_once_until_
         key: b"everywhere".to_vec(),
         expected: Some(damaged_value.clone()),
         new: Some(b"swapped".to_vec()),
+        new_expiry: Default::default(),
     };
     assert!(matches!(cluster.propose(cas), Err(ReplicaError::Corrupt { .. })));
     // The followers find their damage too (they answered the repair requests with nothing).

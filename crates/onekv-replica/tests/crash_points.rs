@@ -62,8 +62,11 @@ fn child_writer() {
             let replica = replica_of(&node, writer);
             std::thread::spawn(move || {
                 for n in 0.. {
-                    let command =
-                        Command::Write(vec![WriteOp { key: key(writer, n), value: Some(value(writer, n)) }]);
+                    let command = Command::Write(vec![WriteOp {
+                        key: key(writer, n),
+                        value: Some(value(writer, n)),
+                        expiry: Default::default(),
+                    }]);
                     let (tx, rx) = mpsc::channel();
                     let id = RequestId { client: writer as u64 + 1, seq: n as u64 + 1 };
                     replica.propose(id, command, Box::new(move |r| drop(tx.send(r))));
@@ -122,8 +125,11 @@ fn check_recovered(dir: &Path, point: &str, acked: &[Option<usize>]) -> usize {
     // The recovered node keeps working.
     let replica = replica_of(&node, 0);
     let (tx, rx) = mpsc::channel();
-    let command =
-        Command::Write(vec![WriteOp { key: b"after-recovery".to_vec(), value: Some(b"ok".to_vec()) }]);
+    let command = Command::Write(vec![WriteOp {
+        key: b"after-recovery".to_vec(),
+        value: Some(b"ok".to_vec()),
+        expiry: Default::default(),
+    }]);
     replica.propose(RequestId::default(), command, Box::new(move |r| drop(tx.send(r))));
     rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
     replica.shutdown();

@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 
 fn put(replica: &Replica, seq: u64, key: &str) -> Result<Outcome, ReplicaError> {
     let (tx, rx) = mpsc::channel();
-    let command = Command::Write(vec![WriteOp { key: key.into(), value: Some(key.as_bytes().to_vec()) }]);
+    let command = Command::Write(vec![WriteOp {
+        key: key.into(),
+        value: Some(key.as_bytes().to_vec()),
+        expiry: Default::default(),
+    }]);
     replica.propose(RequestId { client: 7, seq }, command, Box::new(move |r| tx.send(r).unwrap()));
     rx.recv_timeout(Duration::from_secs(10)).expect("a reply")
 }

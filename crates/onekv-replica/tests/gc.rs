@@ -97,7 +97,12 @@ fn overwrite_and_collect(storage: StorageMode) {
     let mut largest_log = 0u64;
     for k in 0..COLD {
         seq += 1;
-        write(&node, shard_of(k), seq, vec![WriteOp { key: cold_key(k), value: Some(value(k, 0)) }]);
+        write(
+            &node,
+            shard_of(k),
+            seq,
+            vec![WriteOp { key: cold_key(k), value: Some(value(k, 0)), expiry: Default::default() }],
+        );
     }
     // About 22 × 16 MiB segments of overwrites of 3 MiB of live data.
     let rounds = 120;
@@ -106,8 +111,14 @@ fn overwrite_and_collect(storage: StorageMode) {
             let keys: Vec<usize> = (0..KEYS).filter(|k| shard_of(*k) == shard).collect();
             for chunk in keys.chunks(OPS_PER_WRITE) {
                 seq += 1;
-                let ops =
-                    chunk.iter().map(|k| WriteOp { key: key(*k), value: Some(value(*k, round)) }).collect();
+                let ops = chunk
+                    .iter()
+                    .map(|k| WriteOp {
+                        key: key(*k),
+                        value: Some(value(*k, round)),
+                        expiry: Default::default(),
+                    })
+                    .collect();
                 write(&node, shard, seq, ops);
                 for k in chunk {
                     round_of[*k] = round;
@@ -155,7 +166,12 @@ fn overwrite_and_collect(storage: StorageMode) {
     let node = open(dir.path(), storage);
     check_latest(&node, &round_of, "after a restart");
     seq += 1;
-    write(&node, 1, seq, vec![WriteOp { key: key(0), value: Some(value(0, rounds + 1)) }]);
+    write(
+        &node,
+        1,
+        seq,
+        vec![WriteOp { key: key(0), value: Some(value(0, rounds + 1)), expiry: Default::default() }],
+    );
     round_of[0] = rounds + 1;
     check_latest(&node, &round_of, "after a restart and a write");
     node.shutdown();
@@ -165,7 +181,12 @@ fn overwrite_and_collect(storage: StorageMode) {
 fn overwrite_all(node: &Node, seq: &mut u64, round: usize) {
     for k in 0..KEYS {
         *seq += 1;
-        write(node, shard_of(k), *seq, vec![WriteOp { key: key(k), value: Some(value(k, round)) }]);
+        write(
+            node,
+            shard_of(k),
+            *seq,
+            vec![WriteOp { key: key(k), value: Some(value(k, round)), expiry: Default::default() }],
+        );
     }
 }
 
@@ -188,14 +209,23 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     // One value whose marker LZ4 keeps as it is (letters that occur nowhere else), so its copy
     // inside a compressed block can be found and damaged at the end.
     seq += 1;
-    write(&node, 1, seq, vec![WriteOp { key: b"marked".to_vec(), value: Some(marked_value()) }]);
+    write(
+        &node,
+        1,
+        seq,
+        vec![WriteOp { key: b"marked".to_vec(), value: Some(marked_value()), expiry: Default::default() }],
+    );
     // 40 000 small values (about 7 MiB of pairs), written once: cold data the collector must move.
     for start in (0..SMALL).step_by(500) {
         for shard in 1..=3u64 {
             seq += 1;
             let ops = (start..start + 500)
                 .filter(|k| shard_of(*k) == shard)
-                .map(|k| WriteOp { key: format!("small-{k:06}").into_bytes(), value: Some(small_value(k)) })
+                .map(|k| WriteOp {
+                    key: format!("small-{k:06}").into_bytes(),
+                    value: Some(small_value(k)),
+                    expiry: Default::default(),
+                })
                 .collect();
             write(&node, shard, seq, ops);
         }

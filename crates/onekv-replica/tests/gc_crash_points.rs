@@ -79,7 +79,7 @@ fn shard(writer: usize) -> u64 {
 fn put(node: &Node, writer: usize, seq: u64, key: Vec<u8>, value: Vec<u8>) -> Result<(), ReplicaError> {
     let (tx, rx) = mpsc::channel();
     let id = RequestId { client: writer as u64 + 1, seq };
-    let command = Command::Write(vec![WriteOp { key, value: Some(value) }]);
+    let command = Command::Write(vec![WriteOp { key, value: Some(value), expiry: Default::default() }]);
     node.replica(shard(writer)).unwrap().propose(id, command, Box::new(move |r| drop(tx.send(r))));
     rx.recv_timeout(Duration::from_secs(10)).unwrap_or(Err(ReplicaError::Stopping)).map(|_| ())
 }

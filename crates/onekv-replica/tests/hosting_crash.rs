@@ -46,7 +46,11 @@ fn open(dir: &Path) -> Node {
 
 fn put(node: &Node, n: usize) {
     let (tx, rx) = mpsc::channel();
-    let command = Command::Write(vec![WriteOp { key: key(n), value: Some(vec![n as u8; 100]) }]);
+    let command = Command::Write(vec![WriteOp {
+        key: key(n),
+        value: Some(vec![n as u8; 100]),
+        expiry: Default::default(),
+    }]);
     node.replica(1).unwrap().propose(RequestId::default(), command, Box::new(move |r| drop(tx.send(r))));
     rx.recv_timeout(Duration::from_secs(10)).expect("an answer").expect("a write");
 }

@@ -13,7 +13,11 @@ const RESERVE: u64 = 1 << 20;
 
 fn put(replica: &Replica, key: &str) -> Result<(), ReplicaError> {
     let (tx, rx) = mpsc::channel();
-    let command = Command::Write(vec![WriteOp { key: key.into(), value: Some(b"v".to_vec()) }]);
+    let command = Command::Write(vec![WriteOp {
+        key: key.into(),
+        value: Some(b"v".to_vec()),
+        expiry: Default::default(),
+    }]);
     replica.propose(RequestId::default(), command, Box::new(move |r| drop(tx.send(r))));
     rx.recv_timeout(Duration::from_secs(10)).expect("an answer, not a hang").map(|_| ())
 }

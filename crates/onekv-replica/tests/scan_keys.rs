@@ -81,7 +81,7 @@ fn keys_only_scans_read_no_value(mode: StorageMode) {
     let dir = tempfile::tempdir().unwrap();
     let replica = open_leader(dir.path(), mode);
     for i in 0..KEYS {
-        write(&replica, vec![WriteOp { key: key(i), value: Some(value(i)) }]);
+        write(&replica, vec![WriteOp { key: key(i), value: Some(value(i)), expiry: Default::default() }]);
     }
     let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
 
@@ -137,7 +137,14 @@ fn keys_only_pages_keep_the_pair_and_byte_bounds() {
     for chunk in (0..1100).collect::<Vec<_>>().chunks(550) {
         write(
             &replica,
-            chunk.iter().map(|&i| WriteOp { key: long_key(i), value: Some(b"v".to_vec()) }).collect(),
+            chunk
+                .iter()
+                .map(|&i| WriteOp {
+                    key: long_key(i),
+                    value: Some(b"v".to_vec()),
+                    expiry: Default::default(),
+                })
+                .collect(),
         );
     }
     let (pairs, more) = replica.scan_keys(b"", None, 0, false).unwrap();

@@ -35,8 +35,11 @@ fn a_slow_index_flush_stalls_neither_writes_nor_heartbeats() {
     let mut n = 0u64;
     while started.elapsed() < Duration::from_secs(6) {
         let (tx, rx) = mpsc::channel();
-        let command =
-            Command::Write(vec![WriteOp { key: format!("k{n:06}").into(), value: Some(vec![b'v'; 1024]) }]);
+        let command = Command::Write(vec![WriteOp {
+            key: format!("k{n:06}").into(),
+            value: Some(vec![b'v'; 1024]),
+            expiry: Default::default(),
+        }]);
         let put = Instant::now();
         replica.propose(RequestId { client: 3, seq: n + 1 }, command, Box::new(move |r| drop(tx.send(r))));
         rx.recv_timeout(Duration::from_secs(10)).expect("an answer").expect("the write succeeds");

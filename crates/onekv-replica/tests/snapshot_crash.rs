@@ -60,7 +60,8 @@ fn leader(router: &Router) -> u64 {
 }
 
 fn put(router: &Router, n: usize) -> Result<u64, ReplicaError> {
-    let command = Command::Write(vec![WriteOp { key: key(n), value: Some(value(n)) }]);
+    let command =
+        Command::Write(vec![WriteOp { key: key(n), value: Some(value(n)), expiry: Default::default() }]);
     let (tx, rx) = mpsc::channel();
     let id = RequestId { client: 1, seq: n as u64 + 1 };
     router.get(leader(router)).unwrap().propose(id, command, Box::new(move |r| drop(tx.send(r))));

@@ -15,7 +15,11 @@ fn put(replica: &Replica, key: &str) -> Result<(), ReplicaError> {
 
 fn put_with(replica: &Replica, id: RequestId, key: &str, value: &[u8]) -> Result<u64, ReplicaError> {
     let (tx, rx) = mpsc::channel();
-    let command = Command::Write(vec![WriteOp { key: key.into(), value: Some(value.to_vec()) }]);
+    let command = Command::Write(vec![WriteOp {
+        key: key.into(),
+        value: Some(value.to_vec()),
+        expiry: Default::default(),
+    }]);
     replica.propose(id, command, Box::new(move |r| drop(tx.send(r))));
     rx.recv_timeout(Duration::from_secs(10)).expect("an answer, not a hang").map(|outcome| outcome.index)
 }

@@ -112,8 +112,12 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Runs the commands queued since MULTI atomically (one replicated transaction); null if a watched key changed."),
     spec("exists", -2, &["readonly", "fast"], ALL_KEYS, "generic", "1.0.1",
         "Counts the given keys that exist (linearizable reads)."),
+    spec("expire", -3, &["write", "fast"], ONE_KEY, "generic", "1.0.0",
+        "Sets a key's time to live in seconds (NX, XX, GT, LT). A compare-and-swap that writes the value again."),
+    spec("expireat", -3, &["write", "fast"], ONE_KEY, "generic", "1.2.0",
+        "Sets when a key expires, in Unix seconds (NX, XX, GT, LT). A compare-and-swap that writes the value again."),
     spec("expiretime", 2, &["readonly", "fast"], ONE_KEY, "generic", "7.0.0",
-        "-1 (onekv keys never expire) or -2 if the key does not exist."),
+        "When a key expires, in Unix seconds; -1 if it has no expiry, -2 if it does not exist."),
     spec("flushall", -1, &["write"], NO_KEYS, "server", "1.0.0",
         "Deletes every key, a page of keys at a time (not atomic: see docs/redis.md)."),
     spec("flushdb", -1, &["write"], NO_KEYS, "server", "1.0.0",
@@ -127,7 +131,7 @@ pub static COMMANDS: &[CommandSpec] = &[
     spec("getdel", 2, &["write", "fast"], ONE_KEY, "string", "6.2.0",
         "Returns a key's value and deletes it. A compare-and-swap loop."),
     spec("getex", -2, &["write", "fast"], ONE_KEY, "string", "6.2.0",
-        "GET; PERSIST is accepted (keys never expire), the expiry options are not supported."),
+        "GET, and sets or removes the key's expiry (EX, PX, EXAT, PXAT, PERSIST): then a compare-and-swap."),
     spec("getrange", 4, &["readonly"], ONE_KEY, "string", "2.4.0",
         "A range of a value's bytes (negative offsets count from the end)."),
     spec("getset", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
@@ -157,13 +161,19 @@ pub static COMMANDS: &[CommandSpec] = &[
     spec("object", -2, &["readonly"], (2, 2, 1), "generic", "2.2.3",
         "OBJECT ENCODING (int, embstr or raw, by Redis's rules), REFCOUNT, IDLETIME, HELP."),
     spec("persist", 2, &["write", "fast"], ONE_KEY, "generic", "2.2.0",
-        "0: onekv keys never expire, so there is no expiry to remove."),
+        "Removes a key's expiry; 1 if it had one. A compare-and-swap that writes the value again."),
+    spec("pexpire", -3, &["write", "fast"], ONE_KEY, "generic", "2.6.0",
+        "EXPIRE in milliseconds."),
+    spec("pexpireat", -3, &["write", "fast"], ONE_KEY, "generic", "2.6.0",
+        "EXPIREAT in Unix milliseconds."),
     spec("pexpiretime", 2, &["readonly", "fast"], ONE_KEY, "generic", "7.0.0",
-        "-1 (onekv keys never expire) or -2 if the key does not exist."),
+        "When a key expires, in Unix milliseconds; -1 if it has no expiry, -2 if it does not exist."),
     spec("ping", -1, &["fast", "stale"], NO_KEYS, "connection", "1.0.0",
         "PONG, or its argument; answered by this node without touching the cluster."),
+    spec("psetex", 4, &["write", "denyoom"], ONE_KEY, "string", "2.6.0",
+        "Sets a key that expires in the given milliseconds. A blind write."),
     spec("pttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "2.6.0",
-        "-1 (onekv keys never expire) or -2 if the key does not exist."),
+        "A key's time to live in milliseconds; -1 if it has no expiry, -2 if it does not exist."),
     spec("quit", -1, &["fast", "stale", "loading"], NO_KEYS, "connection", "1.0.0",
         "Closes the connection after replying OK."),
     spec("randomkey", 1, &["readonly"], NO_KEYS, "generic", "1.0.0",
@@ -177,9 +187,11 @@ pub static COMMANDS: &[CommandSpec] = &[
     spec("select", 2, &["loading", "stale", "fast"], NO_KEYS, "connection", "1.0.0",
         "Chooses database 0 to 15 for the connection (databases are ranges of the key space)."),
     spec("set", -3, &["write", "denyoom"], ONE_KEY, "string", "1.0.0",
-        "Sets a key. Without NX/XX/GET a blind write, else a compare-and-swap loop."),
+        "Sets a key (EX, PX, EXAT, PXAT, KEEPTTL). Without NX/XX/GET a blind write, else a compare-and-swap loop."),
     spec("setbit", 4, &["write", "denyoom"], ONE_KEY, "bitmap", "2.2.0",
         "Sets or clears the bit at an offset, returning the old bit. A compare-and-swap loop."),
+    spec("setex", 4, &["write", "denyoom"], ONE_KEY, "string", "2.0.0",
+        "Sets a key that expires in the given seconds. A blind write."),
     spec("setnx", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
         "Sets a key only if it is absent (one compare-and-swap); 1 if it was set."),
     spec("setrange", 4, &["write", "denyoom"], ONE_KEY, "string", "2.2.0",
@@ -188,10 +200,12 @@ pub static COMMANDS: &[CommandSpec] = &[
         "The length of a key's value (0 if absent)."),
     spec("substr", 4, &["readonly"], ONE_KEY, "string", "1.0.0",
         "GETRANGE."),
+    spec("time", 1, &["loading", "stale", "fast"], NO_KEYS, "server", "2.6.0",
+        "This node's clock: Unix seconds and the microseconds within the second."),
     spec("touch", -2, &["readonly", "fast"], ALL_KEYS, "generic", "3.2.1",
         "Counts the given keys that exist (onekv does not track access times)."),
     spec("ttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
-        "-1 (onekv keys never expire) or -2 if the key does not exist."),
+        "A key's time to live in seconds; -1 if it has no expiry, -2 if it does not exist."),
     spec("type", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
         "string, or none if the key does not exist (onekv holds strings only)."),
     spec("unlink", -2, &["write", "fast"], ALL_KEYS, "generic", "4.0.0",
@@ -220,7 +234,12 @@ pub fn syntax(name: &str) -> &'static str {
         "ping" => "[message]",
         "scan" => "cursor [MATCH pattern] [COUNT count] [TYPE type]",
         "select" => "index",
-        "set" => "key value [NX|XX] [GET] [KEEPTTL]",
+        "set" => {
+            "key value [NX|XX] [GET] [EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|KEEPTTL]"
+        }
+        "setex" => "key seconds value",
+        "psetex" => "key milliseconds value",
+        "expire" | "pexpire" | "expireat" | "pexpireat" => "key time [NX|XX|GT|LT]",
         "getset" => "key value",
         "getrange" | "substr" => "key start end",
         "setrange" => "key offset value",
@@ -236,7 +255,9 @@ pub fn syntax(name: &str) -> &'static str {
         "bitcount" => "key [start] [end] [BYTE|BIT]",
         "bitpos" => "key bit [start] [end] [BYTE|BIT]",
         "lcs" => "key1 key2 [LEN] [IDX] [MINMATCHLEN min-match-len] [WITHMATCHLEN]",
-        "getex" => "key [PERSIST]",
+        "getex" => {
+            "key [EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|PERSIST]"
+        }
         "flushall" | "flushdb" => "[ASYNC|SYNC]",
         _ => "",
     }
@@ -261,6 +282,49 @@ pub struct SetOptions {
     pub xx: bool,
     /// Return the old value.
     pub get: bool,
+    /// The expiry option, if one was given.
+    pub expiry: Option<ExpiryOption>,
+}
+
+/// An expiry option of `SET` or `GETEX`, as given (checked: a positive number of its unit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryOption {
+    /// `EX seconds`.
+    Seconds(i64),
+    /// `PX milliseconds`.
+    Milliseconds(i64),
+    /// `EXAT unix-seconds`.
+    AtSeconds(i64),
+    /// `PXAT unix-milliseconds`.
+    AtMilliseconds(i64),
+    /// `KEEPTTL` (SET) : keep the key's expiry.
+    KeepTtl,
+    /// `PERSIST` (GETEX): remove the key's expiry.
+    Persist,
+}
+
+impl ExpiryOption {
+    /// Parses `EX n`, `PX n`, `EXAT n` or `PXAT n` at the start of `options`, with Redis's checks
+    /// (a positive integer; the error names `command`); `None` if `options` does not start with
+    /// one of them.
+    fn parse_timed(options: &[Vec<u8>], command: &str) -> Option<Result<ExpiryOption, String>> {
+        let option = options.first()?.to_ascii_uppercase();
+        let make: fn(i64) -> ExpiryOption = match option.as_slice() {
+            b"EX" => ExpiryOption::Seconds,
+            b"PX" => ExpiryOption::Milliseconds,
+            b"EXAT" => ExpiryOption::AtSeconds,
+            b"PXAT" => ExpiryOption::AtMilliseconds,
+            _ => return None,
+        };
+        let Some(number) = options.get(1) else { return Some(Err("syntax error".into())) };
+        let Some(number) = crate::exec::parse_integer(number) else {
+            return Some(Err("value is not an integer or out of range".into()));
+        };
+        if number <= 0 {
+            return Some(Err(format!("invalid expire time in '{command}' command")));
+        }
+        Some(Ok(make(number)))
+    }
 }
 
 impl SetOptions {
@@ -270,28 +334,63 @@ impl SetOptions {
     }
 }
 
-/// Parses the options of `SET key value [options...]` (`options` is what follows the value).
-/// `KEEPTTL` is accepted and means nothing (onekv keys never expire); the expiry options are
-/// refused. The error is the message without its `ERR ` code.
+/// Parses the options of `SET key value [options...]` (`options` is what follows the value), with
+/// Redis's rules: at most one of NX and XX, at most one expiry option (EX, PX, EXAT, PXAT,
+/// KEEPTTL), each timed one followed by a positive integer. The error is the message without its
+/// `ERR ` code.
 pub fn parse_set_options(options: &[Vec<u8>]) -> Result<SetOptions, String> {
     let mut parsed = SetOptions::default();
-    for option in options {
-        let option = option.to_ascii_uppercase();
-        match option.as_slice() {
-            b"NX" => parsed.nx = true,
-            b"XX" => parsed.xx = true,
-            b"GET" => parsed.get = true,
-            b"KEEPTTL" => {}
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
-                return Err("onekv keys do not expire: SET's EX, PX, EXAT and PXAT are not supported".into());
+    let mut at = 0;
+    while at < options.len() {
+        let option = options[at].to_ascii_uppercase();
+        let expiry = match option.as_slice() {
+            b"NX" if !parsed.xx => {
+                parsed.nx = true;
+                None
             }
-            _ => return Err("syntax error".into()),
+            b"XX" if !parsed.nx => {
+                parsed.xx = true;
+                None
+            }
+            b"GET" => {
+                parsed.get = true;
+                None
+            }
+            b"KEEPTTL" => Some(ExpiryOption::KeepTtl),
+            _ => match ExpiryOption::parse_timed(&options[at..], "set") {
+                Some(Err(error)) if error == "syntax error" || parsed.expiry.is_some() => {
+                    return Err("syntax error".into());
+                }
+                Some(timed) => {
+                    at += 1;
+                    Some(timed?)
+                }
+                None => return Err("syntax error".into()),
+            },
+        };
+        if let Some(expiry) = expiry {
+            if parsed.expiry.is_some() {
+                return Err("syntax error".into());
+            }
+            parsed.expiry = Some(expiry);
         }
-    }
-    if parsed.nx && parsed.xx {
-        return Err("syntax error".into());
+        at += 1;
     }
     Ok(parsed)
+}
+
+/// Parses GETEX's options (what follows the key): at most one of EX, PX, EXAT, PXAT and PERSIST;
+/// none leaves the expiry as it is.
+pub fn parse_getex_options(options: &[Vec<u8>]) -> Result<Option<ExpiryOption>, String> {
+    match options {
+        [] => Ok(None),
+        [persist] if persist.eq_ignore_ascii_case(b"PERSIST") => Ok(Some(ExpiryOption::Persist)),
+        [_, _] => match ExpiryOption::parse_timed(options, "getex") {
+            Some(timed) => timed.map(Some),
+            None => Err("syntax error".into()),
+        },
+        _ => Err("syntax error".into()),
+    }
 }
 
 /// Whether the command in `args` is a blind write: it changes state and its reply says nothing
@@ -306,6 +405,9 @@ pub fn is_blind_write(args: &[Vec<u8>]) -> bool {
     }
     if name.eq_ignore_ascii_case(b"set") && args.len() >= 3 {
         return parse_set_options(&args[3..]).is_ok_and(|options| !options.reads_state());
+    }
+    if (name.eq_ignore_ascii_case(b"setex") || name.eq_ignore_ascii_case(b"psetex")) && args.len() == 4 {
+        return crate::exec::parse_integer(&args[2]).is_some_and(|ttl| ttl > 0);
     }
     false
 }
@@ -380,22 +482,65 @@ mod tests {
     fn set_options() {
         assert_eq!(parse_set_options(&[]).unwrap(), SetOptions::default());
         let options = parse_set_options(&args(&["nx", "GET", "keepttl"])).unwrap();
-        assert_eq!(options, SetOptions { nx: true, xx: false, get: true });
+        assert_eq!(
+            options,
+            SetOptions { nx: true, xx: false, get: true, expiry: Some(ExpiryOption::KeepTtl) }
+        );
         assert_eq!(parse_set_options(&args(&["NX", "XX"])).unwrap_err(), "syntax error");
         assert_eq!(parse_set_options(&args(&["FOO"])).unwrap_err(), "syntax error");
-        assert!(parse_set_options(&args(&["EX", "10"])).unwrap_err().contains("do not expire"));
+        let timed = [
+            (["ex", "10"], ExpiryOption::Seconds(10)),
+            (["PX", "5"], ExpiryOption::Milliseconds(5)),
+            (["exat", "1700000000"], ExpiryOption::AtSeconds(1_700_000_000)),
+            (["PXAT", "1700000000000"], ExpiryOption::AtMilliseconds(1_700_000_000_000)),
+        ];
+        for (given, expected) in timed {
+            assert_eq!(parse_set_options(&args(&given)).unwrap().expiry, Some(expected), "{given:?}");
+        }
+        let xx_ex = parse_set_options(&args(&["XX", "EX", "3", "GET"])).unwrap();
+        assert_eq!(
+            xx_ex,
+            SetOptions { nx: false, xx: true, get: true, expiry: Some(ExpiryOption::Seconds(3)) }
+        );
+        for (bad, error) in [
+            (&["EX"][..], "syntax error"),
+            (&["EX", "10", "PX", "10"], "syntax error"),
+            (&["EX", "10", "KEEPTTL"], "syntax error"),
+            (&["KEEPTTL", "EX", "10"], "syntax error"),
+            (&["EX", "0"], "invalid expire time in 'set' command"),
+            (&["PX", "-5"], "invalid expire time in 'set' command"),
+            (&["EX", "ten"], "value is not an integer or out of range"),
+            (&["EX", "010"], "value is not an integer or out of range"),
+        ] {
+            assert_eq!(parse_set_options(&args(bad)).unwrap_err(), error, "{bad:?}");
+        }
+        assert_eq!(parse_getex_options(&[]).unwrap(), None);
+        assert_eq!(parse_getex_options(&args(&["persist"])).unwrap(), Some(ExpiryOption::Persist));
+        assert_eq!(parse_getex_options(&args(&["PX", "7"])).unwrap(), Some(ExpiryOption::Milliseconds(7)));
+        assert_eq!(parse_getex_options(&args(&["EX", "1", "PERSIST"])).unwrap_err(), "syntax error");
+        assert_eq!(parse_getex_options(&args(&["KEEPTTL"])).unwrap_err(), "syntax error");
+        assert_eq!(
+            parse_getex_options(&args(&["EX", "0"])).unwrap_err(),
+            "invalid expire time in 'getex' command"
+        );
     }
 
     #[test]
     fn only_set_without_state_options_and_mset_are_blind() {
         assert!(is_blind_write(&args(&["SET", "k", "v"])));
         assert!(is_blind_write(&args(&["set", "k", "v", "KEEPTTL"])));
+        assert!(is_blind_write(&args(&["SET", "k", "v", "EX", "1"])));
+        assert!(is_blind_write(&args(&["SETEX", "k", "10", "v"])));
+        assert!(is_blind_write(&args(&["psetex", "k", "10", "v"])));
         assert!(is_blind_write(&args(&["MSET", "a", "1", "b", "2"])));
         for not_blind in [
             &["SET", "k", "v", "NX"][..],
             &["SET", "k", "v", "XX"],
             &["SET", "k", "v", "GET"],
-            &["SET", "k", "v", "EX", "1"],
+            &["SET", "k", "v", "EX", "0"],
+            &["SETEX", "k", "0", "v"],
+            &["SETEX", "k", "v"],
+            &["EXPIRE", "k", "10"],
             &["SET", "k"],
             &["MSET", "a", "1", "b"],
             &["SETNX", "k", "v"],

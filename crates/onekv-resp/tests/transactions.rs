@@ -41,7 +41,11 @@ struct Store {
 impl Kv for Store {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let value = self.data.lock().unwrap().get(&request.into_inner().key).cloned();
-        Ok(Response::new(GetResponse { found: value.is_some(), value: value.unwrap_or_default() }))
+        Ok(Response::new(GetResponse {
+            found: value.is_some(),
+            value: value.unwrap_or_default(),
+            expires_at_unix_ms: 0,
+        }))
     }
 
     async fn put(&self, request: Request<PutRequest>) -> Result<Response<WriteResponse>, Status> {

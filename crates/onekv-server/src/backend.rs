@@ -30,8 +30,8 @@ pub trait Backend: Send + Sync + 'static {
     fn propose(&self, shard: u64, request_id: RequestId, command: Command, done: Done<Outcome>);
     /// [`onekv_replica::Replica::read_barrier`].
     fn read_barrier(&self, shard: u64, done: Done<()>);
-    /// [`onekv_replica::Replica::get`].
-    fn get(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError>;
+    /// [`onekv_replica::Replica::get_with_expiry`]: the value and when it expires.
+    fn get(&self, shard: u64, key: &[u8]) -> Result<Option<onekv_replica::ValueWithExpiry>, ReplicaError>;
     /// [`onekv_replica::Replica::scan`].
     fn scan(
         &self,
@@ -155,8 +155,8 @@ impl Backend for Node {
         Node::last_voters_of_removed(self, shard)
     }
 
-    fn get(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
-        self.replica(shard).ok_or_else(no_replica)?.get(key)
+    fn get(&self, shard: u64, key: &[u8]) -> Result<Option<onekv_replica::ValueWithExpiry>, ReplicaError> {
+        self.replica(shard).ok_or_else(no_replica)?.get_with_expiry(key)
     }
 
     fn scan(

@@ -207,6 +207,11 @@ fn describe_state_metrics() {
         Count,
         "Damaged values replaced by another replica's healthy copy."
     );
+    describe_counter!(
+        "onekv_expired_keys_deleted_total",
+        Count,
+        "Expired keys deleted (each shard leader's expiry sweep, applied by every replica)."
+    );
     describe_counter!("onekv_scrub_passes_total", Count, "Full passes of the background scrub.");
     describe_gauge!("onekv_gc_log_bytes", Bytes, "Bytes in the log's segment files (log GC's view).");
     describe_gauge!(
@@ -299,6 +304,7 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     }
     counter!("onekv_corrupt_values_total").absolute(status.corrupt_values);
     counter!("onekv_repaired_values_total").absolute(status.repaired_values);
+    counter!("onekv_expired_keys_deleted_total").absolute(status.expired_keys_deleted);
     counter!("onekv_scrub_passes_total").absolute(status.scrub.passes);
     counter!("onekv_scrub_values_checked_total").absolute(status.scrub.values_checked);
     gauge!("onekv_scrub_last_pass_timestamp_seconds")

@@ -19,7 +19,7 @@ use onekv_proto::{
     TransferLeaderRequest, TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
-use onekv_replica::{Command, Condition, Limits, Outcome, ReplicaError, RequestId, WriteOp};
+use onekv_replica::{Command, Condition, Expiry, Limits, Outcome, ReplicaError, RequestId, WriteOp};
 use tokio::sync::oneshot;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
@@ -299,7 +299,11 @@ impl<B: Backend> KvService<B> {
     /// at most [`REPAIR_WAIT_MAX`]): the client is then served the healthy replicas' value. A
     /// later read than the first attempt is still linearizable: it happens after the barrier and
     /// before the answer.
-    async fn get_repaired(&self, shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, Status> {
+    async fn get_repaired(
+        &self,
+        shard: u64,
+        key: &[u8],
+    ) -> Result<Option<onekv_replica::ValueWithExpiry>, Status> {
         let deadline = Instant::now() + (self.request_timeout / 2).min(REPAIR_WAIT_MAX);
         loop {
             // One index lookup and one pread of the value: short enough to run here.
@@ -494,6 +498,42 @@ fn one_member_changed(current: &MemberList, wanted: &MemberList) -> Result<(), S
     Ok(())
 }
 
+/// A request's expiry as the replica applies it: a TTL becomes an absolute time by this node's
+/// clock (a write is proposed only by the shard's leader, so the leader chooses the time and every
+/// replica applies the same one).
+fn expiry_of(field: &str, expiry: Option<onekv_proto::Expiry>) -> Result<Expiry, Status> {
+    use onekv_proto::expiry::When;
+    let invalid = |what: &str| Err(Status::invalid_argument(format!("{field}: {what}")));
+    match expiry.and_then(|expiry| expiry.when) {
+        None => Ok(Expiry::Never),
+        Some(When::TtlMs(0)) => invalid("ttl_ms must be at least 1"),
+        Some(When::TtlMs(ttl)) => match unix_ms().checked_add(ttl) {
+            Some(at) => Ok(Expiry::At(at)),
+            None => invalid("ttl_ms puts the expiry past the year 584 million"),
+        },
+        Some(When::AtUnixMs(0)) => invalid("at_unix_ms must be at least 1"),
+        Some(When::AtUnixMs(at)) => Ok(Expiry::At(at)),
+        Some(When::Keep(true)) => Ok(Expiry::Keep),
+        Some(When::Keep(false)) => invalid("keep must be true when given"),
+    }
+}
+
+/// A batch's or transaction's ops as the replica applies them.
+fn write_ops(ops: Vec<onekv_proto::BatchOp>) -> Result<Vec<WriteOp>, Status> {
+    ops.into_iter()
+        .enumerate()
+        .map(|(i, op)| {
+            let expiry = expiry_of(&format!("ops[{i}].expiry"), op.expiry)?;
+            Ok(WriteOp { key: op.key, value: op.value, expiry })
+        })
+        .collect()
+}
+
+/// This machine's wall clock, in ms since the Unix epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 fn request_id(id: Option<onekv_proto::RequestId>) -> RequestId {
     id.map(|id| RequestId { client: id.client, seq: id.seq }).unwrap_or_default()
 }
@@ -511,8 +551,10 @@ impl<B: Backend> Kv for KvService<B> {
             }
             let value = self.get_repaired(shard, &request.key).await?;
             Ok(Response::new(match value {
-                Some(value) => GetResponse { found: true, value },
-                None => GetResponse { found: false, value: Vec::new() },
+                Some((value, expiry)) => {
+                    GetResponse { found: true, value, expires_at_unix_ms: expiry.unwrap_or(0) }
+                }
+                None => GetResponse { found: false, value: Vec::new(), expires_at_unix_ms: 0 },
             }))
         })
         .await
@@ -525,7 +567,8 @@ impl<B: Backend> Kv for KvService<B> {
             check_value(&self.limits, "value", &request.value)?;
             check_write_bytes(&self.limits, "put", request.key.len() + request.value.len())?;
             let shard = self.shard_of(&request.key)?;
-            let op = WriteOp { key: request.key, value: Some(request.value) };
+            let expiry = expiry_of("expiry", request.expiry)?;
+            let op = WriteOp { key: request.key, value: Some(request.value), expiry };
             let outcome =
                 self.commit(shard, request_id(request.request_id), Command::Write(vec![op])).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
@@ -538,7 +581,7 @@ impl<B: Backend> Kv for KvService<B> {
             let request = request.into_inner();
             check_written_key(&self.limits, "key", &request.key)?;
             let shard = self.shard_of(&request.key)?;
-            let op = WriteOp { key: request.key, value: None };
+            let op = WriteOp::delete(request.key);
             let outcome =
                 self.commit(shard, request_id(request.request_id), Command::Write(vec![op])).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
@@ -570,7 +613,7 @@ impl<B: Backend> Kv for KvService<B> {
             }
             check_write_bytes(limits, "batch", bytes)?;
             let shard = self.one_shard(request.ops.iter().map(|op| op.key.as_slice()))?;
-            let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
+            let ops = write_ops(request.ops)?;
             let outcome = self.commit(shard, request_id(request.request_id), Command::Write(ops)).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
         })
@@ -591,8 +634,13 @@ impl<B: Backend> Kv for KvService<B> {
             }
             check_write_bytes(limits, "cas", bytes)?;
             let shard = self.shard_of(&request.key)?;
-            let command =
-                Command::Cas { key: request.key, expected: request.expected, new: request.new_value };
+            let new_expiry = expiry_of("new_expiry", request.new_expiry)?;
+            let command = Command::Cas {
+                key: request.key,
+                expected: request.expected,
+                new: request.new_value,
+                new_expiry,
+            };
             let outcome = self.commit(shard, request_id(request.request_id), command).await?;
             let Some(cas) = outcome.cas else {
                 return Err(Status::internal(
@@ -623,7 +671,7 @@ impl<B: Backend> Kv for KvService<B> {
                 .into_iter()
                 .map(|condition| Condition { key: condition.key, expected: condition.expected })
                 .collect();
-            let ops = request.ops.into_iter().map(|op| WriteOp { key: op.key, value: op.value }).collect();
+            let ops = write_ops(request.ops)?;
             let command = Command::Txn { conditions, ops };
             // The replica's own check (the one place transactions' limits are defined), before
             // proposing, so the refusal is INVALID_ARGUMENT like every other over-limit request.
@@ -853,7 +901,7 @@ impl<B: Backend> Kv for KvService<B> {
                 .map_err(|error| Status::invalid_argument(format!("not a valid member list: {error}")))?;
             let shard = self.shard_of(MEMBERS_KEY)?;
             self.read_barrier(shard).await?;
-            let stored = self.get_repaired(shard, MEMBERS_KEY).await?;
+            let stored = self.get_repaired(shard, MEMBERS_KEY).await?.map(|(value, _)| value);
             let current = match &stored {
                 Some(bytes) => MemberList::decode(bytes).map_err(|error| {
                     Status::data_loss(format!("the stored member list does not decode: {error}"))
@@ -887,8 +935,12 @@ impl<B: Backend> Kv for KvService<B> {
                 )));
             }
             one_member_changed(&current, &wanted)?;
-            let command =
-                Command::Cas { key: MEMBERS_KEY.to_vec(), expected: stored, new: Some(wanted.encode()) };
+            let command = Command::Cas {
+                key: MEMBERS_KEY.to_vec(),
+                expected: stored,
+                new: Some(wanted.encode()),
+                new_expiry: Expiry::Never,
+            };
             let outcome = self.commit(shard, request_id(request.request_id), command).await?;
             if !outcome.cas.is_some_and(|cas| cas.swapped) {
                 return Err(Status::aborted(
@@ -977,6 +1029,7 @@ impl<B: Backend> Kv for KvService<B> {
                 disk_alarm: status.disk.alarm.unwrap_or_default(),
                 corrupt_values: status.corrupt_values,
                 repaired_values: status.repaired_values,
+                expired_keys_deleted: status.expired_keys_deleted,
                 scrub: Some(onekv_proto::ScrubProgress {
                     enabled: status.scrub.enabled,
                     passes: status.scrub.passes,

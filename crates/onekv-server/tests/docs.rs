@@ -138,7 +138,7 @@ async fn every_metric_is_documented_and_every_documented_metric_is_served() {
     let node = metrics::NodeMetrics::new(1, data_dir.path());
     // Requests through the gRPC service record the request metrics, errors included.
     let service = KvService::new(Arc::clone(&backend), &config, Arc::new(config.cluster_map().unwrap()));
-    let put = PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), request_id: None };
+    let put = PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), request_id: None, expiry: None };
     service.put(Request::new(put)).await.unwrap();
     let bad = GetRequest { key: Vec::new(), ..GetRequest::default() };
     service.get(Request::new(bad)).await.unwrap_err();

@@ -44,7 +44,7 @@ fn id(client: u64, seq: u64) -> Option<onekv_proto::RequestId> {
 }
 
 fn put(key: &[u8], value: &[u8]) -> Request<PutRequest> {
-    Request::new(PutRequest { key: key.to_vec(), value: value.to_vec(), request_id: id(5, 6) })
+    Request::new(PutRequest { key: key.to_vec(), value: value.to_vec(), request_id: id(5, 6), expiry: None })
 }
 
 #[track_caller]
@@ -61,8 +61,8 @@ async fn writes_become_proposals_with_their_request_ids() {
     assert_eq!(response.index, 7);
     service.delete(Request::new(DeleteRequest { key: b"d".to_vec(), request_id: None })).await.unwrap();
     let ops = vec![
-        BatchOp { key: b"a".to_vec(), value: Some(b"1".to_vec()) },
-        BatchOp { key: b"b".to_vec(), value: None },
+        BatchOp { key: b"a".to_vec(), value: Some(b"1".to_vec()), expiry: None },
+        BatchOp { key: b"b".to_vec(), value: None, expiry: None },
     ];
     service.batch(Request::new(BatchRequest { ops, request_id: id(5, 7) })).await.unwrap();
     let proposed = backend.proposed.lock().unwrap().clone();
@@ -71,18 +71,86 @@ async fn writes_become_proposals_with_their_request_ids() {
         vec![
             (
                 RequestId { client: 5, seq: 6 },
-                Command::Write(vec![WriteOp { key: b"k".to_vec(), value: Some(b"v".to_vec()) }])
+                Command::Write(vec![WriteOp {
+                    key: b"k".to_vec(),
+                    value: Some(b"v".to_vec()),
+                    expiry: Default::default()
+                }])
             ),
-            (RequestId::default(), Command::Write(vec![WriteOp { key: b"d".to_vec(), value: None }])),
+            (
+                RequestId::default(),
+                Command::Write(vec![WriteOp { key: b"d".to_vec(), value: None, expiry: Default::default() }])
+            ),
             (
                 RequestId { client: 5, seq: 7 },
                 Command::Write(vec![
-                    WriteOp { key: b"a".to_vec(), value: Some(b"1".to_vec()) },
-                    WriteOp { key: b"b".to_vec(), value: None }
+                    WriteOp { key: b"a".to_vec(), value: Some(b"1".to_vec()), expiry: Default::default() },
+                    WriteOp { key: b"b".to_vec(), value: None, expiry: Default::default() }
                 ])
             ),
         ]
     );
+}
+
+/// A TTL becomes an absolute time by the receiving node's (the leader's) clock, so every replica
+/// applies the same one; an absolute time and "keep" pass as given; nonsense is refused.
+#[tokio::test]
+async fn expiries_are_fixed_by_the_leader_before_proposing() {
+    use onekv_proto::{Expiry as Wire, expiry::When};
+    let (backend, service) = service();
+    let now =
+        || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let expiring = |when| Some(Wire { when: Some(when) });
+    let before = now();
+    let mut request = put(b"k", b"v").into_inner();
+    request.expiry = expiring(When::TtlMs(60_000));
+    service.put(Request::new(request)).await.unwrap();
+    let after = now();
+    let ops = vec![
+        BatchOp { key: b"a".to_vec(), value: Some(b"1".to_vec()), expiry: expiring(When::AtUnixMs(12_345)) },
+        BatchOp { key: b"b".to_vec(), value: Some(b"2".to_vec()), expiry: expiring(When::Keep(true)) },
+    ];
+    service.batch(Request::new(BatchRequest { ops, request_id: None })).await.unwrap();
+    let cas = CasRequest {
+        key: b"c".to_vec(),
+        expected: None,
+        new_value: Some(b"3".to_vec()),
+        request_id: None,
+        new_expiry: expiring(When::TtlMs(1)),
+    };
+    // (The fake answers without a swap's outcome: only the proposal matters here.)
+    let _ = service.cas(Request::new(cas)).await;
+    let proposed = backend.proposed.lock().unwrap().clone();
+    let Command::Write(ops) = &proposed[0].1 else { panic!("{proposed:?}") };
+    let onekv_replica::Expiry::At(at) = ops[0].expiry else { panic!("{ops:?}") };
+    assert!((before + 60_000..=after + 60_000).contains(&at), "{at} not 60 s after {before}..{after}");
+    let Command::Write(ops) = &proposed[1].1 else { panic!("{proposed:?}") };
+    assert_eq!(
+        (ops[0].expiry, ops[1].expiry),
+        (onekv_replica::Expiry::At(12_345), onekv_replica::Expiry::Keep)
+    );
+    let Command::Cas { new_expiry: onekv_replica::Expiry::At(at), .. } = proposed[2].1 else {
+        panic!("{proposed:?}")
+    };
+    assert!(at > before);
+
+    for (when, needle) in [
+        (When::TtlMs(0), "expiry: ttl_ms must be at least 1"),
+        (When::AtUnixMs(0), "expiry: at_unix_ms must be at least 1"),
+        (When::Keep(false), "expiry: keep must be true"),
+        (When::TtlMs(u64::MAX), "expiry: ttl_ms puts the expiry"),
+    ] {
+        let mut request = put(b"k", b"v").into_inner();
+        request.expiry = expiring(when);
+        assert_invalid(service.put(Request::new(request)).await, needle);
+    }
+    let ops =
+        vec![BatchOp { key: b"a".to_vec(), value: Some(b"1".to_vec()), expiry: expiring(When::TtlMs(0)) }];
+    assert_invalid(
+        service.batch(Request::new(BatchRequest { ops, request_id: None })).await,
+        "ops[0].expiry",
+    );
+    assert_eq!(backend.proposed.lock().unwrap().len(), 3, "nothing refused was proposed");
 }
 
 #[tokio::test]
@@ -97,6 +165,7 @@ async fn cas_reports_the_outcome() {
         expected: None,
         new_value: Some(b"n".to_vec()),
         request_id: id(1, 2),
+        new_expiry: None,
     };
     let response = service.cas(Request::new(request)).await.unwrap().into_inner();
     assert_eq!(
@@ -105,13 +174,23 @@ async fn cas_reports_the_outcome() {
     );
     assert_eq!(
         backend.proposed.lock().unwrap()[0].1,
-        Command::Cas { key: b"k".to_vec(), expected: None, new: Some(b"n".to_vec()) }
+        Command::Cas {
+            key: b"k".to_vec(),
+            expected: None,
+            new: Some(b"n".to_vec()),
+            new_expiry: Default::default()
+        }
     );
 
     *backend.propose_answer.lock().unwrap() =
         Answer::Now(Ok(Outcome { index: 12, cas: Some(CasOutcome { swapped: true, current: None }) }));
-    let request =
-        CasRequest { key: b"k".to_vec(), expected: Some(b"x".to_vec()), new_value: None, request_id: None };
+    let request = CasRequest {
+        key: b"k".to_vec(),
+        expected: Some(b"x".to_vec()),
+        new_value: None,
+        request_id: None,
+        new_expiry: None,
+    };
     let response = service.cas(Request::new(request)).await.unwrap().into_inner();
     assert_eq!((response.swapped, response.found, response.current.len()), (true, false, 0));
 }
@@ -123,8 +202,11 @@ async fn txn_proposes_conditions_and_ops_and_reports_whether_it_applied() {
         key: key.to_vec(),
         expected: expected.map(<[u8]>::to_vec),
     };
-    let op =
-        |key: &[u8], value: Option<&[u8]>| BatchOp { key: key.to_vec(), value: value.map(<[u8]>::to_vec) };
+    let op = |key: &[u8], value: Option<&[u8]>| BatchOp {
+        key: key.to_vec(),
+        value: value.map(<[u8]>::to_vec),
+        expiry: None,
+    };
     let txn = |conditions, ops| Request::new(TxnRequest { conditions, ops, request_id: id(3, 4) });
     *backend.propose_answer.lock().unwrap() =
         Answer::Now(Ok(Outcome { index: 13, cas: Some(CasOutcome { swapped: false, current: None }) }));
@@ -143,7 +225,11 @@ async fn txn_proposes_conditions_and_ops_and_reports_whether_it_applied() {
                     Condition { key: b"a".to_vec(), expected: Some(b"1".to_vec()) },
                     Condition { key: b"b".to_vec(), expected: None },
                 ],
-                ops: vec![WriteOp { key: b"a".to_vec(), value: Some(b"2".to_vec()) }],
+                ops: vec![WriteOp {
+                    key: b"a".to_vec(),
+                    value: Some(b"2".to_vec()),
+                    expiry: Default::default()
+                }],
             }
         )
     );
@@ -173,8 +259,11 @@ async fn requests_over_a_limit_are_rejected_naming_it_before_reaching_the_replic
         service.delete(Request::new(DeleteRequest { key: vec![], request_id: None })).await,
         "key is empty",
     );
-    let op =
-        |key: &[u8], value: Option<&[u8]>| BatchOp { key: key.to_vec(), value: value.map(<[u8]>::to_vec) };
+    let op = |key: &[u8], value: Option<&[u8]>| BatchOp {
+        key: key.to_vec(),
+        value: value.map(<[u8]>::to_vec),
+        expiry: None,
+    };
     let batch = |ops| Request::new(BatchRequest { ops, request_id: None });
     assert_invalid(service.batch(batch(vec![])).await, "no operations");
     assert_invalid(service.batch(batch(vec![op(b"a", None); 4])).await, "limits.max_batch_ops = 3");
@@ -185,7 +274,13 @@ async fn requests_over_a_limit_are_rejected_naming_it_before_reaching_the_replic
         "limits.max_batch_bytes = 40",
     );
     let cas = |expected: Option<Vec<u8>>, new_value: Option<Vec<u8>>| {
-        Request::new(CasRequest { key: b"k".to_vec(), expected, new_value, request_id: None })
+        Request::new(CasRequest {
+            key: b"k".to_vec(),
+            expected,
+            new_value,
+            request_id: None,
+            new_expiry: None,
+        })
     };
     assert_invalid(service.cas(cas(Some(vec![0; 21]), None)).await, "expected is 21 bytes");
     assert_invalid(service.cas(cas(None, Some(vec![0; 21]))).await, "new_value is 21 bytes");
@@ -309,12 +404,17 @@ async fn onekvs_own_keys_are_read_only_and_left_out_of_scans() {
         service.delete(Request::new(DeleteRequest { key: system.to_vec(), request_id: None })).await,
         "reserves",
     );
-    let ops = vec![BatchOp { key: system.to_vec(), value: None }];
+    let ops = vec![BatchOp { key: system.to_vec(), value: None, expiry: None }];
     assert_invalid(service.batch(Request::new(BatchRequest { ops, request_id: None })).await, "reserves");
-    let cas =
-        CasRequest { key: system.to_vec(), expected: None, new_value: Some(b"v".to_vec()), request_id: None };
+    let cas = CasRequest {
+        key: system.to_vec(),
+        expected: None,
+        new_value: Some(b"v".to_vec()),
+        request_id: None,
+        new_expiry: None,
+    };
     assert_invalid(service.cas(Request::new(cas)).await, "reserves");
-    let ops = vec![BatchOp { key: system.to_vec(), value: Some(b"v".to_vec()) }];
+    let ops = vec![BatchOp { key: system.to_vec(), value: Some(b"v".to_vec()), expiry: None }];
     let txn = TxnRequest { conditions: vec![], ops, request_id: None };
     assert_invalid(service.txn(Request::new(txn)).await, "reserves");
     assert!(backend.proposed.lock().unwrap().is_empty(), "nothing reached the replica");
@@ -627,7 +727,11 @@ async fn serve_backend_over_tcp_and_stop_gracefully() {
         let mut client = KvClient::connect(format!("http://{address}")).await.unwrap();
         let value = vec![7u8; 1 << 20];
         let ops: Vec<BatchOp> = (0..4u8)
-            .map(|i| BatchOp { key: vec![b'k', i], value: Some(value[..(1 << 20) - 10].to_vec()) })
+            .map(|i| BatchOp {
+                key: vec![b'k', i],
+                value: Some(value[..(1 << 20) - 10].to_vec()),
+                expiry: None,
+            })
             .collect();
         client.batch(BatchRequest { ops, request_id: None }).await.expect("a ~4 MiB batch is accepted");
 
@@ -637,7 +741,14 @@ async fn serve_backend_over_tcp_and_stop_gracefully() {
         let in_flight = tokio::spawn({
             let mut client = client.clone();
             async move {
-                client.put(PutRequest { key: b"k".to_vec(), value: b"v".to_vec(), request_id: None }).await
+                client
+                    .put(PutRequest {
+                        key: b"k".to_vec(),
+                        value: b"v".to_vec(),
+                        request_id: None,
+                        expiry: None,
+                    })
+                    .await
             }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -717,7 +828,12 @@ async fn an_oversized_put_is_invalid_argument_naming_the_limit() {
         let limits = config.limits.to_limits();
         let (address, _stop, _server) = serve_on_tcp(config, Arc::clone(&backend)).await;
         let mut client = KvClient::connect(format!("http://{address}")).await.unwrap();
-        let put = |len: usize| PutRequest { key: b"k".to_vec(), value: vec![1; len], request_id: None };
+        let put = |len: usize| PutRequest {
+            key: b"k".to_vec(),
+            value: vec![1; len],
+            request_id: None,
+            expiry: None,
+        };
 
         // Over max_value_bytes but within what the transport reads: the service's own check.
         let status = client.put(put(limits.max_value_bytes + 1)).await.unwrap_err();
@@ -757,7 +873,14 @@ async fn client_calls_beyond_the_bound_are_refused() {
         let put = |i: u8| {
             let mut client = client.clone();
             tokio::spawn(async move {
-                client.put(PutRequest { key: vec![b'k', i], value: b"v".to_vec(), request_id: None }).await
+                client
+                    .put(PutRequest {
+                        key: vec![b'k', i],
+                        value: b"v".to_vec(),
+                        request_id: None,
+                        expiry: None,
+                    })
+                    .await
             })
         };
         let held = [put(0), put(1)];
@@ -811,7 +934,11 @@ async fn a_client_in_the_node_reaches_its_own_service_without_a_connection() {
     client.put(b"k", b"v").await.unwrap();
     assert_eq!(
         backend.proposed.lock().unwrap().last().map(|(_, command)| command.clone()),
-        Some(Command::Write(vec![WriteOp { key: b"k".to_vec(), value: Some(b"v".to_vec()) }]))
+        Some(Command::Write(vec![WriteOp {
+            key: b"k".to_vec(),
+            value: Some(b"v".to_vec()),
+            expiry: Default::default()
+        }]))
     );
     backend.data.lock().unwrap().insert(b"k".to_vec(), b"stored".to_vec());
     assert_eq!(client.get(b"k").await.unwrap(), Some(b"stored".to_vec()));

@@ -18,6 +18,15 @@ pub enum OpKind {
     Put(ValueId),
     /// A delete.
     Delete,
+    /// A blind write of a key that expires: far in the future (the run never reaches it: a put),
+    /// or already past when written (`expired`: the key reads as absent at once, and the leader's
+    /// expiry sweep deletes it later, racing the workload's next writes of the key).
+    PutExpiring {
+        /// The value written.
+        value: ValueId,
+        /// Whether its expiry time is already past.
+        expired: bool,
+    },
     /// Compare-and-swap (`None` = absent).
     Cas {
         /// The value the key must have.
@@ -31,6 +40,16 @@ impl OpKind {
     /// Whether the operation may change the key.
     pub fn is_write(&self) -> bool {
         !matches!(self, OpKind::Get)
+    }
+
+    /// What a blind write (put or delete) leaves the key holding (`Some(None)`: absent); `None`
+    /// for the other operations.
+    pub fn blind_result(&self) -> Option<Option<ValueId>> {
+        match self {
+            OpKind::Put(value) | OpKind::PutExpiring { value, expired: false } => Some(Some(*value)),
+            OpKind::Delete | OpKind::PutExpiring { expired: true, .. } => Some(None),
+            OpKind::Get | OpKind::Cas { .. } => None,
+        }
     }
 }
 

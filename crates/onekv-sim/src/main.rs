@@ -76,6 +76,13 @@ struct Args {
     /// the removed replica's trees (implies --member-changes).
     #[arg(long)]
     bug_reused_trees: bool,
+    /// Run the broken variant whose replicas delete every key the leader's expiry sweep names,
+    /// without checking that it is still expired.
+    #[arg(long)]
+    bug_unchecked_expiry_deletes: bool,
+    /// Leave out the workload's puts of keys that expire.
+    #[arg(long)]
+    no_expiring_puts: bool,
     /// Run every seed twice and fail if the two runs differ (determinism check).
     #[arg(long)]
     twice: bool,
@@ -113,6 +120,7 @@ fn main() -> anyhow::Result<()> {
         wipe_one_in: args.wipe_one_in,
         storage,
         member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
+        expiring_puts: !args.no_expiring_puts,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
         } else if args.bug_reads_without_read_index {
@@ -125,6 +133,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::MembersFromConfig)
         } else if args.bug_reused_trees {
             Some(Bug::ReplicaReusesRetiredTrees)
+        } else if args.bug_unchecked_expiry_deletes {
+            Some(Bug::DeletesExpiredUnchecked)
         } else {
             None
         },

@@ -167,6 +167,7 @@ fn run_mode(args: &Args, mode: StorageMode, dir: &Path) -> Result<Figures> {
                     let command = Command::Write(vec![WriteOp {
                         key: format!("key{n:010}").into_bytes(),
                         value: Some(value),
+                        expiry: Default::default(),
                     }]);
                     seq += 1;
                     let id = RequestId { client: client as u64 + 1, seq };

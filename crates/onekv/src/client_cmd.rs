@@ -9,7 +9,8 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use onekv_client::{Client, ClientOptions, ClusterSecret, StatusResponse};
+use onekv_client::{Client, ClientOptions, ClusterSecret, Expiry, StatusResponse};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// What `--endpoints` is when neither the flag nor the environment variable gives it: the addresses
 /// `onekv cluster start` uses.
@@ -20,9 +21,10 @@ const ENDPOINTS_ENV: &str = "ONEKV_ENDPOINTS";
 /// The client subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum ClientCommand {
-    /// Sets KEY to VALUE.
+    /// Sets KEY to VALUE (with --ttl-ms, a key that expires).
     Put(PutArgs),
-    /// Prints the value of KEY; prints "(not found)" to stderr and exits 1 if it is absent.
+    /// Prints the value of KEY; prints "(not found)" to stderr and exits 1 if it is absent. With
+    /// --show-expiry, prints when the key expires on a second line.
     Get(GetArgs),
     /// Deletes KEY (deleting an absent key succeeds).
     Delete(DeleteArgs),
@@ -107,6 +109,11 @@ pub struct PutArgs {
     key: String,
     /// The value (UTF-8).
     value: String,
+    /// The key expires this many milliseconds after the shard's leader receives the write (at
+    /// least 1); it then reads as absent everywhere and is deleted in the background. Without it
+    /// the key never expires (any expiry it had is dropped).
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    ttl_ms: Option<u64>,
     #[command(flatten)]
     connection: Connection,
 }
@@ -122,6 +129,9 @@ pub struct GetArgs {
     /// Ask only this node (`host:port`); implies --stale.
     #[arg(long, value_name = "HOST:PORT")]
     endpoint: Option<String>,
+    /// Also print when the key expires: `expires at <Unix ms> (in <ms> ms)`, or `no expiry`.
+    #[arg(long)]
+    show_expiry: bool,
     #[command(flatten)]
     output: Output,
     #[command(flatten)]
@@ -212,6 +222,13 @@ pub fn run(command: ClientCommand) -> anyhow::Result<()> {
 }
 
 /// How a subcommand that did not fail ended.
+/// `get --show-expiry`'s second line.
+fn describe_expiry(expiry: Option<u64>) -> String {
+    let Some(at) = expiry else { return "no expiry".to_owned() };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    format!("expires at {at} (in {} ms)", at.saturating_sub(now))
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
     Done,
@@ -223,19 +240,26 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
     let mut out = io::stdout().lock();
     match command {
         ClientCommand::Put(args) => {
-            let index = connect(&args.connection)?.put(args.key.as_bytes(), args.value.as_bytes()).await?;
+            let expiry = args.ttl_ms.map_or(Expiry::Never, |ms| Expiry::After(Duration::from_millis(ms)));
+            let client = connect(&args.connection)?;
+            let index = client.put_with_expiry(args.key.as_bytes(), args.value.as_bytes(), expiry).await?;
             writeln!(out, "OK (index {index})")?;
         }
         ClientCommand::Get(args) => {
             let client = connect(&args.connection)?;
             let key = args.key.as_bytes();
-            let value = match (&args.endpoint, args.stale) {
-                (Some(endpoint), _) => client.get_stale(key, Some(endpoint)).await?,
-                (None, true) => client.get_stale(key, None).await?,
-                (None, false) => client.get(key).await?,
+            let found = match (&args.endpoint, args.stale) {
+                (Some(endpoint), _) => client.get_stale_with_expiry(key, Some(endpoint)).await?,
+                (None, true) => client.get_stale_with_expiry(key, None).await?,
+                (None, false) => client.get_with_expiry(key).await?,
             };
-            match value {
-                Some(value) => writeln!(out, "{}", show(&value, args.output.hex))?,
+            match found {
+                Some((value, expiry)) => {
+                    writeln!(out, "{}", show(&value, args.output.hex))?;
+                    if args.show_expiry {
+                        writeln!(out, "{}", describe_expiry(expiry))?;
+                    }
+                }
                 None => {
                     eprintln!("(not found)");
                     return Ok(Outcome::NegativeAnswer);

@@ -25,9 +25,9 @@ pub(crate) fn values_in_record(
     let pairs_at = |shard: u64, start: usize| -> Result<Vec<ValueInRecord<'_>>, codec::CodecError> {
         let pairs = payload.get(start..).ok_or(codec::CodecError("record too short"))?;
         records::SnapshotPairs::new(pairs)
-            .filter(|pair| !matches!(pair, Ok((key, _)) if key.is_empty()))
+            .filter(|pair| !matches!(pair, Ok((key, ..)) if key.is_empty()))
             .map(|pair| {
-                pair.map(|(key, span)| ValueInRecord {
+                pair.map(|(key, span, _)| ValueInRecord {
                     shard,
                     key,
                     span: ValueSpan { offset: start + span.offset, len: span.len },
@@ -57,7 +57,7 @@ pub(crate) fn values_in_record(
                     new.map(|span| value(key, span)).into_iter().collect()
                 }
                 DecodedCommand::Repair { key, value: span } => vec![value(key, span)],
-                DecodedCommand::RepairRequest { .. } => Vec::new(),
+                DecodedCommand::RepairRequest { .. } | DecodedCommand::DeleteExpired { .. } => Vec::new(),
             })
         }
         records::SNAP_CHUNK => {
@@ -87,7 +87,7 @@ pub(crate) fn packed_values_in_record(
             .ok_or(codec::CodecError("a block leaves its record"))?;
         let raw = packed::unpack(&payload[span])?;
         for pair in records::SnapshotPairs::new(&raw) {
-            let (key, value) = pair?;
+            let (key, value, _) = pair?;
             found.push(LiveValue {
                 shard,
                 key: key.to_vec(),
@@ -107,9 +107,9 @@ mod tests {
     #[test]
     fn a_record_names_every_value_an_index_may_point_at() {
         let command = Command::Write(vec![
-            WriteOp { key: b"a".to_vec(), value: Some(b"one".to_vec()) },
-            WriteOp { key: b"b".to_vec(), value: None },
-            WriteOp { key: b"c".to_vec(), value: Some(b"three".to_vec()) },
+            WriteOp { key: b"a".to_vec(), value: Some(b"one".to_vec()), expiry: Default::default() },
+            WriteOp { key: b"b".to_vec(), value: None, expiry: Default::default() },
+            WriteOp { key: b"c".to_vec(), value: Some(b"three".to_vec()), expiry: Default::default() },
         ]);
         let entry = raft::eraftpb::Entry {
             term: 2,

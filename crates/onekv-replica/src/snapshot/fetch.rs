@@ -330,7 +330,7 @@ fn advances(cursor: &ChunkCursor, next: &ChunkCursor) -> bool {
 pub(crate) fn check_pairs(pairs: &[u8], limits: &crate::Limits) -> Result<(), String> {
     let mut in_window = false;
     for pair in records::SnapshotPairs::new(pairs) {
-        let (key, span) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+        let (key, span, _) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
         let value = crate::codec::verify_stored_value(&pairs[span.offset..span.offset + span.len])
             .map_err(|e| format!("a snapshot chunk's value: {e}"))?;
         if key.is_empty() {
@@ -358,7 +358,7 @@ pub(crate) fn split_pairs(pairs: &[u8], limit: usize) -> Result<Vec<&[u8]>, Stri
     let mut parts = Vec::new();
     let (mut start, mut end) = (0, 0);
     for pair in records::SnapshotPairs::new(pairs) {
-        let (_, span) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+        let (_, span, _) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
         let pair_end = span.offset + span.len;
         if end > start && pair_end - start > limit {
             parts.push(&pairs[start..end]);

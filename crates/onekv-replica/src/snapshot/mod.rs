@@ -294,7 +294,7 @@ impl Build {
             let mut last_key = None;
             for (key, stored) in page.iter().skip(usize::from(!first)).take(PAGE) {
                 let value = self.state.resolve(key, stored).map_err(|e| e.to_string())?;
-                records::push_snapshot_pair(&mut out, key, &value);
+                records::push_expiring_pair(&mut out, key, onekv_index::stored_expiry(stored), &value);
                 if out.len() > self.max_bytes {
                     return Err(format!(
                         "the state exceeds max_snapshot_bytes = {} (a simulation sends snapshots whole)",

@@ -144,7 +144,8 @@ impl Served {
                     for (key, stored) in page.iter().filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
                     {
                         let value = self.state.resolve(key, stored)?;
-                        records::push_snapshot_pair(&mut pairs, key, &value);
+                        let expiry = onekv_index::stored_expiry(stored);
+                        records::push_expiring_pair(&mut pairs, key, expiry, &value);
                         last = Some(key.clone());
                         if pairs.len() >= max_bytes {
                             return Ok(SnapshotChunk {

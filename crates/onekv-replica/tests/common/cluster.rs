@@ -94,12 +94,21 @@ impl Cluster {
     }
 
     pub fn put(&mut self, key: &str, value: &[u8]) {
-        self.propose(Command::Write(vec![WriteOp { key: key.into(), value: Some(value.to_vec()) }])).unwrap();
+        self.propose(Command::Write(vec![WriteOp {
+            key: key.into(),
+            value: Some(value.to_vec()),
+            expiry: Default::default(),
+        }]))
+        .unwrap();
     }
 
     /// Writes `key` and returns the index of its entry.
     pub fn put_indexed(&mut self, key: &str, value: &[u8]) -> u64 {
-        let write = Command::Write(vec![WriteOp { key: key.into(), value: Some(value.to_vec()) }]);
+        let write = Command::Write(vec![WriteOp {
+            key: key.into(),
+            value: Some(value.to_vec()),
+            expiry: Default::default(),
+        }]);
         self.propose(write).unwrap().index
     }
 

@@ -3,7 +3,7 @@
 //! the node's memory of short values after a swap, so the next read-modify-write of a key can try
 //! its swap without reading first.
 
-use onekv_client::ClientError;
+use onekv_client::{ClientError, Expiry};
 use std::time::Duration;
 
 use rand::Rng as _;
@@ -22,14 +22,18 @@ const REMEMBERED_VALUES: usize = 65_536;
 
 /// What a read-modify-write decides from the value it found.
 pub(super) enum Change {
-    /// Swap in this value (`None`: delete) and answer this.
-    Write(Option<Vec<u8>>, Reply),
+    /// Swap in this value (`None`: delete) with this expiry and answer this. Commands that change
+    /// a value in place (INCR, APPEND, ...) keep the key's expiry ([`Expiry::Keep`]), as in Redis.
+    Write(Option<Vec<u8>>, Expiry, Reply),
     /// Write nothing and answer this.
     Keep(Reply),
 }
 
-/// A read-modify-write's decision: a pure function of the value found (it may run several times).
-pub(super) type Decide = Box<dyn FnMut(Option<&[u8]>) -> Outcome<Change> + Send>;
+/// A read-modify-write's decision: a pure function of the value found and its expiry time (ms
+/// since the Unix epoch; `None`: none) (it may run several times). The expiry is only known to
+/// the decisions that ask for it ([`RespContext::read_modify_write`]'s `needs_expiry`); the others
+/// get `None`.
+pub(super) type Decide = Box<dyn FnMut(Option<&[u8]>, Option<u64>) -> Outcome<Change> + Send>;
 
 /// Should a key's driver panic, takes the key out of the map (answering its queue with an error, as
 /// the dropped senders do), so later commands on the key start a new driver instead of queueing
@@ -52,19 +56,23 @@ impl Drop for UnwedgeOnPanic<'_> {
 /// A read-modify-write waiting for its key's next compare-and-swap.
 pub(super) struct Pending {
     decide: Decide,
+    /// The decision reads the key's expiry (EXPIRE, PERSIST, GETEX).
+    needs_expiry: bool,
     answer: tokio::sync::oneshot::Sender<Outcome>,
 }
 
 impl RespContext {
-    /// Runs `decide` on `key`'s value and swaps in its choice, combined with the other
-    /// read-modify-writes of the key that this node has in flight (see the module docs).
+    /// Runs `decide` on `key`'s value (and its expiry, if `needs_expiry`) and swaps in its choice,
+    /// combined with the other read-modify-writes of the key that this node has in flight (see
+    /// the module docs).
     pub(super) async fn read_modify_write(
         &self,
         key: &[u8],
-        decide: impl FnMut(Option<&[u8]>) -> Outcome<Change> + Send + 'static,
+        needs_expiry: bool,
+        decide: impl FnMut(Option<&[u8]>, Option<u64>) -> Outcome<Change> + Send + 'static,
     ) -> Outcome {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        let pending = Pending { decide: Box::new(decide), answer };
+        let pending = Pending { decide: Box::new(decide), needs_expiry, answer };
         let start_driver = {
             let mut combining = self.shared.combining.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match combining.get_mut(key) {
@@ -126,21 +134,37 @@ impl RespContext {
 
     async fn combined_swap(&self, key: &[u8], batch: &mut [Pending]) -> Outcome<Vec<Outcome>> {
         let client = &self.shared.client;
+        let needs_expiry = batch.iter().any(|pending| pending.needs_expiry);
         // A remembered value is a guess: only a successful swap confirms it. Answers that write
-        // nothing are only given from a value really read.
+        // nothing are only given from a value really read. A remembered value has no expiry, so
+        // a batch that needs one reads.
         let mut guessed = true;
-        let mut current = self.remembered(key);
+        let mut current = if needs_expiry { None } else { self.remembered(key) };
+        // The key's expiry, when read (a failed swap returns the value alone).
+        let mut expiry: Option<Option<u64>> = None;
         if current.is_none() {
-            current = client.get(key).await?;
+            (current, expiry) = read_with_expiry(client, key).await?;
             guessed = false;
         }
         for attempt in 0..RMW_MAX_ATTEMPTS {
+            if needs_expiry && expiry.is_none() {
+                (current, expiry) = read_with_expiry(client, key).await?;
+            }
             let mut value = current.clone();
+            let mut expires_at = expiry.flatten();
+            let mut new_expiry = Expiry::Keep;
             let mut writes = false;
             let mut answers = Vec::with_capacity(batch.len());
             for pending in batch.iter_mut() {
-                answers.push(match (pending.decide)(value.as_deref()) {
-                    Ok(Change::Write(new, answer)) => {
+                answers.push(match (pending.decide)(value.as_deref(), expires_at) {
+                    Ok(Change::Write(new, next_expiry, answer)) => {
+                        // A delete drops the expiry: a later write in the batch that keeps the
+                        // expiry keeps none.
+                        let next_expiry = if new.is_none() { Expiry::Never } else { next_expiry };
+                        if next_expiry != Expiry::Keep {
+                            new_expiry = next_expiry;
+                            expires_at = super::expiry::expires_at(next_expiry, super::expiry::now_ms());
+                        }
                         value = new;
                         writes = true;
                         Ok(answer)
@@ -154,20 +178,22 @@ impl RespContext {
                     return Ok(answers);
                 }
                 self.forget(key);
-                current = client.get(key).await?;
+                (current, expiry) = read_with_expiry(client, key).await?;
                 guessed = false;
                 continue;
             }
-            current = match client.cas(key, current.as_deref(), value.as_deref()).await {
-                Ok(outcome) if outcome.swapped => {
-                    self.remember(key, value.as_deref());
-                    return Ok(answers);
-                }
-                Ok(outcome) => outcome.current,
-                // An attempt did not swap and its answer was lost: nothing was written; read again.
-                Err(ClientError::NotApplied(_)) => client.get(key).await?,
-                Err(error) => return Err(error.into()),
-            };
+            current =
+                match client.cas_with_expiry(key, current.as_deref(), value.as_deref(), new_expiry).await {
+                    Ok(outcome) if outcome.swapped => {
+                        self.remember(key, value.as_deref());
+                        return Ok(answers);
+                    }
+                    Ok(outcome) => outcome.current,
+                    // An attempt did not swap and its answer was lost: nothing was written; read again.
+                    Err(ClientError::NotApplied(_)) => client.get(key).await?,
+                    Err(error) => return Err(error.into()),
+                };
+            expiry = None;
             guessed = false;
             self.forget(key);
             if attempt >= 2 {
@@ -181,6 +207,7 @@ impl RespContext {
         )))
     }
 
+    /// The remembered value of `key`, if any (a guess: see [`RespContext::remember`]).
     pub(super) fn remembered(&self, key: &[u8]) -> Option<Vec<u8>> {
         self.shared.remembered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(key).cloned()
     }
@@ -210,6 +237,17 @@ impl RespContext {
     }
 }
 
+/// A linearizable read of `key`'s value and expiry: `(value, Some(expiry))`, the expiry known.
+async fn read_with_expiry(
+    client: &onekv_client::Client,
+    key: &[u8],
+) -> Result<(Option<Vec<u8>>, Option<Option<u64>>), ClientError> {
+    Ok(match client.get_with_expiry(key).await? {
+        Some((value, expiry)) => (Some(value), Some(expiry)),
+        None => (None, Some(None)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,13 +263,14 @@ mod tests {
         runtime.block_on(async {
             // A remembered value lets the decision run before any network call.
             context.remember(b"k", Some(b"1"));
-            let panicked = context.read_modify_write(b"k", |_| panic!("a decision that panics")).await;
+            let panicked =
+                context.read_modify_write(b"k", false, |_, _| panic!("a decision that panics")).await;
             assert!(panicked.is_err());
             // The next command on the key gets a driver of its own and an answer (here an error:
             // nothing listens at the endpoint), instead of queueing forever.
             let next = tokio::time::timeout(
                 Duration::from_secs(10),
-                context.read_modify_write(b"k", |_| Ok(Change::Keep(Reply::ok()))),
+                context.read_modify_write(b"k", false, |_, _| Ok(Change::Keep(Reply::ok()))),
             )
             .await
             .expect("the key is not wedged");

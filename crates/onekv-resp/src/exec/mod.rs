@@ -33,6 +33,7 @@ mod bytes;
 mod clients;
 mod combine;
 mod databases;
+mod expiry;
 mod keyspace;
 mod reads;
 mod strings;
@@ -369,6 +370,13 @@ impl RespContext {
                 _ => Err(wrong_arity("ping")),
             },
             "echo" => Ok(Reply::Bulk(args[1].clone())),
+            "time" => {
+                let now =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                let seconds = now.as_secs().to_string().into_bytes();
+                let micros = now.subsec_micros().to_string().into_bytes();
+                Ok(Reply::Array(vec![Reply::Bulk(seconds), Reply::Bulk(micros)]))
+            }
             "quit" => Ok(Reply::ok()),
             "select" => {
                 session.db = databases::parse_index(&args[1])?;
@@ -401,9 +409,22 @@ impl RespContext {
                 Ok(Reply::Integer(i64::from(swapped)))
             }
             "del" | "unlink" => self.delete(&args[1..]).await,
+            "setex" | "psetex" => {
+                // Every well-formed one is a blind write: this one's time is not a positive integer.
+                expiry::setex_expiry(spec.name, args).map(|_| Reply::ok())
+            }
             name if strings::is_single_key_write(name) => {
                 let decide = self.decision(spec.name, args)?;
-                self.read_modify_write(&args[1], decide).await
+                self.read_modify_write(&args[1], expiry::needs_expiry(name), decide).await
+            }
+            name if expiry::is_expiry_read(name) => {
+                let found = if self.storable(&args[1]) {
+                    self.shared.client.get_with_expiry(&args[1]).await?
+                } else {
+                    None
+                };
+                let expires_at = found.as_ref().and_then(|(_, at)| *at);
+                Ok(expiry::answer_expiry_read(name, found.is_some(), expires_at, expiry::now_ms()))
             }
             name if reads::is_value_read(name) => self.read_command(spec, args).await,
             // A key without its value is refused before anything is read.
@@ -672,7 +693,20 @@ mod tests {
             run(&context, s, &["DECRBY", "k", "-9223372036854775808"]),
             Reply::err("decrement would overflow")
         );
-        assert!(run(&context, s, &["SET", "k", "v", "EX", "10"]).is_error());
+        assert_eq!(
+            run(&context, s, &["SET", "k", "v", "EX", "0"]),
+            Reply::err("invalid expire time in 'set' command")
+        );
+        assert_eq!(
+            run(&context, s, &["SETEX", "k", "-1", "v"]),
+            Reply::err("invalid expire time in 'setex' command")
+        );
+        assert_eq!(run(&context, s, &["PSETEX", "k", "x", "v"]), not_an_integer());
+        assert_eq!(
+            run(&context, s, &["EXPIRE", "k", "1", "NX", "GT"]),
+            Reply::err("NX and XX, GT or LT options at the same time are not compatible")
+        );
+        assert_eq!(run(&context, s, &["GETEX", "k", "EX"]), Reply::err("syntax error"));
         assert_eq!(run(&context, s, &["SET", "k", "v", "NX", "XX"]), Reply::err("syntax error"));
         assert_eq!(run(&context, s, &["SCAN", "x"]), Reply::err("invalid cursor"));
         assert_eq!(run(&context, s, &["SCAN", "0", "COUNT", "0"]), Reply::err("syntax error"));

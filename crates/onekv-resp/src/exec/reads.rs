@@ -1,10 +1,10 @@
 //! Commands that only read their keys' values, beyond the plain GET family: GETRANGE (SUBSTR),
-//! GETBIT, BITCOUNT, BITPOS, LCS, GETEX without an expiry, TYPE, TOUCH, OBJECT and the TTL family.
+//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH and OBJECT. (GETEX and the TTL family are
+//! `expiry`'s.)
 //!
 //! Owns: each command's reply as a function of the values of its keys ([`answer_read`]), so a
 //! command gives the same answer alone (its keys read linearizably, [`RespContext::read_command`])
-//! and inside a transaction (against the transaction's snapshot). Onekv keys never expire, so the
-//! TTL family reports "no expiry" (-1) or "no such key" (-2), which is exact.
+//! and inside a transaction (against the transaction's snapshot).
 
 use super::bytes::{self, BitRange};
 use super::{Outcome, RespContext, not_an_integer, parse_integer, unknown_subcommand, wrong_arity};
@@ -19,21 +19,7 @@ const MAX_LCS_CELLS: usize = 1 << 24;
 pub(super) fn is_value_read(name: &str) -> bool {
     matches!(
         name,
-        "getrange"
-            | "substr"
-            | "getbit"
-            | "bitcount"
-            | "bitpos"
-            | "lcs"
-            | "getex"
-            | "type"
-            | "touch"
-            | "object"
-            | "ttl"
-            | "pttl"
-            | "expiretime"
-            | "pexpiretime"
-            | "persist"
+        "getrange" | "substr" | "getbit" | "bitcount" | "bitpos" | "lcs" | "type" | "touch" | "object"
     )
 }
 
@@ -115,28 +101,8 @@ fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], max_value_byte
             }
         }
         "lcs" => lcs(args, value.unwrap_or_default(), values.get(1).copied().flatten().unwrap_or_default())?,
-        "getex" => {
-            for option in &args[2..] {
-                match option.to_ascii_uppercase().as_slice() {
-                    // Onekv keys never expire, so making one persistent changes nothing.
-                    b"PERSIST" => {}
-                    b"EX" | b"PX" | b"EXAT" | b"PXAT" => {
-                        return Err(Reply::err(
-                            "onekv keys do not expire: GETEX's EX, PX, EXAT and PXAT are not supported",
-                        ));
-                    }
-                    _ => return Err(Reply::err("syntax error")),
-                }
-            }
-            Reply::optional(value.map(<[u8]>::to_vec))
-        }
         "type" => Reply::Simple(if value.is_some() { "string" } else { "none" }.into()),
         "touch" => Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64),
-        "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
-            Reply::Integer(if value.is_some() { -1 } else { -2 })
-        }
-        // No key has an expiry to remove.
-        "persist" => Reply::Integer(0),
         "object" => object(args, value)?,
         other => return Err(Reply::err(format!("'{other}' is not a read"))),
     })
@@ -284,10 +250,6 @@ mod tests {
         assert_eq!(read(&["TYPE", "k"], &[Some("v")]), Reply::Simple("string".into()));
         assert_eq!(read(&["TYPE", "k"], &[None]), Reply::Simple("none".into()));
         assert_eq!(read(&["TOUCH", "a", "b", "c"], &[Some("1"), None, Some("")]), Reply::Integer(2));
-        assert_eq!(read(&["TTL", "k"], &[Some("v")]), Reply::Integer(-1));
-        assert_eq!(read(&["PTTL", "k"], &[None]), Reply::Integer(-2));
-        assert_eq!(read(&["GETEX", "k", "PERSIST"], &[Some("v")]), Reply::text("v"));
-        assert!(read(&["GETEX", "k", "EX", "10"], &[Some("v")]).is_error());
         assert_eq!(read(&["OBJECT", "ENCODING", "k"], &[Some("123")]), Reply::text("int"));
         assert_eq!(read(&["OBJECT", "ENCODING", "k"], &[None]), Reply::Nil);
         assert!(read(&["OBJECT", "NOPE", "k"], &[None]).is_error());

@@ -1,14 +1,16 @@
-//! The string commands and plain reads: GET, MGET, EXISTS, STRLEN, SET (every option), MSET,
-//! SETNX, GETSET, INCR/DECR and their BY forms, INCRBYFLOAT, APPEND, SETRANGE and SETBIT. Blind writes are puts and batches; the others decide
-//! through the combiner (`combine`).
+//! The string commands and plain reads: GET, MGET, EXISTS, STRLEN, SET (every option), SETEX,
+//! PSETEX, MSET, SETNX, GETSET, INCR/DECR and their BY forms, INCRBYFLOAT, APPEND, SETRANGE and
+//! SETBIT. Blind writes are puts and batches; the others decide through the combiner (`combine`).
+//! The decisions of the commands that change only a key's expiry are `expiry`'s.
 
 use super::bytes::{self, FloatError};
 use super::combine::{Change, Decide};
+use super::expiry;
 use super::reads::bit_offset;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
-use onekv_client::ClientError;
+use onekv_client::{ClientError, Expiry};
 
 /// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
 /// decides: run through the combiner alone, against the snapshot inside a transaction.
@@ -27,6 +29,14 @@ pub(super) fn is_single_key_write(name: &str) -> bool {
             | "append"
             | "setrange"
             | "setbit"
+            | "setex"
+            | "psetex"
+            | "expire"
+            | "pexpire"
+            | "expireat"
+            | "pexpireat"
+            | "persist"
+            | "getex"
     )
 }
 
@@ -36,11 +46,21 @@ const GET_MANY_CONCURRENCY: usize = 32;
 const MAX_REPLY_BYTES: usize = 64 << 20;
 
 impl RespContext {
-    /// SET without NX/XX/GET and MSET: no read, no compare-and-swap.
+    /// SET without NX/XX/GET, SETEX, PSETEX and MSET: no read, no compare-and-swap.
     pub(super) async fn blind_write(&self, args: &[Vec<u8>]) -> Outcome {
         let client = &self.shared.client;
-        if args[0].eq_ignore_ascii_case(b"set") {
-            client.put(&args[1], &args[2]).await?;
+        let name = args[0].to_ascii_lowercase();
+        if name == b"set" || name == b"setex" || name == b"psetex" {
+            let (value, expiry) = if name == b"set" {
+                let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
+                let expiry =
+                    options.expiry.map_or(Ok(Expiry::Never), |option| expiry::expiry_of(option, "set"))?;
+                (&args[2], expiry)
+            } else {
+                let command = if name == b"setex" { "setex" } else { "psetex" };
+                (&args[3], expiry::setex_expiry(command, args)?)
+            };
+            client.put_with_expiry(&args[1], value, expiry).await?;
             self.forget(&args[1]);
         } else {
             let pairs: Vec<(Vec<u8>, Option<Vec<u8>>)> =
@@ -65,7 +85,7 @@ impl RespContext {
             return Ok(if swapped { Reply::ok() } else { Reply::Nil });
         }
         let decide = self.decision("set", args)?;
-        self.read_modify_write(&args[1], decide).await
+        self.read_modify_write(&args[1], false, decide).await
     }
 
     /// One compare-and-swap from absent to `value`; whether it was set.
@@ -85,7 +105,7 @@ impl RespContext {
     pub(super) async fn delete(&self, keys: &[Vec<u8>]) -> Outcome {
         let mut deleted = 0;
         for key in keys {
-            let reply = self.read_modify_write(key, delete_decision()).await?;
+            let reply = self.read_modify_write(key, false, delete_decision()).await?;
             deleted += i64::from(reply == Reply::Integer(1));
         }
         Ok(Reply::Integer(deleted))
@@ -110,14 +130,14 @@ impl RespContext {
     /// against the value it reads; a transaction runs it against its snapshot.
     pub(super) fn decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
         let increment = |by: i64| -> Decide {
-            Box::new(move |current| {
+            Box::new(move |current, _| {
                 let old = match current {
                     None => 0,
                     Some(value) => parse_integer(value).ok_or_else(not_an_integer)?,
                 };
                 let new =
                     old.checked_add(by).ok_or_else(|| Reply::err("increment or decrement would overflow"))?;
-                Ok(Change::Write(Some(new.to_string().into_bytes()), Reply::Integer(new)))
+                Ok(Change::Write(Some(new.to_string().into_bytes()), Expiry::Keep, Reply::Integer(new)))
             })
         };
         Ok(match name {
@@ -131,28 +151,28 @@ impl RespContext {
             "append" => {
                 let max = self.shared.settings.max_value_bytes;
                 let suffix = args[2].clone();
-                Box::new(move |current| {
+                Box::new(move |current, _| {
                     let mut value = current.unwrap_or_default().to_vec();
                     if value.len() + suffix.len() > max {
                         return Err(value_too_long(max));
                     }
                     value.extend_from_slice(&suffix);
                     let len = value.len() as i64;
-                    Ok(Change::Write(Some(value), Reply::Integer(len)))
+                    Ok(Change::Write(Some(value), Expiry::Keep, Reply::Integer(len)))
                 })
             }
-            "getdel" => Box::new(|current| {
+            "getdel" => Box::new(|current, _| {
                 Ok(match current {
-                    Some(value) => Change::Write(None, Reply::Bulk(value.to_vec())),
+                    Some(value) => Change::Write(None, Expiry::Never, Reply::Bulk(value.to_vec())),
                     None => Change::Keep(Reply::Nil),
                 })
             }),
             "setnx" => {
                 self.check_value(&args[2])?;
                 let value = args[2].clone();
-                Box::new(move |current| {
+                Box::new(move |current, _| {
                     Ok(match current {
-                        None => Change::Write(Some(value.clone()), Reply::Integer(1)),
+                        None => Change::Write(Some(value.clone()), Expiry::Never, Reply::Integer(1)),
                         Some(_) => Change::Keep(Reply::Integer(0)),
                     })
                 })
@@ -160,8 +180,10 @@ impl RespContext {
             "set" => {
                 let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
                 self.check_value(&args[2])?;
+                let expiry =
+                    options.expiry.map_or(Ok(Expiry::Never), |option| expiry::expiry_of(option, "set"))?;
                 let value = args[2].clone();
-                Box::new(move |current| {
+                Box::new(move |current, _| {
                     let applies = if options.nx {
                         current.is_none()
                     } else if options.xx {
@@ -171,8 +193,8 @@ impl RespContext {
                     };
                     let old = Reply::optional(current.map(<[u8]>::to_vec));
                     Ok(match (applies, options.get) {
-                        (true, true) => Change::Write(Some(value.clone()), old),
-                        (true, false) => Change::Write(Some(value.clone()), Reply::ok()),
+                        (true, true) => Change::Write(Some(value.clone()), expiry, old),
+                        (true, false) => Change::Write(Some(value.clone()), expiry, Reply::ok()),
                         (false, true) => Change::Keep(old),
                         (false, false) => Change::Keep(Reply::Nil),
                     })
@@ -181,8 +203,12 @@ impl RespContext {
             "getset" => {
                 self.check_value(&args[2])?;
                 let value = args[2].clone();
-                Box::new(move |current| {
-                    Ok(Change::Write(Some(value.clone()), Reply::optional(current.map(<[u8]>::to_vec))))
+                Box::new(move |current, _| {
+                    Ok(Change::Write(
+                        Some(value.clone()),
+                        Expiry::Never,
+                        Reply::optional(current.map(<[u8]>::to_vec)),
+                    ))
                 })
             }
             "setrange" => {
@@ -192,11 +218,11 @@ impl RespContext {
                 if !patch.is_empty() {
                     self.check_length(offset.saturating_add(patch.len()))?;
                 }
-                Box::new(move |current| {
+                Box::new(move |current, _| {
                     Ok(match bytes::set_range(current, offset, &patch) {
                         Some(value) => {
                             let len = value.len() as i64;
-                            Change::Write(Some(value), Reply::Integer(len))
+                            Change::Write(Some(value), Expiry::Keep, Reply::Integer(len))
                         }
                         None => Change::Keep(Reply::Integer(current.map_or(0, <[u8]>::len) as i64)),
                     })
@@ -209,21 +235,31 @@ impl RespContext {
                     b"1" => true,
                     _ => return Err(Reply::err("bit is not an integer or out of range")),
                 };
-                Box::new(move |current| {
+                Box::new(move |current, _| {
                     let (value, old) = bytes::set_bit(current, offset, bit);
-                    Ok(Change::Write(Some(value), Reply::Integer(i64::from(old))))
+                    Ok(Change::Write(Some(value), Expiry::Keep, Reply::Integer(i64::from(old))))
                 })
             }
             "incrbyfloat" => {
                 let not_a_float = || Reply::err("value is not a valid float");
                 bytes::parse_float(&args[2]).ok_or_else(not_a_float)?;
                 let increment = args[2].clone();
-                Box::new(move |current| match bytes::add_floats(current, &increment) {
-                    Ok(sum) => Ok(Change::Write(Some(sum.clone()), Reply::Bulk(sum))),
+                Box::new(move |current, _| match bytes::add_floats(current, &increment) {
+                    Ok(sum) => Ok(Change::Write(Some(sum.clone()), Expiry::Keep, Reply::Bulk(sum))),
                     Err(FloatError::NotAFloat) => Err(not_a_float()),
                     Err(FloatError::NotFinite) => Err(Reply::err("increment would produce NaN or Infinity")),
                 })
             }
+            // Inside a transaction (alone they are blind writes).
+            "setex" | "psetex" => {
+                let expiry = expiry::setex_expiry(name, args)?;
+                self.check_value(&args[3])?;
+                let value = args[3].clone();
+                Box::new(move |_, _| Ok(Change::Write(Some(value.clone()), expiry, Reply::ok())))
+            }
+            "expire" | "pexpire" | "expireat" | "pexpireat" => expiry::expire_decision(name, args)?,
+            "persist" => expiry::persist_decision(),
+            "getex" => expiry::getex_decision(args)?,
             other => return Err(Reply::err(format!("'{other}' is not a read-modify-write"))),
         })
     }
@@ -252,6 +288,16 @@ impl RespContext {
         keys: &[Vec<u8>],
         keep_values: bool,
     ) -> Outcome<Vec<Option<Vec<u8>>>> {
+        let found = self.get_many_with_expiry(keys, keep_values).await?;
+        Ok(found.into_iter().map(|found| found.map(|(value, _)| value)).collect())
+    }
+
+    /// [`RespContext::get_many`] with each key's expiry time (ms since the Unix epoch).
+    pub(super) async fn get_many_with_expiry(
+        &self,
+        keys: &[Vec<u8>],
+        keep_values: bool,
+    ) -> Outcome<Vec<Option<(Vec<u8>, Option<u64>)>>> {
         let mut tasks = tokio::task::JoinSet::new();
         let mut pending = keys.iter().enumerate().filter(|(_, key)| self.storable(key));
         let mut values = vec![None; keys.len()];
@@ -262,19 +308,19 @@ impl RespContext {
                 let client = self.shared.client.clone();
                 let key = key.clone();
                 tasks.spawn(async move {
-                    let value = client.get(&key).await;
-                    let value = match keep_values {
-                        true => value,
-                        false => value.map(|value| value.map(|_| Vec::new())),
+                    let found = client.get_with_expiry(&key).await;
+                    let found = match keep_values {
+                        true => found,
+                        false => found.map(|found| found.map(|(_, expiry)| (Vec::new(), expiry))),
                     };
-                    (position, value)
+                    (position, found)
                 });
             }
             let Some(joined) = tasks.join_next().await else { break };
             let (position, value) =
                 joined.map_err(|error| Reply::err(format!("onekv: read task failed: {error}")))?;
             let value = value?;
-            total += value.as_ref().map_or(0, Vec::len);
+            total += value.as_ref().map_or(0, |(value, _)| value.len());
             if total > MAX_REPLY_BYTES {
                 return Err(Reply::err(format!(
                     "reply would exceed {MAX_REPLY_BYTES} bytes; ask for fewer keys"
@@ -293,9 +339,9 @@ fn value_too_long(max: usize) -> Reply {
 
 /// DEL's decision for one key: delete it if present; 1 if it was.
 pub(super) fn delete_decision() -> Decide {
-    Box::new(|current| {
+    Box::new(|current, _| {
         Ok(if current.is_some() {
-            Change::Write(None, Reply::Integer(1))
+            Change::Write(None, Expiry::Never, Reply::Integer(1))
         } else {
             Change::Keep(Reply::Integer(0))
         })

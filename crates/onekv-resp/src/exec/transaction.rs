@@ -22,11 +22,11 @@
 //! commit, in their order, on the connection's state; SCAN, DBSIZE and INFO then see the store as
 //! it is then, not a snapshot shared with the rest of the transaction.
 //!
-//! WATCH compares values: a key written with the value it had at WATCH time is not seen as
-//! changed (Redis would abort). Once the store is sharded a transaction must keep its keys in one
+//! WATCH compares values and expiry times: a key written with the value and expiry it had at WATCH
+//! time is not seen as changed (Redis would abort). Once the store is sharded a transaction must keep its keys in one
 //! shard ([`same_shard`]).
 
-use onekv_client::ClientError;
+use onekv_client::{ClientError, Expiry, WriteItem};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ use rand::Rng as _;
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
 use super::{Outcome, RespContext, Session, unknown_command, wrong_arity};
-use super::{databases, reads};
+use super::{databases, expiry, reads};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -57,8 +57,9 @@ pub(super) struct Transaction {
     doomed: bool,
     /// The queue went over its bound and was freed: every later command is refused too.
     overflowed: bool,
-    /// Watched keys and the value each had when watched (`None`: absent), in watch order.
-    watched: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Watched keys and the value and expiry each had when watched (`None`: absent), in watch
+    /// order.
+    watched: Vec<(Vec<u8>, Found)>,
     /// Bytes of the watched keys and values.
     watched_bytes: usize,
     /// The database of the last SELECT queued: the commands queued after it use its keys, as
@@ -103,33 +104,74 @@ struct Evaluation {
     /// Each queued command's reply; `None` for the commands that run after the commit.
     replies: Vec<Option<Reply>>,
     /// The net writes, in the order keys were first written.
-    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ops: Vec<WriteItem>,
 }
 
-/// The values a transaction sees: the ones read, then its own writes.
+/// A key as a transaction sees it: its value and expiry time (ms since the Unix epoch), or absent.
+type Found = Option<(Vec<u8>, Option<u64>)>;
+
+/// The keys a transaction sees: the ones read, then its own writes.
 struct Snapshot {
-    values: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    values: HashMap<Vec<u8>, Found>,
+    /// The expiry each written key's net write carries ([`Expiry::Keep`]: the one it has when the
+    /// transaction applies, which its conditions say is the value read).
+    expiries: HashMap<Vec<u8>, Expiry>,
     written: Vec<Vec<u8>>,
     written_set: HashSet<Vec<u8>>,
+    /// This node's clock when the evaluation began.
+    now_ms: u64,
 }
 
 impl Snapshot {
-    fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.values.get(key).and_then(|value| value.as_deref())
+    fn new(values: HashMap<Vec<u8>, Found>) -> Snapshot {
+        let now_ms = expiry::now_ms();
+        Snapshot {
+            values,
+            expiries: HashMap::new(),
+            written: Vec::new(),
+            written_set: HashSet::new(),
+            now_ms,
+        }
     }
 
-    fn set(&mut self, key: &[u8], value: Option<Vec<u8>>) {
+    fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.values.get(key).and_then(|found| found.as_ref()).map(|(value, _)| value.as_slice())
+    }
+
+    /// When `key` expires (`None`: never, or absent).
+    fn expires_at(&self, key: &[u8]) -> Option<u64> {
+        self.values.get(key).and_then(|found| found.as_ref()).and_then(|(_, at)| *at)
+    }
+
+    /// The expiry that keeps `key`'s, as a write of another key would copy it (RENAME, COPY).
+    fn copied_expiry(&self, key: &[u8]) -> Expiry {
+        self.expires_at(key).map_or(Expiry::Never, Expiry::AtUnixMs)
+    }
+
+    fn set(&mut self, key: &[u8], value: Option<Vec<u8>>, expiry: Expiry) {
         if self.written_set.insert(key.to_vec()) {
             self.written.push(key.to_vec());
         }
-        self.values.insert(key.to_vec(), value);
+        // A delete drops the expiry; keeping one keeps what an earlier write of this
+        // transaction chose, or else the key's own.
+        let net = match (&value, expiry) {
+            (None, _) => Expiry::Never,
+            (Some(_), Expiry::Keep) => self.expiries.get(key).copied().unwrap_or(Expiry::Keep),
+            (Some(_), chosen) => chosen,
+        };
+        let expires_at = match expiry {
+            Expiry::Keep => self.expires_at(key),
+            chosen => expiry::expires_at(chosen, self.now_ms),
+        };
+        self.expiries.insert(key.to_vec(), net);
+        self.values.insert(key.to_vec(), value.map(|value| (value, expires_at)));
     }
 
     /// Applies a read-modify-write decision to `key`'s value here.
     fn decide(&mut self, key: &[u8], mut decide: Decide) -> Reply {
-        match decide(self.get(key)) {
-            Ok(Change::Write(value, reply)) => {
-                self.set(key, value);
+        match decide(self.get(key), self.expires_at(key)) {
+            Ok(Change::Write(value, expiry, reply)) => {
+                self.set(key, value, expiry);
                 reply
             }
             Ok(Change::Keep(reply)) => reply,
@@ -223,7 +265,7 @@ impl RespContext {
         }
     }
 
-    /// WATCH: remembers each key's current value (read linearizably). Bounded: the watched keys
+    /// WATCH: remembers each key's current value and expiry (read linearizably). Bounded: the watched keys
     /// and values must fit in one transaction (`limits.max_batch_bytes`).
     async fn watch(&self, session: &mut Session, keys: &[Vec<u8>]) -> Outcome {
         let max_keys = self.shared.settings.max_batch_ops;
@@ -241,9 +283,12 @@ impl RespContext {
                 "onekv: at most {max_keys} keys can be watched (limits.max_batch_ops)"
             )));
         }
-        let values = self.get_many(&new, true).await?;
-        let bytes: usize =
-            new.iter().zip(&values).map(|(key, value)| key.len() + value.as_ref().map_or(0, Vec::len)).sum();
+        let values = self.get_many_with_expiry(&new, true).await?;
+        let bytes: usize = new
+            .iter()
+            .zip(&values)
+            .map(|(key, found)| key.len() + found.as_ref().map_or(0, |(value, _)| value.len()))
+            .sum();
         if session.transaction.watched_bytes + bytes > max_bytes {
             return Err(Reply::err(format!(
                 "onekv: the watched keys and values would exceed {max_bytes} bytes (limits.max_batch_bytes)"
@@ -296,13 +341,15 @@ impl RespContext {
         let client = &self.shared.client;
         let mut attempt = 0;
         let evaluation = loop {
-            let values = self.get_many(&read_keys, true).await?;
-            if watched.iter().zip(&values).any(|((_, then), now)| then != now) {
+            let found = self.get_many_with_expiry(&read_keys, true).await?;
+            if watched.iter().zip(&found).any(|((_, then), now)| then != now) {
                 return Ok(Reply::NilArray);
             }
-            let snapshot: HashMap<Vec<u8>, Option<Vec<u8>>> = read_keys.iter().cloned().zip(values).collect();
-            let conditions: Vec<(Vec<u8>, Option<Vec<u8>>)> =
-                read_keys.iter().map(|key| (key.clone(), snapshot[key].clone())).collect();
+            let snapshot: HashMap<Vec<u8>, Found> = read_keys.iter().cloned().zip(found).collect();
+            let conditions: Vec<(Vec<u8>, Option<Vec<u8>>)> = read_keys
+                .iter()
+                .map(|key| (key.clone(), snapshot[key].as_ref().map(|(value, _)| value.clone())))
+                .collect();
             let heavy = queued
                 .iter()
                 .any(|args| commands::lookup(&args[0]).is_some_and(|spec| reads::is_heavy(spec.name)));
@@ -320,10 +367,10 @@ impl RespContext {
                 // transaction.
                 break evaluation;
             }
-            for (key, _) in &evaluation.ops {
-                self.forget(key);
+            for op in &evaluation.ops {
+                self.forget(&op.key);
             }
-            let applied = match client.txn(conditions, evaluation.ops.clone()).await {
+            let applied = match client.txn_with_expiry(conditions, evaluation.ops.clone()).await {
                 Ok(outcome) => outcome.applied,
                 // An attempt's conditions failed and its answer was lost: nothing was written.
                 Err(ClientError::NotApplied(_)) => false,
@@ -360,12 +407,8 @@ impl RespContext {
     }
 
     /// Runs the queued commands in order against `values` (every key they observe), in memory.
-    fn evaluate(
-        &self,
-        queued: &[Vec<Vec<u8>>],
-        values: HashMap<Vec<u8>, Option<Vec<u8>>>,
-    ) -> Outcome<Evaluation> {
-        let mut snapshot = Snapshot { values, written: Vec::new(), written_set: HashSet::new() };
+    fn evaluate(&self, queued: &[Vec<Vec<u8>>], values: HashMap<Vec<u8>, Found>) -> Outcome<Evaluation> {
+        let mut snapshot = Snapshot::new(values);
         let mut replies = Vec::with_capacity(queued.len());
         let mut reply_bytes = 0usize;
         for args in queued {
@@ -382,7 +425,11 @@ impl RespContext {
         let ops = snapshot
             .written
             .iter()
-            .map(|key| (key.clone(), snapshot.values.get(key).cloned().flatten()))
+            .map(|key| WriteItem {
+                key: key.clone(),
+                value: snapshot.get(key).map(<[u8]>::to_vec),
+                expiry: snapshot.expiries.get(key).copied().unwrap_or(Expiry::Never),
+            })
             .collect();
         Ok(Evaluation { replies, ops })
     }
@@ -409,7 +456,7 @@ impl RespContext {
                     return Some(Reply::Integer(0));
                 }
                 for pair in pairs {
-                    snapshot.set(&pair[0], Some(pair[1].clone()));
+                    snapshot.set(&pair[0], Some(pair[1].clone()), Expiry::Never);
                 }
                 if spec.name == "msetnx" { Reply::Integer(1) } else { Reply::ok() }
             }
@@ -435,8 +482,9 @@ impl RespContext {
                 if let Some(error) = self.unwritable(destination, &value) {
                     return Some(error);
                 }
-                snapshot.set(destination, Some(value));
-                snapshot.set(source, None);
+                // The key moves with its expiry, as in Redis.
+                snapshot.set(destination, Some(value), snapshot.copied_expiry(source));
+                snapshot.set(source, None, Expiry::Never);
                 if only_if_absent { Reply::Integer(1) } else { Reply::ok() }
             }
             "copy" => {
@@ -456,8 +504,17 @@ impl RespContext {
                 if let Some(error) = self.unwritable(destination, &value) {
                     return Some(error);
                 }
-                snapshot.set(destination, Some(value));
+                snapshot.set(destination, Some(value), snapshot.copied_expiry(source));
                 Reply::Integer(1)
+            }
+            name if expiry::is_expiry_read(name) => {
+                let key = &args[1];
+                expiry::answer_expiry_read(
+                    name,
+                    snapshot.get(key).is_some(),
+                    snapshot.expires_at(key),
+                    snapshot.now_ms,
+                )
             }
             name if reads::is_value_read(name) => {
                 let keys: Vec<&Vec<u8>> = spec.key_arguments(args).collect();
@@ -782,18 +839,25 @@ mod tests {
             &["GETDEL", "b"],
             &["SET", "", "v"],
             &["STRLEN", "s"],
+            &["EXPIRETIME", "t"],
+            &["INCR", "t"],
+            &["EXPIRE", "n", "100"],
+            &["PERSIST", "t"],
+            &["PTTL", "k"],
             &["PING"],
         ]
         .iter()
         .map(|command| command.iter().map(|arg| arg.as_bytes().to_vec()).collect())
         .collect();
-        let values: HashMap<Vec<u8>, Option<Vec<u8>>> = [
-            (b"n".to_vec(), Some(b"5".to_vec())),
-            (b"s".to_vec(), Some(b"ab".to_vec())),
+        let t_expires = 4_000_000_000_400;
+        let values: HashMap<Vec<u8>, Found> = [
+            (b"n".to_vec(), Some((b"5".to_vec(), None))),
+            (b"s".to_vec(), Some((b"ab".to_vec(), Some(t_expires)))),
             (b"k".to_vec(), None),
-            (b"a".to_vec(), Some(b"0".to_vec())),
+            (b"a".to_vec(), Some((b"0".to_vec(), None))),
             (b"b".to_vec(), None),
             (b"missing".to_vec(), None),
+            (b"t".to_vec(), Some((b"7".to_vec(), Some(t_expires)))),
         ]
         .into_iter()
         .collect();
@@ -815,18 +879,30 @@ mod tests {
                 Some(Reply::text("2")),
                 Some(Reply::err("invalid argument: empty key")),
                 Some(Reply::Integer(3)),
+                Some(Reply::Integer(4_000_000_000)),
+                Some(Reply::Integer(8)),
+                Some(Reply::Integer(1)),
+                Some(Reply::Integer(1)),
+                Some(Reply::Integer(-1)),
                 None,
             ]
         );
-        // The net writes, each key once with its last value, in first-write order.
+        // The net writes, each key once with its last value and the expiry its last write chose
+        // (APPEND and INCR keep the key's), in first-write order.
+        let write = |key: &str, value: Option<&str>, expiry| WriteItem {
+            key: key.as_bytes().to_vec(),
+            value: value.map(|value| value.as_bytes().to_vec()),
+            expiry,
+        };
         assert_eq!(
             evaluation.ops,
             vec![
-                (b"n".to_vec(), Some(b"16".to_vec())),
-                (b"s".to_vec(), Some(b"abx".to_vec())),
-                (b"k".to_vec(), Some(b"v".to_vec())),
-                (b"a".to_vec(), None),
-                (b"b".to_vec(), None),
+                write("n", Some("16"), Expiry::After(Duration::from_secs(100))),
+                write("s", Some("abx"), Expiry::Keep),
+                write("k", Some("v"), Expiry::Never),
+                write("a", None, Expiry::Never),
+                write("b", None, Expiry::Never),
+                write("t", Some("8"), Expiry::Never),
             ]
         );
     }

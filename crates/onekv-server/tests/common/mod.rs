@@ -107,7 +107,7 @@ impl Backend for FakeBackend {
         done(Ok(()));
     }
 
-    fn get(&self, _shard: u64, key: &[u8]) -> Result<Option<Vec<u8>>, ReplicaError> {
+    fn get(&self, _shard: u64, key: &[u8]) -> Result<Option<onekv_replica::ValueWithExpiry>, ReplicaError> {
         self.calls.lock().unwrap().push("get");
         if let Some(error) = self.get_errors.lock().unwrap().pop_front() {
             return Err(error);
@@ -115,7 +115,7 @@ impl Backend for FakeBackend {
         if let Some(error) = self.get_error.lock().unwrap().clone() {
             return Err(error);
         }
-        Ok(self.data.lock().unwrap().get(key).cloned())
+        Ok(self.data.lock().unwrap().get(key).cloned().map(|value| (value, None)))
     }
 
     fn scan(

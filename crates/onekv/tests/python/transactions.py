@@ -7,11 +7,14 @@ pipeline() (a MULTI/EXEC transaction) with INCR/SET/GET; a runtime error inside 
 other commands applied; an error while queueing discarding the whole transaction; WATCH aborting
 EXEC (WatchError) after another client's write; and two clients on two nodes incrementing one
 counter 200 times each with a WATCH/MULTI/EXEC optimistic-lock loop, which must end at exactly 400.
+Also keys that expire, as a cache uses them: set(ex=...), a pipeline of SET EX and EXPIRE, TTL read
+through the other node, a key gone everywhere once its time comes, INCR keeping the TTL.
 Prints one line of what it checked; any failure raises.
 """
 
 import sys
 import threading
+import time
 
 import redis
 
@@ -61,6 +64,20 @@ def check_watch(r, other):
     assert r.get("tx:w") == b"changed"
 
 
+def check_expiry(r, other):
+    assert r.set("tx:cache", "v", ex=100) is True
+    assert 95 <= other.ttl("tx:cache") <= 100, other.ttl("tx:cache")  # the same time on every node
+    pipe = r.pipeline()
+    pipe.set("tx:short", "s", px=300).incr("tx:count").expire("tx:count", 50).ttl("tx:count")
+    result = pipe.execute()
+    assert result[0] is True and result[2] is True and 45 <= result[3] <= 50, result
+    assert r.incr("tx:count") and 45 <= r.ttl("tx:count") <= 50, "INCR dropped the TTL"
+    assert r.get("tx:short") == b"s"
+    time.sleep(0.4)
+    assert r.get("tx:short") is None and other.get("tx:short") is None, "an expired key was read"
+    assert r.ttl("tx:short") == -2 and r.persist("tx:cache") and r.ttl("tx:cache") == -1
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -89,9 +106,10 @@ def main():
             other = redis.Redis(port=port_b, protocol=protocol)
         except TypeError:
             r, other = redis.Redis(port=port_a), redis.Redis(port=port_b)
-        r.delete("tx:a", "tx:n", "tx:b", "tx:c", "tx:d", "tx:s", "tx:w")
+        r.delete("tx:a", "tx:n", "tx:b", "tx:c", "tx:d", "tx:s", "tx:w", "tx:count")
         check_pipelines(r)
         check_watch(r, other)
+        check_expiry(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]
