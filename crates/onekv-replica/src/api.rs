@@ -258,9 +258,10 @@ impl WriteOp {
 /// A key's value and when it expires (ms since the Unix epoch; `None`: never).
 pub type ValueWithExpiry = (Vec<u8>, Option<u64>);
 
-/// When a key written by a put expires. Times are absolute, in ms since the Unix epoch, chosen
-/// before the command is proposed (by the leader's service, from a client's TTL), so every replica
-/// applies the same time; an expired key reads as absent and is deleted later through Raft.
+/// When a key written by a put expires. Times are in ms since the Unix epoch; a relative one is
+/// made absolute by the shard's leader when it proposes the command (from the entry's own time),
+/// so every replica applies the same time. An expired key reads as absent and is deleted later
+/// through Raft.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Expiry {
     /// The key never expires (any expiry it had is dropped: Redis's `SET`).
@@ -268,6 +269,9 @@ pub enum Expiry {
     Never,
     /// The key expires at this time. A time already past is allowed: the key reads as absent.
     At(u64),
+    /// The key expires this many ms after the time of the entry that writes it (a client's TTL;
+    /// the entry carries the absolute time, [`Expiry::At`]).
+    AfterMs(u64),
     /// The key keeps the expiry it has when the command applies (none if it is absent or expired):
     /// Redis's `KEEPTTL`, and what `INCR` or `APPEND` do.
     Keep,

@@ -28,6 +28,7 @@ use crate::{CasOutcome, Expiry, Outcome, ReplicaError, StorageMode};
 use onekv_index::IndexValue;
 use onekv_log::Locator;
 use raft::eraftpb::{Entry, EntryType};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The result of applying one entry.
@@ -129,7 +130,6 @@ impl Applier {
             // before deduplication decides whether the command takes effect.
             let placements: Vec<Placement> =
                 value_spans(&decoded.command).into_iter().map(&mut place).collect();
-            state.observe_time(decoded.time_ms);
             if let DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } = decoded.command {
                 // Replicas' own commands: no request id, no reply.
                 state.requests().on_entry(entry.index, decoded.time_ms, None);
@@ -138,6 +138,8 @@ impl Applier {
                 results.push(Applied { index: entry.index, term: entry.term, outcome: None });
                 continue;
             }
+            // Repairs may be proposed by followers, on their own clocks: only leaders' times count.
+            state.observe_time(decoded.time_ms);
             let request_id = decoded.request_id;
             let previous = state.requests().lookup(request_id);
             let outcome = match previous {
@@ -206,6 +208,8 @@ impl Applier {
         let Some(current) = current else {
             return Ok(()); // deleted since: nothing to offer or repair
         };
+        // A repaired copy keeps the key's expiry (the repair replaces the bytes, nothing else).
+        let expiry = onekv_index::stored_expiry(&current);
         // The damaged bytes' place (a packed value's: its block) and the stored value's length.
         let (locator, stored_len) =
             match IndexValue::decode(&current).map_err(|e| storage(format!("index value: {e}")))? {
@@ -231,7 +235,7 @@ impl Applier {
                     Some(Placement::Inline) => IndexValue::Inline(span.value(&entry.data).to_vec()),
                     None => unreachable!("a repair carries one value"),
                 };
-                state.tree.insert(key, &stored.encode(), state::seqno(entry.index, 0));
+                state.tree.insert(key, &stored.encode_expiring(expiry), state::seqno(entry.index, 0));
                 state.corruption.repaired(key, locator, entry.index);
             }
             // Damaged, but a copy of another version: not this one's to take.
@@ -256,6 +260,10 @@ impl Applier {
         let mut placements = placements.into_iter();
         let mut effects: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
         let mut user_bytes = 0u64;
+        // The expiry each key written so far by this entry got: the tree shows the entry's writes
+        // only once the whole entry is published, so a later op keeping a key's expiry looks here
+        // first (a delete, then a put keeping the expiry, keeps none).
+        let mut written: HashMap<Vec<u8>, Option<u64>> = HashMap::new();
         let mut write = |op: usize, key: &[u8], value: Option<(ValueSpan, Placement)>, expiry: Expiry| {
             let seqno = state::seqno(entry.index, op);
             match value {
@@ -264,19 +272,24 @@ impl Applier {
                         Placement::Locator(locator) => IndexValue::Locator(locator),
                         Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
                     };
-                    let expires_at = match expiry {
+                    let expires_at = match codec::absolute(expiry, time_ms) {
                         Expiry::Never => None,
-                        Expiry::At(at) => Some(at),
-                        Expiry::Keep => state.live_expiry(key, time_ms)?,
+                        Expiry::At(at) | Expiry::AfterMs(at) => Some(at),
+                        Expiry::Keep => match written.get(key) {
+                            Some(earlier) => earlier.filter(|&at| at > time_ms),
+                            None => state.live_expiry(key, time_ms)?,
+                        },
                     };
                     if expires_at.is_some() {
                         state.expiring_writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     state.tree.insert(key, &stored.encode_expiring(expires_at), seqno);
+                    written.insert(key.to_vec(), expires_at);
                     user_bytes += (key.len() + span.len - codec::STORED_VALUE_PREFIX) as u64;
                 }
                 None => {
                     state.tree.remove(key, seqno);
+                    written.insert(key.to_vec(), None);
                     user_bytes += key.len() as u64;
                 }
             }
@@ -478,6 +491,7 @@ impl Applier {
                 crate::failpoint!("during-snapshot-install");
             }
         }
+        state.observe_time(state.requests().clock_ms());
         state.tree.publish(state::last_seqno(index));
         state
             .tree

@@ -156,7 +156,7 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
             out.push(TAG_WRITE);
             push_request_id(&mut out, request_id);
             out.extend_from_slice(&time_ms.to_le_bytes());
-            push_ops(&mut out, ops);
+            push_ops(&mut out, ops, time_ms);
         }
         Command::Cas { key, expected, new, new_expiry } => {
             out.push(TAG_CAS);
@@ -172,7 +172,7 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
             }
             match new {
                 Some(new) => {
-                    push_expiry(&mut out, *new_expiry, [1, 2, 3]);
+                    push_expiry(&mut out, absolute(*new_expiry, time_ms), [1, 2, 3]);
                     push_value(&mut out, new);
                 }
                 None => out.push(0),
@@ -193,25 +193,26 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
                     None => out.push(0),
                 }
             }
-            push_ops(&mut out, ops);
+            push_ops(&mut out, ops, time_ms);
         }
     }
     out
 }
 
-fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp]) {
+fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp], time_ms: u64) {
     out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
     for op in ops {
         match &op.value {
             Some(value) => {
-                let kind = match op.expiry {
+                let expiry = absolute(op.expiry, time_ms);
+                let kind = match expiry {
                     Expiry::Never => OP_PUT,
-                    Expiry::At(_) => OP_PUT_EXPIRING,
+                    Expiry::At(_) | Expiry::AfterMs(_) => OP_PUT_EXPIRING,
                     Expiry::Keep => OP_PUT_KEEPING_EXPIRY,
                 };
                 out.push(kind);
                 push_bytes(out, &op.key);
-                if let Expiry::At(at) = op.expiry {
+                if let Expiry::At(at) = expiry {
                     out.extend_from_slice(&at.to_le_bytes());
                 }
                 push_value(out, value);
@@ -228,11 +229,20 @@ fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp]) {
 fn push_expiry(out: &mut Vec<u8>, expiry: Expiry, flags: [u8; 3]) {
     match expiry {
         Expiry::Never => out.push(flags[0]),
-        Expiry::At(at) => {
+        Expiry::At(at) | Expiry::AfterMs(at) => {
             out.push(flags[1]);
             out.extend_from_slice(&at.to_le_bytes());
         }
         Expiry::Keep => out.push(flags[2]),
+    }
+}
+
+/// `expiry` with a relative time made absolute from the entry's `time_ms` (an entry carries
+/// absolute times only).
+pub fn absolute(expiry: Expiry, time_ms: u64) -> Expiry {
+    match expiry {
+        Expiry::AfterMs(ttl) => Expiry::At(time_ms.saturating_add(ttl)),
+        other => other,
     }
 }
 
@@ -533,9 +543,11 @@ mod tests {
 
     #[test]
     fn expiries_round_trip_in_writes_swaps_and_transactions_and_truncations_fail() {
-        let expiries = [Expiry::Never, Expiry::At(0x0102_0304_0506_0708), Expiry::Keep];
-        for expiry in expiries {
-            let op = WriteOp { key: b"key".to_vec(), value: Some(b"val".to_vec()), expiry };
+        let expiries = [Expiry::Never, Expiry::At(0x0102_0304_0506_0708), Expiry::Keep, Expiry::AfterMs(95)];
+        for given in expiries {
+            // A relative time is carried as the entry's time (5) plus it.
+            let expiry = if given == Expiry::AfterMs(95) { Expiry::At(100) } else { given };
+            let op = WriteOp { key: b"key".to_vec(), value: Some(b"val".to_vec()), expiry: given };
             for command in [
                 Command::Write(vec![op.clone(), WriteOp::delete(b"gone".to_vec())]),
                 Command::Txn { conditions: vec![], ops: vec![op.clone()] },
@@ -556,7 +568,7 @@ mod tests {
                 key: b"k".to_vec(),
                 expected: None,
                 new: Some(b"v".to_vec()),
-                new_expiry: expiry,
+                new_expiry: given,
             };
             let data = encode(id(), 5, &cas);
             let DecodedCommand::Cas { new, new_expiry, .. } = decode(&data).unwrap().command else {

@@ -9,11 +9,12 @@
 //! in between (without an expiry, or with a later one) stays.
 //!
 //! There is no index of expiry times: a pass reads every key of the shard, [`KEYS_PER_TICK`] per
-//! tick, so a pass over a shard of N keys takes N / `KEYS_PER_TICK` ticks. Passes begin at most
-//! every `expiry_sweep_interval` (10 s by default), and only while the shard may hold expiring keys: one pass when
-//! this node becomes the leader, then again only if the last pass met a key with an expiry or a
-//! write with an expiry applied since ([`State::expiring_writes`]). A shard without expiring keys
-//! costs nothing after its first pass.
+//! tick (64 in classic mode, whose index holds the values), so a pass over a shard of N keys takes
+//! N / `KEYS_PER_TICK` ticks. Passes begin at most every `expiry_sweep_interval` (10 s by default),
+//! and only when one may find something: one pass when this node becomes the leader, then again
+//! once the earliest expiry time the last pass met has come, or a write with an expiry applied
+//! since ([`State::expiring_writes`]). A shard without expiring keys, or whose keys expire in a
+//! year, costs nothing between passes.
 //!
 //! This module owns the walk and when it runs; it does not own the command's encoding (`codec`)
 //! or what applying it does (`apply`).
@@ -23,6 +24,8 @@ use std::sync::atomic::Ordering;
 
 /// Index entries read per tick while sweeping (about 10 000 per second at the default 100 ms tick).
 pub(crate) const KEYS_PER_TICK: usize = 1024;
+/// The same in classic mode, whose index holds the values themselves (up to 1 MiB each).
+pub(crate) const CLASSIC_KEYS_PER_TICK: usize = 64;
 /// At most this many keys in one deletion command.
 pub(crate) const KEYS_PER_DELETION: usize = 256;
 /// At most this many key bytes in one deletion command.
@@ -36,8 +39,8 @@ pub(crate) const DEFAULT_PASS_INTERVAL: std::time::Duration = std::time::Duratio
 pub(crate) struct Sweep {
     /// Where the next page starts (empty: the first key); `None` when idle.
     cursor: Option<Vec<u8>>,
-    /// Whether the pass under way (or the last one) met a key with an expiry.
-    met_expiring: bool,
+    /// The earliest expiry time the pass under way (or the last one) met.
+    earliest: Option<u64>,
     /// [`State::expiring_writes`] when the last pass began.
     writes_at_start: u64,
     /// When the last pass began (leader time); `None` before the first since this node leads.
@@ -63,28 +66,33 @@ impl Sweep {
         if self.cursor.is_none() {
             let due = match self.began_at_ms {
                 None => true,
+                // A key the last pass met expires by now, or a write with an expiry applied since.
                 Some(began) => {
                     now_ms >= began.saturating_add(interval_ms)
-                        && (self.met_expiring || writes != self.writes_at_start)
+                        && (self.earliest.is_some_and(|at| at <= now_ms) || writes != self.writes_at_start)
                 }
             };
             if !due {
                 return Ok(Vec::new());
             }
             self.cursor = Some(Vec::new());
-            self.met_expiring = false;
+            self.earliest = None;
             self.writes_at_start = writes;
             self.began_at_ms = Some(now_ms);
         }
         let start = self.cursor.clone().unwrap_or_default();
+        let per_tick =
+            if state.mode == crate::StorageMode::Classic { CLASSIC_KEYS_PER_TICK } else { KEYS_PER_TICK };
         let (page, more) =
-            state.tree.range(&start, None, KEYS_PER_TICK, false).map_err(|e| format!("index scan: {e}"))?;
+            state.tree.range(&start, None, per_tick, false).map_err(|e| format!("index scan: {e}"))?;
         let mut expired = Vec::new();
         let mut bytes = 0;
         let mut next = None;
         for (key, stored) in &page {
             let Some(at) = onekv_index::stored_expiry(stored) else { continue };
-            self.met_expiring = true;
+            // Expired ones count too: should their deletion be lost (a leader change), the next
+            // pass finds them again.
+            self.earliest = Some(self.earliest.map_or(at, |earliest| earliest.min(at)));
             if at > now_ms {
                 continue;
             }

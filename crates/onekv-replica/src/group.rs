@@ -192,7 +192,7 @@ impl Group {
                 {
                     return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
                 }
-                let data = crate::codec::encode(request_id, ctx.clock.ms(now), &command);
+                let data = crate::codec::encode(request_id, self.entry_time(now, ctx), &command);
                 let before = self.raw.raft.raft_log.last_index();
                 match self.raw.propose(Vec::new(), data) {
                     Ok(()) if self.raw.raft.raft_log.last_index() > before => {
@@ -507,6 +507,14 @@ impl Group {
         }
     }
 
+    /// The time to stamp a leader's entry with: the node's clock, but never behind the latest
+    /// leader time applied here, so the times in a shard's log do not go back when leadership
+    /// moves to a node whose clock is behind (expiry is judged by them).
+    fn entry_time(&self, now: Instant, ctx: &mut NodeCtx) -> u64 {
+        let applied = self.state.applied_time_ms.load(std::sync::atomic::Ordering::Relaxed);
+        ctx.clock.ms(now).max(applied)
+    }
+
     /// While this node leads, reads the next page of the expiry sweep and proposes the deletion
     /// of the keys it found expired (`expiry`). Called once per tick.
     pub fn sweep_expired(&mut self, now: Instant, ctx: &mut NodeCtx) {
@@ -514,7 +522,7 @@ impl Group {
             self.expiry_sweep.reset();
             return;
         }
-        let now_ms = ctx.clock.ms(now);
+        let now_ms = self.entry_time(now, ctx);
         let interval_ms = ctx.config.expiry_sweep_interval.as_millis() as u64;
         match self.expiry_sweep.next_page(&self.state, now_ms, interval_ms) {
             Ok(keys) if keys.is_empty() => {}

@@ -57,6 +57,9 @@ pub(crate) struct GroupParts {
     pub pins: Arc<crate::pins::ReadPins>,
     /// A simulation drives the node (no threads of its own).
     pub driven: bool,
+    /// The clock a server node's reads judge expiry by (the loop's own); `None` in a simulation,
+    /// whose reads judge by the entries' times alone.
+    pub clock: Option<crate::node::NodeClock>,
     /// Each replica's share of the node's scrub budget.
     pub scrub_rate: u64,
     /// The states of the hosted replicas, as the log collector sees them.
@@ -112,6 +115,7 @@ impl GroupParts {
         requests: crate::requests::RequestWindow,
         voters: Vec<u64>,
     ) -> Recovering {
+        let clock_ms = requests.clock_ms();
         let state = Arc::new(State {
             mode: self.config.storage,
             index: self.index.clone(),
@@ -126,8 +130,10 @@ impl GroupParts {
             served: Mutex::new(None),
             staged: Mutex::new(Default::default()),
             installs: AtomicU64::new(0),
-            system_clock: !self.driven,
-            applied_time_ms: AtomicU64::new(0),
+            clock: self.clock,
+            // The window's clock until entries apply: a restarted replica judges expiry by its
+            // last leader time, not by none.
+            applied_time_ms: AtomicU64::new(clock_ms),
             expiring_writes: AtomicU64::new(0),
             expired_deleted: AtomicU64::new(0),
         });

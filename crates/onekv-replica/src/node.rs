@@ -102,43 +102,55 @@ pub(crate) struct NodeLoop {
     pub inbox: Receiver<Input>,
 }
 
-/// Wall-clock milliseconds for proposals (the time every replica applies an entry at, which
-/// decides expiry). A server reads the system clock, never going backwards, so its entries' times
-/// and its reads judge expiry by the same clock; a simulation derives it from the turn's `now`
-/// (never a clock of the loop's own, so a run stays a function of its seed), anchored at the
-/// first turn.
+/// Wall-clock milliseconds for proposals (the time every replica applies an entry at: request-id
+/// ages, expiry), read from the turn's `now` (never a clock of the loop's own, so a simulation
+/// stays a function of its seed): the Unix time at the anchor plus the monotonic time since, so a
+/// step of the system clock (NTP, a VM resumed) moves neither entry times nor the request window's
+/// ages. A server anchors it when the node opens ([`NodeClock`], which its reads share); a
+/// simulation at its first turn.
 pub(crate) struct WallClock {
-    /// The Unix time in ms at the anchor (a simulation's fixed start).
+    /// The Unix time in ms at the anchor; a fixed value in a simulation.
     pub unix_ms_at_start: u64,
     pub anchor: Option<Instant>,
-    /// Read the system clock (a server) rather than the turn's `now`.
-    pub system: bool,
-    /// The last time handed out (a server's clock never goes back, even if the system's does).
-    last_ms: u64,
 }
 
 impl WallClock {
-    /// The system clock, for a server.
-    pub fn system() -> Self {
-        WallClock { unix_ms_at_start: 0, anchor: None, system: true, last_ms: 0 }
+    /// A server's clock: `clock`'s anchor.
+    pub fn system(clock: NodeClock) -> Self {
+        WallClock { unix_ms_at_start: clock.unix_ms_at_start, anchor: Some(clock.anchor) }
     }
 
     /// A clock that starts at `unix_ms` on the first turn and follows the turns' `now`.
     pub fn simulated(unix_ms: u64) -> Self {
-        WallClock { unix_ms_at_start: unix_ms, anchor: None, system: false, last_ms: 0 }
+        WallClock { unix_ms_at_start: unix_ms, anchor: None }
     }
 
     pub fn ms(&mut self, now: Instant) -> u64 {
-        let ms = if self.system {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64)
-        } else {
-            let anchor = *self.anchor.get_or_insert(now);
-            self.unix_ms_at_start + now.saturating_duration_since(anchor).as_millis() as u64
-        };
-        self.last_ms = self.last_ms.max(ms);
-        self.last_ms
+        let anchor = *self.anchor.get_or_insert(now);
+        self.unix_ms_at_start + now.saturating_duration_since(anchor).as_millis() as u64
+    }
+}
+
+/// A server node's clock, anchored when it opens: the one its loop stamps entries with and its
+/// reads judge expiry by, so a key expires for both at the same moment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NodeClock {
+    unix_ms_at_start: u64,
+    anchor: Instant,
+}
+
+impl NodeClock {
+    /// Anchored now, at the system's wall clock.
+    pub fn system() -> Self {
+        let unix_ms_at_start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        NodeClock { unix_ms_at_start, anchor: Instant::now() }
+    }
+
+    /// The time now, in ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        self.unix_ms_at_start + self.anchor.elapsed().as_millis() as u64
     }
 }
 

@@ -339,6 +339,8 @@ impl Node {
             0 => 0,
             rate => (rate / hosted.hosted.len().max(1) as u64).max(1),
         };
+        // The node's clock, for its entries and its reads alike (a simulation's is the turns').
+        let clock = crate::node::NodeClock::system();
         let parts = GroupParts {
             config: config.clone(),
             index,
@@ -346,6 +348,7 @@ impl Node {
             second_log,
             pins: pins.clone(),
             driven,
+            clock: (!driven).then_some(clock),
             scrub_rate,
             hosted_states: Default::default(),
             mutation,
@@ -410,7 +413,7 @@ impl Node {
                 maintenance,
                 crash_hook: None,
                 crashed: false,
-                clock: crate::node::WallClock::system(),
+                clock: crate::node::WallClock::system(clock),
                 disk: disk.clone(),
                 pins,
                 gc_status: Default::default(),

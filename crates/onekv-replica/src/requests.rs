@@ -149,6 +149,12 @@ impl RequestWindow {
         self.remembered.get(&id).copied()
     }
 
+    /// The latest leader time of the entries this window has seen (restored with it at open and
+    /// with a snapshot).
+    pub fn clock_ms(&self) -> u64 {
+        self.clock_ms
+    }
+
     /// Records that the entry at `index`, proposed at `time_ms` by its leader, was applied; and
     /// remembers `id` (unless it is "no id") with what it did. Then evicts ids that are too old.
     /// Writes to the tree at the entry's sequence numbers; the caller publishes the entry.

@@ -86,9 +86,9 @@ pub(crate) struct State {
     /// the copies it appends), which the log GC's census assumes never happens; the collector
     /// gives up a pass whose census an install overlapped.
     pub installs: AtomicU64,
-    /// Whether reads judge expiry by this machine's wall clock (a server) or only by the times of
-    /// the entries applied (a simulation, whose time is the leaders' simulated clocks).
-    pub system_clock: bool,
+    /// The node's clock, which reads judge expiry by (a server), or `None`: only the times of the
+    /// entries applied (a simulation, whose time is the leaders' simulated clocks).
+    pub clock: Option<crate::node::NodeClock>,
     /// The latest leader time of an entry applied here ([`State::now_ms`] never runs behind it).
     pub applied_time_ms: AtomicU64,
     /// Puts with an expiry applied here since the process started (the expiry sweep's hint that
@@ -270,21 +270,17 @@ impl State {
         }))
     }
 
-    /// The time reads judge expiry by, in ms since the Unix epoch: this machine's wall clock, but
-    /// never behind the latest entry applied here (so a key the leader's entries treat as expired
-    /// never reads as live here because this clock is behind theirs).
+    /// The time reads judge expiry by, in ms since the Unix epoch: the node's clock (the one its
+    /// loop stamps entries with), but never behind the latest leader time applied here (so a key
+    /// the leader's entries treat as expired never reads as live here because this clock is
+    /// behind theirs).
     pub fn now_ms(&self) -> u64 {
         let applied = self.applied_time_ms.load(Ordering::Relaxed);
-        if !self.system_clock {
-            return applied;
-        }
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        wall.max(applied)
+        self.clock.map_or(applied, |clock| clock.now_ms().max(applied))
     }
 
-    /// Records that an entry proposed at `time_ms` was applied.
+    /// Records that an entry a leader proposed at `time_ms` was applied (not a follower's repair
+    /// request, whose time is that follower's clock).
     pub fn observe_time(&self, time_ms: u64) {
         self.applied_time_ms.fetch_max(time_ms, Ordering::Relaxed);
     }
@@ -328,26 +324,43 @@ impl State {
     ) -> Result<crate::ScanResult, ReplicaError> {
         let _pin = self.pins.pin();
         let now_ms = self.now_ms();
-        let (found, mut more) =
-            self.tree.range(start, end, limit, reverse).map_err(|e| storage(format!("index scan: {e}")))?;
-        let mut out = Vec::with_capacity(found.len());
+        let mut out = Vec::new();
         let mut bytes = 0usize;
-        let total = found.len();
-        for (i, (key, stored)) in found.into_iter().enumerate() {
-            // Expired keys are left out (a page can then hold fewer pairs than `limit`, even
-            // none, while `more` still says whether the range goes on).
-            if onekv_index::expired_at(&stored, now_ms) {
-                continue;
+        // The part of the range not read yet: expired keys are left out of the page and the tree
+        // is read on past them, so a page with `more` always holds a key to continue from (its
+        // callers' cursor), however many expired keys lie in a row (the expiry sweep deletes them).
+        let (mut from, mut to) = (start.to_vec(), end.map(<[u8]>::to_vec));
+        loop {
+            let wanted = limit - out.len();
+            let (found, more) = self
+                .tree
+                .range(&from, to.as_deref(), wanted, reverse)
+                .map_err(|e| storage(format!("index scan: {e}")))?;
+            let total = found.len();
+            if total == 0 {
+                return Ok((out, false));
             }
-            let value = if keys_only { Vec::new() } else { self.resolve(&key, &stored)? };
-            bytes += key.len() + value.len();
-            out.push((key, value));
-            if bytes >= max_bytes && i + 1 < total {
-                more = true;
-                break;
+            for (i, (key, stored)) in found.into_iter().enumerate() {
+                if reverse {
+                    to = Some(key.clone());
+                } else {
+                    from = key.clone();
+                    from.push(0);
+                }
+                if onekv_index::expired_at(&stored, now_ms) {
+                    continue;
+                }
+                let value = if keys_only { Vec::new() } else { self.resolve(&key, &stored)? };
+                bytes += key.len() + value.len();
+                out.push((key, value));
+                if bytes >= max_bytes && (i + 1 < total || more) {
+                    return Ok((out, true));
+                }
+            }
+            if out.len() >= limit || !more {
+                return Ok((out, more));
             }
         }
-        Ok((out, more))
     }
 
     /// Classic mode reads entry bodies from the entry tree; other modes return `None` and the

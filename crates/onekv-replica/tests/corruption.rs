@@ -217,7 +217,17 @@ fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_rep
     let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, 0);
     cluster.put("healthy", b"fine");
     let damaged_value = value("damaged", 2000);
-    cluster.put("damaged", &damaged_value);
+    // It expires (in an hour): the repaired copy must keep that, as every replica does.
+    let expires_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+        as u64
+        + 3_600_000;
+    cluster
+        .propose(Command::Write(vec![WriteOp {
+            key: b"damaged".to_vec(),
+            value: Some(damaged_value.clone()),
+            expiry: onekv_replica::Expiry::At(expires_at),
+        }]))
+        .unwrap();
     // The smallest segments the log allows (16 MiB and its framing), then more than one of them
     // written: the damaged record ends in a sealed segment, which the log does not read at open,
     // so the leader can restart after the repair.
@@ -252,6 +262,11 @@ fn a_damaged_value_on_the_leader_fails_one_read_with_a_distinct_error_and_is_rep
     // again, from this node's own log, with the value every replica holds.
     wait_for("the leader's copy is repaired", || status(&cluster, leader).repaired_values == 1);
     assert_eq!(cluster.read_on(leader, "damaged").unwrap(), Some(damaged_value.clone()));
+    assert_eq!(
+        cluster.replica(leader).get_with_expiry(b"damaged").unwrap(),
+        Some((damaged_value.clone(), Some(expires_at))),
+        "the repair kept the key's expiry"
+    );
     // A compare-and-swap over the repaired key is evaluated again (it was refused while damaged).
     let cas = Command::Cas {
         key: b"damaged".to_vec(),

@@ -120,6 +120,87 @@ fn an_expired_key_is_absent_at_once_and_then_deleted_on_every_replica() {
     }
 }
 
+/// Ops of one entry see each other's expiry: a put keeping the expiry after a delete of the key
+/// keeps none, after a put with an expiry keeps that one (the tree shows an entry's writes only
+/// once the whole entry applied).
+#[test]
+fn a_put_keeping_the_expiry_sees_the_earlier_ops_of_its_own_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, |_| {});
+    let later = now_ms() + 3_600_000;
+    cluster.propose(put("a", b"1", Expiry::At(later))).unwrap();
+    let keep = |key: &str, value: &[u8]| WriteOp {
+        key: key.into(),
+        value: Some(value.to_vec()),
+        expiry: Expiry::Keep,
+    };
+    cluster.propose(Command::Write(vec![WriteOp::delete(b"a".to_vec()), keep("a", b"2")])).unwrap();
+    let set_then_keep =
+        WriteOp { key: b"b".to_vec(), value: Some(b"1".to_vec()), expiry: Expiry::At(later + 1) };
+    cluster.propose(Command::Write(vec![set_then_keep, keep("b", b"2")])).unwrap();
+    let relative =
+        WriteOp { key: b"c".to_vec(), value: Some(b"1".to_vec()), expiry: Expiry::AfterMs(60_000) };
+    let before = now_ms();
+    cluster.propose(Command::Write(vec![relative])).unwrap();
+    let leader = cluster.replica(1);
+    assert_eq!(read(&leader, "a"), Some((b"2".to_vec(), None)));
+    assert_eq!(read(&leader, "b"), Some((b"2".to_vec(), Some(later + 1))));
+    let (_, at) = read(&leader, "c").unwrap();
+    let at = at.expect("a relative expiry became a time");
+    // (The node's clock is its wall clock at open plus the monotonic time since: a millisecond or
+    // two apart from the system's now.)
+    let after = now_ms();
+    assert!(
+        (before + 59_990..=after + 60_010).contains(&at),
+        "{at} is not a minute after the write at {before}"
+    );
+    cluster.shutdown();
+}
+
+/// A page never ends at a run of expired keys: the scan reads on past them, so `more` always
+/// comes with a key to continue from (SCAN's cursor, FLUSHALL's and DBSIZE's paging), forward and
+/// reverse, full and keys-only.
+#[test]
+fn scans_read_past_runs_of_expired_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 1, StorageMode::OneLog, |_| {});
+    let mut ops = Vec::new();
+    for i in 0..100 {
+        ops.push(WriteOp {
+            key: format!("a{i:03}").into_bytes(),
+            value: Some(b"gone".to_vec()),
+            expiry: Expiry::At(1),
+        });
+    }
+    ops.push(WriteOp::put(b"b".to_vec(), b"live".to_vec()));
+    for i in 0..100 {
+        ops.push(WriteOp {
+            key: format!("c{i:03}").into_bytes(),
+            value: Some(b"gone".to_vec()),
+            expiry: Expiry::At(1),
+        });
+    }
+    ops.push(WriteOp::put(b"d".to_vec(), b"live".to_vec()));
+    for chunk in ops.chunks(50) {
+        cluster.propose(Command::Write(chunk.to_vec())).unwrap();
+    }
+    let replica = cluster.replica(1);
+    for reverse in [false, true] {
+        let (pairs, more) = replica.scan(b"", None, 1, reverse).unwrap();
+        let first: &[u8] = if reverse { b"d" } else { b"b" };
+        assert_eq!((pairs.len(), pairs[0].0.as_slice(), more), (1, first, true), "reverse {reverse}");
+        let (pairs, more) = replica.scan(b"", None, 10, reverse).unwrap();
+        let keys: Vec<&[u8]> = pairs.iter().map(|(key, _)| key.as_slice()).collect();
+        let expected: Vec<&[u8]> = if reverse { vec![b"d", b"b"] } else { vec![b"b", b"d"] };
+        assert_eq!((keys, more), (expected, false), "reverse {reverse}");
+        let (keys, more) = replica.scan_keys(b"b\0", None, 10, reverse).unwrap();
+        assert_eq!((keys.len(), more), (1, false), "reverse {reverse}");
+    }
+    let (pairs, more) = replica.scan(b"c", Some(b"c999"), 10, false).unwrap();
+    assert_eq!((pairs.len(), more), (0, false), "a range of expired keys alone is empty and complete");
+    cluster.shutdown();
+}
+
 #[test]
 fn expiries_travel_in_a_snapshot_to_a_follower_that_fell_behind() {
     let dir = tempfile::tempdir().unwrap();

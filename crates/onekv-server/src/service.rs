@@ -498,19 +498,15 @@ fn one_member_changed(current: &MemberList, wanted: &MemberList) -> Result<(), S
     Ok(())
 }
 
-/// A request's expiry as the replica applies it: a TTL becomes an absolute time by this node's
-/// clock (a write is proposed only by the shard's leader, so the leader chooses the time and every
-/// replica applies the same one).
+/// A request's expiry as the replica takes it. A TTL stays relative: the shard's leader makes it
+/// absolute from the time it stamps the entry with, so every replica applies the same time.
 fn expiry_of(field: &str, expiry: Option<onekv_proto::Expiry>) -> Result<Expiry, Status> {
     use onekv_proto::expiry::When;
     let invalid = |what: &str| Err(Status::invalid_argument(format!("{field}: {what}")));
     match expiry.and_then(|expiry| expiry.when) {
         None => Ok(Expiry::Never),
         Some(When::TtlMs(0)) => invalid("ttl_ms must be at least 1"),
-        Some(When::TtlMs(ttl)) => match unix_ms().checked_add(ttl) {
-            Some(at) => Ok(Expiry::At(at)),
-            None => invalid("ttl_ms puts the expiry past the year 584 million"),
-        },
+        Some(When::TtlMs(ttl)) => Ok(Expiry::AfterMs(ttl)),
         Some(When::AtUnixMs(0)) => invalid("at_unix_ms must be at least 1"),
         Some(When::AtUnixMs(at)) => Ok(Expiry::At(at)),
         Some(When::Keep(true)) => Ok(Expiry::Keep),
@@ -527,11 +523,6 @@ fn write_ops(ops: Vec<onekv_proto::BatchOp>) -> Result<Vec<WriteOp>, Status> {
             Ok(WriteOp { key: op.key, value: op.value, expiry })
         })
         .collect()
-}
-
-/// This machine's wall clock, in ms since the Unix epoch.
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn request_id(id: Option<onekv_proto::RequestId>) -> RequestId {

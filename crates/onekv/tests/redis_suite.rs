@@ -21,7 +21,7 @@ use common::{run_bounded, start_resp_cluster};
 
 /// The whole test: cluster start, every expected unit without the slow ones (about 70 s against a
 /// debug build on two cores), and the cluster's shutdown.
-const TEST_TIME_LIMIT: Duration = Duration::from_secs(180);
+const TEST_TIME_LIMIT: Duration = Duration::from_secs(360);
 
 /// Kills the script's whole process group (bash, the harness's test server and its client) when
 /// dropped, so a test that fails or times out leaves no tclsh behind.

@@ -405,7 +405,7 @@ impl RespContext {
             "set" => self.set(args).await,
             "mset" => Err(wrong_arity("mset")), // every well-formed MSET is a blind write
             "setnx" => {
-                let swapped = self.insert_if_absent(&args[1], &args[2]).await?;
+                let swapped = self.insert_if_absent(&args[1], &args[2], onekv_client::Expiry::Never).await?;
                 Ok(Reply::Integer(i64::from(swapped)))
             }
             "del" | "unlink" => self.delete(&args[1..]).await,

@@ -81,7 +81,10 @@ impl RespContext {
         // key into one compare-and-swap, and its error must be its own.
         self.check_value(&args[2])?;
         if options.nx && !options.get {
-            let swapped = self.insert_if_absent(&args[1], &args[2]).await?;
+            // `SET lock token NX PX 30000`, the common lock: one swap from absent, with its expiry.
+            let expiry =
+                options.expiry.map_or(Ok(Expiry::Never), |option| expiry::expiry_of(option, "set"))?;
+            let swapped = self.insert_if_absent(&args[1], &args[2], expiry).await?;
             return Ok(if swapped { Reply::ok() } else { Reply::Nil });
         }
         let decide = self.decision("set", args)?;
@@ -89,8 +92,8 @@ impl RespContext {
     }
 
     /// One compare-and-swap from absent to `value`; whether it was set.
-    pub(super) async fn insert_if_absent(&self, key: &[u8], value: &[u8]) -> Outcome<bool> {
-        let outcome = match self.shared.client.cas(key, None, Some(value)).await {
+    pub(super) async fn insert_if_absent(&self, key: &[u8], value: &[u8], expiry: Expiry) -> Outcome<bool> {
+        let outcome = match self.shared.client.cas_with_expiry(key, None, Some(value), expiry).await {
             // An attempt found the key present and set nothing.
             Err(ClientError::NotApplied(_)) => return Ok(false),
             outcome => outcome?,

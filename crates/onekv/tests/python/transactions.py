@@ -76,6 +76,11 @@ def check_expiry(r, other):
     time.sleep(0.4)
     assert r.get("tx:short") is None and other.get("tx:short") is None, "an expired key was read"
     assert r.ttl("tx:short") == -2 and r.persist("tx:cache") and r.ttl("tx:cache") == -1
+    # redis-py's Lock (and go-redis's SetNX with a TTL): SET NX PX, so a crashed holder's lock ends.
+    r.delete("tx:lock")
+    assert r.set("tx:lock", "token", nx=True, px=30000) is True
+    assert 25000 < r.pttl("tx:lock") <= 30000, r.pttl("tx:lock")
+    assert r.set("tx:lock", "other", nx=True, px=30000) is None
 
 
 def increment(port, retries, errors):
