@@ -136,8 +136,40 @@ pub static COMMANDS: &[CommandSpec] = &[
         "A range of a value's bytes (negative offsets count from the end)."),
     spec("getset", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
         "Sets a key and returns its old value. A compare-and-swap loop."),
+    spec("hdel", -3, &["write", "fast"], ONE_KEY, "hash", "2.0.0",
+        "Deletes fields of a hash (the key with its last field); returns how many existed."),
     spec("hello", -1, &["noscript", "loading", "stale", "fast"], NO_KEYS, "connection", "6.0.0",
         "The handshake: protocol 2 (RESP2) or 3 (RESP3). AUTH accepts the user default."),
+    spec("hexists", 3, &["readonly", "fast"], ONE_KEY, "hash", "2.0.0",
+        "1 if the hash has the field, else 0."),
+    spec("hget", 3, &["readonly", "fast"], ONE_KEY, "hash", "2.0.0",
+        "The value of a hash's field."),
+    spec("hgetall", 2, &["readonly"], ONE_KEY, "hash", "2.0.0",
+        "Every field and value of a hash, in byte order of the fields (one read)."),
+    spec("hincrby", 4, &["write", "denyoom", "fast"], ONE_KEY, "hash", "2.0.0",
+        "Increments an integer field of a hash. A compare-and-swap loop."),
+    spec("hincrbyfloat", 4, &["write", "denyoom", "fast"], ONE_KEY, "hash", "2.6.0",
+        "Increments a float field of a hash. A compare-and-swap loop."),
+    spec("hkeys", 2, &["readonly"], ONE_KEY, "hash", "2.0.0",
+        "The fields of a hash, in byte order."),
+    spec("hlen", 2, &["readonly", "fast"], ONE_KEY, "hash", "2.0.0",
+        "The number of fields of a hash."),
+    spec("hmget", -3, &["readonly", "fast"], ONE_KEY, "hash", "2.0.0",
+        "The values of several fields of a hash."),
+    spec("hmset", -4, &["write", "denyoom", "fast"], ONE_KEY, "hash", "2.0.0",
+        "HSET, answering OK."),
+    spec("hrandfield", -2, &["readonly"], ONE_KEY, "hash", "6.2.0",
+        "Random fields of a hash (a negative count allows repeats), optionally with their values."),
+    spec("hscan", -3, &["readonly"], ONE_KEY, "hash", "2.8.0",
+        "Every matching field of a hash in one page (cursor 0): a hash is one value, read whole."),
+    spec("hset", -4, &["write", "denyoom", "fast"], ONE_KEY, "hash", "2.0.0",
+        "Sets fields of a hash (a hash is one value: a compare-and-swap loop); returns how many are new."),
+    spec("hsetnx", 4, &["write", "denyoom", "fast"], ONE_KEY, "hash", "2.0.0",
+        "Sets a field of a hash only if it is absent; 1 if it was set."),
+    spec("hstrlen", 3, &["readonly", "fast"], ONE_KEY, "hash", "3.2.0",
+        "The length of a hash field's value (0 if absent)."),
+    spec("hvals", 2, &["readonly"], ONE_KEY, "hash", "2.0.0",
+        "The values of a hash, in byte order of their fields."),
     spec("incr", 2, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
         "Increments an integer value by one. A compare-and-swap loop."),
     spec("incrby", 3, &["write", "denyoom", "fast"], ONE_KEY, "string", "1.0.0",
@@ -150,6 +182,8 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Every key matching a pattern: a full keys-only scan (use SCAN on large data sets)."),
     spec("lcs", -3, &["readonly"], (1, 2, 1), "string", "7.0.0",
         "The longest common subsequence of two values (LEN, IDX, MINMATCHLEN, WITHMATCHLEN)."),
+    spec("memory", -2, &["readonly"], (2, 2, 1), "server", "4.0.0",
+        "MEMORY USAGE (the key's and value's bytes and a fixed overhead per key), HELP."),
     spec("mget", -2, &["readonly", "fast"], ALL_KEYS, "string", "1.0.0",
         "The values of several keys (one linearizable read each, not one snapshot)."),
     spec("mset", -3, &["write", "denyoom"], (1, -1, 2), "string", "1.0.1",
@@ -207,7 +241,7 @@ pub static COMMANDS: &[CommandSpec] = &[
     spec("ttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
         "A key's time to live in seconds; -1 if it has no expiry, -2 if it does not exist."),
     spec("type", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
-        "string, or none if the key does not exist (onekv holds strings only)."),
+        "string, hash, or none if the key does not exist."),
     spec("unlink", -2, &["write", "fast"], ALL_KEYS, "generic", "4.0.0",
         "DEL: deletes keys, returns how many existed (onekv frees space the same way for both)."),
     spec("unwatch", 1, &["noscript", "loading", "stale", "fast", "allow_busy"], NO_KEYS, "transactions", "2.2.0",
@@ -259,6 +293,14 @@ pub fn syntax(name: &str) -> &'static str {
             "key [EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|PERSIST]"
         }
         "flushall" | "flushdb" => "[ASYNC|SYNC]",
+        "hset" | "hmset" => "key (field value)...",
+        "hsetnx" => "key field value",
+        "hget" | "hexists" | "hstrlen" => "key field",
+        "hmget" | "hdel" => "key field...",
+        "hgetall" | "hlen" | "hkeys" | "hvals" => "key",
+        "hincrby" | "hincrbyfloat" => "key field increment",
+        "hrandfield" => "key [count] [WITHVALUES]",
+        "hscan" => "key cursor [MATCH pattern] [COUNT count] [NOVALUES]",
         _ => "",
     }
 }
@@ -456,7 +498,7 @@ mod tests {
         assert!(!get.arity_ok(1) && !get.arity_ok(3));
         let del = lookup(b"DEL").unwrap();
         assert!(!del.arity_ok(1) && del.arity_ok(2) && del.arity_ok(9));
-        assert!(lookup(b"hset").is_none());
+        assert!(lookup(b"lpush").is_none());
     }
 
     #[test]

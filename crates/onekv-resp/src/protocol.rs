@@ -374,6 +374,9 @@ pub enum Reply {
     Map(Vec<(Reply, Reply)>),
     /// Plain text: `=len` and `txt:` before it in RESP3, a bulk string in RESP2.
     Verbatim(String),
+    /// Pairs that are not a map (they may repeat): an array of two-element arrays in RESP3, a flat
+    /// array of `2n` elements in RESP2 (`HRANDFIELD ... WITHVALUES`).
+    Pairs(Vec<(Reply, Reply)>),
 }
 
 impl Reply {
@@ -428,15 +431,19 @@ impl Reply {
                     item.encode(out, protocol);
                 }
             }
-            Reply::Map(pairs) => {
-                if resp3 {
-                    header(out, b'%', &pairs.len().to_string());
-                } else {
-                    header(out, b'*', &(2 * pairs.len()).to_string());
+            Reply::Map(pairs) | Reply::Pairs(pairs) => {
+                let map = matches!(self, Reply::Map(_));
+                match (resp3, map) {
+                    (true, true) => header(out, b'%', &pairs.len().to_string()),
+                    (true, false) => header(out, b'*', &pairs.len().to_string()),
+                    (false, _) => header(out, b'*', &(2 * pairs.len()).to_string()),
                 }
-                for (key, value) in pairs {
-                    key.encode(out, protocol);
-                    value.encode(out, protocol);
+                for (first, second) in pairs {
+                    if resp3 && !map {
+                        header(out, b'*', "2");
+                    }
+                    first.encode(out, protocol);
+                    second.encode(out, protocol);
                 }
             }
             Reply::Verbatim(text) if resp3 => {
@@ -654,6 +661,16 @@ mod tests {
         assert_eq!(map.to_bytes(Protocol::Resp2), b"*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n$-1\r\n".to_vec());
         assert_eq!(Reply::Map(Vec::new()).to_bytes(Protocol::Resp3), b"%0\r\n".to_vec());
         assert_eq!(Reply::Map(Vec::new()).to_bytes(Protocol::Resp2), b"*0\r\n".to_vec());
+        let pairs =
+            Reply::Pairs(vec![(Reply::text("f"), Reply::text("v")), (Reply::text("f"), Reply::text("v"))]);
+        assert_eq!(
+            pairs.to_bytes(Protocol::Resp3),
+            b"*2\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n*2\r\n$1\r\nf\r\n$1\r\nv\r\n".to_vec()
+        );
+        assert_eq!(
+            pairs.to_bytes(Protocol::Resp2),
+            b"*4\r\n$1\r\nf\r\n$1\r\nv\r\n$1\r\nf\r\n$1\r\nv\r\n".to_vec()
+        );
         // Nested: a map inside an array inside a map.
         let nested = Reply::map([("m", Reply::Array(vec![Reply::map([("k", Reply::NilArray)])]))]);
         assert_eq!(

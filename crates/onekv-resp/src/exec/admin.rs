@@ -74,12 +74,17 @@ impl RespContext {
     fn config_parameters(&self) -> Vec<(&'static str, String)> {
         let settings = &self.shared.settings;
         let (host, port) = settings.resp_address.rsplit_once(':').unwrap_or(("", &settings.resp_address));
+        let listpack = *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         vec![
             ("appendfsync", "always".into()),
             ("appendonly", "yes".into()),
             ("bind", host.trim_start_matches('[').trim_end_matches(']').to_string()),
             ("cluster-enabled", "no".into()),
             ("databases", DATABASES.to_string()),
+            ("hash-max-listpack-entries", listpack.entries.to_string()),
+            ("hash-max-listpack-value", listpack.value.to_string()),
+            ("hash-max-ziplist-entries", listpack.entries.to_string()),
+            ("hash-max-ziplist-value", listpack.value.to_string()),
             ("maxclients", settings.max_connections.to_string()),
             ("maxmemory", "0".into()),
             ("maxmemory-policy", "noeviction".into()),
@@ -105,10 +110,44 @@ impl RespContext {
                 Ok(Reply::map(reply))
             }
             b"GET" => Err(wrong_arity("config|get")),
-            b"SET" => Err(Reply::err("CONFIG SET is not supported: configure onekv in the node's TOML file")),
+            b"SET" => self.config_set(&args[2..]),
             b"RESETSTAT" => Ok(Reply::ok()),
             _ => Err(unknown_subcommand(&args[1], "CONFIG")),
         }
+    }
+
+    /// `CONFIG SET parameter value [parameter value ...]`: only the hash encoding thresholds, which
+    /// change nothing but OBJECT ENCODING's answer for hashes on this node; all or nothing, as in
+    /// Redis 7. Anything else is configured in the node's TOML file.
+    fn config_set(&self, pairs: &[Vec<u8>]) -> Outcome {
+        if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
+            return Err(wrong_arity("config|set"));
+        }
+        let mut listpack = *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for pair in pairs.chunks_exact(2) {
+            let name = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
+            let threshold = match name.as_str() {
+                "hash-max-listpack-entries" | "hash-max-ziplist-entries" => &mut listpack.entries,
+                "hash-max-listpack-value" | "hash-max-ziplist-value" => &mut listpack.value,
+                _ => {
+                    return Err(Reply::err(format!(
+                        "CONFIG SET of '{name}' is not supported: configure onekv in the node's TOML file \
+                         (only the hash-max-listpack-* and hash-max-ziplist-* thresholds can be set)"
+                    )));
+                }
+            };
+            *threshold = std::str::from_utf8(&pair[1])
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    Reply::err(format!(
+                        "CONFIG SET failed (possibly related to argument '{name}') - argument couldn't be \
+                         parsed into an integer"
+                    ))
+                })?;
+        }
+        *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = listpack;
+        Ok(Reply::ok())
     }
 
     pub(super) async fn info(&self, args: &[Vec<u8>]) -> Outcome {
@@ -184,6 +223,8 @@ impl RespContext {
                     field("used_memory_rss", resident.to_string());
                     field("maxmemory", "0".into());
                     field("maxmemory_policy", "noeviction".into());
+                    // Rust's system allocator (glibc's malloc): not jemalloc.
+                    field("mem_allocator", "libc".into());
                 }
                 "cpu" => {
                     let [user, system, children_user, children_system] = cpu_seconds().unwrap_or_default();

@@ -197,9 +197,12 @@ impl RespContext {
             guessed = false;
             self.forget(key);
             if attempt >= 2 {
-                // Another node's clients are changing the key too: spread the retries out.
+                // Another node's clients are changing the key too: spread the retries out, then
+                // read again, since the value the failed swap returned is older than the pause (a
+                // swap from it would lose to every write made meanwhile).
                 let millis = rand::rng().random_range(1..=2u64 << attempt.min(5));
                 tokio::time::sleep(Duration::from_millis(millis)).await;
+                (current, expiry) = read_with_expiry(client, key).await?;
             }
         }
         Err(Reply::err(format!(

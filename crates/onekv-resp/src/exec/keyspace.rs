@@ -6,6 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::databases::{self, DATABASES};
+use super::hashes;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::pattern::Pattern;
 use crate::protocol::Reply;
@@ -225,7 +226,8 @@ impl RespContext {
             .ok_or_else(|| Reply::err("invalid cursor"))?;
         let mut pattern: Option<Pattern> = None;
         let mut count: usize = 10;
-        let mut only_strings = true;
+        // TYPE: only keys of this type (`None`: every key).
+        let mut only_type: Option<Vec<u8>> = None;
         let mut options = args[2..].iter();
         while let Some(option) = options.next() {
             let value = options.next().ok_or_else(|| Reply::err("syntax error"))?;
@@ -239,7 +241,7 @@ impl RespContext {
                         .filter(|&count: &usize| count >= 1)
                         .ok_or_else(|| Reply::err("syntax error"))?;
                 }
-                b"TYPE" => only_strings = value.eq_ignore_ascii_case(b"string"),
+                b"TYPE" => only_type = Some(value.to_ascii_lowercase()),
                 _ => return Err(Reply::err("syntax error")),
             }
         }
@@ -269,19 +271,28 @@ impl RespContext {
             return Ok(done);
         }
         let limit = (count + usize::from(skip.is_some())).min(self.shared.settings.max_scan_pairs);
-        // Keys only: SCAN never returns values, so the node need not read them.
-        let page = self.shared.client.scan_keys(&start, end.as_deref(), limit as u32, false).await?;
-        let last = page.keys.last().cloned();
-        let keys: Vec<Reply> = page
-            .keys
+        // Keys only, unless TYPE asks what the values are: SCAN never returns values.
+        let (found, more) = match &only_type {
+            None => {
+                let page = self.shared.client.scan_keys(&start, end.as_deref(), limit as u32, false).await?;
+                (page.keys.into_iter().map(|key| (key, true)).collect::<Vec<_>>(), page.more)
+            }
+            Some(wanted) => {
+                let page = self.shared.client.scan(&start, end.as_deref(), limit as u32, false).await?;
+                let typed = |value: &[u8]| hashes::type_name(Some(value)).as_bytes() == wanted.as_slice();
+                (page.pairs.into_iter().map(|(key, value)| (key, typed(&value))).collect(), page.more)
+            }
+        };
+        let last = found.last().map(|(key, _)| key.clone());
+        let keys: Vec<Reply> = found
             .into_iter()
-            .filter(|key| skip.as_ref() != Some(key))
-            .map(|key| databases::user_key(db, key))
-            .filter(|key| only_strings && pattern.as_ref().is_none_or(|pattern| pattern.matches(key)))
+            .filter(|(key, wanted)| *wanted && skip.as_ref() != Some(key))
+            .map(|(key, _)| databases::user_key(db, key))
+            .filter(|key| pattern.as_ref().is_none_or(|pattern| pattern.matches(key)))
             .map(Reply::Bulk)
             .collect();
         let next = match last {
-            Some(last) if page.more && skip.as_ref() != Some(&last) => {
+            Some(last) if more && skip.as_ref() != Some(&last) => {
                 let mut cursors = self.shared.cursors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 cursors.insert(last)
             }

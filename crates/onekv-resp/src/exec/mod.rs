@@ -14,7 +14,8 @@
 //! state and the per-connection [`Session`]; `strings` the string commands that write and the
 //! plain reads; `reads` the other commands that only read values (ranges, bits, LCS, TYPE, the
 //! TTL family); `bytes` their arithmetic on values; `combine` the per-key compare-and-swap combiner
-//! and the value cache; `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
+//! and the value cache; `hashes` the hash commands and the type of a value (a hash is one value
+//! behind a marker); `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors and the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY, FLUSHDB, FLUSHALL); `transaction` MULTI/EXEC and the multi-key writes run as
 //! transactions of their own (MSETNX, RENAME, COPY); `admin` the node's own answers (HELLO,
@@ -34,6 +35,7 @@ mod clients;
 mod combine;
 mod databases;
 mod expiry;
+mod hashes;
 mod keyspace;
 mod reads;
 mod strings;
@@ -120,8 +122,9 @@ impl RespSettings {
         let slack = 64 << 10;
         let max_bulk_bytes = self.max_value_bytes.max(self.max_key_bytes) + slack;
         ParserLimits {
-            // MSET of a full batch: the name and two arguments per pair.
-            max_args: (self.max_batch_ops.saturating_mul(2) + 1).max(1024),
+            // MSET of a full batch (the name and two arguments per pair), or HSET of as many fields
+            // (one argument more: the key).
+            max_args: (self.max_batch_ops.saturating_mul(2) + 2).max(1024),
             max_bulk_bytes,
             max_inline_bytes: 64 << 10,
             max_request_bytes: self.max_batch_bytes.max(max_bulk_bytes) + slack,
@@ -174,6 +177,9 @@ struct Shared {
     cursors: Mutex<Cursors>,
     /// Every connection's entry for CLIENT LIST (see `clients`).
     clients: Mutex<HashMap<u64, ClientEntry>>,
+    /// When OBJECT ENCODING calls a hash `listpack`: Redis's thresholds, which CONFIG SET may change
+    /// (they change nothing else in onekv).
+    listpack: Mutex<hashes::Listpack>,
     /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
     key_counts: tokio::sync::Mutex<Option<(Instant, Outcome<[u64; DATABASES as usize]>)>>,
 }
@@ -270,6 +276,7 @@ impl RespContext {
                 // name a live one; below 2^53 so clients that keep cursors as doubles are exact.
                 cursors: Mutex::new(Cursors::new(random.random_range(1..1u64 << 52))),
                 key_counts: tokio::sync::Mutex::new(None),
+                listpack: Mutex::default(),
                 clients: Mutex::new(HashMap::new()),
             }),
         })
@@ -392,19 +399,29 @@ impl RespContext {
                 let count = self.count_keys(session.db).await?;
                 Ok(Reply::Integer(i64::try_from(count).unwrap_or(i64::MAX)))
             }
-            "get" => Ok(Reply::optional(self.get(&args[1]).await?)),
+            "get" => {
+                let value = self.get(&args[1]).await?;
+                hashes::string_value(value.as_deref())?;
+                Ok(Reply::optional(value))
+            }
             "mget" => {
                 let values = self.get_many(&args[1..], true).await?;
-                Ok(Reply::Array(values.into_iter().map(Reply::optional).collect()))
+                // As in Redis, a key of another type reads as nil.
+                let strings = values.into_iter().map(|value| value.filter(|value| !hashes::is_hash(value)));
+                Ok(Reply::Array(strings.map(Reply::optional).collect()))
             }
             "exists" => {
                 let values = self.get_many(&args[1..], false).await?;
                 Ok(Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64))
             }
-            "strlen" => Ok(Reply::Integer(self.get(&args[1]).await?.map_or(0, |value| value.len()) as i64)),
+            "strlen" => {
+                let value = self.get(&args[1]).await?;
+                Ok(Reply::Integer(hashes::string_value(value.as_deref())?.map_or(0, <[u8]>::len) as i64))
+            }
             "set" => self.set(args).await,
             "mset" => Err(wrong_arity("mset")), // every well-formed MSET is a blind write
             "setnx" => {
+                self.check_string(&args[2])?;
                 let swapped = self.insert_if_absent(&args[1], &args[2], onekv_client::Expiry::Never).await?;
                 Ok(Reply::Integer(i64::from(swapped)))
             }
@@ -661,9 +678,11 @@ mod tests {
         let mut session = context.new_session();
         let s = &mut session;
         assert_eq!(
-            run(&context, s, &["HSET", "h", "f", "v"]),
-            Reply::err("unknown command 'HSET', with args beginning with: 'h' 'f' 'v' ")
+            run(&context, s, &["LPUSH", "l", "a", "b"]),
+            Reply::err("unknown command 'LPUSH', with args beginning with: 'l' 'a' 'b' ")
         );
+        assert_eq!(run(&context, s, &["HSET", "h", "f"]), wrong_arity("hset"));
+        assert_eq!(run(&context, s, &["HSET", "h", "f", "v", "g"]), wrong_arity("hset"));
         assert_eq!(run(&context, s, &["FLUSHALL", "x"]), Reply::err("syntax error"));
         assert_eq!(run(&context, s, &["MSETNX", "a", "1", "b"]), wrong_arity("msetnx"));
         assert_eq!(run(&context, s, &["SETRANGE", "k", "-1", "v"]), Reply::err("offset is out of range"));

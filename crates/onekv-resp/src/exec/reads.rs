@@ -1,12 +1,13 @@
 //! Commands that only read their keys' values, beyond the plain GET family: GETRANGE (SUBSTR),
-//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH and OBJECT. (GETEX and the TTL family are
-//! `expiry`'s.)
+//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH and OBJECT, and the hash reads (HGET, HGETALL, ...,
+//! answered by `hashes`). (GETEX and the TTL family are `expiry`'s.)
 //!
 //! Owns: each command's reply as a function of the values of its keys ([`answer_read`]), so a
 //! command gives the same answer alone (its keys read linearizably, [`RespContext::read_command`])
 //! and inside a transaction (against the transaction's snapshot).
 
 use super::bytes::{self, BitRange};
+use super::hashes::{self, string_value};
 use super::{Outcome, RespContext, not_an_integer, parse_integer, unknown_subcommand, wrong_arity};
 use crate::commands::CommandSpec;
 use crate::protocol::Reply;
@@ -17,10 +18,20 @@ const MAX_LCS_CELLS: usize = 1 << 24;
 
 /// Whether `name` is one of the commands [`answer_read`] answers.
 pub(super) fn is_value_read(name: &str) -> bool {
-    matches!(
-        name,
-        "getrange" | "substr" | "getbit" | "bitcount" | "bitpos" | "lcs" | "type" | "touch" | "object"
-    )
+    hashes::is_hash_read(name)
+        || matches!(
+            name,
+            "getrange"
+                | "substr"
+                | "getbit"
+                | "bitcount"
+                | "bitpos"
+                | "lcs"
+                | "type"
+                | "touch"
+                | "object"
+                | "memory"
+        )
 }
 
 impl RespContext {
@@ -28,20 +39,37 @@ impl RespContext {
     pub(super) async fn read_command(&self, spec: &CommandSpec, args: &[Vec<u8>]) -> Outcome {
         let keys: Vec<Vec<u8>> = spec.key_arguments(args).cloned().collect();
         let values = self.get_many(&keys, true).await?;
-        let max_value_bytes = self.shared.settings.max_value_bytes;
+        let bounds = self.read_bounds();
         if is_heavy(spec.name) {
             // Off the runtime's workers, so other connections are not held up meanwhile.
             let (name, args) = (spec.name, args.to_vec());
             return tokio::task::spawn_blocking(move || {
                 let values: Vec<Option<&[u8]>> = values.iter().map(Option::as_deref).collect();
-                answer_read(name, &args, &values, max_value_bytes)
+                answer_read(name, &args, &values, bounds)
             })
             .await
             .map_err(|error| Reply::err(format!("onekv: {error}")));
         }
         let values: Vec<Option<&[u8]>> = values.iter().map(Option::as_deref).collect();
-        Ok(answer_read(spec.name, args, &values, max_value_bytes))
+        Ok(answer_read(spec.name, args, &values, bounds))
     }
+
+    /// What [`answer_read`] needs of the node's settings.
+    pub(super) fn read_bounds(&self) -> ReadBounds {
+        ReadBounds {
+            max_value_bytes: self.shared.settings.max_value_bytes,
+            listpack: *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
+        }
+    }
+}
+
+/// The node's settings a read's answer depends on.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadBounds {
+    /// `limits.max_value_bytes`: bit offsets are bounded as values are.
+    pub max_value_bytes: usize,
+    /// When OBJECT ENCODING calls a hash `listpack` (CONFIG SET hash-max-listpack-*).
+    pub listpack: hashes::Listpack,
 }
 
 /// Whether command `name` may compute for long (LCS: up to [`MAX_LCS_CELLS`] table cells, tens of
@@ -51,19 +79,32 @@ pub(super) fn is_heavy(name: &str) -> bool {
 }
 
 /// The reply of read command `name` (one of [`is_value_read`]) given `values`, the values of its
-/// key arguments in order (`None`: absent). `max_value_bytes` bounds bit offsets as the node bounds
-/// values.
+/// key arguments in order (`None`: absent).
 pub(super) fn answer_read(
     name: &str,
     args: &[Vec<u8>],
     values: &[Option<&[u8]>],
-    max_value_bytes: usize,
+    bounds: ReadBounds,
 ) -> Reply {
-    answer(name, args, values, max_value_bytes).unwrap_or_else(|error| error)
+    answer(name, args, values, bounds).unwrap_or_else(|error| error)
 }
 
-fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], max_value_bytes: usize) -> Outcome {
-    let value = values.first().copied().flatten();
+fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], bounds: ReadBounds) -> Outcome {
+    let max_value_bytes = bounds.max_value_bytes;
+    let found = values.first().copied().flatten();
+    match name {
+        name if hashes::is_hash_read(name) => return hashes::answer(name, args, found),
+        "type" => return Ok(Reply::Simple(hashes::type_name(found).into())),
+        "touch" => return Ok(Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64)),
+        "object" => return object(args, found, bounds.listpack),
+        "memory" => return memory(args, found),
+        _ => {}
+    }
+    // The rest read strings: a hash is the wrong type.
+    for value in values {
+        string_value(*value)?;
+    }
+    let value = found;
     let integer = |arg: &[u8]| parse_integer(arg).ok_or_else(not_an_integer);
     Ok(match name {
         "getrange" | "substr" => {
@@ -101,9 +142,6 @@ fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], max_value_byte
             }
         }
         "lcs" => lcs(args, value.unwrap_or_default(), values.get(1).copied().flatten().unwrap_or_default())?,
-        "type" => Reply::Simple(if value.is_some() { "string" } else { "none" }.into()),
-        "touch" => Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64),
-        "object" => object(args, value)?,
         other => return Err(Reply::err(format!("'{other}' is not a read"))),
     })
 }
@@ -182,7 +220,7 @@ fn lcs(args: &[Vec<u8>], a: &[u8], b: &[u8]) -> Outcome {
 }
 
 /// `OBJECT ENCODING|REFCOUNT|IDLETIME|FREQ|HELP`.
-fn object(args: &[Vec<u8>], value: Option<&[u8]>) -> Outcome {
+fn object(args: &[Vec<u8>], value: Option<&[u8]>, listpack: hashes::Listpack) -> Outcome {
     let subcommand = args[1].to_ascii_uppercase();
     match (subcommand.as_slice(), args.len()) {
         (b"HELP", 2) => Ok(Reply::Array(
@@ -205,6 +243,9 @@ fn object(args: &[Vec<u8>], value: Option<&[u8]>) -> Outcome {
         )),
         (b"ENCODING" | b"REFCOUNT" | b"IDLETIME", 3) => Ok(match (subcommand.as_slice(), value) {
             (_, None) => Reply::Nil,
+            (b"ENCODING", Some(value)) if hashes::is_hash(value) => {
+                Reply::text(hashes::encoding(value, listpack))
+            }
             (b"ENCODING", Some(value)) => Reply::text(bytes::encoding(value)),
             (b"REFCOUNT", Some(value)) => Reply::Integer(bytes::reference_count(value)),
             _ => Reply::Integer(0),
@@ -218,6 +259,44 @@ fn object(args: &[Vec<u8>], value: Option<&[u8]>) -> Outcome {
     }
 }
 
+/// Bytes MEMORY USAGE counts per key beyond its key and value: about what Redis spends on a key's
+/// dictionary entry, object header and string headers.
+const MEMORY_OVERHEAD_PER_KEY: usize = 56;
+
+/// `MEMORY USAGE key [SAMPLES count]` and `MEMORY HELP`. onekv keeps a key's value on disk, not in
+/// memory, so USAGE reports what the key would take in a store that holds it: its key, its value
+/// and a fixed overhead.
+fn memory(args: &[Vec<u8>], value: Option<&[u8]>) -> Outcome {
+    let subcommand = args[1].to_ascii_uppercase();
+    match subcommand.as_slice() {
+        b"HELP" if args.len() == 2 => Ok(Reply::Array(
+            [
+                "MEMORY <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+                "USAGE <key> [SAMPLES <count>]",
+                "    Return the bytes the key and its value take (key, value and a fixed overhead).",
+                "HELP",
+                "    Print this help.",
+            ]
+            .into_iter()
+            .map(|line| Reply::Simple(line.into()))
+            .collect(),
+        )),
+        b"USAGE" if args.len() == 3 || args.len() == 5 => {
+            if args.len() == 5 {
+                if !args[3].eq_ignore_ascii_case(b"SAMPLES") {
+                    return Err(Reply::err("syntax error"));
+                }
+                parse_integer(&args[4]).filter(|&samples| samples >= 0).ok_or_else(not_an_integer)?;
+            }
+            Ok(value.map_or(Reply::Nil, |value| {
+                Reply::Integer((args[2].len() + value.len() + MEMORY_OVERHEAD_PER_KEY) as i64)
+            }))
+        }
+        b"USAGE" => Err(Reply::err("syntax error")),
+        _ => Err(unknown_subcommand(&args[1], "MEMORY")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,7 +307,8 @@ mod tests {
 
     fn read(command: &[&str], values: &[Option<&str>]) -> Reply {
         let values: Vec<Option<&[u8]>> = values.iter().map(|value| value.map(str::as_bytes)).collect();
-        answer_read(&command[0].to_ascii_lowercase(), &args(command), &values, 1 << 20)
+        let bounds = ReadBounds { max_value_bytes: 1 << 20, listpack: hashes::Listpack::default() };
+        answer_read(&command[0].to_ascii_lowercase(), &args(command), &values, bounds)
     }
 
     #[test]

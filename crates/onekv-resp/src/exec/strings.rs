@@ -6,6 +6,7 @@
 use super::bytes::{self, FloatError};
 use super::combine::{Change, Decide};
 use super::expiry;
+use super::hashes::{self, reserved_string, string_value};
 use super::reads::bit_offset;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::commands::parse_set_options;
@@ -13,31 +14,33 @@ use crate::protocol::Reply;
 use onekv_client::{ClientError, Expiry};
 
 /// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
-/// decides: run through the combiner alone, against the snapshot inside a transaction.
+/// decides: run through the combiner alone, against the snapshot inside a transaction. The hash
+/// writes are among them (`hashes`).
 pub(super) fn is_single_key_write(name: &str) -> bool {
-    matches!(
-        name,
-        "set"
-            | "setnx"
-            | "getdel"
-            | "getset"
-            | "incr"
-            | "decr"
-            | "incrby"
-            | "decrby"
-            | "incrbyfloat"
-            | "append"
-            | "setrange"
-            | "setbit"
-            | "setex"
-            | "psetex"
-            | "expire"
-            | "pexpire"
-            | "expireat"
-            | "pexpireat"
-            | "persist"
-            | "getex"
-    )
+    hashes::is_hash_write(name)
+        || matches!(
+            name,
+            "set"
+                | "setnx"
+                | "getdel"
+                | "getset"
+                | "incr"
+                | "decr"
+                | "incrby"
+                | "decrby"
+                | "incrbyfloat"
+                | "append"
+                | "setrange"
+                | "setbit"
+                | "setex"
+                | "psetex"
+                | "expire"
+                | "pexpire"
+                | "expireat"
+                | "pexpireat"
+                | "persist"
+                | "getex"
+        )
 }
 
 /// Reads one MGET or EXISTS keeps in flight at once.
@@ -60,11 +63,15 @@ impl RespContext {
                 let command = if name == b"setex" { "setex" } else { "psetex" };
                 (&args[3], expiry::setex_expiry(command, args)?)
             };
+            self.check_string(value)?;
             client.put_with_expiry(&args[1], value, expiry).await?;
             self.forget(&args[1]);
         } else {
             let pairs: Vec<(Vec<u8>, Option<Vec<u8>>)> =
                 args[1..].chunks_exact(2).map(|pair| (pair[0].clone(), Some(pair[1].clone()))).collect();
+            for pair in args[1..].chunks_exact(2) {
+                self.check_string(&pair[1])?;
+            }
             for (key, _) in &pairs {
                 self.forget(key);
             }
@@ -79,7 +86,7 @@ impl RespContext {
         let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
         // Checked before anything is sent: this SET may be combined with other commands on the
         // key into one compare-and-swap, and its error must be its own.
-        self.check_value(&args[2])?;
+        self.check_string(&args[2])?;
         if options.nx && !options.get {
             // `SET lock token NX PX 30000`, the common lock: one swap from absent, with its expiry.
             let expiry =
@@ -119,6 +126,13 @@ impl RespContext {
         self.check_length(value.len())
     }
 
+    /// Refuses a string value the front end may not write: over the node's limit, or one that
+    /// would read as a hash (`hashes::reserved_string`).
+    pub(super) fn check_string(&self, value: &[u8]) -> Outcome<()> {
+        self.check_value(value)?;
+        reserved_string(value).map_or(Ok(()), Err)
+    }
+
     /// Refuses a value length over the node's limit, as Redis words it.
     pub(super) fn check_length(&self, len: usize) -> Outcome<()> {
         let max = self.shared.settings.max_value_bytes;
@@ -132,6 +146,39 @@ impl RespContext {
     /// the value it finds: the commands of [`is_single_key_write`]. Its arguments are checked here, before anything is read. The combiner runs it
     /// against the value it reads; a transaction runs it against its snapshot.
     pub(super) fn decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
+        if hashes::is_hash_write(name) {
+            return hashes::decision(name, args, self.shared.settings.max_value_bytes);
+        }
+        let mut decide = self.string_decision(name, args)?;
+        // Which types the command accepts: commands that replace the value whatever it was (SET
+        // without GET, SETNX, SETEX) and those that change only the expiry take any; the others
+        // read a string, and a hash is the wrong type, as in Redis.
+        let any_type = match name {
+            "setnx" | "setex" | "psetex" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" => {
+                true
+            }
+            "set" => !parse_set_options(&args[3..]).map_err(Reply::err)?.get,
+            _ => false,
+        };
+        // Commands that change only the expiry write the value found back, a hash included.
+        let writes_a_string = !matches!(name, "expire" | "pexpire" | "expireat" | "pexpireat" | "persist");
+        Ok(Box::new(move |current, expires_at| {
+            if !any_type {
+                string_value(current)?;
+            }
+            let change = decide(current, expires_at)?;
+            if writes_a_string
+                && let Change::Write(Some(value), _, _) = &change
+                && let Some(error) = reserved_string(value)
+            {
+                return Err(error);
+            }
+            Ok(change)
+        }))
+    }
+
+    /// [`RespContext::decision`] of a string command, before its type checks.
+    fn string_decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
         let increment = |by: i64| -> Decide {
             Box::new(move |current, _| {
                 let old = match current {
@@ -171,7 +218,7 @@ impl RespContext {
                 })
             }),
             "setnx" => {
-                self.check_value(&args[2])?;
+                self.check_string(&args[2])?;
                 let value = args[2].clone();
                 Box::new(move |current, _| {
                     Ok(match current {
@@ -182,7 +229,7 @@ impl RespContext {
             }
             "set" => {
                 let options = parse_set_options(&args[3..]).map_err(Reply::err)?;
-                self.check_value(&args[2])?;
+                self.check_string(&args[2])?;
                 let expiry =
                     options.expiry.map_or(Ok(Expiry::Never), |option| expiry::expiry_of(option, "set"))?;
                 let value = args[2].clone();
@@ -204,7 +251,7 @@ impl RespContext {
                 })
             }
             "getset" => {
-                self.check_value(&args[2])?;
+                self.check_string(&args[2])?;
                 let value = args[2].clone();
                 Box::new(move |current, _| {
                     Ok(Change::Write(
@@ -256,7 +303,7 @@ impl RespContext {
             // Inside a transaction (alone they are blind writes).
             "setex" | "psetex" => {
                 let expiry = expiry::setex_expiry(name, args)?;
-                self.check_value(&args[3])?;
+                self.check_string(&args[3])?;
                 let value = args[3].clone();
                 Box::new(move |_, _| Ok(Change::Write(Some(value.clone()), expiry, Reply::ok())))
             }

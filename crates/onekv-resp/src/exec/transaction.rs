@@ -36,7 +36,7 @@ use rand::Rng as _;
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
 use super::{Outcome, RespContext, Session, unknown_command, wrong_arity};
-use super::{databases, expiry, reads};
+use super::{databases, expiry, hashes, reads};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -439,11 +439,20 @@ impl RespContext {
     fn evaluate_one(&self, spec: &CommandSpec, args: &[Vec<u8>], snapshot: &mut Snapshot) -> Option<Reply> {
         let value = |snapshot: &Snapshot, key: &[u8]| snapshot.get(key).map(<[u8]>::to_vec);
         Some(match spec.name {
-            "get" => Reply::optional(value(snapshot, &args[1])),
-            "strlen" => Reply::Integer(snapshot.get(&args[1]).map_or(0, <[u8]>::len) as i64),
-            "mget" => {
-                Reply::Array(args[1..].iter().map(|key| Reply::optional(value(snapshot, key))).collect())
-            }
+            "get" => match hashes::string_value(snapshot.get(&args[1])) {
+                Ok(found) => Reply::optional(found.map(<[u8]>::to_vec)),
+                Err(error) => error,
+            },
+            "strlen" => match hashes::string_value(snapshot.get(&args[1])) {
+                Ok(found) => Reply::Integer(found.map_or(0, <[u8]>::len) as i64),
+                Err(error) => error,
+            },
+            "mget" => Reply::Array(
+                args[1..]
+                    .iter()
+                    .map(|key| Reply::optional(value(snapshot, key).filter(|value| !hashes::is_hash(value))))
+                    .collect(),
+            ),
             "exists" => {
                 Reply::Integer(args[1..].iter().filter(|key| snapshot.get(key).is_some()).count() as i64)
             }
@@ -519,7 +528,7 @@ impl RespContext {
             name if reads::is_value_read(name) => {
                 let keys: Vec<&Vec<u8>> = spec.key_arguments(args).collect();
                 let values: Vec<Option<&[u8]>> = keys.iter().map(|key| snapshot.get(key)).collect();
-                reads::answer_read(name, args, &values, self.shared.settings.max_value_bytes)
+                reads::answer_read(name, args, &values, self.read_bounds())
             }
             name if is_single_key_write(name) => {
                 let key = &args[1];
@@ -548,7 +557,10 @@ impl RespContext {
             return Err(wrong_arity(name));
         }
         let pairs = args[1..].chunks_exact(2);
-        match pairs.clone().find_map(|pair| self.unwritable(&pair[0], &pair[1])) {
+        let unwritable = |pair: &[Vec<u8>]| {
+            self.unwritable(&pair[0], &pair[1]).or_else(|| hashes::reserved_string(&pair[1]))
+        };
+        match pairs.clone().find_map(unwritable) {
             Some(error) => Err(error),
             None => Ok(pairs),
         }
@@ -586,7 +598,9 @@ fn bulk_bytes(reply: &Reply) -> usize {
         Reply::Bulk(bytes) => bytes.len(),
         Reply::Array(items) => items.iter().map(bulk_bytes).sum(),
         Reply::Simple(text) | Reply::Error(text) | Reply::Verbatim(text) => text.len(),
-        Reply::Map(pairs) => pairs.iter().map(|(key, value)| bulk_bytes(key) + bulk_bytes(value)).sum(),
+        Reply::Map(pairs) | Reply::Pairs(pairs) => {
+            pairs.iter().map(|(key, value)| bulk_bytes(key) + bulk_bytes(value)).sum()
+        }
         Reply::Integer(_) | Reply::Nil | Reply::NilArray => 0,
     }
 }

@@ -8,7 +8,10 @@ other commands applied; an error while queueing discarding the whole transaction
 EXEC (WatchError) after another client's write; and two clients on two nodes incrementing one
 counter 200 times each with a WATCH/MULTI/EXEC optimistic-lock loop, which must end at exactly 400.
 Also keys that expire, as a cache uses them: set(ex=...), a pipeline of SET EX and EXPIRE, TTL read
-through the other node, a key gone everywhere once its time comes, INCR keeping the TTL.
+through the other node, a key gone everywhere once its time comes, INCR keeping the TTL. And
+hashes: HSET/HGETALL/HMGET/HINCRBY/HSCAN and the rest, WRONGTYPE between strings and hashes, a
+hash keeping its expiry, RENAME, DEL of an emptied hash, SCAN TYPE, hashes in a transaction, the
+size bound, and concurrent HINCRBY through two nodes counting each success exactly once.
 Prints one line of what it checked; any failure raises.
 """
 
@@ -83,6 +86,78 @@ def check_expiry(r, other):
     assert r.set("tx:lock", "other", nx=True, px=30000) is None
 
 
+def check_hashes(r, other):
+    r.delete("h:user", "h:str", "h:tagged{x}", "h:moved{x}", "h:big", "h:counter")
+    assert r.hset("h:user", mapping={"name": "ada", "age": "36"}) == 2
+    assert r.hset("h:user", "age", "37") == 0  # an existing field: not new
+    assert other.hgetall("h:user") == {b"age": b"37", b"name": b"ada"}  # a dict in RESP2 and RESP3
+    assert other.hmget("h:user", ["name", "nope", "age"]) == [b"ada", None, b"37"]
+    assert r.hlen("h:user") == 2 and r.hexists("h:user", "name") and not r.hexists("h:user", "x")
+    assert r.hkeys("h:user") == [b"age", b"name"] and r.hvals("h:user") == [b"37", b"ada"]
+    assert r.hincrby("h:user", "age", 5) == 42 and r.hincrbyfloat("h:user", "score", "1.5") == 1.5
+    assert r.hstrlen("h:user", "name") == 3 and r.hsetnx("h:user", "name", "bob") == 0
+    assert r.type("h:user") == b"hash" and r.exists("h:user") == 1
+    assert dict(r.hscan_iter("h:user", match="a*")) == {b"age": b"42"}
+    assert r.hrandfield("h:user") in (b"age", b"name", b"score")
+    # Strings and hashes are distinct types, as in Redis.
+    r.set("h:str", "text")
+    for call in (lambda: r.hset("h:str", "f", "v"), lambda: r.hget("h:str", "f"), lambda: r.get("h:user"),
+                 lambda: r.incr("h:user"), lambda: r.append("h:user", "x")):
+        try:
+            call()
+            raise AssertionError("a command on the wrong type succeeded")
+        except redis.ResponseError as error:
+            assert str(error).startswith("WRONGTYPE"), error
+    assert r.mget("h:user", "h:str") == [None, b"text"]  # MGET: nil for another type
+    assert r.hget("h:user", "name") == b"ada", "a refused command changed the hash"
+    try:
+        r.set("h:str", b"\x00\xffonekv-hash\x00\x01fake")
+        raise AssertionError("a string that would read as a hash was written")
+    except redis.ResponseError as error:
+        assert "reserved" in str(error), error
+    # A hash keeps its expiry across writes, moves with RENAME, and goes with DEL.
+    assert r.expire("h:user", 100) and r.hset("h:user", "new", "1") == 1 and 95 <= other.ttl("h:user") <= 100
+    r.hset("h:tagged{x}", "a", "1")
+    assert r.rename("h:tagged{x}", "h:moved{x}") and r.hgetall("h:moved{x}") == {b"a": b"1"}
+    assert r.hdel("h:moved{x}", "a") == 1 and r.exists("h:moved{x}") == 0, "an emptied hash stays"
+    assert b"h:user" in set(r.scan_iter(match="h:*", _type="hash"))
+    assert b"h:str" not in set(r.scan_iter(match="h:*", _type="hash"))
+    # In a transaction, with a string command failing on the hash at run time.
+    pipe = r.pipeline()
+    pipe.hset("h:user", "tx", "1").hincrby("h:user", "tx", 2).get("h:user").hget("h:user", "tx")
+    result = pipe.execute(raise_on_error=False)
+    assert result[0] == 1 and result[1] == 3 and isinstance(result[2], redis.ResponseError), result
+    assert result[3] == b"3", result
+    # A hash is one value: one over the value limit (1 MiB by default) is refused, nothing written.
+    try:
+        r.hset("h:big", mapping={f"f{i}": "v" * 6000 for i in range(200)})
+        raise AssertionError("a hash over the value limit was written")
+    except redis.ResponseError as error:
+        assert "max_value_bytes" in str(error), error
+    assert r.exists("h:big") == 0
+    # Two clients on two nodes increment one field: every increment that succeeded counts once. (An
+    # increment may give up under contention, applying nothing: docs/redis.md.)
+    succeeded, errors = [], []
+
+    def increments(client):
+        for _ in range(100):
+            try:
+                client.hincrby("h:counter", "n", 1)
+                succeeded.append(1)
+            except redis.ResponseError as error:
+                errors.append(str(error))
+
+    threads = [threading.Thread(target=increments, args=(c,)) for c in (r, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all("try again" in error for error in errors), errors
+    assert len(succeeded) >= 100, f"{len(succeeded)} of 200 increments succeeded: {errors[:3]}"
+    assert r.hget("h:counter", "n") == str(len(succeeded)).encode(), (r.hget("h:counter", "n"), len(succeeded))
+    r.delete("h:user", "h:str", "h:counter")
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -115,6 +190,7 @@ def main():
         check_pipelines(r)
         check_watch(r, other)
         check_expiry(r, other)
+        check_hashes(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]

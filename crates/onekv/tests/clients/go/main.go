@@ -4,8 +4,9 @@
 //
 // ADDR_A and ADDR_B are the RESP addresses (host:port) of two different nodes. Checks PING,
 // SET/GET, INCR, a TxPipelined (MULTI/EXEC) transaction, an error inside EXEC, WATCH aborting
-// EXEC after another client's write, and two clients on two nodes incrementing one counter 200
-// times each with client.Watch (WATCH/GET/MULTI/SET/EXEC), which must end at exactly 400.
+// EXEC after another client's write, hashes (HSET, HGETALL, HMGET, HINCRBY, HDEL, WRONGTYPE), and
+// two clients on two nodes incrementing one counter 200 times each with client.Watch
+// (WATCH/GET/MULTI/SET/EXEC), which must end at exactly 400.
 // Prints one line of what it checked; exits 1 with a message on any mismatch.
 package main
 
@@ -130,6 +131,24 @@ func main() {
 	}
 	expect("GET after aborted EXEC", "changed")(a.Get(ctx, p+"w").Result())
 
+	// Hashes: HSET of a map, HGETALL (a RESP3 map with go-redis's defaults), HMGET, HINCRBY, HDEL,
+	// and WRONGTYPE between a hash and a string.
+	expect("HSET", int64(2))(a.HSet(ctx, p+"h", map[string]any{"name": "ada", "age": 36}).Result())
+	all, err := b.HGetAll(ctx, p+"h").Result()
+	if err != nil || len(all) != 2 || all["name"] != "ada" || all["age"] != "36" {
+		fail("HGETALL through node B: %v, %v", all, err)
+	}
+	values, err := a.HMGet(ctx, p+"h", "name", "nope").Result()
+	if err != nil || len(values) != 2 || values[0] != "ada" || values[1] != nil {
+		fail("HMGET: %v, %v", values, err)
+	}
+	expect("HINCRBY", int64(37))(a.HIncrBy(ctx, p+"h", "age", 1).Result())
+	if err := a.Get(ctx, p+"h").Err(); err == nil || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		fail("GET of a hash: %v, want WRONGTYPE", err)
+	}
+	expect("HDEL", int64(2))(a.HDel(ctx, p+"h", "name", "age").Result())
+	expect("EXISTS after the last field's HDEL", int64(0))(a.Exists(ctx, p+"h").Result())
+
 	// Two clients on two nodes, 200 optimistic increments each: exactly 400, none lost.
 	var wg sync.WaitGroup
 	retries := make([]int, 2)
@@ -154,7 +173,7 @@ func main() {
 	expect("counter after both clients' WATCH increments", 2*increments)(a.Get(ctx, p+"counter").Int())
 
 	a.Del(ctx, p+"k", p+"n", p+"a", p+"s", p+"b", p+"c", p+"w", p+"counter")
-	fmt.Printf("go-redis %s: PING, SET/GET, INCR, TxPipelined, error in EXEC, WATCH abort, "+
+	fmt.Printf("go-redis %s: PING, SET/GET, INCR, TxPipelined, error in EXEC, WATCH abort, hashes, "+
 		"WATCH counter %d (conflicts retried: %d + %d) OK\n",
 		redis.Version(), 2*increments, retries[0], retries[1])
 }

@@ -4,8 +4,9 @@
 //
 // ADDR_A and ADDR_B are the RESP addresses (host:port) of two different nodes. Checks PING,
 // SET/GET, INCR, a multi() (MULTI/EXEC) transaction, an error inside EXEC, WATCH aborting EXEC
-// after another client's write, and two connections on two nodes incrementing one counter 200
-// times each with WATCH/GET/MULTI/SET/EXEC, which must end at exactly 400.
+// after another client's write, hashes (HSET, HGETALL, HMGET, HINCRBY, HDEL, WRONGTYPE), and two
+// connections on two nodes incrementing one counter 200 times each with WATCH/GET/MULTI/SET/EXEC,
+// which must end at exactly 400.
 // Prints one line of what it checked; exits 1 with a message on any mismatch.
 "use strict";
 
@@ -74,6 +75,15 @@ async function main() {
     assert.equal(await a.multi().set(p + "w", "mine").exec(), null, "EXEC after a watched key changed");
     assert.equal(await a.get(p + "w"), "changed", "GET after aborted EXEC");
 
+    // Hashes: HSET of an object, HGETALL (an object), HMGET, HINCRBY, HDEL, WRONGTYPE.
+    assert.equal(await a.hset(p + "h", { name: "ada", age: 36 }), 2, "HSET");
+    assert.deepEqual(await b.hgetall(p + "h"), { age: "36", name: "ada" }, "HGETALL through node B");
+    assert.deepEqual(await a.hmget(p + "h", "name", "nope"), ["ada", null], "HMGET");
+    assert.equal(await a.hincrby(p + "h", "age", 1), 37, "HINCRBY");
+    await assert.rejects(a.get(p + "h"), /^ReplyError: WRONGTYPE/, "GET of a hash");
+    assert.equal(await a.hdel(p + "h", "name", "age"), 2, "HDEL");
+    assert.equal(await a.exists(p + "h"), 0, "EXISTS after the last field's HDEL");
+
     // Two connections on two nodes, 200 optimistic increments each: exactly 400, none lost.
     const retries = await Promise.all(
       [a, b].map(async (client) => {
@@ -87,7 +97,7 @@ async function main() {
     await a.del(p + "k", p + "n", p + "a", p + "s", p + "b", p + "c", p + "w", p + "counter");
     const version = require("ioredis/package.json").version;
     console.log(
-      `ioredis ${version}: PING, SET/GET, INCR, multi().exec(), error in EXEC, WATCH abort, ` +
+      `ioredis ${version}: PING, SET/GET, INCR, multi().exec(), error in EXEC, WATCH abort, hashes, ` +
         `WATCH counter ${2 * INCREMENTS} (conflicts retried: ${retries[0]} + ${retries[1]}) OK`,
     );
   } finally {
