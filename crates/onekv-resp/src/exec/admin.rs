@@ -74,23 +74,24 @@ impl RespContext {
     fn config_parameters(&self) -> Vec<(&'static str, String)> {
         let settings = &self.shared.settings;
         let (host, port) = settings.resp_address.rsplit_once(':').unwrap_or(("", &settings.resp_address));
-        let listpack = *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let encodings = *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         vec![
             ("appendfsync", "always".into()),
             ("appendonly", "yes".into()),
             ("bind", host.trim_start_matches('[').trim_end_matches(']').to_string()),
             ("cluster-enabled", "no".into()),
             ("databases", DATABASES.to_string()),
-            ("hash-max-listpack-entries", listpack.entries.to_string()),
-            ("hash-max-listpack-value", listpack.value.to_string()),
-            ("hash-max-ziplist-entries", listpack.entries.to_string()),
-            ("hash-max-ziplist-value", listpack.value.to_string()),
+            ("hash-max-listpack-entries", encodings.hash_entries.to_string()),
+            ("hash-max-listpack-value", encodings.hash_value.to_string()),
+            ("hash-max-ziplist-entries", encodings.hash_entries.to_string()),
+            ("hash-max-ziplist-value", encodings.hash_value.to_string()),
             ("maxclients", settings.max_connections.to_string()),
             ("maxmemory", "0".into()),
             ("maxmemory-policy", "noeviction".into()),
             ("port", port.to_string()),
             ("proto-max-bulk-len", self.shared.parser_limits.max_bulk_bytes.to_string()),
             ("save", String::new()),
+            ("set-max-intset-entries", encodings.set_intset_entries.to_string()),
             ("timeout", "0".into()),
         ]
     }
@@ -116,23 +117,25 @@ impl RespContext {
         }
     }
 
-    /// `CONFIG SET parameter value [parameter value ...]`: only the hash encoding thresholds, which
-    /// change nothing but OBJECT ENCODING's answer for hashes on this node; all or nothing, as in
-    /// Redis 7. Anything else is configured in the node's TOML file.
+    /// `CONFIG SET parameter value [parameter value ...]`: only the collections' encoding
+    /// thresholds, which change nothing but OBJECT ENCODING's answers on this node; all or nothing,
+    /// as in Redis 7. Anything else is configured in the node's TOML file.
     fn config_set(&self, pairs: &[Vec<u8>]) -> Outcome {
         if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
             return Err(wrong_arity("config|set"));
         }
-        let mut listpack = *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut encodings = *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         for pair in pairs.chunks_exact(2) {
             let name = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
             let threshold = match name.as_str() {
-                "hash-max-listpack-entries" | "hash-max-ziplist-entries" => &mut listpack.entries,
-                "hash-max-listpack-value" | "hash-max-ziplist-value" => &mut listpack.value,
+                "hash-max-listpack-entries" | "hash-max-ziplist-entries" => &mut encodings.hash_entries,
+                "hash-max-listpack-value" | "hash-max-ziplist-value" => &mut encodings.hash_value,
+                "set-max-intset-entries" => &mut encodings.set_intset_entries,
                 _ => {
                     return Err(Reply::err(format!(
                         "CONFIG SET of '{name}' is not supported: configure onekv in the node's TOML file \
-                         (only the hash-max-listpack-* and hash-max-ziplist-* thresholds can be set)"
+                         (only the encoding thresholds hash-max-listpack-*, hash-max-ziplist-* and \
+                         set-max-intset-entries can be set)"
                     )));
                 }
             };
@@ -146,7 +149,7 @@ impl RespContext {
                     ))
                 })?;
         }
-        *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = listpack;
+        *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = encodings;
         Ok(Reply::ok())
     }
 

@@ -6,7 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::databases::{self, DATABASES};
-use super::hashes;
+use super::types;
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
 use crate::pattern::Pattern;
 use crate::protocol::Reply;
@@ -279,7 +279,7 @@ impl RespContext {
             }
             Some(wanted) => {
                 let page = self.shared.client.scan(&start, end.as_deref(), limit as u32, false).await?;
-                let typed = |value: &[u8]| hashes::type_name(Some(value)).as_bytes() == wanted.as_slice();
+                let typed = |value: &[u8]| types::type_name(Some(value)).as_bytes() == wanted.as_slice();
                 (page.pairs.into_iter().map(|(key, value)| (key, typed(&value))).collect(), page.more)
             }
         };

@@ -14,8 +14,9 @@
 //! state and the per-connection [`Session`]; `strings` the string commands that write and the
 //! plain reads; `reads` the other commands that only read values (ranges, bits, LCS, TYPE, the
 //! TTL family); `bytes` their arithmetic on values; `combine` the per-key compare-and-swap combiner
-//! and the value cache; `hashes` the hash commands and the type of a value (a hash is one value
-//! behind a marker); `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
+//! and the value cache; `types` the type of a value and the encoding the collections share (a
+//! collection is one value behind a marker); `hashes` and `sets` those types' commands;
+//! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors and the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY, FLUSHDB, FLUSHALL); `transaction` MULTI/EXEC and the multi-key writes run as
 //! transactions of their own (MSETNX, RENAME, COPY); `admin` the node's own answers (HELLO,
@@ -38,8 +39,10 @@ mod expiry;
 mod hashes;
 mod keyspace;
 mod reads;
+mod sets;
 mod strings;
 mod transaction;
+mod types;
 
 pub use self::clients::Registration;
 pub use self::databases::DATABASES;
@@ -177,9 +180,9 @@ struct Shared {
     cursors: Mutex<Cursors>,
     /// Every connection's entry for CLIENT LIST (see `clients`).
     clients: Mutex<HashMap<u64, ClientEntry>>,
-    /// When OBJECT ENCODING calls a hash `listpack`: Redis's thresholds, which CONFIG SET may change
+    /// What OBJECT ENCODING calls a collection: Redis's thresholds, which CONFIG SET may change
     /// (they change nothing else in onekv).
-    listpack: Mutex<hashes::Listpack>,
+    encodings: Mutex<types::Encodings>,
     /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
     key_counts: tokio::sync::Mutex<Option<(Instant, Outcome<[u64; DATABASES as usize]>)>>,
 }
@@ -276,7 +279,7 @@ impl RespContext {
                 // name a live one; below 2^53 so clients that keep cursors as doubles are exact.
                 cursors: Mutex::new(Cursors::new(random.random_range(1..1u64 << 52))),
                 key_counts: tokio::sync::Mutex::new(None),
-                listpack: Mutex::default(),
+                encodings: Mutex::default(),
                 clients: Mutex::new(HashMap::new()),
             }),
         })
@@ -401,13 +404,13 @@ impl RespContext {
             }
             "get" => {
                 let value = self.get(&args[1]).await?;
-                hashes::string_value(value.as_deref())?;
+                types::string_value(value.as_deref())?;
                 Ok(Reply::optional(value))
             }
             "mget" => {
                 let values = self.get_many(&args[1..], true).await?;
                 // As in Redis, a key of another type reads as nil.
-                let strings = values.into_iter().map(|value| value.filter(|value| !hashes::is_hash(value)));
+                let strings = values.into_iter().map(|value| value.filter(|value| types::is_string(value)));
                 Ok(Reply::Array(strings.map(Reply::optional).collect()))
             }
             "exists" => {
@@ -416,7 +419,7 @@ impl RespContext {
             }
             "strlen" => {
                 let value = self.get(&args[1]).await?;
-                Ok(Reply::Integer(hashes::string_value(value.as_deref())?.map_or(0, <[u8]>::len) as i64))
+                Ok(Reply::Integer(types::string_value(value.as_deref())?.map_or(0, <[u8]>::len) as i64))
             }
             "set" => self.set(args).await,
             "mset" => Err(wrong_arity("mset")), // every well-formed MSET is a blind write

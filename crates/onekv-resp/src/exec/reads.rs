@@ -1,14 +1,15 @@
 //! Commands that only read their keys' values, beyond the plain GET family: GETRANGE (SUBSTR),
-//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH and OBJECT, and the hash reads (HGET, HGETALL, ...,
-//! answered by `hashes`). (GETEX and the TTL family are `expiry`'s.)
+//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH, OBJECT and MEMORY, and the hash and set reads
+//! (answered by `hashes` and `sets`). (GETEX and the TTL family are `expiry`'s.)
 //!
 //! Owns: each command's reply as a function of the values of its keys ([`answer_read`]), so a
 //! command gives the same answer alone (its keys read linearizably, [`RespContext::read_command`])
 //! and inside a transaction (against the transaction's snapshot).
 
 use super::bytes::{self, BitRange};
-use super::hashes::{self, string_value};
+use super::types::{self, Kind, kind_of, string_value};
 use super::{Outcome, RespContext, not_an_integer, parse_integer, unknown_subcommand, wrong_arity};
+use super::{hashes, sets};
 use crate::commands::CommandSpec;
 use crate::protocol::Reply;
 
@@ -19,6 +20,7 @@ const MAX_LCS_CELLS: usize = 1 << 24;
 /// Whether `name` is one of the commands [`answer_read`] answers.
 pub(super) fn is_value_read(name: &str) -> bool {
     hashes::is_hash_read(name)
+        || sets::is_set_read(name)
         || matches!(
             name,
             "getrange"
@@ -58,7 +60,7 @@ impl RespContext {
     pub(super) fn read_bounds(&self) -> ReadBounds {
         ReadBounds {
             max_value_bytes: self.shared.settings.max_value_bytes,
-            listpack: *self.shared.listpack.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
+            encodings: *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
         }
     }
 }
@@ -68,8 +70,8 @@ impl RespContext {
 pub(super) struct ReadBounds {
     /// `limits.max_value_bytes`: bit offsets are bounded as values are.
     pub max_value_bytes: usize,
-    /// When OBJECT ENCODING calls a hash `listpack` (CONFIG SET hash-max-listpack-*).
-    pub listpack: hashes::Listpack,
+    /// What OBJECT ENCODING calls a collection (CONFIG SET hash-max-listpack-*, ...).
+    pub encodings: types::Encodings,
 }
 
 /// Whether command `name` may compute for long (LCS: up to [`MAX_LCS_CELLS`] table cells, tens of
@@ -94,9 +96,10 @@ fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], bounds: ReadBo
     let found = values.first().copied().flatten();
     match name {
         name if hashes::is_hash_read(name) => return hashes::answer(name, args, found),
-        "type" => return Ok(Reply::Simple(hashes::type_name(found).into())),
+        name if sets::is_set_read(name) => return sets::answer(name, args, values),
+        "type" => return Ok(Reply::Simple(types::type_name(found).into())),
         "touch" => return Ok(Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64)),
-        "object" => return object(args, found, bounds.listpack),
+        "object" => return object(args, found, bounds.encodings),
         "memory" => return memory(args, found),
         _ => {}
     }
@@ -220,7 +223,7 @@ fn lcs(args: &[Vec<u8>], a: &[u8], b: &[u8]) -> Outcome {
 }
 
 /// `OBJECT ENCODING|REFCOUNT|IDLETIME|FREQ|HELP`.
-fn object(args: &[Vec<u8>], value: Option<&[u8]>, listpack: hashes::Listpack) -> Outcome {
+fn object(args: &[Vec<u8>], value: Option<&[u8]>, encodings: types::Encodings) -> Outcome {
     let subcommand = args[1].to_ascii_uppercase();
     match (subcommand.as_slice(), args.len()) {
         (b"HELP", 2) => Ok(Reply::Array(
@@ -243,10 +246,11 @@ fn object(args: &[Vec<u8>], value: Option<&[u8]>, listpack: hashes::Listpack) ->
         )),
         (b"ENCODING" | b"REFCOUNT" | b"IDLETIME", 3) => Ok(match (subcommand.as_slice(), value) {
             (_, None) => Reply::Nil,
-            (b"ENCODING", Some(value)) if hashes::is_hash(value) => {
-                Reply::text(hashes::encoding(value, listpack))
-            }
-            (b"ENCODING", Some(value)) => Reply::text(bytes::encoding(value)),
+            (b"ENCODING", Some(value)) => Reply::text(match kind_of(value) {
+                Kind::Hash => hashes::encoding(value, encodings.hash_entries, encodings.hash_value),
+                Kind::Set => sets::encoding(value, encodings.set_intset_entries),
+                Kind::String => bytes::encoding(value),
+            }),
             (b"REFCOUNT", Some(value)) => Reply::Integer(bytes::reference_count(value)),
             _ => Reply::Integer(0),
         }),
@@ -307,7 +311,7 @@ mod tests {
 
     fn read(command: &[&str], values: &[Option<&str>]) -> Reply {
         let values: Vec<Option<&[u8]>> = values.iter().map(|value| value.map(str::as_bytes)).collect();
-        let bounds = ReadBounds { max_value_bytes: 1 << 20, listpack: hashes::Listpack::default() };
+        let bounds = ReadBounds { max_value_bytes: 1 << 20, encodings: types::Encodings::default() };
         answer_read(&command[0].to_ascii_lowercase(), &args(command), &values, bounds)
     }
 

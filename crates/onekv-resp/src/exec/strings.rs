@@ -6,18 +6,20 @@
 use super::bytes::{self, FloatError};
 use super::combine::{Change, Decide};
 use super::expiry;
-use super::hashes::{self, reserved_string, string_value};
 use super::reads::bit_offset;
+use super::types::{reserved_string, string_value};
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
+use super::{hashes, sets};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
 use onekv_client::{ClientError, Expiry};
 
 /// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
 /// decides: run through the combiner alone, against the snapshot inside a transaction. The hash
-/// writes are among them (`hashes`).
+/// and set writes are among them (`hashes`, `sets`).
 pub(super) fn is_single_key_write(name: &str) -> bool {
     hashes::is_hash_write(name)
+        || sets::is_set_write(name)
         || matches!(
             name,
             "set"
@@ -127,7 +129,7 @@ impl RespContext {
     }
 
     /// Refuses a string value the front end may not write: over the node's limit, or one that
-    /// would read as a hash (`hashes::reserved_string`).
+    /// would read as a collection (`types::reserved_string`).
     pub(super) fn check_string(&self, value: &[u8]) -> Outcome<()> {
         self.check_value(value)?;
         reserved_string(value).map_or(Ok(()), Err)
@@ -146,8 +148,12 @@ impl RespContext {
     /// the value it finds: the commands of [`is_single_key_write`]. Its arguments are checked here, before anything is read. The combiner runs it
     /// against the value it reads; a transaction runs it against its snapshot.
     pub(super) fn decision(&self, name: &str, args: &[Vec<u8>]) -> Outcome<Decide> {
+        let max_value_bytes = self.shared.settings.max_value_bytes;
         if hashes::is_hash_write(name) {
-            return hashes::decision(name, args, self.shared.settings.max_value_bytes);
+            return hashes::decision(name, args, max_value_bytes);
+        }
+        if sets::is_set_write(name) {
+            return sets::decision(name, args, max_value_bytes);
         }
         let mut decide = self.string_decision(name, args)?;
         // Which types the command accepts: commands that replace the value whatever it was (SET

@@ -36,7 +36,7 @@ use rand::Rng as _;
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
 use super::{Outcome, RespContext, Session, unknown_command, wrong_arity};
-use super::{databases, expiry, hashes, reads};
+use super::{databases, expiry, reads, types};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -439,18 +439,18 @@ impl RespContext {
     fn evaluate_one(&self, spec: &CommandSpec, args: &[Vec<u8>], snapshot: &mut Snapshot) -> Option<Reply> {
         let value = |snapshot: &Snapshot, key: &[u8]| snapshot.get(key).map(<[u8]>::to_vec);
         Some(match spec.name {
-            "get" => match hashes::string_value(snapshot.get(&args[1])) {
+            "get" => match types::string_value(snapshot.get(&args[1])) {
                 Ok(found) => Reply::optional(found.map(<[u8]>::to_vec)),
                 Err(error) => error,
             },
-            "strlen" => match hashes::string_value(snapshot.get(&args[1])) {
+            "strlen" => match types::string_value(snapshot.get(&args[1])) {
                 Ok(found) => Reply::Integer(found.map_or(0, <[u8]>::len) as i64),
                 Err(error) => error,
             },
             "mget" => Reply::Array(
                 args[1..]
                     .iter()
-                    .map(|key| Reply::optional(value(snapshot, key).filter(|value| !hashes::is_hash(value))))
+                    .map(|key| Reply::optional(value(snapshot, key).filter(|value| types::is_string(value))))
                     .collect(),
             ),
             "exists" => {
@@ -558,7 +558,7 @@ impl RespContext {
         }
         let pairs = args[1..].chunks_exact(2);
         let unwritable = |pair: &[Vec<u8>]| {
-            self.unwritable(&pair[0], &pair[1]).or_else(|| hashes::reserved_string(&pair[1]))
+            self.unwritable(&pair[0], &pair[1]).or_else(|| types::reserved_string(&pair[1]))
         };
         match pairs.clone().find_map(unwritable) {
             Some(error) => Err(error),

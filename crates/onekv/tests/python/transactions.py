@@ -11,7 +11,8 @@ Also keys that expire, as a cache uses them: set(ex=...), a pipeline of SET EX a
 through the other node, a key gone everywhere once its time comes, INCR keeping the TTL. And
 hashes: HSET/HGETALL/HMGET/HINCRBY/HSCAN and the rest, WRONGTYPE between strings and hashes, a
 hash keeping its expiry, RENAME, DEL of an emptied hash, SCAN TYPE, hashes in a transaction, the
-size bound, and concurrent HINCRBY through two nodes counting each success exactly once.
+size bound, and concurrent HINCRBY through two nodes counting each success exactly once. And sets:
+SADD/SMEMBERS/SINTER/SUNION/SDIFF/SSCAN/SPOP and the rest, WRONGTYPE, and sets in a transaction.
 Prints one line of what it checked; any failure raises.
 """
 
@@ -158,6 +159,32 @@ def check_hashes(r, other):
     r.delete("h:user", "h:str", "h:counter")
 
 
+def check_sets(r, other):
+    r.delete("s:a{s}", "s:b{s}", "s:str")
+    assert r.sadd("s:a{s}", "x", "y", "z", "x") == 3 and r.sadd("s:b{s}", "y", "w") == 2
+    assert other.smembers("s:a{s}") == {b"x", b"y", b"z"}  # a Python set in RESP2 and RESP3
+    assert r.sismember("s:a{s}", "x") and not r.sismember("s:a{s}", "w") and r.scard("s:a{s}") == 3
+    assert r.smismember("s:a{s}", ["x", "w"]) == [1, 0]
+    assert r.sinter("s:a{s}", "s:b{s}") == {b"y"} and r.sunion("s:a{s}", "s:b{s}") == {b"w", b"x", b"y", b"z"}
+    assert r.sdiff("s:a{s}", "s:b{s}") == {b"x", b"z"} and r.type("s:a{s}") == b"set"
+    assert r.srem("s:b{s}", "y", "nope") == 1 and set(r.sscan_iter("s:a{s}", match="[xy]")) == {b"x", b"y"}
+    assert r.srandmember("s:a{s}") in {b"x", b"y", b"z"} and len(r.srandmember("s:a{s}", -5)) == 5
+    popped = r.spop("s:a{s}", 3)
+    assert set(popped) == {b"x", b"y", b"z"} and r.exists("s:a{s}") == 0, "an emptied set stays"
+    r.set("s:str", "text")
+    for call in (lambda: r.sadd("s:str", "m"), lambda: r.get("s:b{s}"), lambda: r.hget("s:b{s}", "f")):
+        try:
+            call()
+            raise AssertionError("a command on the wrong type succeeded")
+        except redis.ResponseError as error:
+            assert str(error).startswith("WRONGTYPE"), error
+    # In a transaction.
+    pipe = r.pipeline()
+    pipe.sadd("s:a{s}", "1", "2").sinter("s:a{s}", "s:b{s}").scard("s:a{s}")
+    assert pipe.execute() == [2, set(), 2]
+    r.delete("s:a{s}", "s:b{s}", "s:str")
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -191,6 +218,7 @@ def main():
         check_watch(r, other)
         check_expiry(r, other)
         check_hashes(r, other)
+        check_sets(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]
