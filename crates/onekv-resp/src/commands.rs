@@ -182,6 +182,26 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Every key matching a pattern: a full keys-only scan (use SCAN on large data sets)."),
     spec("lcs", -3, &["readonly"], (1, 2, 1), "string", "7.0.0",
         "The longest common subsequence of two values (LEN, IDX, MINMATCHLEN, WITHMATCHLEN)."),
+    spec("lindex", 3, &["readonly"], ONE_KEY, "list", "1.0.0",
+        "The element at an index of a list (negative: from the end)."),
+    spec("linsert", 5, &["write", "denyoom"], ONE_KEY, "list", "2.2.0",
+        "Inserts an element before or after a pivot; returns the new length (-1: no pivot)."),
+    spec("llen", 2, &["readonly", "fast"], ONE_KEY, "list", "1.0.0",
+        "The length of a list."),
+    spec("lpop", -2, &["write", "fast"], ONE_KEY, "list", "1.0.0",
+        "Removes and returns elements from the head of a list. A compare-and-swap loop."),
+    spec("lpush", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "1.0.0",
+        "Prepends elements to a list (a list is one value: a compare-and-swap loop); returns its length."),
+    spec("lpushx", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "2.2.0",
+        "LPUSH only if the list exists."),
+    spec("lrange", 4, &["readonly"], ONE_KEY, "list", "1.0.0",
+        "A range of a list's elements (negative indexes count from the end)."),
+    spec("lrem", 4, &["write"], ONE_KEY, "list", "1.0.0",
+        "Removes occurrences of an element (count > 0 from the head, < 0 from the tail, 0 all)."),
+    spec("lset", 4, &["write", "denyoom"], ONE_KEY, "list", "1.0.0",
+        "Sets the element at an index of a list."),
+    spec("ltrim", 4, &["write"], ONE_KEY, "list", "1.0.0",
+        "Keeps only a range of a list's elements."),
     spec("memory", -2, &["readonly"], (2, 2, 1), "server", "4.0.0",
         "MEMORY USAGE (the key's and value's bytes and a fixed overhead per key), HELP."),
     spec("mget", -2, &["readonly", "fast"], ALL_KEYS, "string", "1.0.0",
@@ -216,6 +236,12 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Moves a key's value to another key (same shard); one replicated transaction."),
     spec("renamenx", 3, &["write", "fast"], (1, 2, 1), "generic", "1.0.0",
         "RENAME only if the new key does not exist; one replicated transaction."),
+    spec("rpop", -2, &["write", "fast"], ONE_KEY, "list", "1.0.0",
+        "Removes and returns elements from the tail of a list. A compare-and-swap loop."),
+    spec("rpush", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "1.0.0",
+        "Appends elements to a list (a list is one value: a compare-and-swap loop); returns its length."),
+    spec("rpushx", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "2.2.0",
+        "RPUSH only if the list exists."),
     spec("sadd", -3, &["write", "denyoom", "fast"], ONE_KEY, "set", "1.0.0",
         "Adds members to a set (a set is one value: a compare-and-swap loop); returns how many are new."),
     spec("scan", -2, &["readonly"], NO_KEYS, "generic", "2.8.0",
@@ -265,7 +291,7 @@ pub static COMMANDS: &[CommandSpec] = &[
     spec("ttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
         "A key's time to live in seconds; -1 if it has no expiry, -2 if it does not exist."),
     spec("type", 2, &["readonly", "fast"], ONE_KEY, "generic", "1.0.0",
-        "string, hash, set, or none if the key does not exist."),
+        "string, hash, set, list, or none if the key does not exist."),
     spec("unlink", -2, &["write", "fast"], ALL_KEYS, "generic", "4.0.0",
         "DEL: deletes keys, returns how many existed (onekv frees space the same way for both)."),
     spec("unwatch", 1, &["noscript", "loading", "stale", "fast", "allow_busy"], NO_KEYS, "transactions", "2.2.0",
@@ -331,6 +357,14 @@ pub fn syntax(name: &str) -> &'static str {
         "spop" | "srandmember" => "key [count]",
         "sscan" => "key cursor [MATCH pattern] [COUNT count]",
         "sinter" | "sunion" | "sdiff" => "key...",
+        "lpush" | "rpush" | "lpushx" | "rpushx" => "key element...",
+        "lpop" | "rpop" => "key [count]",
+        "llen" => "key",
+        "lrange" | "ltrim" => "key start stop",
+        "lindex" => "key index",
+        "lset" => "key index element",
+        "lrem" => "key count element",
+        "linsert" => "key BEFORE|AFTER pivot element",
         _ => "",
     }
 }
@@ -528,7 +562,7 @@ mod tests {
         assert!(!get.arity_ok(1) && !get.arity_ok(3));
         let del = lookup(b"DEL").unwrap();
         assert!(!del.arity_ok(1) && del.arity_ok(2) && del.arity_ok(9));
-        assert!(lookup(b"lpush").is_none());
+        assert!(lookup(b"zadd").is_none());
     }
 
     #[test]

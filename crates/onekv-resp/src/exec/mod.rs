@@ -15,7 +15,7 @@
 //! plain reads; `reads` the other commands that only read values (ranges, bits, LCS, TYPE, the
 //! TTL family); `bytes` their arithmetic on values; `combine` the per-key compare-and-swap combiner
 //! and the value cache; `types` the type of a value and the encoding the collections share (a
-//! collection is one value behind a marker); `hashes` and `sets` those types' commands;
+//! collection is one value behind a marker); `hashes`, `sets` and `lists` those types' commands;
 //! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors and the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY, FLUSHDB, FLUSHALL); `transaction` MULTI/EXEC and the multi-key writes run as
@@ -38,6 +38,7 @@ mod databases;
 mod expiry;
 mod hashes;
 mod keyspace;
+mod lists;
 mod reads;
 mod sets;
 mod strings;
@@ -681,8 +682,8 @@ mod tests {
         let mut session = context.new_session();
         let s = &mut session;
         assert_eq!(
-            run(&context, s, &["LPUSH", "l", "a", "b"]),
-            Reply::err("unknown command 'LPUSH', with args beginning with: 'l' 'a' 'b' ")
+            run(&context, s, &["ZADD", "z", "1", "b"]),
+            Reply::err("unknown command 'ZADD', with args beginning with: 'z' '1' 'b' ")
         );
         assert_eq!(run(&context, s, &["HSET", "h", "f"]), wrong_arity("hset"));
         assert_eq!(run(&context, s, &["HSET", "h", "f", "v", "g"]), wrong_arity("hset"));

@@ -9,17 +9,18 @@ use super::expiry;
 use super::reads::bit_offset;
 use super::types::{reserved_string, string_value};
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
-use super::{hashes, sets};
+use super::{hashes, lists, sets};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
 use onekv_client::{ClientError, Expiry};
 
 /// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
-/// decides: run through the combiner alone, against the snapshot inside a transaction. The hash
-/// and set writes are among them (`hashes`, `sets`).
+/// decides: run through the combiner alone, against the snapshot inside a transaction. The hash,
+/// set and list writes are among them (`hashes`, `sets`, `lists`).
 pub(super) fn is_single_key_write(name: &str) -> bool {
     hashes::is_hash_write(name)
         || sets::is_set_write(name)
+        || lists::is_list_write(name)
         || matches!(
             name,
             "set"
@@ -154,6 +155,9 @@ impl RespContext {
         }
         if sets::is_set_write(name) {
             return sets::decision(name, args, max_value_bytes);
+        }
+        if lists::is_list_write(name) {
+            return lists::decision(name, args, max_value_bytes);
         }
         let mut decide = self.string_decision(name, args)?;
         // Which types the command accepts: commands that replace the value whatever it was (SET

@@ -1,4 +1,4 @@
-//! The type of a value (string, hash, set) and the encoding the collection types share.
+//! The type of a value (string, hash, set, list) and the encoding the collection types share.
 //!
 //! Every onekv value is bytes. The front end stores a collection (a hash, a set) as one value: a
 //! marker naming its type (`00 FF onekv-<type> 00 01`), the number of entries (u32,
@@ -9,7 +9,7 @@
 //! type here.
 //!
 //! Owns: the markers, [`kind_of`], the type errors, and the item codec. Does not own what a type's
-//! commands do (`hashes`, `sets`).
+//! commands do (`hashes`, `sets`, `lists`).
 
 use onekv_client::Expiry;
 
@@ -23,6 +23,8 @@ const RESERVED_PREFIX: &[u8] = b"\x00\xffonekv-";
 pub(super) const HASH_MARKER: &[u8] = b"\x00\xffonekv-hash\x00\x01";
 /// The first bytes of a set.
 pub(super) const SET_MARKER: &[u8] = b"\x00\xffonekv-set\x00\x01";
+/// The first bytes of a list.
+pub(super) const LIST_MARKER: &[u8] = b"\x00\xffonekv-list\x00\x01";
 
 /// A value's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,7 @@ pub(super) enum Kind {
     String,
     Hash,
     Set,
+    List,
 }
 
 impl Kind {
@@ -39,6 +42,7 @@ impl Kind {
             Kind::String => "string",
             Kind::Hash => "hash",
             Kind::Set => "set",
+            Kind::List => "list",
         }
     }
 }
@@ -49,6 +53,8 @@ pub(super) fn kind_of(value: &[u8]) -> Kind {
         Kind::Hash
     } else if value.starts_with(SET_MARKER) {
         Kind::Set
+    } else if value.starts_with(LIST_MARKER) {
+        Kind::List
     } else {
         Kind::String
     }
@@ -84,7 +90,7 @@ pub(super) fn reserved_string(value: &[u8]) -> Option<Reply> {
     value.starts_with(RESERVED_PREFIX).then(|| {
         Reply::err(
             "onekv: string values beginning with the bytes 00 FF 'onekv-' are reserved \
-             (they mark hashes and sets)",
+             (they mark hashes, sets and lists)",
         )
     })
 }

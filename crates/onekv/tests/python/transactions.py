@@ -13,6 +13,7 @@ hashes: HSET/HGETALL/HMGET/HINCRBY/HSCAN and the rest, WRONGTYPE between strings
 hash keeping its expiry, RENAME, DEL of an emptied hash, SCAN TYPE, hashes in a transaction, the
 size bound, and concurrent HINCRBY through two nodes counting each success exactly once. And sets:
 SADD/SMEMBERS/SINTER/SUNION/SDIFF/SSCAN/SPOP and the rest, WRONGTYPE, and sets in a transaction.
+And lists: RPUSH/LPUSH/LRANGE/LINSERT/LSET/LREM/LTRIM/LPOP/RPOP, WRONGTYPE, a queue across nodes.
 Prints one line of what it checked; any failure raises.
 """
 
@@ -185,6 +186,28 @@ def check_sets(r, other):
     r.delete("s:a{s}", "s:b{s}", "s:str")
 
 
+def check_lists(r, other):
+    r.delete("l:q", "l:str")
+    assert r.rpush("l:q", "a", "b") == 2 and r.lpush("l:q", "z") == 3
+    assert other.lrange("l:q", 0, -1) == [b"z", b"a", b"b"] and r.llen("l:q") == 3 and r.lindex("l:q", -1) == b"b"
+    assert r.linsert("l:q", "AFTER", "a", "x") == 4 and r.lset("l:q", 0, "first")
+    assert r.lrem("l:q", 0, "x") == 1 and r.ltrim("l:q", 0, 1) and r.lrange("l:q", 0, -1) == [b"first", b"a"]
+    assert r.type("l:q") == b"list" and r.lpop("l:q") == b"first" and r.rpop("l:q", 5) == [b"a"]
+    assert r.exists("l:q") == 0 and r.lpop("l:q") is None and r.lpushx("l:q", "v") == 0
+    r.set("l:str", "text")
+    try:
+        r.rpush("l:str", "v")
+        raise AssertionError("RPUSH onto a string succeeded")
+    except redis.ResponseError as error:
+        assert str(error).startswith("WRONGTYPE"), error
+    # A queue fed through one node and drained through the other, in a transaction.
+    pipe = r.pipeline()
+    pipe.rpush("l:q", "job1", "job2").llen("l:q")
+    assert pipe.execute() == [2, 2]
+    assert other.lpop("l:q") == b"job1" and other.lpop("l:q") == b"job2" and r.exists("l:q") == 0
+    r.delete("l:str")
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -219,6 +242,7 @@ def main():
         check_expiry(r, other)
         check_hashes(r, other)
         check_sets(r, other)
+        check_lists(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]
