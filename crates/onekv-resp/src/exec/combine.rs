@@ -11,8 +11,11 @@ use rand::Rng as _;
 use super::{Outcome, RespContext};
 use crate::protocol::Reply;
 
-/// Compare-and-swap attempts of one read-modify-write command before it reports contention.
-pub(super) const RMW_MAX_ATTEMPTS: u32 = 32;
+/// Compare-and-swap attempts of one read-modify-write command (or `EXEC`) before it reports
+/// contention. From the third on, each waits a random pause of up to 64 ms first, so this many
+/// attempts take a few seconds at most: within the client's own retry budget (10 s), and enough
+/// that a node's commands lose only rarely to a stream of swaps from the shard leader's node.
+pub(super) const RMW_MAX_ATTEMPTS: u32 = 128;
 /// Values this short are remembered after a successful swap, so the next read-modify-write of the
 /// key (a counter, typically) can try its swap without reading first. A stale memory costs one
 /// failed swap, which returns the current value: never a wrong result.

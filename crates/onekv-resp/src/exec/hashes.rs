@@ -67,8 +67,8 @@ pub(super) fn decode(value: &[u8]) -> Outcome<Fields> {
     Ok(fields)
 }
 
-/// The fields of `value` as a hash command finds them: none for an absent key, [`wrong_type`] for a
-/// string.
+/// The fields of `value` as a hash command finds them: none for an absent key, [`wrong_type`] for
+/// another type.
 fn hash_of(value: Option<&[u8]>) -> Outcome<Fields> {
     match value {
         None => Ok(Fields::new()),

@@ -105,7 +105,7 @@ fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], bounds: ReadBo
         "memory" => return memory(args, found),
         _ => {}
     }
-    // The rest read strings: a hash is the wrong type.
+    // The rest read strings: a hash, a set or a list is the wrong type.
     for value in values {
         string_value(*value)?;
     }

@@ -162,7 +162,7 @@ impl RespContext {
         let mut decide = self.string_decision(name, args)?;
         // Which types the command accepts: commands that replace the value whatever it was (SET
         // without GET, SETNX, SETEX) and those that change only the expiry take any; the others
-        // read a string, and a hash is the wrong type, as in Redis.
+        // read a string, and a collection is the wrong type, as in Redis.
         let any_type = match name {
             "setnx" | "setex" | "psetex" | "expire" | "pexpire" | "expireat" | "pexpireat" | "persist" => {
                 true
