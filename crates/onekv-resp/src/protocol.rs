@@ -374,6 +374,10 @@ pub enum Reply {
     Map(Vec<(Reply, Reply)>),
     /// Plain text: `=len` and `txt:` before it in RESP3, a bulk string in RESP2.
     Verbatim(String),
+    /// A floating-point number (a sorted set's score), already written as Redis 7.0 writes it
+    /// ([`format_double`]; made by [`Reply::double`]): `,` and the text in RESP3, a bulk string in
+    /// RESP2.
+    Double(String),
     /// Pairs that are not a map (they may repeat): an array of two-element arrays in RESP3, a flat
     /// array of `2n` elements in RESP2 (`HRANDFIELD ... WITHVALUES`).
     Pairs(Vec<(Reply, Reply)>),
@@ -393,6 +397,11 @@ impl Reply {
     /// A bulk string of `text`.
     pub fn text(text: impl Into<String>) -> Reply {
         Reply::Bulk(text.into().into_bytes())
+    }
+
+    /// A double reply of `value`.
+    pub fn double(value: f64) -> Reply {
+        Reply::Double(format_double(value))
     }
 
     /// `Bulk` for `Some`, `Nil` for `None`.
@@ -446,6 +455,15 @@ impl Reply {
                     second.encode(out, protocol);
                 }
             }
+            Reply::Double(text) => {
+                if resp3 {
+                    line(out, b',', text);
+                } else {
+                    header(out, b'$', &text.len().to_string());
+                    out.extend_from_slice(text.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+            }
             Reply::Verbatim(text) if resp3 => {
                 header(out, b'=', &(text.len() + 4).to_string());
                 out.extend_from_slice(b"txt:");
@@ -465,6 +483,36 @@ impl Reply {
         let mut out = Vec::new();
         self.encode(&mut out, protocol);
         out
+    }
+}
+
+/// A double as Redis 7.0 writes it: C's `%.17g` (17 significant digits, the shorter of fixed and
+/// exponent notation, trailing zeros dropped), `inf` and `-inf` for the infinities.
+pub fn format_double(value: f64) -> String {
+    if value.is_infinite() {
+        return if value > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    if value.is_nan() {
+        return "nan".into();
+    }
+    if value == 0.0 {
+        return if value.is_sign_negative() { "-0".into() } else { "0".into() };
+    }
+    let scientific = format!("{value:.16e}");
+    let (mantissa, exponent) = scientific.split_once('e').expect("exponent notation");
+    let exponent: i32 = exponent.parse().expect("an exponent");
+    let trim = |text: &str| -> String {
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            text.to_string()
+        }
+    };
+    if !(-4..17).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", trim(mantissa), exponent.unsigned_abs())
+    } else {
+        trim(&format!("{value:.*}", (16 - exponent) as usize))
     }
 }
 
@@ -661,6 +709,23 @@ mod tests {
         assert_eq!(map.to_bytes(Protocol::Resp2), b"*4\r\n$1\r\na\r\n:1\r\n$1\r\nb\r\n$-1\r\n".to_vec());
         assert_eq!(Reply::Map(Vec::new()).to_bytes(Protocol::Resp3), b"%0\r\n".to_vec());
         assert_eq!(Reply::Map(Vec::new()).to_bytes(Protocol::Resp2), b"*0\r\n".to_vec());
+        for (value, text) in [
+            (1.0, "1"),
+            (1.5, "1.5"),
+            (0.1, "0.10000000000000001"),
+            (-2.5e-7, "-2.4999999999999999e-07"),
+            // The 20th smallest subnormal (Redis's ZSCAN regression test for issue #2175).
+            (f64::from_bits(20), "9.8813129168249309e-323"),
+            (1e17, "1e+17"),
+            (123456789012345678.0, "1.2345678901234568e+17"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+            (0.0, "0"),
+        ] {
+            assert_eq!(format_double(value), text, "{value}");
+        }
+        assert_eq!(Reply::double(1.5).to_bytes(Protocol::Resp2), b"$3\r\n1.5\r\n".to_vec());
+        assert_eq!(Reply::double(1.5).to_bytes(Protocol::Resp3), b",1.5\r\n".to_vec());
         let pairs =
             Reply::Pairs(vec![(Reply::text("f"), Reply::text("v")), (Reply::text("f"), Reply::text("v"))]);
         assert_eq!(

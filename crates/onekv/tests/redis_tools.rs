@@ -191,7 +191,7 @@ fn redis_cli_and_redis_benchmark_work_against_a_three_node_cluster() {
                 (&["DBSIZE"], "2"),
                 (&["CONFIG", "GET", "appendonly"], "appendonly\nyes"),
                 (&["CLIENT", "GETNAME"], ""),
-                (&["ZADD"], "ERR unknown command 'ZADD', with args beginning with: "),
+                (&["XADD"], "ERR unknown command 'XADD', with args beginning with: "),
                 (&["HSET", "h", "f", "v"], "1"),
                 (&["HGETALL", "h"], "f\nv"),
                 (&["GET", "h"], "WRONGTYPE Operation against a key holding the wrong kind of value"),

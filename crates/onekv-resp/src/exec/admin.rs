@@ -93,6 +93,10 @@ impl RespContext {
             ("save", String::new()),
             ("set-max-intset-entries", encodings.set_intset_entries.to_string()),
             ("timeout", "0".into()),
+            ("zset-max-listpack-entries", encodings.zset_entries.to_string()),
+            ("zset-max-listpack-value", encodings.zset_value.to_string()),
+            ("zset-max-ziplist-entries", encodings.zset_entries.to_string()),
+            ("zset-max-ziplist-value", encodings.zset_value.to_string()),
         ]
     }
 
@@ -131,11 +135,13 @@ impl RespContext {
                 "hash-max-listpack-entries" | "hash-max-ziplist-entries" => &mut encodings.hash_entries,
                 "hash-max-listpack-value" | "hash-max-ziplist-value" => &mut encodings.hash_value,
                 "set-max-intset-entries" => &mut encodings.set_intset_entries,
+                "zset-max-listpack-entries" | "zset-max-ziplist-entries" => &mut encodings.zset_entries,
+                "zset-max-listpack-value" | "zset-max-ziplist-value" => &mut encodings.zset_value,
                 _ => {
                     return Err(Reply::err(format!(
                         "CONFIG SET of '{name}' is not supported: configure onekv in the node's TOML file \
-                         (only the encoding thresholds hash-max-listpack-*, hash-max-ziplist-* and \
-                         set-max-intset-entries can be set)"
+                         (only the encoding thresholds hash-max-*, set-max-intset-entries and \
+                         zset-max-* can be set)"
                     )));
                 }
             };

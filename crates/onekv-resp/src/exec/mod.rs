@@ -15,7 +15,8 @@
 //! plain reads; `reads` the other commands that only read values (ranges, bits, LCS, TYPE, the
 //! TTL family); `bytes` their arithmetic on values; `combine` the per-key compare-and-swap combiner
 //! and the value cache; `types` the type of a value and the encoding the collections share (a
-//! collection is one value behind a marker); `hashes`, `sets` and `lists` those types' commands;
+//! collection is one value behind a marker); `hashes`, `sets`, `lists` and `zsets` those types'
+//! commands;
 //! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors and the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY, FLUSHDB, FLUSHALL); `transaction` MULTI/EXEC and the multi-key writes run as
@@ -44,6 +45,7 @@ mod sets;
 mod strings;
 mod transaction;
 mod types;
+mod zsets;
 
 pub use self::clients::Registration;
 pub use self::databases::DATABASES;
@@ -682,8 +684,8 @@ mod tests {
         let mut session = context.new_session();
         let s = &mut session;
         assert_eq!(
-            run(&context, s, &["ZADD", "z", "1", "b"]),
-            Reply::err("unknown command 'ZADD', with args beginning with: 'z' '1' 'b' ")
+            run(&context, s, &["XADD", "x", "*", "b"]),
+            Reply::err("unknown command 'XADD', with args beginning with: 'x' '*' 'b' ")
         );
         assert_eq!(run(&context, s, &["HSET", "h", "f"]), wrong_arity("hset"));
         assert_eq!(run(&context, s, &["HSET", "h", "f", "v", "g"]), wrong_arity("hset"));

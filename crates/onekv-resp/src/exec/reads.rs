@@ -1,6 +1,6 @@
 //! Commands that only read their keys' values, beyond the plain GET family: GETRANGE (SUBSTR),
-//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH, OBJECT and MEMORY, and the hash, set and list reads
-//! (answered by `hashes`, `sets` and `lists`). (GETEX and the TTL family are `expiry`'s.)
+//! GETBIT, BITCOUNT, BITPOS, LCS, TYPE, TOUCH, OBJECT and MEMORY, and the collections' reads
+//! (answered by `hashes`, `sets`, `lists` and `zsets`). (GETEX and the TTL family are `expiry`'s.)
 //!
 //! Owns: each command's reply as a function of the values of its keys ([`answer_read`]), so a
 //! command gives the same answer alone (its keys read linearizably, [`RespContext::read_command`])
@@ -9,7 +9,7 @@
 use super::bytes::{self, BitRange};
 use super::types::{self, Kind, kind_of, string_value};
 use super::{Outcome, RespContext, not_an_integer, parse_integer, unknown_subcommand, wrong_arity};
-use super::{hashes, lists, sets};
+use super::{hashes, lists, sets, zsets};
 use crate::commands::CommandSpec;
 use crate::protocol::Reply;
 
@@ -22,6 +22,7 @@ pub(super) fn is_value_read(name: &str) -> bool {
     hashes::is_hash_read(name)
         || sets::is_set_read(name)
         || lists::is_list_read(name)
+        || zsets::is_zset_read(name)
         || matches!(
             name,
             "getrange"
@@ -99,13 +100,14 @@ fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>], bounds: ReadBo
         name if hashes::is_hash_read(name) => return hashes::answer(name, args, found),
         name if sets::is_set_read(name) => return sets::answer(name, args, values),
         name if lists::is_list_read(name) => return lists::answer(name, args, found),
+        name if zsets::is_zset_read(name) => return zsets::answer(name, args, found),
         "type" => return Ok(Reply::Simple(types::type_name(found).into())),
         "touch" => return Ok(Reply::Integer(values.iter().filter(|value| value.is_some()).count() as i64)),
         "object" => return object(args, found, bounds.encodings),
         "memory" => return memory(args, found),
         _ => {}
     }
-    // The rest read strings: a hash, a set or a list is the wrong type.
+    // The rest read strings: a collection is the wrong type.
     for value in values {
         string_value(*value)?;
     }
@@ -253,6 +255,7 @@ fn object(args: &[Vec<u8>], value: Option<&[u8]>, encodings: types::Encodings) -
                 Kind::Set => sets::encoding(value, encodings.set_intset_entries),
                 // Redis 7.0 keeps every list as a quicklist.
                 Kind::List => "quicklist",
+                Kind::Zset => zsets::encoding(value, encodings.zset_entries, encodings.zset_value),
                 Kind::String => bytes::encoding(value),
             }),
             (b"REFCOUNT", Some(value)) => Reply::Integer(bytes::reference_count(value)),

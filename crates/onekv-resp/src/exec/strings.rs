@@ -9,18 +9,19 @@ use super::expiry;
 use super::reads::bit_offset;
 use super::types::{reserved_string, string_value};
 use super::{Outcome, RespContext, not_an_integer, parse_integer};
-use super::{hashes, lists, sets};
+use super::{hashes, lists, sets, zsets};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
 use onekv_client::{ClientError, Expiry};
 
 /// Whether `name` is a read-modify-write of one key (`args[1]`) that [`RespContext::decision`]
 /// decides: run through the combiner alone, against the snapshot inside a transaction. The hash,
-/// set and list writes are among them (`hashes`, `sets`, `lists`).
+/// set, list and sorted-set writes are among them (`hashes`, `sets`, `lists`, `zsets`).
 pub(super) fn is_single_key_write(name: &str) -> bool {
     hashes::is_hash_write(name)
         || sets::is_set_write(name)
         || lists::is_list_write(name)
+        || zsets::is_zset_write(name)
         || matches!(
             name,
             "set"
@@ -158,6 +159,9 @@ impl RespContext {
         }
         if lists::is_list_write(name) {
             return lists::decision(name, args, max_value_bytes);
+        }
+        if zsets::is_zset_write(name) {
+            return zsets::decision(name, args, max_value_bytes);
         }
         let mut decide = self.string_decision(name, args)?;
         // Which types the command accepts: commands that replace the value whatever it was (SET

@@ -597,7 +597,7 @@ fn bulk_bytes(reply: &Reply) -> usize {
     match reply {
         Reply::Bulk(bytes) => bytes.len(),
         Reply::Array(items) => items.iter().map(bulk_bytes).sum(),
-        Reply::Simple(text) | Reply::Error(text) | Reply::Verbatim(text) => text.len(),
+        Reply::Simple(text) | Reply::Error(text) | Reply::Verbatim(text) | Reply::Double(text) => text.len(),
         Reply::Map(pairs) | Reply::Pairs(pairs) => {
             pairs.iter().map(|(key, value)| bulk_bytes(key) + bulk_bytes(value)).sum()
         }

@@ -1,4 +1,5 @@
-//! The type of a value (string, hash, set, list) and the encoding the collection types share.
+//! The type of a value (string, hash, set, list, sorted set) and the encoding the collection types
+//! share.
 //!
 //! Every onekv value is bytes. The front end stores a collection (a hash, a set) as one value: a
 //! marker naming its type (`00 FF onekv-<type> 00 01`), the number of entries (u32,
@@ -9,7 +10,7 @@
 //! type here.
 //!
 //! Owns: the markers, [`kind_of`], the type errors, and the item codec. Does not own what a type's
-//! commands do (`hashes`, `sets`, `lists`).
+//! commands do (`hashes`, `sets`, `lists`, `zsets`).
 
 use onekv_client::Expiry;
 
@@ -25,6 +26,8 @@ pub(super) const HASH_MARKER: &[u8] = b"\x00\xffonekv-hash\x00\x01";
 pub(super) const SET_MARKER: &[u8] = b"\x00\xffonekv-set\x00\x01";
 /// The first bytes of a list.
 pub(super) const LIST_MARKER: &[u8] = b"\x00\xffonekv-list\x00\x01";
+/// The first bytes of a sorted set.
+pub(super) const ZSET_MARKER: &[u8] = b"\x00\xffonekv-zset\x00\x01";
 
 /// A value's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +36,7 @@ pub(super) enum Kind {
     Hash,
     Set,
     List,
+    Zset,
 }
 
 impl Kind {
@@ -43,6 +47,7 @@ impl Kind {
             Kind::Hash => "hash",
             Kind::Set => "set",
             Kind::List => "list",
+            Kind::Zset => "zset",
         }
     }
 }
@@ -55,6 +60,8 @@ pub(super) fn kind_of(value: &[u8]) -> Kind {
         Kind::Set
     } else if value.starts_with(LIST_MARKER) {
         Kind::List
+    } else if value.starts_with(ZSET_MARKER) {
+        Kind::Zset
     } else {
         Kind::String
     }
@@ -90,7 +97,7 @@ pub(super) fn reserved_string(value: &[u8]) -> Option<Reply> {
     value.starts_with(RESERVED_PREFIX).then(|| {
         Reply::err(
             "onekv: string values beginning with the bytes 00 FF 'onekv-' are reserved \
-             (they mark hashes, sets and lists)",
+             (they mark hashes, sets, lists and sorted sets)",
         )
     })
 }
@@ -178,7 +185,8 @@ pub(super) fn store(
 
 /// Redis's thresholds for keeping a collection compact, which decide what OBJECT ENCODING calls
 /// it: `hash-max-listpack-entries` (128) and `hash-max-listpack-value` (64) (`-ziplist-` before
-/// Redis 7), `set-max-intset-entries` (512). CONFIG SET changes them on a node until it restarts;
+/// Redis 7), `set-max-intset-entries` (512), `zset-max-listpack-entries` (128) and
+/// `zset-max-listpack-value` (64). CONFIG SET changes them on a node until it restarts;
 /// onekv stores every collection the same way whatever they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Encodings {
@@ -188,11 +196,21 @@ pub(super) struct Encodings {
     pub hash_value: u64,
     /// Most members of an `intset` set.
     pub set_intset_entries: u64,
+    /// Most members of a `listpack` sorted set.
+    pub zset_entries: u64,
+    /// Longest member of a `listpack` sorted set.
+    pub zset_value: u64,
 }
 
 impl Default for Encodings {
     fn default() -> Self {
-        Encodings { hash_entries: 128, hash_value: 64, set_intset_entries: 512 }
+        Encodings {
+            hash_entries: 128,
+            hash_value: 64,
+            set_intset_entries: 512,
+            zset_entries: 128,
+            zset_value: 64,
+        }
     }
 }
 

@@ -14,6 +14,7 @@ hash keeping its expiry, RENAME, DEL of an emptied hash, SCAN TYPE, hashes in a 
 size bound, and concurrent HINCRBY through two nodes counting each success exactly once. And sets:
 SADD/SMEMBERS/SINTER/SUNION/SDIFF/SSCAN/SPOP and the rest, WRONGTYPE, and sets in a transaction.
 And lists: RPUSH/LPUSH/LRANGE/LINSERT/LSET/LREM/LTRIM/LPOP/RPOP, WRONGTYPE, a queue across nodes.
+And sorted sets: ZADD (XX, CH), ZINCRBY, ZRANGE WITHSCORES, ZRANGEBYSCORE, ZRANK, ZSCAN, ZPOPMIN.
 Prints one line of what it checked; any failure raises.
 """
 
@@ -208,6 +209,28 @@ def check_lists(r, other):
     r.delete("l:str")
 
 
+def check_sorted_sets(r, other):
+    r.delete("z:board")
+    assert r.zadd("z:board", {"ada": 10, "bob": 5.5, "cy": 7}) == 3
+    assert r.zadd("z:board", {"bob": 8}, xx=True, ch=True) == 1 and r.zincrby("z:board", 1.5, "cy") == 8.5
+    # redis-py gives (member, score) tuples in RESP2 and [member, score] lists in RESP3, as it does
+    # against redis-server.
+    ranked = [tuple(entry) for entry in other.zrange("z:board", 0, -1, withscores=True)]
+    assert ranked == [(b"bob", 8.0), (b"cy", 8.5), (b"ada", 10.0)], ranked
+    assert r.zrevrange("z:board", 0, 0) == [b"ada"] and r.zscore("z:board", "cy") == 8.5
+    assert r.zrangebyscore("z:board", "(8", "+inf") == [b"cy", b"ada"] and r.zcount("z:board", 8, 9) == 2
+    assert r.zrank("z:board", "ada") == 2 and r.zrevrank("z:board", "ada") == 0 and r.zcard("z:board") == 3
+    assert r.type("z:board") == b"zset" and r.zscore("z:board", "nobody") is None
+    assert dict(r.zscan_iter("z:board", match="[ab]*")) == {b"ada": 10.0, b"bob": 8.0}
+    assert r.zpopmin("z:board") in ([(b"bob", 8.0)], [b"bob", 8.0]) and r.zrem("z:board", "cy", "ada") == 2
+    assert r.exists("z:board") == 0, "an emptied sorted set stays"
+    try:
+        r.zadd("z:board", {"x": "nan"})
+        raise AssertionError("a NaN score was accepted")
+    except redis.ResponseError as error:
+        assert "not a valid float" in str(error), error
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -243,6 +266,7 @@ def main():
         check_hashes(r, other)
         check_sets(r, other)
         check_lists(r, other)
+        check_sorted_sets(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]
