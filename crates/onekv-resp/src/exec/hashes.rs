@@ -203,7 +203,9 @@ fn random_fields(args: &[Vec<u8>], fields: &Fields) -> Outcome {
     // Redis's bound: the count's magnitude, doubled with values, must fit a signed 64-bit integer.
     let limit = if with_values { i64::MAX / 2 } else { i64::MAX };
     let all: Vec<(&Vec<u8>, &Vec<u8>)> = fields.iter().collect();
-    let picked = types::random_picks(&all, count, limit)?;
+    let size =
+        |(field, value): &(&Vec<u8>, &Vec<u8>)| field.len() + if with_values { value.len() } else { 0 };
+    let picked = types::random_picks(&all, count, limit, size)?;
     let bulk = |bytes: &Vec<u8>| Reply::Bulk(bytes.clone());
     Ok(match with_values {
         true => Reply::Pairs(picked.into_iter().map(|(field, value)| (bulk(field), bulk(value))).collect()),

@@ -71,6 +71,9 @@ use self::keyspace::Cursors;
 /// closed: a client that stops reading must not hold its task and its queued replies forever.
 /// Generous, so only a client that truly stopped reading (or whose network died) is cut off.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest reply a command builds from values (MGET, EXEC, HRANDFIELD and SRANDMEMBER with
+/// repeats), so one request cannot make the node buffer gigabytes.
+const MAX_REPLY_BYTES: usize = 64 << 20;
 /// The Redis version whose behaviour the front end follows (reported by INFO and HELLO,
 /// because client libraries gate features on it).
 pub const REDIS_COMPATIBLE_VERSION: &str = "7.0.0";

@@ -157,7 +157,7 @@ pub(super) fn answer(name: &str, args: &[Vec<u8>], values: &[Option<&[u8]>]) -> 
             Some(count) => {
                 let count = parse_integer(count).ok_or_else(not_an_integer)?;
                 let all: Vec<&Vec<u8>> = members.iter().collect();
-                let picked = types::random_picks(&all, count, i64::MAX)?;
+                let picked = types::random_picks(&all, count, i64::MAX, |member| member.len())?;
                 Reply::Array(picked.into_iter().map(|member| Reply::Bulk(member.to_vec())).collect())
             }
         },

@@ -8,7 +8,7 @@ use super::combine::{Change, Decide};
 use super::expiry;
 use super::reads::bit_offset;
 use super::types::{reserved_string, string_value};
-use super::{Outcome, RespContext, not_an_integer, parse_integer};
+use super::{MAX_REPLY_BYTES, Outcome, RespContext, not_an_integer, parse_integer};
 use super::{hashes, lists, sets, zsets};
 use crate::commands::parse_set_options;
 use crate::protocol::Reply;
@@ -49,8 +49,6 @@ pub(super) fn is_single_key_write(name: &str) -> bool {
 
 /// Reads one MGET or EXISTS keeps in flight at once.
 const GET_MANY_CONCURRENCY: usize = 32;
-/// Largest reply MGET builds, so one request cannot make the node buffer gigabytes.
-const MAX_REPLY_BYTES: usize = 64 << 20;
 
 impl RespContext {
     /// SET without NX/XX/GET, SETEX, PSETEX and MSET: no read, no compare-and-swap.

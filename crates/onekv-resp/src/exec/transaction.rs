@@ -35,13 +35,10 @@ use rand::Rng as _;
 
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
-use super::{Outcome, RespContext, Session, unknown_command, wrong_arity};
+use super::{MAX_REPLY_BYTES, Outcome, RespContext, Session, unknown_command, wrong_arity};
 use super::{databases, expiry, reads, types};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
-
-/// Largest reply EXEC builds, so a transaction cannot make the node buffer gigabytes (as MGET's).
-const MAX_EXEC_REPLY_BYTES: usize = 64 << 20;
 
 /// The commands a connection inside MULTI runs at once rather than queueing.
 const NOT_QUEUED: [&str; 5] = ["exec", "discard", "multi", "watch", "quit"];
@@ -415,9 +412,9 @@ impl RespContext {
             let spec = commands::lookup(&args[0]).expect("checked when queued");
             let reply = self.evaluate_one(spec, args, &mut snapshot);
             reply_bytes += reply.as_ref().map_or(0, bulk_bytes);
-            if reply_bytes > MAX_EXEC_REPLY_BYTES {
+            if reply_bytes > MAX_REPLY_BYTES {
                 return Err(Reply::err(format!(
-                    "EXEC's reply would exceed {MAX_EXEC_REPLY_BYTES} bytes; nothing was applied"
+                    "EXEC's reply would exceed {MAX_REPLY_BYTES} bytes; nothing was applied"
                 )));
             }
             replies.push(reply);

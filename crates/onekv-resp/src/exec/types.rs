@@ -14,8 +14,8 @@
 
 use onekv_client::Expiry;
 
-use super::Outcome;
 use super::combine::Change;
+use super::{MAX_REPLY_BYTES, Outcome};
 use crate::protocol::Reply;
 
 /// The bytes every collection's marker begins with; no string written through the front end may.
@@ -215,13 +215,20 @@ impl Default for Encodings {
 }
 
 /// Most elements a random pick with a negative count (repeats allowed) returns, so one command
-/// cannot make the node build an unbounded reply from a small collection.
+/// cannot make the node build an unbounded reply from a small collection (of short members; long
+/// ones are bounded by their bytes, [`MAX_REPLY_BYTES`]).
 pub(super) const MAX_RANDOM_PICKS: u64 = 1 << 20;
 
 /// HRANDFIELD's and SRANDMEMBER's choice of `count` entries of `items`, as Redis 7 makes it: a
 /// positive count that many distinct entries (at most all), in random order; a negative one that
-/// many drawn with repeats. A count below `-limit` is Redis's "value is out of range".
-pub(super) fn random_picks<T>(items: &[T], count: i64, limit: i64) -> Outcome<Vec<&T>> {
+/// many drawn with repeats, refused when more than [`MAX_RANDOM_PICKS`] or when their `size`s add
+/// up to more than [`MAX_REPLY_BYTES`]. A count below `-limit` is Redis's "value is out of range".
+pub(super) fn random_picks<T>(
+    items: &[T],
+    count: i64,
+    limit: i64,
+    size: impl Fn(&T) -> usize,
+) -> Outcome<Vec<&T>> {
     use rand::Rng as _;
     use rand::seq::SliceRandom as _;
     if count < -limit {
@@ -232,6 +239,7 @@ pub(super) fn random_picks<T>(items: &[T], count: i64, limit: i64) -> Outcome<Ve
         return Ok(Vec::new());
     }
     if count >= 0 {
+        // Distinct entries: at most the collection, itself at most one value.
         let mut picked: Vec<&T> = items.iter().collect();
         picked.shuffle(&mut rng);
         picked.truncate(usize::try_from(count).unwrap_or(usize::MAX));
@@ -243,7 +251,19 @@ pub(super) fn random_picks<T>(items: &[T], count: i64, limit: i64) -> Outcome<Ve
             "onekv: a negative count returns at most {MAX_RANDOM_PICKS} elements"
         )));
     }
-    Ok((0..wanted).map(|_| &items[rng.random_range(0..items.len())]).collect())
+    let mut picked = Vec::with_capacity(wanted as usize);
+    let mut bytes = 0usize;
+    for _ in 0..wanted {
+        let item = &items[rng.random_range(0..items.len())];
+        bytes += size(item);
+        if bytes > MAX_REPLY_BYTES {
+            return Err(Reply::err(format!(
+                "onekv: the reply would exceed {MAX_REPLY_BYTES} bytes; ask for fewer elements"
+            )));
+        }
+        picked.push(item);
+    }
+    Ok(picked)
 }
 
 /// The options of HSCAN and SSCAN after the key.
@@ -337,6 +357,18 @@ mod tests {
         let mut huge = SET_MARKER.to_vec();
         huge.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_items(&huge, SET_MARKER, 2).is_err());
+    }
+
+    #[test]
+    fn random_picks_with_repeats_are_bounded_in_bytes() {
+        let items = [vec![7u8; 1 << 20]];
+        // 100 repeats of a 1 MiB member would be a 100 MiB reply.
+        let Err(Reply::Error(error)) = random_picks(&items, -100, i64::MAX, Vec::len) else { panic!() };
+        assert!(error.contains("bytes"), "{error}");
+        assert_eq!(random_picks(&items, -60, i64::MAX, Vec::len).unwrap().len(), 60);
+        assert_eq!(random_picks(&items, 100, i64::MAX, Vec::len).unwrap().len(), 1);
+        let small = [vec![1u8]];
+        assert!(random_picks(&small, -(MAX_RANDOM_PICKS as i64) - 1, i64::MAX, Vec::len).is_err());
     }
 
     #[test]
