@@ -19,7 +19,7 @@ use rand::seq::IteratorRandom as _;
 
 use super::bytes::{self, FloatError};
 use super::combine::{Change, Decide};
-use super::types::{self, HASH_MARKER, Kind, kind_of, wrong_type};
+use super::types::{self, HASH_MARKER, Kind};
 use super::{Outcome, not_an_integer, parse_integer, wrong_arity};
 use crate::protocol::Reply;
 
@@ -70,11 +70,7 @@ pub(super) fn decode(value: &[u8]) -> Outcome<Fields> {
 /// The fields of `value` as a hash command finds them: none for an absent key, [`wrong_type`] for
 /// another type.
 fn hash_of(value: Option<&[u8]>) -> Outcome<Fields> {
-    match value {
-        None => Ok(Fields::new()),
-        Some(value) if kind_of(value) == Kind::Hash => decode(value),
-        Some(_) => Err(wrong_type()),
-    }
+    Ok(types::decode_as(value, Kind::Hash, decode)?.unwrap_or_default())
 }
 
 /// The write of `fields` as the key's new value (`types::store`).
@@ -250,6 +246,7 @@ pub(super) fn encoding(value: &[u8], max_entries: u64, max_len: u64) -> &'static
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::types::{kind_of, wrong_type};
 
     use crate::exec::types::test_support::args;
 
@@ -258,7 +255,7 @@ mod tests {
     }
 
     fn read(command: &[&str], value: &Option<Vec<u8>>) -> Reply {
-        answer(command[0], &args(command), value.as_deref()).unwrap_or_else(|error| error)
+        crate::exec::types::test_support::read(answer, command, value)
     }
 
     fn bulk(text: &str) -> Reply {

@@ -10,7 +10,7 @@
 //! types (`types`) or the table (`commands`).
 
 use super::combine::{Change, Decide};
-use super::types::{self, Kind, LIST_MARKER, kind_of, wrong_type};
+use super::types::{self, Kind, LIST_MARKER};
 use super::{Outcome, not_an_integer, parse_integer};
 use crate::protocol::Reply;
 
@@ -40,11 +40,7 @@ pub(super) fn decode(value: &[u8]) -> Outcome<Vec<Vec<u8>>> {
 /// The elements of `value` as a list command finds them: `None` for an absent key,
 /// [`wrong_type`] for another type.
 fn list_of(value: Option<&[u8]>) -> Outcome<Option<Vec<Vec<u8>>>> {
-    match value {
-        None => Ok(None),
-        Some(value) if kind_of(value) == Kind::List => decode(value).map(Some),
-        Some(_) => Err(wrong_type()),
-    }
+    types::decode_as(value, Kind::List, decode)
 }
 
 /// The write of `elements` as the key's new value (`types::store`).
@@ -58,15 +54,6 @@ fn position(index: i64, len: usize) -> Option<usize> {
     let len = len as i64;
     let index = if index < 0 { len + index } else { index };
     (0..len).contains(&index).then_some(index as usize)
-}
-
-/// LRANGE's and LTRIM's inclusive `start..=stop` (negative: from the end) within `len` elements,
-/// as a half-open range; empty when nothing lies in it.
-fn span(start: i64, stop: i64, len: usize) -> std::ops::Range<usize> {
-    let len = len as i64;
-    let start = if start < 0 { (len + start).max(0) } else { start };
-    let stop = if stop < 0 { len + stop } else { stop.min(len - 1) };
-    if start > stop || start >= len { 0..0 } else { start as usize..stop as usize + 1 }
 }
 
 /// What list write `name` (one of [`is_list_write`]) decides from the value it finds; its
@@ -170,7 +157,7 @@ pub(super) fn decision(name: &str, args: &[Vec<u8>], max_value_bytes: usize) -> 
             let (start, stop) = (integer(&args[2])?, integer(&args[3])?);
             Box::new(move |current, _| {
                 let Some(elements) = list_of(current)? else { return Ok(Change::Keep(Reply::ok())) };
-                let kept = elements[span(start, stop, elements.len())].to_vec();
+                let kept = elements[types::rank_range(start, stop, elements.len())].to_vec();
                 if kept.len() == elements.len() {
                     return Ok(Change::Keep(Reply::ok()));
                 }
@@ -207,7 +194,7 @@ pub(super) fn answer(name: &str, args: &[Vec<u8>], value: Option<&[u8]>) -> Outc
     Ok(match name {
         "llen" => Reply::Integer(elements.len() as i64),
         "lrange" => {
-            let range = span(integer(&args[2])?, integer(&args[3])?, elements.len());
+            let range = types::rank_range(integer(&args[2])?, integer(&args[3])?, elements.len());
             Reply::Array(elements[range].iter().cloned().map(Reply::Bulk).collect())
         }
         "lindex" => {
@@ -221,18 +208,15 @@ pub(super) fn answer(name: &str, args: &[Vec<u8>], value: Option<&[u8]>) -> Outc
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::types::test_support::args;
+    use crate::exec::types::test_support::bulks;
+    use crate::exec::types::wrong_type;
 
     fn write(command: &[&str], value: Option<Vec<u8>>) -> (Option<Vec<u8>>, Reply) {
         crate::exec::types::test_support::write(decision, command, value)
     }
 
     fn read(command: &[&str], value: &Option<Vec<u8>>) -> Reply {
-        answer(command[0], &args(command), value.as_deref()).unwrap_or_else(|error| error)
-    }
-
-    fn bulks(items: &[&str]) -> Reply {
-        Reply::Array(items.iter().map(|item| Reply::text(*item)).collect())
+        crate::exec::types::test_support::read(answer, command, value)
     }
 
     #[test]

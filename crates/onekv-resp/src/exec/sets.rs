@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use rand::seq::IteratorRandom as _;
 
 use super::combine::{Change, Decide};
-use super::types::{self, Kind, SET_MARKER, kind_of, wrong_type};
+use super::types::{self, Kind, SET_MARKER};
 use super::{Outcome, not_an_integer, parse_integer};
 use crate::pattern::Pattern;
 use crate::protocol::Reply;
@@ -64,11 +64,7 @@ pub(super) fn decode(value: &[u8]) -> Outcome<Members> {
 /// The members of `value` as a set command finds them: none for an absent key, [`wrong_type`] for
 /// another type.
 fn set_of(value: Option<&[u8]>) -> Outcome<Members> {
-    match value {
-        None => Ok(Members::new()),
-        Some(value) if kind_of(value) == Kind::Set => decode(value),
-        Some(_) => Err(wrong_type()),
-    }
+    Ok(types::decode_as(value, Kind::Set, decode)?.unwrap_or_default())
 }
 
 /// The write of `members` as the key's new value (`types::store`).
@@ -122,8 +118,10 @@ pub(super) fn decision(name: &str, args: &[Vec<u8>], max_value_bytes: usize) -> 
                 let mut members = set_of(current)?;
                 let popped: Vec<Vec<u8>> = members
                     .iter()
+                    .choose_multiple(&mut rand::rng(), count.unwrap_or(1).min(members.len()))
+                    .into_iter()
                     .cloned()
-                    .choose_multiple(&mut rand::rng(), count.unwrap_or(1).min(members.len()));
+                    .collect();
                 let reply = match count {
                     None => Reply::optional(popped.first().cloned()),
                     Some(_) => Reply::Array(popped.iter().cloned().map(Reply::Bulk).collect()),
@@ -204,8 +202,9 @@ pub(super) fn encoding(value: &[u8], intset_entries: u64) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::types::wrong_type;
 
-    use crate::exec::types::test_support::args;
+    use crate::exec::types::test_support::{args, bulks};
 
     fn write(command: &[&str], value: Option<Vec<u8>>) -> (Option<Vec<u8>>, Reply) {
         crate::exec::types::test_support::write(decision, command, value)
@@ -214,10 +213,6 @@ mod tests {
     fn read(command: &[&str], values: &[&Option<Vec<u8>>]) -> Reply {
         let values: Vec<Option<&[u8]>> = values.iter().map(|value| value.as_deref()).collect();
         answer(command[0], &args(command), &values).unwrap_or_else(|error| error)
-    }
-
-    fn bulks(items: &[&str]) -> Reply {
-        Reply::Array(items.iter().map(|item| Reply::text(*item)).collect())
     }
 
     #[test]

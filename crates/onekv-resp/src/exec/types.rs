@@ -156,6 +156,30 @@ pub(super) fn decode_items<'a>(value: &'a [u8], marker: &[u8], width: usize) -> 
     Ok(items)
 }
 
+/// A value as a command of type `kind` finds it: `None` for an absent key, [`wrong_type`] for a
+/// value of another type, else `decode`'s reading of it.
+pub(super) fn decode_as<T>(
+    value: Option<&[u8]>,
+    kind: Kind,
+    decode: impl Fn(&[u8]) -> Outcome<T>,
+) -> Outcome<Option<T>> {
+    match value {
+        None => Ok(None),
+        Some(value) if kind_of(value) == kind => decode(value).map(Some),
+        Some(_) => Err(wrong_type()),
+    }
+}
+
+/// LRANGE's, LTRIM's and ZRANGE's inclusive `start..=stop` (negative: from the end) within `len`
+/// entries, as a half-open range; empty when nothing lies in it. (GETRANGE's rule for a string
+/// differs: `bytes::inclusive_range`.)
+pub(super) fn rank_range(start: i64, stop: i64, len: usize) -> std::ops::Range<usize> {
+    let len = i64::try_from(len).unwrap_or(i64::MAX);
+    let start = if start < 0 { len.saturating_add(start).max(0) } else { start };
+    let stop = if stop < 0 { len.saturating_add(stop) } else { stop.min(len - 1) };
+    if start > stop || start >= len { 0..0 } else { start as usize..stop as usize + 1 }
+}
+
 /// The error for a collection value that does not decode.
 pub(super) fn damaged(what: &str) -> Reply {
     Reply::err(format!("onekv: the key holds a damaged value ({what})"))
@@ -310,6 +334,20 @@ pub(super) mod test_support {
     use super::super::combine::{Change, Decide};
     use super::Outcome;
     use crate::protocol::Reply;
+
+    /// An array of bulk strings of `items`.
+    pub fn bulks(items: &[&str]) -> Reply {
+        Reply::Array(items.iter().map(|item| Reply::text(*item)).collect())
+    }
+
+    /// A read's reply (`answer` of its arguments and its one key's value), errors included.
+    pub fn read(
+        answer: impl Fn(&str, &[Vec<u8>], Option<&[u8]>) -> Outcome,
+        command: &[&str],
+        value: &Option<Vec<u8>>,
+    ) -> Reply {
+        answer(command[0], &args(command), value.as_deref()).unwrap_or_else(|error| error)
+    }
 
     /// A command's arguments from text.
     pub fn args(items: &[&str]) -> Vec<Vec<u8>> {

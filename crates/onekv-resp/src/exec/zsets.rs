@@ -15,7 +15,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use super::combine::{Change, Decide};
-use super::types::{self, Kind, ZSET_MARKER, kind_of, wrong_type};
+use super::types::{self, Kind, ZSET_MARKER};
 use super::{Outcome, not_an_integer, parse_integer};
 use crate::protocol::Reply;
 
@@ -97,11 +97,7 @@ pub(super) fn decode(value: &[u8]) -> Outcome<Scores> {
 /// The scores of `value` as a sorted-set command finds them: none for an absent key,
 /// [`wrong_type`] for another type.
 fn zset_of(value: Option<&[u8]>) -> Outcome<Scores> {
-    match value {
-        None => Ok(Scores::new()),
-        Some(value) if kind_of(value) == Kind::Zset => decode(value),
-        Some(_) => Err(wrong_type()),
-    }
+    Ok(types::decode_as(value, Kind::Zset, decode)?.unwrap_or_default())
 }
 
 /// The write of `scores` as the key's new value (`types::store`).
@@ -276,7 +272,7 @@ impl RangeQuery {
         }
         let selected: Vec<(&Vec<u8>, f64)> = match &self.by {
             RangeBy::Rank(start, stop) => {
-                let range = rank_span(*start, *stop, entries.len());
+                let range = types::rank_range(*start, *stop, entries.len());
                 entries[range].to_vec()
             }
             RangeBy::Score(min, max) => entries
@@ -297,15 +293,6 @@ impl RangeQuery {
             }
         }
     }
-}
-
-/// ZRANGE's inclusive ranks `start..=stop` (negative: from the end) within `len` entries, as a
-/// half-open range; empty when nothing lies in it.
-fn rank_span(start: i64, stop: i64, len: usize) -> std::ops::Range<usize> {
-    let len = len as i64;
-    let start = if start < 0 { (len + start).max(0) } else { start };
-    let stop = if stop < 0 { len + stop } else { stop.min(len - 1) };
-    if start > stop || start >= len { 0..0 } else { start as usize..stop as usize + 1 }
 }
 
 /// The reply of selected entries, with their scores when asked: flat in RESP2, pairs in RESP3.
@@ -591,18 +578,15 @@ pub(super) fn encoding(value: &[u8], max_entries: u64, max_len: u64) -> &'static
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exec::types::test_support::args;
+    use crate::exec::types::test_support::bulks;
+    use crate::exec::types::wrong_type;
 
     fn write(command: &[&str], value: Option<Vec<u8>>) -> (Option<Vec<u8>>, Reply) {
         crate::exec::types::test_support::write(decision, command, value)
     }
 
     fn read(command: &[&str], value: &Option<Vec<u8>>) -> Reply {
-        answer(command[0], &args(command), value.as_deref()).unwrap_or_else(|error| error)
-    }
-
-    fn bulks(items: &[&str]) -> Reply {
-        Reply::Array(items.iter().map(|item| Reply::text(*item)).collect())
+        crate::exec::types::test_support::read(answer, command, value)
     }
 
     #[test]
