@@ -51,8 +51,31 @@ pub struct NodeSnapshot {
     pub kernel_write_bytes: Option<u64>,
     /// Disk usage of its data directory (allocated blocks), when known.
     pub disk_bytes: Option<u64>,
+    /// Bytes its index compactions wrote since it started, into leveled trees and into trees in
+    /// the runs layout (`index.layout`).
+    #[serde(default)]
+    pub index_compaction_bytes: IndexCompactionBytes,
     /// Why the Status call failed, if it did.
     pub error: Option<String>,
+}
+
+/// Bytes written by a node's index compactions, by the layout of the trees compacted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexCompactionBytes {
+    /// Into leveled trees (shards the node leads or is the primary of; every shard when uniform).
+    pub leveled: u64,
+    /// Into trees in the runs layout (shards it only follows).
+    pub runs: u64,
+}
+
+impl IndexCompactionBytes {
+    /// `self - earlier`, per layout.
+    fn since(self, earlier: IndexCompactionBytes) -> IndexCompactionBytes {
+        IndexCompactionBytes {
+            leveled: self.leveled.saturating_sub(earlier.leveled),
+            runs: self.runs.saturating_sub(earlier.runs),
+        }
+    }
 }
 
 /// Every node's snapshot, in the client's endpoint order (nodes listed in `probes` but unknown to
@@ -75,6 +98,10 @@ pub async fn snapshot(client: &Client, probes: &[NodeProbe]) -> Vec<NodeSnapshot
                 log_bytes: status.log_bytes,
                 kernel_write_bytes,
                 disk_bytes,
+                index_compaction_bytes: IndexCompactionBytes {
+                    leveled: status.index_leveled_compaction_bytes,
+                    runs: status.index_runs_compaction_bytes,
+                },
                 error: None,
             },
             Err(error) => NodeSnapshot {
@@ -87,6 +114,7 @@ pub async fn snapshot(client: &Client, probes: &[NodeProbe]) -> Vec<NodeSnapshot
                 log_bytes: 0,
                 kernel_write_bytes,
                 disk_bytes,
+                index_compaction_bytes: IndexCompactionBytes::default(),
                 error: Some(error.to_string()),
             },
         };
@@ -168,6 +196,9 @@ pub struct NodeAmplification {
     pub space_amplification: Option<f64>,
     /// `log_bytes / live_bytes`.
     pub log_space_amplification: Option<f64>,
+    /// Bytes the node's index compactions wrote during the run (`None`: not onekv).
+    #[serde(default)]
+    pub index_compaction_bytes: Option<IndexCompactionBytes>,
     /// A Status failure before or after the run.
     pub error: Option<String>,
 }
@@ -207,6 +238,11 @@ pub fn amplification(
                 live_bytes,
                 space_amplification: end.disk_bytes.and_then(|bytes| ratio(bytes, live_bytes)),
                 log_space_amplification: ratio(end.log_bytes, live_bytes),
+                index_compaction_bytes: Some(
+                    end.index_compaction_bytes.since(
+                        start.map_or_else(IndexCompactionBytes::default, |s| s.index_compaction_bytes),
+                    ),
+                ),
                 error,
             }
         })
@@ -263,6 +299,7 @@ mod tests {
             log_bytes: 5000,
             kernel_write_bytes: kernel,
             disk_bytes: Some(8192),
+            index_compaction_bytes: IndexCompactionBytes::default(),
             error: None,
         }
     }

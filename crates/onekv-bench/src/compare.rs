@@ -35,6 +35,8 @@ pub enum Contender {
         shards: u32,
         /// How the nodes run their log garbage collector.
         gc: GcVariant,
+        /// How the nodes shape their index trees.
+        index: IndexVariant,
         /// Whether the nodes run the baseline executable ([`CompareConfig::baseline_exe`],
         /// `@base`) instead of this one: one build against another in the same run.
         baseline: bool,
@@ -65,16 +67,71 @@ impl GcVariant {
     }
 }
 
+/// How a onekv contender's nodes shape their shards' index trees (`index.layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexVariant {
+    /// As configured by default (decoupled, the default `S`).
+    Default,
+    /// `:uniform`: every tree leveled.
+    Uniform,
+    /// `:sN`: decoupled, followed shards' trees with at most N sorted runs.
+    Runs(u8),
+}
+
+impl IndexVariant {
+    /// The contender name's suffix for this variant (none for the default).
+    fn suffix(self) -> Option<String> {
+        match self {
+            IndexVariant::Default => None,
+            IndexVariant::Uniform => Some("uniform".into()),
+            IndexVariant::Runs(runs) => Some(format!("s{runs}")),
+        }
+    }
+
+    fn parse(suffix: &str) -> Option<IndexVariant> {
+        if suffix == "uniform" {
+            return Some(IndexVariant::Uniform);
+        }
+        let runs: u8 = suffix.strip_prefix('s')?.parse().ok()?;
+        let (low, high) = onekv_server::config::bounds::FOLLOWER_RUNS;
+        (low..=high).contains(&u64::from(runs)).then_some(IndexVariant::Runs(runs))
+    }
+
+    /// The `[index]` section of a node's configuration for this variant, with `memtable_bytes`
+    /// when given.
+    pub fn config(self, memtable_bytes: Option<u64>) -> onekv_server::config::IndexConfig {
+        use onekv_server::config::{IndexConfig, IndexLayoutName};
+        let mut config = IndexConfig::default();
+        if let Some(bytes) = memtable_bytes {
+            config.memtable_bytes = bytes;
+        }
+        match self {
+            IndexVariant::Default => {}
+            IndexVariant::Uniform => config.layout = IndexLayoutName::Uniform,
+            IndexVariant::Runs(follower_runs) => {
+                config.layout = IndexLayoutName::Decoupled;
+                config.follower_runs = follower_runs;
+            }
+        }
+        config
+    }
+}
+
 impl Contender {
     /// `etcd`, or the storage mode's name, then `:SHARDS` unless the default shard count, then
-    /// `:nogc` when the log garbage collector is off or `:nocompress` when it compresses nothing,
-    /// then `@base` when it runs the baseline executable.
+    /// `:uniform` or `:sN` for an index layout other than the default, then `:nogc` when the log
+    /// garbage collector is off or `:nocompress` when it compresses nothing, then `@base` when it
+    /// runs the baseline executable.
     pub fn name(self) -> String {
         match self {
-            Contender::Onekv { mode, shards, gc, baseline } => {
+            Contender::Onekv { mode, shards, gc, index, baseline } => {
                 let mut name = mode.name().to_string();
                 if shards != onekv_placement::DEFAULT_SHARDS {
                     name.push_str(&format!(":{shards}"));
+                }
+                if let Some(suffix) = index.suffix() {
+                    name.push(':');
+                    name.push_str(&suffix);
                 }
                 if let Some(suffix) = gc.suffix() {
                     name.push(':');
@@ -90,7 +147,8 @@ impl Contender {
     }
 
     /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`,
-    /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`, `onelog@base`.
+    /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`, `onelog:uniform`, `onelog:3:s4:nogc`,
+    /// `onelog@base`.
     pub fn parse(name: &str) -> Option<Contender> {
         if name == "etcd" {
             return Some(Contender::Etcd);
@@ -111,6 +169,11 @@ impl Contender {
                 break;
             }
         }
+        let mut index = IndexVariant::Default;
+        if let Some(variant) = rest.last().and_then(|suffix| IndexVariant::parse(suffix)) {
+            index = variant;
+            rest.pop();
+        }
         match rest[..] {
             [] => {}
             [count] => shards = count.parse().ok()?,
@@ -119,7 +182,7 @@ impl Contender {
         if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
             return None;
         }
-        Some(Contender::Onekv { mode, shards, gc, baseline })
+        Some(Contender::Onekv { mode, shards, gc, index, baseline })
     }
 }
 
@@ -150,6 +213,8 @@ pub struct CompareConfig {
     pub leader_timeout: Duration,
     /// Sample every node's data-directory size this often during each run (`None`: never).
     pub sample_disk: Option<Duration>,
+    /// `index.memtable_bytes` of every onekv node (`None`: the default).
+    pub index_memtable_bytes: Option<u64>,
 }
 
 /// Why a comparison stopped.
@@ -284,7 +349,7 @@ async fn run_onekv(
     contender: Contender,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let Contender::Onekv { mode, shards, gc, baseline } = contender else {
+    let Contender::Onekv { mode, shards, gc, index, baseline } = contender else {
         unreachable!("run_onekv runs onekv contenders only")
     };
     let name = contender.name();
@@ -299,8 +364,16 @@ async fn run_onekv(
         }
     };
     // Dropped (nodes stopped, directory removed) on every path out of this function.
-    let mut cluster = LocalCluster::start(exe, config.dir.as_deref(), config.nodes, mode, shards, gc)
-        .map_err(cluster_error)?;
+    let mut cluster = LocalCluster::start(
+        exe,
+        config.dir.as_deref(),
+        config.nodes,
+        mode,
+        shards,
+        gc,
+        index.config(config.index_memtable_bytes),
+    )
+    .map_err(cluster_error)?;
     cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
     let client = cluster.client(ClientOptions::default());
     let probes = cluster.probes();
@@ -412,6 +485,7 @@ fn etcd_amplification(
                 live_bytes,
                 space_amplification: disk.and_then(|bytes| ratio(bytes, live_bytes)),
                 log_space_amplification: None,
+                index_compaction_bytes: None,
                 error: None,
             }
         })
@@ -457,6 +531,16 @@ pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
         "mean disk ÷ live".into(),
         mean(run.nodes.iter().map(|n| n.space_amplification.unwrap_or(f64::NAN)).collect()),
     ));
+    // Index compaction over all nodes, by the layout of the trees compacted (onekv only).
+    let compactions: Vec<_> = run.nodes.iter().filter_map(|n| n.index_compaction_bytes).collect();
+    if !compactions.is_empty() {
+        let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+        let leveled: u64 = compactions.iter().map(|c| c.leveled).sum();
+        let runs: u64 = compactions.iter().map(|c| c.runs).sum();
+        figures.push(("index compaction MiB, leveled trees".into(), mib(leveled)));
+        figures.push(("index compaction MiB, runs trees".into(), mib(runs)));
+        figures.push(("index compaction MiB, all".into(), mib(leveled + runs)));
+    }
     figures
 }
 
@@ -539,12 +623,48 @@ mod tests {
     fn contenders_parse_as_they_are_named() {
         for contender in [
             Contender::Etcd,
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::On, baseline: false },
-            Contender::Onekv { mode: StorageMode::Classic, shards: 16, gc: GcVariant::On, baseline: false },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 1, gc: GcVariant::On, baseline: false },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 16, gc: GcVariant::Off, baseline: false },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Off, baseline: false },
-            Contender::Onekv { mode: StorageMode::OneLog, shards: 4, gc: GcVariant::Off, baseline: true },
+            Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 16,
+                gc: GcVariant::On,
+                index: IndexVariant::Default,
+                baseline: false,
+            },
+            Contender::Onekv {
+                mode: StorageMode::Classic,
+                shards: 16,
+                gc: GcVariant::On,
+                index: IndexVariant::Default,
+                baseline: false,
+            },
+            Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 1,
+                gc: GcVariant::On,
+                index: IndexVariant::Default,
+                baseline: false,
+            },
+            Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 16,
+                gc: GcVariant::Off,
+                index: IndexVariant::Default,
+                baseline: false,
+            },
+            Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 4,
+                gc: GcVariant::Off,
+                index: IndexVariant::Default,
+                baseline: false,
+            },
+            Contender::Onekv {
+                mode: StorageMode::OneLog,
+                shards: 4,
+                gc: GcVariant::Off,
+                index: IndexVariant::Default,
+                baseline: true,
+            },
         ] {
             assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
@@ -555,6 +675,7 @@ mod tests {
                 mode: StorageMode::OneLog,
                 shards: 1,
                 gc: GcVariant::On,
+                index: IndexVariant::Default,
                 baseline: false
             })
         );
@@ -564,6 +685,7 @@ mod tests {
                 mode: StorageMode::OneLog,
                 shards: 16,
                 gc: GcVariant::On,
+                index: IndexVariant::Default,
                 baseline: false
             })
         );
@@ -573,6 +695,7 @@ mod tests {
                 mode: StorageMode::OneLog,
                 shards: 16,
                 gc: GcVariant::Off,
+                index: IndexVariant::Default,
                 baseline: false
             })
         );
@@ -582,6 +705,7 @@ mod tests {
                 mode: StorageMode::OneLog,
                 shards: 4,
                 gc: GcVariant::Uncompressed,
+                index: IndexVariant::Default,
                 baseline: false
             })
         );
@@ -591,6 +715,7 @@ mod tests {
                 mode: StorageMode::OneLog,
                 shards: 1,
                 gc: GcVariant::On,
+                index: IndexVariant::Default,
                 baseline: true
             })
         );
@@ -598,6 +723,18 @@ mod tests {
         assert_eq!(Contender::parse("etcd@base"), None);
         assert_eq!(Contender::parse("onelog@base:1"), None);
         assert_eq!(Contender::parse("onelog:nogc:1"), None);
+        for (name, index) in [
+            ("onelog:uniform", IndexVariant::Uniform),
+            ("onelog:3:s4:nogc", IndexVariant::Runs(4)),
+            ("onelog:s64", IndexVariant::Runs(64)),
+        ] {
+            let contender = Contender::parse(name).unwrap();
+            assert!(matches!(contender, Contender::Onekv { index: parsed, .. } if parsed == index), "{name}");
+            assert_eq!(contender.name(), name);
+        }
+        for bad in ["onelog:s0", "onelog:s65", "onelog:nogc:uniform", "onelog:s4:1", "onelog:sx"] {
+            assert_eq!(Contender::parse(bad), None, "{bad}");
+        }
         assert_eq!(Contender::parse("onelog:nogc:nocompress"), None);
         assert_eq!(Contender::parse("onelog:1:2"), None);
         assert_eq!(Contender::parse("onelog:0"), None);
@@ -678,6 +815,7 @@ mod tests {
             live_bytes: 1240,
             space_amplification: None,
             log_space_amplification: None,
+            index_compaction_bytes: None,
             error: None,
         };
         CompareRun {

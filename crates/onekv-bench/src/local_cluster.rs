@@ -75,6 +75,7 @@ impl LocalCluster {
         storage: StorageMode,
         shards: u32,
         gc: GcVariant,
+        index: onekv_server::config::IndexConfig,
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
         let mut builder = tempfile::Builder::new();
@@ -121,6 +122,7 @@ impl LocalCluster {
                         onekv_server::config::GcConfig { compress_below_bytes: 0, ..Default::default() }
                     }
                 },
+                index: index.clone(),
                 ..ServerConfig::default()
             };
             config.validate().map_err(|error| ClusterError::Config(error.to_string()))?;

@@ -6,7 +6,7 @@
 //! in lsm-tree's own layout.
 
 use crate::fsutil;
-use crate::{IndexConfig, IndexError, Tree};
+use crate::{IndexConfig, IndexError, Layout, Tree};
 use lsm_tree::{AnyTree, Cache, DescriptorTable, SequenceNumberCounter};
 use std::collections::HashMap;
 use std::fmt;
@@ -35,6 +35,10 @@ pub(crate) struct IndexShared {
     pub(crate) flushes: AtomicU64,
     /// Compaction steps that changed a tree, of all trees since open.
     pub(crate) compactions: AtomicU64,
+    /// Bytes written by compaction steps into [`Layout::Leveled`] trees, since open.
+    leveled_compaction_bytes: AtomicU64,
+    /// Bytes written by compaction steps into [`Layout::Runs`] trees, since open.
+    runs_compaction_bytes: AtomicU64,
     _lock: fs::File,
 }
 
@@ -72,6 +76,8 @@ impl Index {
             bytes_written: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
             compactions: AtomicU64::new(0),
+            leveled_compaction_bytes: AtomicU64::new(0),
+            runs_compaction_bytes: AtomicU64::new(0),
             _lock: lock,
         };
         Ok(Index { shared: Arc::new(shared), trees: Mutex::default() })
@@ -156,6 +162,22 @@ impl Index {
     /// Compaction steps that changed a tree, over all trees since open.
     pub fn compactions(&self) -> u64 {
         self.shared.compactions.load(Ordering::Relaxed)
+    }
+
+    /// Bytes written by compaction steps towards `layout` (any `S` for [`Layout::Runs`]), over all
+    /// trees since open (flushes not included).
+    pub fn compaction_bytes(&self, layout: Layout) -> u64 {
+        self.shared.compaction_bytes(layout).load(Ordering::Relaxed)
+    }
+}
+
+impl IndexShared {
+    /// The counter of compaction bytes for `layout`.
+    pub(crate) fn compaction_bytes(&self, layout: Layout) -> &AtomicU64 {
+        match layout {
+            Layout::Leveled => &self.leveled_compaction_bytes,
+            Layout::Runs(_) => &self.runs_compaction_bytes,
+        }
     }
 }
 

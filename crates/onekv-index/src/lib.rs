@@ -47,17 +47,25 @@
 //!   hurt: when every write is below the oldest read seqno in use (in-flight reads are tracked);
 //!   otherwise we pass 1, which collects nothing (see `Tree::gc_watermark`).
 //!
+//! # Layouts
+//!
+//! A tree is compacted into the [`Layout`] its caller names at each step: leveled, or at most `S`
+//! sorted runs (DEPART's cheaper layout for redundant copies; see the `layout` module). The shape
+//! may change from one step to the next.
+//!
 //! # What this crate does not do
 //!
 //! It knows nothing of Raft, shards or the network, does not read the log (a locator is 16 opaque
-//! bytes here), does not decide when to flush or compact (callers ask, using
-//! [`Tree::memtable_bytes`]), and does not replay anything after a crash.
+//! bytes here), does not decide when to flush or compact or which layout a tree should have
+//! (callers ask, using [`Tree::memtable_bytes`] and their role), and does not replay anything
+//! after a crash.
 
 mod config;
 mod error;
 mod fsutil;
 mod index;
 mod keys;
+mod layout;
 mod reads;
 mod tree;
 mod value;
@@ -65,6 +73,7 @@ mod value;
 pub use config::IndexConfig;
 pub use error::IndexError;
 pub use index::Index;
+pub use layout::{Layout, MAX_RUNS};
 pub use tree::{Tree, TreeSnapshot};
 pub use value::{IndexValue, Packed, decode_stored, expired_at, stored_expiry};
 

@@ -1,5 +1,5 @@
 //! One tree: writes from the apply thread, reads at the published seqno from any thread, flushes
-//! that record a flush flag, and leveled compaction.
+//! that record a flush flag, and compaction into the [`Layout`] the caller asks for.
 //!
 //! Owns the rules that keep lsm-tree 3.1.10 safe under concurrent reads (see the crate docs):
 //! version seqnos pinned to 0, the garbage-collection watermark, and the contract checks on the
@@ -9,13 +9,14 @@
 use crate::fsutil::{self, WrittenFiles};
 use crate::index::IndexShared;
 use crate::keys::{self, FLAG_KEY, META_END, Space};
+use crate::layout::Layout;
 use crate::reads::ReadTracker;
 use crate::{IndexError, MAX_KEY_LEN, MAX_SEQNO, MAX_VALUE_LEN, MIN_SEQNO};
 use lsm_tree::{AbstractTree, Guard as _, SequenceNumberCounter};
 use std::fmt;
 use std::ops::Bound;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// The watermark that makes lsm-tree's MVCC garbage collection keep every version: it drops only
@@ -56,7 +57,9 @@ struct TreeInner {
     durable_seqno: AtomicU64,
     /// Serializes flush, compaction and clear; holds what they need.
     maintenance: Mutex<Maintenance>,
-    strategy: lsm_tree::compaction::Leveled,
+    /// Whether a [`Layout::Leveled`] step found nothing to do and nothing changed the tables since
+    /// (a flush or a [`Layout::Runs`] step clears it).
+    leveled: AtomicBool,
     bytes_written: AtomicU64,
     index: Arc<IndexShared>,
 }
@@ -97,11 +100,6 @@ impl Tree {
                 Some((u64::from_le_bytes(index.try_into().expect("8 bytes")), note.to_vec()))
             }
         };
-        let config = &index.config;
-        let strategy = lsm_tree::compaction::Leveled::default()
-            .with_l0_threshold(config.l0_threshold)
-            .with_table_target_size(config.table_target_bytes)
-            .with_level_ratio_policy(vec![config.level_ratio]);
         let written = WrittenFiles::scan(&dir);
         Ok(Tree {
             inner: Arc::new(TreeInner {
@@ -116,7 +114,7 @@ impl Tree {
                 sealed_flags: Mutex::default(),
                 durable_seqno: AtomicU64::new(highest),
                 maintenance: Mutex::new(Maintenance { written, failure: None }),
-                strategy,
+                leveled: AtomicBool::new(false),
                 bytes_written: AtomicU64::new(0),
                 index,
             }),
@@ -380,6 +378,7 @@ impl Tree {
         }
         *lock(&inner.flush_flag) = Some((last_index, last_note));
         inner.durable_seqno.fetch_max(last_seqno, Ordering::AcqRel);
+        inner.leveled.store(false, Ordering::Release);
         inner.index.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -418,6 +417,7 @@ impl Tree {
         if let Err(e) = result {
             return Err(fail(maintenance, IndexError::storage(&inner.name, "flushing the memtable", e)));
         }
+        inner.leveled.store(false, Ordering::Release);
         inner.index.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -439,19 +439,50 @@ impl Tree {
         self.inner.lsm.active_memtable().size()
     }
 
-    /// Runs one leveled compaction step if the tree needs one (nothing otherwise).
-    pub fn maybe_compact(&self) -> Result<(), IndexError> {
+    /// Runs one compaction step towards `layout` if the tree needs one (nothing otherwise);
+    /// returns whether the step changed the tree. Compacting with [`Layout::Leveled`] until this
+    /// returns `false` brings a tree of any shape to the leveled form ([`Tree::is_leveled`]).
+    pub fn maybe_compact(&self, layout: Layout) -> Result<bool, IndexError> {
         let inner = &*self.inner;
         let mut maintenance = self.maintenance()?;
         let watermark = self.gc_watermark();
         self.pin_version_seqno();
-        let result = inner.lsm.compact(Arc::new(inner.strategy.clone()), watermark);
+        let strategy = Arc::new(layout.strategy(&inner.index.config));
+        let result = inner.lsm.compact(strategy, watermark);
         // A step that changed the tree wrote at least a new version file; one with nothing to do
         // wrote nothing.
-        if self.account_written(&mut maintenance) > 0 && result.is_ok() {
+        let written = self.account_written(&mut maintenance);
+        result.map_err(|e| fail(&mut maintenance, IndexError::storage(&inner.name, "compacting", e)))?;
+        let changed = written > 0;
+        if changed {
             inner.index.compactions.fetch_add(1, Ordering::Relaxed);
+            inner.index.compaction_bytes(layout).fetch_add(written, Ordering::Relaxed);
         }
-        result.map_err(|e| fail(&mut maintenance, IndexError::storage(&inner.name, "compacting", e)))
+        match layout {
+            Layout::Leveled => inner.leveled.store(!changed, Ordering::Release),
+            Layout::Runs(_) if changed => inner.leveled.store(false, Ordering::Release),
+            Layout::Runs(_) => {}
+        }
+        Ok(changed)
+    }
+
+    /// Whether the tree is in the leveled form: the last [`Layout::Leveled`] step found nothing
+    /// to do, and no flush or other compaction changed the tables since. `false` for a tree just
+    /// opened, until a step has looked.
+    pub fn is_leveled(&self) -> bool {
+        self.inner.leveled.load(Ordering::Acquire)
+    }
+
+    /// The tree's sorted runs on disk: each L0 table is one, each deeper level that holds tables
+    /// one more. A point read may probe each (through its filter); a range read merges them all.
+    pub fn sorted_runs(&self) -> usize {
+        let lsm = &self.inner.lsm;
+        self.level0_tables() + (1..7).filter(|&level| lsm.level_table_count(level).unwrap_or(0) > 0).count()
+    }
+
+    /// Tables in L0, where flushes put them: each its own sorted run until a compaction merges it.
+    pub fn level0_tables(&self) -> usize {
+        self.inner.lsm.level_table_count(0).unwrap_or(0)
     }
 
     /// Removes every user and metadata key with tombstones at `seqno`, for installing a snapshot:
@@ -660,7 +691,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Index, IndexConfig};
+    use crate::{Index, IndexConfig, Layout};
 
     fn small() -> IndexConfig {
         IndexConfig { l0_threshold: 2, ..IndexConfig::default() }
@@ -685,7 +716,7 @@ mod tests {
         assert_eq!(tree.gc_watermark(), super::NO_GC_WATERMARK, "a read at 3 is older than write 5");
         for i in 0..4 {
             tree.flush(2 + i, 5).unwrap();
-            tree.maybe_compact().unwrap();
+            tree.maybe_compact(Layout::Leveled).unwrap();
         }
         assert_eq!(tree.get_with(b"k", &stale).as_deref(), Some(&b"old"[..]));
         assert_eq!(tree.get(b"k").unwrap().as_deref(), Some(&b"new"[..]));
@@ -707,7 +738,7 @@ mod tests {
         tree.flush(2, 2).unwrap();
         for i in 0..3 {
             tree.flush(3 + i, 2).unwrap();
-            tree.maybe_compact().unwrap();
+            tree.maybe_compact(Layout::Leveled).unwrap();
         }
         assert_eq!(tree.get(b"k").unwrap().as_deref(), Some(&b"v1"[..]));
         tree.publish(2);

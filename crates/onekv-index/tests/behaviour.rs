@@ -1,6 +1,6 @@
 //! The API contract of `Index` and `Tree`: reads, visibility, flush flags, reopen, clear, limits.
 
-use onekv_index::{Index, IndexConfig, IndexError, MAX_KEY_LEN, Tree};
+use onekv_index::{Index, IndexConfig, IndexError, Layout, MAX_KEY_LEN, Tree};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
@@ -291,7 +291,7 @@ fn clear_removes_every_key_at_its_seqno() {
         tree.insert(b"after", b"snapshot", last + 2);
         tree.publish(last + 2);
         tree.flush(2, last + 2).unwrap();
-        tree.maybe_compact().unwrap();
+        tree.maybe_compact(Layout::Leveled).unwrap();
     }
     let index = open(dir.path());
     let tree = index.tree("t").unwrap();
@@ -366,7 +366,7 @@ fn reads_see_the_newest_memtable_after_many_flushes_with_dense_seqnos() {
     let tree = index.tree("t").unwrap();
     for applied in 1..=12 {
         tree.flush(applied, 1).unwrap();
-        tree.maybe_compact().unwrap();
+        tree.maybe_compact(Layout::Leveled).unwrap();
     }
     tree.insert(b"k", b"v", 2);
     tree.publish(2);
@@ -437,7 +437,7 @@ fn disk_and_written_bytes_grow_with_flushes() {
     }
     tree.publish(400);
     tree.flush(2, 400).unwrap();
-    tree.maybe_compact().unwrap();
+    tree.maybe_compact(Layout::Leveled).unwrap();
     assert!(index.bytes_written() > after_flush, "the second flush and the compaction wrote tables");
 }
 
@@ -457,7 +457,7 @@ fn flushes_and_compactions_are_counted() {
     let config = IndexConfig { l0_threshold: 2, ..IndexConfig::default() };
     let index = Index::open(dir.path(), config).unwrap();
     let tree = index.tree("t").unwrap();
-    tree.maybe_compact().unwrap();
+    tree.maybe_compact(Layout::Leveled).unwrap();
     assert_eq!((index.flushes(), index.compactions()), (0, 0), "nothing to compact is not a compaction");
     let value = vec![0x5a; 100];
     let mut seqno = 0;
@@ -470,6 +470,65 @@ fn flushes_and_compactions_are_counted() {
         tree.flush(flush, seqno).unwrap();
     }
     assert_eq!(index.flushes(), 4);
-    tree.maybe_compact().unwrap();
+    tree.maybe_compact(Layout::Leveled).unwrap();
     assert!(index.compactions() >= 1, "four tables over an L0 threshold of 2 need a compaction");
+}
+
+/// Writes `flushes` memtables of 2 000 overwrites of random keys (of 20 000) into `tree`, each
+/// flush followed by compaction steps towards `layout` until one finds nothing to do.
+fn load_in_layout(tree: &Tree, layout: Layout, flushes: u64) {
+    let mut seqno = 0;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for flush in 1..=flushes {
+        for _ in 0..2_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            seqno += 1;
+            tree.insert(format!("user{:08}", state % 20_000).as_bytes(), &state.to_le_bytes(), seqno);
+        }
+        tree.publish(seqno);
+        tree.flush(flush, seqno).unwrap();
+        while tree.maybe_compact(layout).unwrap() {}
+    }
+}
+
+#[test]
+fn the_runs_layout_compacts_less_and_leveling_it_gives_the_leveled_form() {
+    let config = IndexConfig { l0_threshold: 4, ..IndexConfig::default() };
+    let (leveled_dir, runs_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let leveled = Index::open(leveled_dir.path(), config.clone()).unwrap();
+    let runs = Index::open(runs_dir.path(), config).unwrap();
+    let (leveled_tree, runs_tree) = (leveled.tree("t").unwrap(), runs.tree("t").unwrap());
+    load_in_layout(&leveled_tree, Layout::Leveled, 48);
+    load_in_layout(&runs_tree, Layout::Runs(8), 48);
+
+    // S = 8: flushed runs wait until there are 8 (never more than 7 between flushes), then merge
+    // into one; leveled compaction merges at 4, so it writes about twice the bytes.
+    assert!(runs_tree.level0_tables() < 8, "{} L0 tables", runs_tree.level0_tables());
+    let (leveled_bytes, runs_bytes) =
+        (leveled.compaction_bytes(Layout::Leveled), runs.compaction_bytes(Layout::Runs(8)));
+    assert_eq!((leveled.compaction_bytes(Layout::Runs(1)), runs.compaction_bytes(Layout::Leveled)), (0, 0));
+    assert!(
+        runs_bytes * 3 < leveled_bytes * 2,
+        "runs layout wrote {runs_bytes} compaction bytes, leveled {leveled_bytes}"
+    );
+
+    // The runs tree becomes a leader's: leveled steps until nothing is left to do.
+    let expected = leveled_tree.range(b"", None, usize::MAX, false).unwrap();
+    assert_eq!(runs_tree.range(b"", None, usize::MAX, false).unwrap(), expected);
+    assert!(!runs_tree.is_leveled());
+    let mut steps = 0;
+    while runs_tree.maybe_compact(Layout::Leveled).unwrap() {
+        steps += 1;
+        assert!(steps < 20, "leveling does not end");
+    }
+    assert!(runs_tree.is_leveled());
+    assert!(runs_tree.level0_tables() < 4, "{} L0 tables", runs_tree.level0_tables());
+    assert_eq!(runs_tree.range(b"", None, usize::MAX, false).unwrap(), expected);
+    // A flush makes the shape unknown again until a leveled step looks.
+    runs_tree.insert(b"late", b"v", 1_000_000);
+    runs_tree.publish(1_000_000);
+    runs_tree.flush(1_000, 1_000_000).unwrap();
+    assert!(!runs_tree.is_leveled());
 }

@@ -80,7 +80,7 @@ fn readers_see_whole_batches_while_the_writer_flushes_and_compacts() {
         thread::spawn(move || {
             let mut steps = 0;
             while !stop.load(Ordering::Relaxed) {
-                tree.maybe_compact().unwrap();
+                tree.maybe_compact(onekv_index::Layout::Leveled).unwrap();
                 steps += 1;
                 thread::sleep(Duration::from_millis(1));
             }
@@ -106,7 +106,7 @@ fn readers_see_whole_batches_while_the_writer_flushes_and_compacts() {
         tree.publish(seqno);
         if batch % 11 == 0 {
             tree.flush(batch, seqno).unwrap();
-            tree.maybe_compact().unwrap();
+            tree.maybe_compact(onekv_index::Layout::Leveled).unwrap();
         }
     }
     stop.store(true, Ordering::Relaxed);

@@ -1,8 +1,9 @@
-//! Model-based: random writes, publishes, flushes, compactions, clears and reopens (a crash: no
-//! WAL, so everything after the last flush is lost) against `BTreeMap` models of what is written,
-//! visible and durable. After every step, point and range reads must match the visible model.
+//! Model-based: random writes, publishes, flushes, compactions into either layout (and layout
+//! switches brought to the leveled form), clears and reopens (a crash: no WAL, so everything after
+//! the last flush is lost) against `BTreeMap` models of what is written, visible and durable. After
+//! every step, point and range reads must match the visible model.
 
-use onekv_index::{Index, IndexConfig, Tree};
+use onekv_index::{Index, IndexConfig, Layout, Tree};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,7 +16,9 @@ enum Op {
     Remove(Vec<u8>),
     Publish,
     Flush,
-    Compact,
+    Compact(Layout),
+    /// Leveled steps until one finds nothing to do (a follower's tree becoming a leader's).
+    Level,
     Clear,
     Reopen,
 }
@@ -31,7 +34,8 @@ fn any_op() -> impl Strategy<Value = Op> {
         3 => any_key().prop_map(Op::Remove),
         3 => Just(Op::Publish),
         2 => Just(Op::Flush),
-        1 => Just(Op::Compact),
+        1 => prop_oneof![Just(Layout::Leveled), (1u8..4).prop_map(Layout::Runs)].prop_map(Op::Compact),
+        1 => Just(Op::Level),
         1 => Just(Op::Clear),
         1 => Just(Op::Reopen),
     ]
@@ -113,7 +117,31 @@ fn run(ops: Vec<Op>, limit: usize) -> Result<(), TestCaseError> {
                 next_flag += 1;
                 model.durable = model.written.clone();
             }
-            Op::Compact => tree.maybe_compact().unwrap(),
+            Op::Compact(layout) => {
+                let mut steps = 0;
+                while tree.maybe_compact(layout).unwrap() {
+                    steps += 1;
+                    prop_assert!(steps < 50, "compacting does not end");
+                }
+                if let Layout::Runs(most) = layout {
+                    // Settled: fewer flushed runs than S wait in L0.
+                    prop_assert!(
+                        tree.level0_tables() < usize::from(most),
+                        "{} L0 tables",
+                        tree.level0_tables()
+                    );
+                }
+            }
+            Op::Level => {
+                let mut steps = 0;
+                while tree.maybe_compact(Layout::Leveled).unwrap() {
+                    steps += 1;
+                    prop_assert!(steps < 50, "leveling does not end");
+                }
+                prop_assert!(tree.is_leveled());
+                // l0_threshold is 2: at most one L0 table is left, and one run per deeper level.
+                prop_assert!(tree.level0_tables() < 2, "{} L0 tables", tree.level0_tables());
+            }
             Op::Clear => {
                 model.seqno += 1;
                 tree.clear(model.seqno).unwrap();

@@ -159,6 +159,9 @@ pub struct ReplicaConfig {
     /// Passes of each leader's expiry sweep (which deletes expired keys through Raft) begin at
     /// least this far apart, by the leader's clock.
     pub expiry_sweep_interval: Duration,
+    /// How each shard's index tree is shaped: by this node's role in the shard (DEPART's replica
+    /// decoupling), or leveled for every shard.
+    pub index_layout: IndexLayout,
 }
 
 impl ReplicaConfig {
@@ -198,7 +201,45 @@ impl ReplicaConfig {
             scrub_bytes_per_sec: 8 << 20,
             gc: crate::GcConfig::default(),
             expiry_sweep_interval: crate::expiry::DEFAULT_PASS_INTERVAL,
+            index_layout: IndexLayout::default(),
         }
+    }
+}
+
+/// Which shape each shard's index tree is kept in ([`onekv_index::Layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexLayout {
+    /// Replica decoupling (DEPART): the tree of a shard this node leads, or is the primary
+    /// (preferred leader) of, is leveled, since it serves the shard's reads; the tree of a shard it
+    /// only follows keeps up to `follower_runs` flushed sorted runs before merging them (1 to
+    /// [`onekv_index::MAX_RUNS`]), which costs less compaction. A node that becomes a shard's
+    /// leader levels that tree while it serves.
+    Decoupled {
+        /// DEPART's `S`.
+        follower_runs: u8,
+    },
+    /// Every tree leveled, whatever the role: the behaviour before decoupling, for comparison.
+    Uniform,
+}
+
+impl IndexLayout {
+    /// The default `S` of [`IndexLayout::Decoupled`] (docs/benchmarks/depart.md).
+    pub const DEFAULT_FOLLOWER_RUNS: u8 = 8;
+    /// The largest `follower_runs` ([`onekv_index::MAX_RUNS`]).
+    pub const MAX_FOLLOWER_RUNS: u8 = onekv_index::MAX_RUNS;
+
+    /// The layout of a tree whose replica leads the shard or is its primary (`serves`), or not.
+    pub fn for_role(self, serves: bool) -> onekv_index::Layout {
+        match self {
+            IndexLayout::Decoupled { follower_runs } if !serves => onekv_index::Layout::Runs(follower_runs),
+            _ => onekv_index::Layout::Leveled,
+        }
+    }
+}
+
+impl Default for IndexLayout {
+    fn default() -> Self {
+        IndexLayout::Decoupled { follower_runs: Self::DEFAULT_FOLLOWER_RUNS }
     }
 }
 
@@ -480,6 +521,20 @@ pub struct ReplicaStatus {
     pub index_bytes_written: u64,
     /// Bytes in the active memtable of the shard's index tree (not yet flushed).
     pub memtable_bytes: u64,
+    /// The layout the shard's tree is kept in now: `leveled` or `runs` (`IndexLayout`).
+    pub index_layout: String,
+    /// Sorted runs of the shard's tree on disk (L0 tables and non-empty deeper levels).
+    pub index_sorted_runs: u64,
+    /// Whether the shard's tree is in the leveled form (a leveled compaction step found nothing to
+    /// do since the last flush).
+    pub index_leveled: bool,
+    /// How long the last change of this shard's tree from runs to leveled took (it began when this
+    /// node started serving the shard), in milliseconds.
+    pub last_leveling_ms: Option<u64>,
+    /// Bytes written by compactions of leveled trees, node-wide, since the replica started.
+    pub index_leveled_compaction_bytes: u64,
+    /// Bytes written by compactions of runs-layout trees, node-wide, since the replica started.
+    pub index_runs_compaction_bytes: u64,
     /// On a leader: each other member's replication progress (a follower that is catching up,
     /// waiting for a snapshot, or stuck shows here).
     pub followers: Vec<FollowerStatus>,

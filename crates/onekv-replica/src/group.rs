@@ -141,6 +141,13 @@ pub(crate) struct Group {
     pub rejoin: Option<crate::rejoin::Rejoin>,
     /// `rejoin` changed since the node last wrote the rejoining file.
     pub rejoin_changed: bool,
+    /// The layout the tree was last compacted towards ([`Group::index_layout`]).
+    pub layout: onekv_index::Layout,
+    /// Since when the tree is being brought from the runs layout to the leveled one (this node
+    /// started serving the shard), until it is leveled.
+    pub leveling_since: Option<Instant>,
+    /// How long the last such change took.
+    pub last_leveling: Option<std::time::Duration>,
 }
 
 impl Group {
@@ -929,13 +936,14 @@ impl Group {
             .tree
             .seal(applied, state::flag_seqno(applied, self.state.tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("flushing the index: {e}")))?;
-        let mut trees = vec![self.state.tree.clone()];
+        let layout = self.index_layout(ctx);
+        let mut trees = vec![(self.state.tree.clone(), layout)];
         // (Classic mode's entry tree has nothing to flush before the first entry, and refuses a
-        // flag at seqno 0.)
+        // flag at seqno 0.) It is read only to serve entries, so it is kept in the same layout.
         if let Some(tree) = self.state.entry_tree.as_ref().filter(|_| applied > 0) {
             tree.seal(applied, self.entry_tree_seqno, &[])
                 .map_err(|e| storage(format!("flushing entries: {e}")))?;
-            trees.push(tree.clone());
+            trees.push((tree.clone(), layout));
         }
         if ctx.crash_at(crate::maintenance::CrashPoint::AfterSeal) {
             return Ok(());
@@ -951,6 +959,57 @@ impl Group {
             return Err(storage(failure));
         }
         Ok(())
+    }
+
+    /// The layout this shard's tree should have now: leveled while this node leads the shard or is
+    /// its primary (it serves, or is about to serve, the shard's reads), else as configured for
+    /// followers ([`crate::IndexLayout`]).
+    pub fn index_layout(&self, ctx: &NodeCtx) -> onekv_index::Layout {
+        let serves = self.role() == StateRole::Leader || self.primary == Some(ctx.config.node_id);
+        ctx.config.index_layout.for_role(serves)
+    }
+
+    /// Keeps a served shard's tree leveled: when the tree should be leveled and a leveled step may
+    /// still find work (after a flush, or once this node starts serving a tree it kept as runs), a
+    /// job of one compaction step, when the maintenance thread is idle (the loop calls this after
+    /// every group had its chance to flush). Reads stay correct meanwhile, only slower. The
+    /// change from runs to leveled is timed and logged.
+    pub fn maybe_level(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        let layout = self.index_layout(ctx);
+        if layout != self.layout {
+            tracing::info!(
+                shard = self.shard,
+                from = self.layout.name(),
+                to = layout.name(),
+                "index layout changes"
+            );
+            self.leveling_since = (layout == onekv_index::Layout::Leveled).then_some(now);
+            self.layout = layout;
+        }
+        if layout != onekv_index::Layout::Leveled {
+            return;
+        }
+        let trees: Vec<_> = std::iter::once(&self.state.tree)
+            .chain(self.state.entry_tree.as_ref())
+            .filter(|tree| !tree.is_leveled())
+            .map(|tree| (tree.clone(), layout))
+            .collect();
+        if trees.is_empty() {
+            if let Some(since) = self.leveling_since.take() {
+                let took = now.saturating_duration_since(since);
+                self.last_leveling = Some(took);
+                tracing::info!(shard = self.shard, took_ms = took.as_millis() as u64, "index tree leveled");
+            }
+            return;
+        }
+        if !ctx.config.index_compaction || ctx.maintenance.busy() || ctx.failed.is_some() {
+            return;
+        }
+        let hook = &mut ctx.crash_hook;
+        if ctx.maintenance.compact(trees, &mut |point| hook.as_mut().is_some_and(|hook| hook(point))).is_err()
+        {
+            ctx.crashed = true;
+        }
     }
 
     /// The highest applied index every recently active member has (on a follower: `applied`, as
@@ -1225,6 +1284,12 @@ impl Group {
             index_compactions: self.state.index.compactions(),
             index_bytes_written: self.state.index.bytes_written(),
             memtable_bytes: self.state.tree.memtable_bytes(),
+            index_layout: self.layout.name().to_string(),
+            index_sorted_runs: self.state.tree.sorted_runs() as u64,
+            index_leveled: self.state.tree.is_leveled(),
+            last_leveling_ms: self.last_leveling.map(|took| took.as_millis() as u64),
+            index_leveled_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Leveled),
+            index_runs_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Runs(1)),
             followers: self.follower_status(ctx),
             snapshot: {
                 let serving = store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe();

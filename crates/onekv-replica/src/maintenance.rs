@@ -7,6 +7,12 @@
 //! The tree's flush flag moves only when the table is durable, so recovery never relies on a flush
 //! that did not finish. One job at a time: the loop seals again only once the previous job is done.
 //!
+//! Each tree is compacted towards the [`Layout`] the loop names with it (leveled for a shard this
+//! node serves, sorted runs for one it only follows: `IndexLayout`). A job may also be compaction
+//! alone ([`Maintenance::compact`]): the loop keeps compacting a leader's tree until it is in the
+//! leveled form, one step per job, so flushes of other shards are never held behind a long
+//! leveling.
+//!
 //! A failure is kept and reported to the loop, which then fails the replica (the tree refuses
 //! further flushes after an I/O error). In a simulation the same steps run inline on the loop, so
 //! the outcome stays a function of the seed, and the driver may crash the node between any two of
@@ -14,7 +20,7 @@
 //!
 //! This module does not decide when to flush or what the flag is (the loop does).
 
-use onekv_index::Tree;
+use onekv_index::{Layout, Tree};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
@@ -40,6 +46,9 @@ pub use crate::gc::GcPoint;
 /// Asked at each [`CrashPoint`]; `true` crashes the node there.
 pub type CrashHook = Box<dyn FnMut(CrashPoint) -> bool + Send>;
 
+/// Trees to flush and compact, each with the layout to compact it towards.
+pub(crate) type Job = Vec<(Tree, Layout)>;
+
 /// What the maintenance thread and the loop share.
 #[derive(Default)]
 struct Shared {
@@ -52,7 +61,7 @@ pub(crate) struct Maintenance {
     shared: Arc<Shared>,
     compact: bool,
     /// `None`: steps run inline on the loop (driven mode).
-    jobs: Option<SyncSender<Vec<Tree>>>,
+    jobs: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -62,13 +71,13 @@ pub(crate) struct Crashed;
 
 impl Maintenance {
     /// Maintenance on a thread of its own (`threaded`), or inline; `compact` runs a compaction step
-    /// after each flush.
+    /// after each flush (off, [`Maintenance::compact`] jobs do nothing either).
     pub fn new(threaded: bool, compact: bool) -> Result<Self, String> {
         let shared = Arc::new(Shared::default());
         if !threaded {
             return Ok(Maintenance { shared, compact, jobs: None, thread: None });
         }
-        let (jobs, inbox) = std::sync::mpsc::sync_channel::<Vec<Tree>>(1);
+        let (jobs, inbox) = std::sync::mpsc::sync_channel::<Job>(1);
         let worker = shared.clone();
         let thread = std::thread::Builder::new()
             .name("onekv-index".into())
@@ -94,9 +103,10 @@ impl Maintenance {
         self.shared.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Makes the sealed memtables of `trees` durable (in that order) and compacts them: on the
-    /// maintenance thread, or at once when inline, asking `crash` at each point.
-    pub fn flush(&self, trees: Vec<Tree>, crash: &mut dyn FnMut(CrashPoint) -> bool) -> Result<(), Crashed> {
+    /// Makes the sealed memtables of `trees` durable (in that order) and runs a compaction step on
+    /// each towards its layout: on the maintenance thread, or at once when inline, asking `crash`
+    /// at each point.
+    pub fn flush(&self, trees: Job, crash: &mut dyn FnMut(CrashPoint) -> bool) -> Result<(), Crashed> {
         self.shared.busy.store(true, Ordering::SeqCst);
         match &self.jobs {
             Some(jobs) => {
@@ -125,6 +135,12 @@ impl Maintenance {
         }
     }
 
+    /// One compaction step on each tree, as a job of its own: [`Maintenance::flush`] of trees with
+    /// nothing sealed, which flushes nothing.
+    pub fn compact(&self, trees: Job, crash: &mut dyn FnMut(CrashPoint) -> bool) -> Result<(), Crashed> {
+        self.flush(trees, crash)
+    }
+
     /// Waits for the job in progress and stops the thread.
     pub fn stop(&mut self) {
         self.jobs.take();
@@ -143,28 +159,31 @@ impl Drop for Maintenance {
 }
 
 /// Flushes then compacts; stops at the first error, or where `crash` says so (returning `Ok`:
-/// the caller asked for the stop and knows).
+/// the caller asked for the stop and knows). A job with nothing sealed (compaction alone) has no
+/// flush to crash in.
 fn flush_and_compact(
-    trees: &[Tree],
+    trees: &[(Tree, Layout)],
     compact: bool,
     crash: &mut dyn FnMut(CrashPoint) -> bool,
 ) -> Result<(), String> {
-    for (i, tree) in trees.iter().enumerate() {
-        if i > 0 && crash(CrashPoint::BetweenTreeFlushes) {
+    if trees.iter().any(|(tree, _)| tree.has_sealed()) {
+        for (i, (tree, _)) in trees.iter().enumerate() {
+            if i > 0 && crash(CrashPoint::BetweenTreeFlushes) {
+                return Ok(());
+            }
+            crate::failpoint!("during-index-flush");
+            if crate::failpoints::hit("fail-index-flush") {
+                return Err(format!("flushing {}: injected failure (fail-index-flush)", tree.name()));
+            }
+            tree.flush_sealed().map_err(|e| format!("flushing the index: {e}"))?;
+        }
+        if crash(CrashPoint::AfterFlush) {
             return Ok(());
         }
-        crate::failpoint!("during-index-flush");
-        if crate::failpoints::hit("fail-index-flush") {
-            return Err(format!("flushing {}: injected failure (fail-index-flush)", tree.name()));
-        }
-        tree.flush_sealed().map_err(|e| format!("flushing the index: {e}"))?;
-    }
-    if crash(CrashPoint::AfterFlush) {
-        return Ok(());
     }
     if compact {
-        for tree in trees {
-            tree.maybe_compact().map_err(|e| format!("compacting the index: {e}"))?;
+        for (tree, layout) in trees {
+            tree.maybe_compact(*layout).map_err(|e| format!("compacting the index: {e}"))?;
         }
     }
     Ok(())

@@ -367,6 +367,13 @@ impl NodeLoop {
         for group in self.groups.values_mut() {
             group.maybe_flush(now, &mut self.ctx)?;
             if self.ctx.crashed {
+                return Ok(());
+            }
+        }
+        // Leveling waits for flushes: it runs only when no group took the maintenance thread.
+        for group in self.groups.values_mut() {
+            group.maybe_level(now, &mut self.ctx);
+            if self.ctx.crashed {
                 break;
             }
         }

@@ -7,8 +7,8 @@ use crate::hosting::GroupParts;
 use crate::node::{Input, NodeCtx, NodeLoop, SHUTDOWN_WAIT};
 use crate::state::State;
 use crate::{
-    ChunkRequest, Command, Done, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus, RequestId,
-    SnapshotChunk, StorageMode, Transport,
+    ChunkRequest, Command, Done, IndexLayout, Limits, Outcome, ReplicaConfig, ReplicaError, ReplicaStatus,
+    RequestId, SnapshotChunk, StorageMode, Transport,
 };
 use onekv_index::{Index, IndexConfig};
 use onekv_log::{Log, LogConfig, OpenOptions};
@@ -136,6 +136,11 @@ impl ReplicaConfig {
         }
         if self.memtable_bytes == 0 {
             return bad("memtable_bytes must be positive");
+        }
+        if let IndexLayout::Decoupled { follower_runs } = self.index_layout {
+            onekv_index::Layout::Runs(follower_runs)
+                .validate()
+                .map_err(|e| ReplicaError::Open(format!("invalid configuration: index_layout: {e}")))?;
         }
         if self.max_snapshot_bytes == 0 || self.max_snapshot_bytes > crate::MAX_SNAPSHOT_BYTES {
             return bad("max_snapshot_bytes must be between 1 and MAX_SNAPSHOT_BYTES (200 MiB)");

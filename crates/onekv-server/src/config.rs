@@ -23,7 +23,7 @@ pub use onekv_replica::StorageMode;
 
 /// Limits on sizes, chosen so a misconfiguration is caught by `validate` rather than surfacing as a
 /// failure deep in the index, the log or gRPC.
-mod bounds {
+pub mod bounds {
     /// The index stores keys with a 16-bit length; half of it leaves room for the replica's own
     /// prefixes.
     pub const MAX_KEY_BYTES: usize = 32 << 10;
@@ -37,6 +37,8 @@ mod bounds {
     pub const MAX_SCAN_PAIRS: usize = 1_000_000;
     /// Memtable budget of one index tree.
     pub const MEMTABLE_BYTES: (u64, u64) = (64 << 10, 16 << 30);
+    /// `index.follower_runs`: the index's own bound on sorted runs.
+    pub const FOLLOWER_RUNS: (u64, u64) = (1, onekv_replica::IndexLayout::MAX_FOLLOWER_RUNS as u64);
     /// Size of one log segment file: the log's own rule (a segment holds the largest record, at
     /// most 1 GiB), 16 MiB + 52 bytes..=1 GiB.
     pub const SEGMENT_BYTES: (u64, u64) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
@@ -233,6 +235,23 @@ pub const DEFAULT_MAX_CONCURRENT_PEER_CALLS: usize = 16;
 pub struct IndexConfig {
     /// Flush an index tree's memtable once it holds this many bytes. Default 16777216 (16 MiB).
     pub memtable_bytes: u64,
+    /// How shards' index trees are shaped: `decoupled` (default: leveled for the shards this node
+    /// leads or is the primary of, at most `follower_runs` sorted runs for the others) or `uniform`
+    /// (every tree leveled).
+    pub layout: IndexLayoutName,
+    /// DEPART's `S`: flushed sorted runs a followed shard's tree keeps before merging them, 1..=64.
+    /// Default 8.
+    pub follower_runs: u8,
+}
+
+/// `index.layout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexLayoutName {
+    /// Trees shaped by this node's role in each shard.
+    Decoupled,
+    /// Every tree leveled.
+    Uniform,
 }
 
 /// `[log]`: the node's log.
@@ -380,7 +399,15 @@ impl LimitsConfig {
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { memtable_bytes: replica_defaults().memtable_bytes }
+        let follower_runs = match replica_defaults().index_layout {
+            onekv_replica::IndexLayout::Decoupled { follower_runs } => follower_runs,
+            onekv_replica::IndexLayout::Uniform => onekv_replica::IndexLayout::DEFAULT_FOLLOWER_RUNS,
+        };
+        IndexConfig {
+            memtable_bytes: replica_defaults().memtable_bytes,
+            layout: IndexLayoutName::Decoupled,
+            follower_runs,
+        }
     }
 }
 
@@ -690,6 +717,12 @@ impl ServerConfig {
         }
 
         check_range(&mut problem, "index.memtable_bytes", self.index.memtable_bytes, bounds::MEMTABLE_BYTES);
+        check_range(
+            &mut problem,
+            "index.follower_runs",
+            u64::from(self.index.follower_runs),
+            bounds::FOLLOWER_RUNS,
+        );
         check_range(&mut problem, "log.segment_bytes", self.log.segment_bytes, bounds::SEGMENT_BYTES);
         check_range(&mut problem, "disk.min_free_bytes", self.disk.min_free_bytes, bounds::MIN_FREE_BYTES);
         check_range(&mut problem, "disk.reserve_bytes", self.disk.reserve_bytes, bounds::RESERVE_BYTES);
@@ -804,6 +837,12 @@ impl ServerConfig {
         config.snapshot_chunk_bytes = self.raft.snapshot_chunk_bytes as usize;
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
+        config.index_layout = match self.index.layout {
+            IndexLayoutName::Decoupled => {
+                onekv_replica::IndexLayout::Decoupled { follower_runs: self.index.follower_runs }
+            }
+            IndexLayoutName::Uniform => onekv_replica::IndexLayout::Uniform,
+        };
         config.segment_bytes = self.log.segment_bytes;
         config.min_free_bytes = self.disk.min_free_bytes;
         config.reserve_bytes = self.disk.reserve_bytes;

@@ -144,6 +144,11 @@ fn describe_state_metrics() {
     describe_gauge!("onekv_shard_commit_index", Count, "Commit index of the shard's group known here.");
     describe_gauge!("onekv_shard_applied_index", Count, "Highest index of the shard applied here.");
     describe_gauge!("onekv_shard_flushed_index", Count, "The shard tree's flush flag.");
+    describe_gauge!("onekv_shard_index_sorted_runs", Count, "Sorted runs of the shard's index tree on disk.");
+    describe_gauge!(
+        "onekv_shard_index_leveled",
+        "1 while the shard's index tree is in the leveled form, else 0."
+    );
     describe_gauge!("onekv_shard_is_leader", "1 while this node leads the shard, else 0.");
     describe_gauge!("onekv_shard_has_leader", "1 while this node knows the shard's leader, else 0.");
     describe_gauge!(
@@ -184,6 +189,11 @@ fn describe_state_metrics() {
         "onekv_index_bytes_written_total",
         Bytes,
         "Bytes of index tables and manifests written."
+    );
+    describe_counter!(
+        "onekv_index_compaction_bytes_total",
+        Bytes,
+        "Bytes written by index compactions, by the layout of the tree compacted (leveled, runs)."
     );
     describe_gauge!("onekv_index_memtable_bytes", Bytes, "Bytes in the shard index's active memtable.");
     describe_gauge!("onekv_index_flushed_index", Count, "Raft index up to which the index is persisted.");
@@ -291,6 +301,10 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_index_flushes_total").absolute(status.index_flushes);
     counter!("onekv_index_compactions_total").absolute(status.index_compactions);
     counter!("onekv_index_bytes_written_total").absolute(status.index_bytes_written);
+    counter!("onekv_index_compaction_bytes_total", "layout" => "leveled")
+        .absolute(status.index_leveled_compaction_bytes);
+    counter!("onekv_index_compaction_bytes_total", "layout" => "runs")
+        .absolute(status.index_runs_compaction_bytes);
     gauge!("onekv_index_memtable_bytes").set(count(status.memtable_bytes));
     gauge!("onekv_index_flushed_index").set(count(status.flushed_index));
     counter!("onekv_bytes_written_total").absolute(status.bytes_written);
@@ -339,6 +353,13 @@ fn record_shards(statuses: &[ReplicaStatus]) {
             0.0
         });
         gauge!("onekv_shard_has_leader", "shard" => shard.clone()).set(if status.leader_id.is_some() {
+            1.0
+        } else {
+            0.0
+        });
+        gauge!("onekv_shard_index_sorted_runs", "shard" => shard.clone())
+            .set(count(status.index_sorted_runs));
+        gauge!("onekv_shard_index_leveled", "shard" => shard.clone()).set(if status.index_leveled {
             1.0
         } else {
             0.0

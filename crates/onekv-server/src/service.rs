@@ -978,6 +978,10 @@ impl<B: Backend> Kv for KvService<B> {
                     recovery_replayed: s.recovery_replayed,
                     rejoining: s.rejoining,
                     last_index: s.last_index,
+                    index_layout: s.index_layout.clone(),
+                    index_sorted_runs: s.index_sorted_runs,
+                    index_leveled: s.index_leveled,
+                    last_leveling_ms: s.last_leveling_ms.unwrap_or(0),
                 })
                 .collect();
             Ok(Response::new(StatusResponse {
@@ -1021,6 +1025,8 @@ impl<B: Backend> Kv for KvService<B> {
                 corrupt_values: status.corrupt_values,
                 repaired_values: status.repaired_values,
                 expired_keys_deleted: status.expired_keys_deleted,
+                index_leveled_compaction_bytes: status.index_leveled_compaction_bytes,
+                index_runs_compaction_bytes: status.index_runs_compaction_bytes,
                 scrub: Some(onekv_proto::ScrubProgress {
                     enabled: status.scrub.enabled,
                     passes: status.scrub.passes,

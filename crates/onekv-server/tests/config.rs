@@ -76,6 +76,7 @@ fn defaults_are_the_replicas() {
     assert_eq!(replica.election_ticks, reference.election_ticks);
     assert_eq!(replica.heartbeat_ticks, reference.heartbeat_ticks);
     assert_eq!(replica.memtable_bytes, reference.memtable_bytes);
+    assert_eq!(replica.index_layout, reference.index_layout);
     assert_eq!(replica.raft_log_keep_entries, reference.raft_log_keep_entries);
     assert_eq!(replica.segment_bytes, reference.segment_bytes);
     assert_eq!(replica.storage, StorageMode::OneLog);
@@ -182,6 +183,8 @@ fn every_field_reaches_the_replica_config() {
         max_concurrent_peer_calls = 2
         [index]
         memtable_bytes = 1048576
+        layout = "decoupled"
+        follower_runs = 3
         [log]
         segment_bytes = 33554432
         "#,
@@ -213,9 +216,25 @@ fn every_field_reaches_the_replica_config() {
         }
     );
     assert_eq!(replica.memtable_bytes, 1 << 20);
+    assert_eq!(replica.index_layout, onekv_replica::IndexLayout::Decoupled { follower_runs: 3 });
     assert_eq!(replica.segment_bytes, 32 << 20);
     assert_eq!(config.request_timeout(), Duration::from_millis(1234));
     assert_eq!((config.limits.max_concurrent_requests, config.limits.max_concurrent_peer_calls), (9, 2));
+}
+
+#[test]
+fn the_uniform_index_layout_and_unknown_layouts() {
+    let text = |layout: &str| {
+        format!(
+            "node_id = 1\nlisten = \"127.0.0.1:9001\"\ndata_dir = \"/d\"\n[[members]]\nid = 1\naddress = \"127.0.0.1:9001\"\n[index]\nlayout = \"{layout}\"\n"
+        )
+    };
+    let config = ServerConfig::parse(&text("uniform")).unwrap();
+    config.validate().unwrap();
+    let replica = config.to_replica_config(&config.cluster_map().unwrap());
+    assert_eq!(replica.index_layout, onekv_replica::IndexLayout::Uniform);
+    let error = ServerConfig::parse(&text("tiered")).unwrap_err().to_string();
+    assert!(error.contains("layout") || error.contains("tiered"), "{error}");
 }
 
 #[test]
@@ -325,6 +344,8 @@ fn every_rule_is_enforced_and_names_its_field() {
     assert_rejected(|c| c.limits.max_batch_bytes = 1 << 30, "limits.max_batch_bytes", "maximum");
     assert_rejected(|c| c.limits.max_scan_bytes = 1000, "limits.max_scan_bytes", "largest pair must fit");
     assert_rejected(|c| c.index.memtable_bytes = 1, "index.memtable_bytes", "range");
+    assert_rejected(|c| c.index.follower_runs = 0, "index.follower_runs", "range");
+    assert_rejected(|c| c.index.follower_runs = 65, "index.follower_runs", "range");
     assert_rejected(|c| c.log.segment_bytes = 1, "log.segment_bytes", "range");
     assert_rejected(|c| c.log.segment_bytes = 6 << 20, "log.segment_bytes", "twice limits.max_batch_bytes");
 }

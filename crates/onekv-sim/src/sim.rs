@@ -996,6 +996,14 @@ impl Sim {
             },
             ..onekv_replica::GcConfig::default()
         };
+        // Index layouts: nodes 1 and 4 keep every tree leveled, the others decouple followed
+        // shards' trees into 2 or 3 sorted runs (merged often at these flush rates), so leader
+        // changes keep switching trees between layouts while the workload and faults run.
+        config.index_layout = match node.id % 3 {
+            1 => onekv_replica::IndexLayout::Uniform,
+            2 => onekv_replica::IndexLayout::Decoupled { follower_runs: 2 },
+            _ => onekv_replica::IndexLayout::Decoupled { follower_runs: 3 },
+        };
         // The node may crash at any step of an index flush (between sealing and writing the table,
         // between two trees' flushes, before compacting); its own generator keeps runs replayable.
         let allowed = self.flush_crashes_allowed.clone();

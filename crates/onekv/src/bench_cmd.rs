@@ -119,9 +119,10 @@ pub struct CompareArgs {
     /// Storage modes to compare, the first being the baseline of the ratios, each with 16 shards or
     /// `MODE:SHARDS` (`onelog:1` is a single Raft group), and `:nogc` to run it with its log
     /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`) or `:nocompress` with a collector
-    /// that moves small values uncompressed, then `@base` to run it with --baseline-exe; `etcd`
-    /// adds a local etcd cluster (same number of members, default durability) as one more
-    /// contender.
+    /// that moves small values uncompressed, `:uniform` to keep every index tree leveled or `:sN`
+    /// to keep followed shards' trees in at most N sorted runs (`index.layout`; before any `:nogc`),
+    /// then `@base` to run it with --baseline-exe; `etcd` adds a local etcd cluster (same number
+    /// of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
     modes: Vec<String>,
     /// Another `onekv` executable (an earlier build, say) that contenders named with `@base` run
@@ -145,6 +146,11 @@ pub struct CompareArgs {
     /// (`disk_samples`, for `scripts/plot-gc.py`); 0: no samples.
     #[arg(long, default_value_t = 0)]
     sample_disk_ms: u64,
+    /// `index.memtable_bytes` of every onekv node, in KiB (at least 64) [default: the node's
+    /// default, 16 MiB]: a small memtable makes a short run flush and compact its index as a long
+    /// one with the default would.
+    #[arg(long, value_name = "KIB")]
+    index_memtable_kib: Option<u64>,
 }
 
 /// Runs one bench subcommand. SIGINT or SIGTERM abandons it: dropping its future stops the local
@@ -262,6 +268,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         dir: args.dir.clone(),
         leader_timeout: Duration::from_secs(30),
         sample_disk: (args.sample_disk_ms > 0).then(|| Duration::from_millis(args.sample_disk_ms)),
+        index_memtable_bytes: args.index_memtable_kib.map(|kib| kib << 10),
     };
     let report = compare(&config, |run| {
         eprintln!("{} round {}:", run.mode, run.round);

@@ -441,9 +441,11 @@ fn damaged_values(status: &StatusResponse) -> String {
 
 /// `status --shards`: one row per shard replica, by shard then node.
 fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> String {
-    const HEADER: [&str; 10] =
-        ["SHARD", "NODE", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "FLUSHED", "REPLAYED", "MEMBERS"];
-    let mut rows: Vec<[String; 10]> = statuses
+    const HEADER: [&str; 11] = [
+        "SHARD", "NODE", "ROLE", "LEADER", "TERM", "COMMIT", "APPLIED", "FLUSHED", "REPLAYED", "INDEX",
+        "MEMBERS",
+    ];
+    let mut rows: Vec<[String; 11]> = statuses
         .iter()
         .filter_map(|(_, result)| result.as_ref().ok())
         .flat_map(|status| {
@@ -458,6 +460,8 @@ fn shard_table(statuses: &[(String, onekv_client::Result<StatusResponse>)]) -> S
                     replica.applied_index.to_string(),
                     replica.flushed_index.to_string(),
                     replica.recovery_replayed.to_string(),
+                    // The tree's layout and its sorted runs on disk, e.g. `runs:5`.
+                    format!("{}:{}", replica.index_layout, replica.index_sorted_runs),
                     members(replica),
                 ]
             })
