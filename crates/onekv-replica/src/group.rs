@@ -557,9 +557,16 @@ impl Group {
         }
     }
 
-    /// Sends one ReadIndex request for every barrier that arrived this turn.
+    /// Sends one ReadIndex request for every barrier that arrived this turn, once this leader has
+    /// committed an entry of its term. raft-rs 0.7 silently drops a ReadIndex request before that
+    /// (etcd queues it instead), which left the barrier waiting until its caller gave up (a 5 s
+    /// client timeout after each leader change); so barriers wait here, unsent, for the new
+    /// leader's first commit (its empty entry, one round), or fail if leadership is lost.
     pub fn send_read_index(&mut self) {
         if self.reads_unsent.is_empty() {
+            return;
+        }
+        if self.role() == StateRole::Leader && !self.raw.raft.commit_to_current_term() {
             return;
         }
         let ctx = self.next_read_ctx;
