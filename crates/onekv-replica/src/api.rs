@@ -79,7 +79,7 @@ impl Default for Limits {
         Limits {
             max_key_bytes: 4 << 10,
             max_value_bytes: 1 << 20,
-            max_batch_ops: 1024,
+            max_batch_ops: 16_384,
             max_batch_bytes: 4 << 20,
             max_scan_pairs: 10_000,
             max_scan_bytes: 4 << 20,

@@ -244,6 +244,8 @@ pub static COMMANDS: &[CommandSpec] = &[
         "RPUSH only if the list exists."),
     spec("sadd", -3, &["write", "denyoom", "fast"], ONE_KEY, "set", "1.0.0",
         "Adds members to a set (a set is one value: a compare-and-swap loop); returns how many are new."),
+    spec("save", 1, &["admin", "noscript", "no_async_loading", "no_multi"], NO_KEYS, "server", "1.0.0",
+        "OK at once: every write onekv acknowledged is already durable (fsynced); refused inside MULTI, as in Redis."),
     spec("scan", -2, &["readonly"], NO_KEYS, "generic", "2.8.0",
         "Keys in byte order, a page at a time; cursors live on the node that made them."),
     spec("scard", 2, &["readonly", "fast"], ONE_KEY, "set", "1.0.0",
@@ -262,6 +264,8 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Sets a key only if it is absent (one compare-and-swap); 1 if it was set."),
     spec("setrange", 4, &["write", "denyoom"], ONE_KEY, "string", "2.2.0",
         "Overwrites part of a value from an offset (zero-padded); returns the new length."),
+    spec("shutdown", -1, &["admin", "noscript", "loading", "stale", "no_multi", "allow_busy"], NO_KEYS, "server", "1.0.0",
+        "Refused: stop a node by stopping its process (SIGTERM shuts it down cleanly); refused inside MULTI, as in Redis."),
     spec("sinter", -2, &["readonly"], ALL_KEYS, "set", "1.0.0",
         "The members every given set has (each set one linearizable read)."),
     spec("sismember", 3, &["readonly", "fast"], ONE_KEY, "set", "1.0.0",
@@ -362,6 +366,7 @@ pub fn syntax(name: &str) -> &'static str {
         "ping" => "[message]",
         "scan" => "cursor [MATCH pattern] [COUNT count] [TYPE type]",
         "select" => "index",
+        "shutdown" => "[NOSAVE|SAVE] [NOW] [FORCE] [ABORT]",
         "set" => {
             "key value [NX|XX] [GET] [EX seconds|PX milliseconds|EXAT unix-time-seconds|PXAT unix-time-milliseconds|KEEPTTL]"
         }

@@ -138,10 +138,12 @@ impl RespContext {
                 "zset-max-listpack-entries" | "zset-max-ziplist-entries" => &mut encodings.zset_entries,
                 "zset-max-listpack-value" | "zset-max-ziplist-value" => &mut encodings.zset_value,
                 _ => {
+                    // Redis's wording for a parameter it refuses, so clients and tests that look
+                    // for "CONFIG SET failed" recognise it.
                     return Err(Reply::err(format!(
-                        "CONFIG SET of '{name}' is not supported: configure onekv in the node's TOML file \
-                         (only the encoding thresholds hash-max-*, set-max-intset-entries and \
-                         zset-max-* can be set)"
+                        "CONFIG SET failed (possibly related to argument '{name}') - not supported by onekv: \
+                         configure onekv in the node's TOML file (only the encoding thresholds hash-max-*, \
+                         set-max-intset-entries and zset-max-* can be set)"
                     )));
                 }
             };

@@ -459,6 +459,12 @@ impl RespContext {
             "scan" => self.scan(session.db, args).await,
             "keys" => self.keys(session.db, &args[1]).await,
             "randomkey" => self.random_key(session.db).await,
+            // Every acknowledged write is durable already; there is nothing to save.
+            "save" => Ok(Reply::ok()),
+            "shutdown" => Err(Reply::err(
+                "onekv: SHUTDOWN is not supported: stop the node's process (SIGTERM or Ctrl-C shuts it \
+                 down cleanly)",
+            )),
             "flushall" => self.flush(None, args).await,
             "flushdb" => self.flush(Some(session.db), args).await,
             "multi" | "exec" | "discard" | "watch" | "unwatch" => {

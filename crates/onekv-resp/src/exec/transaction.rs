@@ -194,6 +194,11 @@ impl RespContext {
             transaction.queued_bytes = 0;
             return queue_too_long(limits.max_args, limits.max_request_bytes);
         }
+        if crate::commands::lookup(&args[0]).is_some_and(|spec| spec.flags.contains(&"no_multi")) {
+            // As Redis: SAVE, SHUTDOWN, ... never run as part of a transaction.
+            transaction.doomed = true;
+            return Reply::err("Command not allowed inside a transaction");
+        }
         if args[0].eq_ignore_ascii_case(b"flushall") || args[0].eq_ignore_ascii_case(b"flushdb") {
             // They delete page by page, not as one step, so they cannot be part of one.
             transaction.doomed = true;
@@ -729,6 +734,34 @@ mod tests {
         assert_eq!(
             run(&context, s, &["EXEC"]),
             Reply::Array(vec![Reply::Simple("PONG".into()), Reply::ok()])
+        );
+    }
+
+    #[test]
+    fn save_and_shutdown_doom_a_transaction_and_config_errors_run_inside_it() {
+        let context = context();
+        let mut session = context.new_session();
+        let s = &mut session;
+        // Outside MULTI: SAVE has nothing to do (every acknowledged write is durable), SHUTDOWN is
+        // refused with what to do instead.
+        assert_eq!(run(&context, s, &["SAVE"]), Reply::ok());
+        assert!(matches!(run(&context, s, &["SHUTDOWN"]), Reply::Error(e) if e.contains("SIGTERM")));
+        for command in ["SAVE", "shutdown"] {
+            assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+            assert_eq!(run(&context, s, &["PING"]), queued());
+            assert_eq!(run(&context, s, &[command]), Reply::err("Command not allowed inside a transaction"));
+            assert_eq!(run(&context, s, &["EXEC"]), execabort());
+        }
+        // A CONFIG SET onekv refuses is queued, and fails at EXEC with Redis's wording.
+        assert_eq!(run(&context, s, &["MULTI"]), Reply::ok());
+        assert_eq!(run(&context, s, &["PING"]), queued());
+        assert_eq!(run(&context, s, &["CONFIG", "SET", "maxmemory", "bla"]), queued());
+        let Reply::Array(replies) = run(&context, s, &["EXEC"]) else { panic!("EXEC answers an array") };
+        assert_eq!(replies[0], Reply::Simple("PONG".into()));
+        assert!(
+            matches!(&replies[1], Reply::Error(e) if e.contains("CONFIG SET failed")),
+            "{:?}",
+            replies[1]
         );
     }
 
