@@ -619,105 +619,38 @@ mod tests {
     use crate::runner::OpReport;
     use crate::workload::{OpType, WorkloadKind};
 
+    /// A onekv contender with the default index layout.
+    fn onekv(mode: StorageMode, shards: u32, gc: GcVariant, baseline: bool) -> Contender {
+        Contender::Onekv { mode, shards, gc, index: IndexVariant::Default, baseline }
+    }
+
     #[test]
     fn contenders_parse_as_they_are_named() {
         for contender in [
             Contender::Etcd,
-            Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 16,
-                gc: GcVariant::On,
-                index: IndexVariant::Default,
-                baseline: false,
-            },
-            Contender::Onekv {
-                mode: StorageMode::Classic,
-                shards: 16,
-                gc: GcVariant::On,
-                index: IndexVariant::Default,
-                baseline: false,
-            },
-            Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 1,
-                gc: GcVariant::On,
-                index: IndexVariant::Default,
-                baseline: false,
-            },
-            Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 16,
-                gc: GcVariant::Off,
-                index: IndexVariant::Default,
-                baseline: false,
-            },
-            Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 4,
-                gc: GcVariant::Off,
-                index: IndexVariant::Default,
-                baseline: false,
-            },
-            Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 4,
-                gc: GcVariant::Off,
-                index: IndexVariant::Default,
-                baseline: true,
-            },
+            onekv(StorageMode::OneLog, 16, GcVariant::On, false),
+            onekv(StorageMode::Classic, 16, GcVariant::On, false),
+            onekv(StorageMode::OneLog, 1, GcVariant::On, false),
+            onekv(StorageMode::OneLog, 16, GcVariant::Off, false),
+            onekv(StorageMode::OneLog, 4, GcVariant::Off, false),
+            onekv(StorageMode::OneLog, 4, GcVariant::Off, true),
         ] {
             assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
         assert_eq!(Contender::parse("etcd3"), None);
-        assert_eq!(
-            Contender::parse("onelog:1"),
-            Some(Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 1,
-                gc: GcVariant::On,
-                index: IndexVariant::Default,
-                baseline: false
-            })
-        );
-        assert_eq!(
-            Contender::parse("onelog"),
-            Some(Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 16,
-                gc: GcVariant::On,
-                index: IndexVariant::Default,
-                baseline: false
-            })
-        );
+        assert_eq!(Contender::parse("onelog:1"), Some(onekv(StorageMode::OneLog, 1, GcVariant::On, false)));
+        assert_eq!(Contender::parse("onelog"), Some(onekv(StorageMode::OneLog, 16, GcVariant::On, false)));
         assert_eq!(
             Contender::parse("onelog:nogc"),
-            Some(Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 16,
-                gc: GcVariant::Off,
-                index: IndexVariant::Default,
-                baseline: false
-            })
+            Some(onekv(StorageMode::OneLog, 16, GcVariant::Off, false))
         );
         assert_eq!(
             Contender::parse("onelog:4:nocompress"),
-            Some(Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 4,
-                gc: GcVariant::Uncompressed,
-                index: IndexVariant::Default,
-                baseline: false
-            })
+            Some(onekv(StorageMode::OneLog, 4, GcVariant::Uncompressed, false))
         );
         assert_eq!(
             Contender::parse("onelog:1@base"),
-            Some(Contender::Onekv {
-                mode: StorageMode::OneLog,
-                shards: 1,
-                gc: GcVariant::On,
-                index: IndexVariant::Default,
-                baseline: true
-            })
+            Some(onekv(StorageMode::OneLog, 1, GcVariant::On, true))
         );
         assert_eq!(Contender::parse("onelog@base").unwrap().name(), "onelog@base");
         assert_eq!(Contender::parse("etcd@base"), None);
