@@ -339,7 +339,7 @@ impl RespContext {
                     // A key the connection's database cannot hold: refused like a malformed command.
                     Err(error) => transaction::refuse_queueing_with(session, error),
                     Ok(args) if session.in_transaction() && transaction::queues(spec) => {
-                        self.queue(session, args)
+                        self.queue(session, spec, args)
                     }
                     Ok(args) => {
                         close = spec.name == "quit";

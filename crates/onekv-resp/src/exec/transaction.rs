@@ -179,7 +179,7 @@ impl Snapshot {
 
 impl RespContext {
     /// Queues a command of a connection inside MULTI (the caller checked its name and arity).
-    pub(super) fn queue(&self, session: &mut Session, args: Vec<Vec<u8>>) -> Reply {
+    pub(super) fn queue(&self, session: &mut Session, spec: &CommandSpec, args: Vec<Vec<u8>>) -> Reply {
         let limits = self.shared.parser_limits;
         let transaction = Arc::make_mut(&mut session.transaction);
         let Some(queued) = &mut transaction.queued else { unreachable!("only inside MULTI") };
@@ -194,12 +194,12 @@ impl RespContext {
             transaction.queued_bytes = 0;
             return queue_too_long(limits.max_args, limits.max_request_bytes);
         }
-        if crate::commands::lookup(&args[0]).is_some_and(|spec| spec.flags.contains(&"no_multi")) {
+        if spec.flags.contains(&"no_multi") {
             // As Redis: SAVE, SHUTDOWN, ... never run as part of a transaction.
             transaction.doomed = true;
             return Reply::err("Command not allowed inside a transaction");
         }
-        if args[0].eq_ignore_ascii_case(b"flushall") || args[0].eq_ignore_ascii_case(b"flushdb") {
+        if matches!(spec.name, "flushall" | "flushdb") {
             // They delete page by page, not as one step, so they cannot be part of one.
             transaction.doomed = true;
             return Reply::err(
@@ -208,7 +208,7 @@ impl RespContext {
             );
         }
         transaction.queued_bytes += bytes;
-        if args[0].eq_ignore_ascii_case(b"select")
+        if spec.name == "select"
             && let Ok(db) = databases::parse_index(&args[1])
         {
             transaction.selected = Some(db);
