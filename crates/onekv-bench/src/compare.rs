@@ -7,6 +7,7 @@
 //! also on error), and the comparison table. Does not own the runs themselves (`runner`), the
 //! figures (`amplification`) or the processes (`local_cluster`, `local_etcd`).
 
+use onekv_server::config::DedupModeName;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,12 +38,24 @@ pub enum Contender {
         gc: GcVariant,
         /// How the nodes shape their index trees.
         index: IndexVariant,
+        /// How the nodes deduplicate values (`dedup.mode`).
+        dedup: DedupModeName,
         /// Whether the nodes run the baseline executable ([`CompareConfig::baseline_exe`],
         /// `@base`) instead of this one: one build against another in the same run.
         baseline: bool,
     },
     /// An etcd cluster with its default (fsync per commit) durability.
     Etcd,
+}
+
+/// The contender name's suffix for a dedup mode (none for off, the default).
+fn dedup_suffix(mode: DedupModeName) -> Option<String> {
+    (mode != DedupModeName::Off).then(|| format!("dedup-{}", mode.name()))
+}
+
+/// The dedup mode a contender name's suffix names.
+fn parse_dedup_suffix(suffix: &str) -> Option<DedupModeName> {
+    DedupModeName::parse(suffix.strip_prefix("dedup-")?).filter(|mode| *mode != DedupModeName::Off)
 }
 
 /// How a onekv contender's nodes run their log garbage collector.
@@ -119,17 +132,18 @@ impl IndexVariant {
 
 impl Contender {
     /// `etcd`, or the storage mode's name, then `:SHARDS` unless the default shard count, then
-    /// `:uniform` or `:sN` for an index layout other than the default, then `:nogc` when the log
+    /// `:uniform` or `:sN` for an index layout other than the default, then `:dedup-MODE` when the
+    /// nodes deduplicate values (`inline`, `offline`, `elastic`), then `:nogc` when the log
     /// garbage collector is off or `:nocompress` when it compresses nothing, then `@base` when it
     /// runs the baseline executable.
     pub fn name(self) -> String {
         match self {
-            Contender::Onekv { mode, shards, gc, index, baseline } => {
+            Contender::Onekv { mode, shards, gc, index, dedup, baseline } => {
                 let mut name = mode.name().to_string();
                 if shards != onekv_placement::DEFAULT_SHARDS {
                     name.push_str(&format!(":{shards}"));
                 }
-                if let Some(suffix) = index.suffix() {
+                for suffix in [index.suffix(), dedup_suffix(dedup)].into_iter().flatten() {
                     name.push(':');
                     name.push_str(&suffix);
                 }
@@ -148,7 +162,7 @@ impl Contender {
 
     /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`,
     /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`, `onelog:uniform`, `onelog:3:s4:nogc`,
-    /// `onelog@base`.
+    /// `onelog:dedup-inline`, `onelog@base`.
     pub fn parse(name: &str) -> Option<Contender> {
         if name == "etcd" {
             return Some(Contender::Etcd);
@@ -169,6 +183,11 @@ impl Contender {
                 break;
             }
         }
+        let mut dedup = DedupModeName::Off;
+        if let Some(parsed) = rest.last().and_then(|suffix| parse_dedup_suffix(suffix)) {
+            dedup = parsed;
+            rest.pop();
+        }
         let mut index = IndexVariant::Default;
         if let Some(variant) = rest.last().and_then(|suffix| IndexVariant::parse(suffix)) {
             index = variant;
@@ -182,7 +201,7 @@ impl Contender {
         if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
             return None;
         }
-        Some(Contender::Onekv { mode, shards, gc, index, baseline })
+        Some(Contender::Onekv { mode, shards, gc, index, dedup, baseline })
     }
 }
 
@@ -215,6 +234,9 @@ pub struct CompareConfig {
     pub sample_disk: Option<Duration>,
     /// `index.memtable_bytes` of every onekv node (`None`: the default).
     pub index_memtable_bytes: Option<u64>,
+    /// How long each onekv cluster stays idle after its last phase before its disk use and
+    /// amplification are taken (the log GC catches up meanwhile; its writes count).
+    pub settle: Duration,
 }
 
 /// Why a comparison stopped.
@@ -273,13 +295,34 @@ pub struct GcTotals {
     pub segments_reclaimed: u64,
     /// Bytes of the segment files deleted.
     pub bytes_reclaimed: u64,
+    /// Values pointed at an existing identical copy as they applied.
+    #[serde(default)]
+    pub dedup_inline_hits: u64,
+    /// Values the collector pointed at an existing identical copy instead of moving them.
+    #[serde(default)]
+    pub dedup_offline_hits: u64,
+    /// Value bytes deduplication did not store or move again.
+    #[serde(default)]
+    pub dedup_bytes_saved: u64,
+    /// The collectors' last estimates of the live bytes in their logs.
+    #[serde(default)]
+    pub live_bytes: u64,
+    /// The logs' bytes at the collectors' last rounds.
+    #[serde(default)]
+    pub log_bytes: u64,
 }
 
 /// Sums the log GC counters of every node `client` reaches.
 async fn gc_totals(client: &onekv_client::Client) -> GcTotals {
     let mut totals = GcTotals::default();
     for (_, status) in client.status_all().await {
-        let Some(gc) = status.ok().and_then(|status| status.gc) else { continue };
+        let Ok(status) = status else { continue };
+        if let Some(dedup) = &status.dedup {
+            totals.dedup_inline_hits += dedup.inline_hits;
+            totals.dedup_offline_hits += dedup.offline_hits;
+            totals.dedup_bytes_saved += dedup.bytes_saved;
+        }
+        let Some(gc) = status.gc else { continue };
         totals.nodes += 1;
         totals.values_relocated += gc.values_relocated;
         totals.bytes_relocated += gc.bytes_relocated;
@@ -288,6 +331,8 @@ async fn gc_totals(client: &onekv_client::Client) -> GcTotals {
         totals.packed_bytes += gc.packed_bytes;
         totals.segments_reclaimed += gc.segments_reclaimed;
         totals.bytes_reclaimed += gc.bytes_reclaimed;
+        totals.live_bytes += gc.live_bytes;
+        totals.log_bytes += gc.log_bytes;
     }
     totals
 }
@@ -349,7 +394,7 @@ async fn run_onekv(
     contender: Contender,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let Contender::Onekv { mode, shards, gc, index, baseline } = contender else {
+    let Contender::Onekv { mode, shards, gc, index, dedup, baseline } = contender else {
         unreachable!("run_onekv runs onekv contenders only")
     };
     let name = contender.name();
@@ -371,7 +416,10 @@ async fn run_onekv(
         mode,
         shards,
         gc,
-        index.config(config.index_memtable_bytes),
+        (
+            index.config(config.index_memtable_bytes),
+            onekv_server::config::DedupConfig { mode: dedup, ..Default::default() },
+        ),
     )
     .map_err(cluster_error)?;
     cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
@@ -389,6 +437,7 @@ async fn run_onekv(
     }
     let disk_samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|e| e.into_inner()));
     let phases = phases?;
+    tokio::time::sleep(config.settle).await;
     let after = amplification::snapshot(&client, &probes).await;
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
     let gc = Some(gc_totals(&client).await);
@@ -531,6 +580,19 @@ pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
         "mean disk ÷ live".into(),
         mean(run.nodes.iter().map(|n| n.space_amplification.unwrap_or(f64::NAN)).collect()),
     ));
+    if let Some(gc) = run.gc.as_ref().filter(|gc| gc.nodes > 0 && gc.live_bytes > 0) {
+        let per_node = |bytes: u64| bytes as f64 / gc.nodes as f64 / (1u64 << 20) as f64;
+        figures.push(("log GC: live MiB per node".into(), per_node(gc.live_bytes)));
+        figures.push(("log GC: log MiB per node".into(), per_node(gc.log_bytes)));
+    }
+    if let Some(gc) = &run.gc
+        && gc.dedup_inline_hits + gc.dedup_offline_hits > 0
+    {
+        figures.push(("dedup: values shared as written".into(), gc.dedup_inline_hits as f64));
+        figures.push(("dedup: values shared when moved".into(), gc.dedup_offline_hits as f64));
+        figures
+            .push(("dedup: MiB not stored again".into(), gc.dedup_bytes_saved as f64 / (1u64 << 20) as f64));
+    }
     // Index compaction over all nodes, by the layout of the trees compacted (onekv only).
     let compactions: Vec<_> = run.nodes.iter().filter_map(|n| n.index_compaction_bytes).collect();
     if !compactions.is_empty() {
@@ -621,7 +683,14 @@ mod tests {
 
     /// A onekv contender with the default index layout.
     fn onekv(mode: StorageMode, shards: u32, gc: GcVariant, baseline: bool) -> Contender {
-        Contender::Onekv { mode, shards, gc, index: IndexVariant::Default, baseline }
+        Contender::Onekv {
+            mode,
+            shards,
+            gc,
+            index: IndexVariant::Default,
+            dedup: DedupModeName::Off,
+            baseline,
+        }
     }
 
     #[test]
@@ -669,6 +738,18 @@ mod tests {
             assert_eq!(Contender::parse(bad), None, "{bad}");
         }
         assert_eq!(Contender::parse("onelog:nogc:nocompress"), None);
+        for (name, mode) in [
+            ("onelog:dedup-inline", DedupModeName::Inline),
+            ("onelog:1:uniform:dedup-elastic:nogc", DedupModeName::Elastic),
+            ("onelog:s4:dedup-offline", DedupModeName::Offline),
+        ] {
+            let contender = Contender::parse(name).unwrap();
+            assert!(matches!(contender, Contender::Onekv { dedup: parsed, .. } if parsed == mode), "{name}");
+            assert_eq!(contender.name(), name);
+        }
+        for bad in ["onelog:dedup-off", "onelog:dedup-", "onelog:dedup-inline:uniform", "onelog:dedup"] {
+            assert_eq!(Contender::parse(bad), None, "{bad}");
+        }
         assert_eq!(Contender::parse("onelog:1:2"), None);
         assert_eq!(Contender::parse("onelog:0"), None);
         assert_eq!(Contender::parse("onelog:1025"), None);

@@ -65,7 +65,8 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says), in a fresh directory under
+    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says; `[index]` and
+    /// `[dedup]` as given), in a fresh directory under
     /// `parent` (the system's temporary directory if `None`). Returns once they are spawned; see
     /// [`LocalCluster::wait_for_leader`].
     pub fn start(
@@ -75,7 +76,7 @@ impl LocalCluster {
         storage: StorageMode,
         shards: u32,
         gc: GcVariant,
-        index: onekv_server::config::IndexConfig,
+        (index, dedup): (onekv_server::config::IndexConfig, onekv_server::config::DedupConfig),
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
         let mut builder = tempfile::Builder::new();
@@ -123,6 +124,7 @@ impl LocalCluster {
                     }
                 },
                 index: index.clone(),
+                dedup: dedup.clone(),
                 ..ServerConfig::default()
             };
             config.validate().map_err(|error| ClusterError::Config(error.to_string()))?;

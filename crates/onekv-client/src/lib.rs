@@ -30,4 +30,4 @@ pub use client::{
     ScanPage, TxnResult, WriteItem,
 };
 pub use error::{ClientError, Result};
-pub use onekv_proto::{Member, ShardStatus, StatusResponse};
+pub use onekv_proto::{DedupProgress, Member, ShardStatus, StatusResponse};

@@ -9,6 +9,7 @@
 //! | `2` | the value bytes, any length (including none) |
 //! | `3` | the block's 16-byte [`Locator`], then `offset:u32 len:u32` inside the decompressed block |
 //! | `4` | `expires_at_ms:u64`, then one of the forms above: a key that expires (ms since the Unix epoch) |
+//! | `5` | a 16-byte [`Locator`] of bytes another write put in the log (a deduplicated value) |
 //!
 //! Decoding accepts exactly these forms (an expiry wraps exactly one of the others, never another
 //! expiry) and reports anything else as an error; it never panics. An expiry is metadata beside
@@ -21,6 +22,7 @@ const TAG_LOCATOR: u8 = 1;
 const TAG_INLINE: u8 = 2;
 const TAG_PACKED: u8 = 3;
 const TAG_EXPIRES: u8 = 4;
+const TAG_SHARED: u8 = 5;
 const EXPIRY_PREFIX: usize = 1 + 8;
 
 /// The value of one key in a tree.
@@ -32,6 +34,10 @@ pub enum IndexValue {
     Inline(Vec<u8>),
     /// The value's bytes are inside a compressed block in the log.
     Packed(Packed),
+    /// The value's bytes are in the log, here, in a record some other write put there (an
+    /// identical value stored once: the replica's deduplication). Read as [`IndexValue::Locator`];
+    /// the tag tells the log GC that the record at this place does not name this key.
+    Shared(Locator),
 }
 
 /// Where a value is inside a compressed block: the block's bytes in the log, and the value's
@@ -54,9 +60,9 @@ impl IndexValue {
     /// The stored form: tag byte then payload.
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            IndexValue::Locator(locator) => {
+            IndexValue::Locator(locator) | IndexValue::Shared(locator) => {
                 let mut out = Vec::with_capacity(1 + Locator::ENCODED_LEN);
-                out.push(TAG_LOCATOR);
+                out.push(if matches!(self, IndexValue::Shared(_)) { TAG_SHARED } else { TAG_LOCATOR });
                 out.extend_from_slice(&locator.to_bytes());
                 out
             }
@@ -81,9 +87,18 @@ impl IndexValue {
     /// (which it shares with other values).
     pub fn log_bytes(&self) -> Option<Locator> {
         match self {
-            IndexValue::Locator(locator) => Some(*locator),
+            IndexValue::Locator(locator) | IndexValue::Shared(locator) => Some(*locator),
             IndexValue::Packed(packed) => Some(packed.block),
             IndexValue::Inline(_) => None,
+        }
+    }
+
+    /// The place of the value's bytes when they are whole in the log (not in a compressed block),
+    /// whichever write put them there.
+    pub fn whole_locator(&self) -> Option<Locator> {
+        match self {
+            IndexValue::Locator(locator) | IndexValue::Shared(locator) => Some(*locator),
+            IndexValue::Packed(_) | IndexValue::Inline(_) => None,
         }
     }
 
@@ -107,8 +122,9 @@ impl IndexValue {
     fn decode_plain(bytes: &[u8]) -> Result<IndexValue, IndexError> {
         match bytes.split_first() {
             None => Err(IndexError::InvalidValue("empty".to_owned())),
-            Some((&TAG_LOCATOR, payload)) => {
-                Locator::from_bytes(payload).map(IndexValue::Locator).ok_or_else(|| {
+            Some((tag @ (&TAG_LOCATOR | &TAG_SHARED), payload)) => {
+                let form = if *tag == TAG_SHARED { IndexValue::Shared } else { IndexValue::Locator };
+                Locator::from_bytes(payload).map(form).ok_or_else(|| {
                     IndexError::InvalidValue(format!(
                         "locator payload of {} bytes (expected {}) or a range that overflows",
                         payload.len(),
@@ -199,6 +215,13 @@ mod tests {
         assert!(expired_at(&expiring, 0x0a0b) && !expired_at(&expiring, 0x0a0a));
         assert_eq!(locator.encode_expiring(None), locator.encode());
         assert!(!expired_at(&locator.encode(), u64::MAX));
+
+        let shared = IndexValue::Shared(Locator::new(0x0102, 7));
+        let bytes = shared.encode();
+        assert_eq!(bytes[0], 5);
+        assert_eq!(bytes[1..], locator.encode()[1..]);
+        assert_eq!(IndexValue::decode(&bytes).unwrap(), shared);
+        assert_eq!(shared.whole_locator(), locator.whole_locator());
     }
 
     #[test]
@@ -233,6 +256,9 @@ mod tests {
             (any::<u64>(), any::<u64>())
                 .prop_filter("range fits", |(p, l)| p.checked_add(*l).is_some())
                 .prop_map(|(p, l)| IndexValue::Locator(Locator::new(p, l))),
+            (any::<u64>(), any::<u64>())
+                .prop_filter("range fits", |(p, l)| p.checked_add(*l).is_some())
+                .prop_map(|(p, l)| IndexValue::Shared(Locator::new(p, l))),
             proptest::collection::vec(any::<u8>(), 0..64).prop_map(IndexValue::Inline),
             (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>())
                 .prop_filter("ranges fit", |(p, l, o, n)| p.checked_add(*l).is_some()

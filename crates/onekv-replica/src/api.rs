@@ -162,6 +162,8 @@ pub struct ReplicaConfig {
     /// How each shard's index tree is shaped: by this node's role in the shard (DEPART's replica
     /// decoupling), or leveled for every shard.
     pub index_layout: IndexLayout,
+    /// Identical values stored once (onelog mode only; `docs/design/replica.md`, "Deduplication").
+    pub dedup: crate::DedupConfig,
 }
 
 impl ReplicaConfig {
@@ -202,6 +204,7 @@ impl ReplicaConfig {
             gc: crate::GcConfig::default(),
             expiry_sweep_interval: crate::expiry::DEFAULT_PASS_INTERVAL,
             index_layout: IndexLayout::default(),
+            dedup: crate::DedupConfig::default(),
         }
     }
 }
@@ -399,6 +402,13 @@ pub enum Mutation {
     /// key is still expired at the entry's time: a key written again after the leader's sweep
     /// found it expired, but before the deletion applied, is lost.
     DeletesExpiredUnchecked,
+    /// Deduplication points a key at a copy whose fingerprint matches without comparing its
+    /// bytes: with fingerprints cut short (a forced collision), a key reads another value.
+    DedupTrustsFingerprint,
+    /// The log GC treats a segment deduplicated keys point into like any other: it finds the
+    /// live values of a segment it reads whole only from the keys its records name, and raises
+    /// no fence against new references (driven mode's collector only).
+    GcIgnoresSharedValues,
 }
 
 /// Why a request failed.
@@ -555,6 +565,8 @@ pub struct ReplicaStatus {
     pub scrub: ScrubStatus,
     /// The node's log garbage collector (the same for every shard of the node).
     pub gc: crate::GcStatus,
+    /// The node's value deduplication (the same for every shard of the node; mode empty when off).
+    pub dedup: crate::DedupStatus,
 }
 
 impl ReplicaStatus {

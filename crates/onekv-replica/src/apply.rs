@@ -213,7 +213,7 @@ impl Applier {
         // The damaged bytes' place (a packed value's: its block) and the stored value's length.
         let (locator, stored_len) =
             match IndexValue::decode(&current).map_err(|e| storage(format!("index value: {e}")))? {
-                IndexValue::Locator(locator) => (locator, locator.len),
+                IndexValue::Locator(locator) | IndexValue::Shared(locator) => (locator, locator.len),
                 IndexValue::Packed(packed) => (packed.block, u64::from(packed.len)),
                 // Inline values (classic mode) are never reported damaged here.
                 IndexValue::Inline(_) => return Ok(()),
@@ -268,10 +268,18 @@ impl Applier {
             let seqno = state::seqno(entry.index, op);
             match value {
                 Some((span, placement)) => {
-                    let stored = match placement {
-                        Placement::Locator(locator) => IndexValue::Locator(locator),
-                        Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
-                    };
+                    let stored =
+                        match placement {
+                            // With deduplication on, a value already in the log byte for byte is
+                            // pointed at there, and this entry's copy is garbage from now on.
+                            Placement::Locator(locator) => match state.dedup.as_ref().and_then(|dedup| {
+                                dedup.inline_place(&state.raft_log, span.stored(data), locator)
+                            }) {
+                                Some(copy) => IndexValue::Shared(copy),
+                                None => IndexValue::Locator(locator),
+                            },
+                            Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
+                        };
                     let expires_at = match codec::absolute(expiry, time_ms) {
                         Expiry::Never => None,
                         Expiry::At(at) | Expiry::AfterMs(at) => Some(at),

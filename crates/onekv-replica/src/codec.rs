@@ -68,6 +68,11 @@ impl ValueSpan {
     pub fn value<'a>(&self, data: &'a [u8]) -> &'a [u8] {
         &data[self.offset + STORED_VALUE_PREFIX..self.offset + self.len]
     }
+
+    /// The stored value inside `data`: its CRC and its bytes, as a locator of the span reads them.
+    pub fn stored<'a>(&self, data: &'a [u8]) -> &'a [u8] {
+        &data[self.offset..self.offset + self.len]
+    }
 }
 
 /// One decoded operation of a write: the key, and where its value is (`None` deletes).

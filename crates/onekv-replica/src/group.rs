@@ -1313,6 +1313,7 @@ impl Group {
             expired_keys_deleted: self.state.expired_deleted.load(std::sync::atomic::Ordering::Relaxed),
             scrub: self.scrub.status(),
             gc: ctx.gc_status.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            dedup: ctx.dedup.as_ref().map(|dedup| dedup.status()).unwrap_or_default(),
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

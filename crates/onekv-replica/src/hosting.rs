@@ -51,6 +51,8 @@ const LOOP_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct GroupParts {
     /// The node's settings (its `shards` are the configured ones, used at creation only).
     pub config: ReplicaConfig,
+    /// The node's deduplication, when on.
+    pub dedup: Option<Arc<crate::dedup::Dedup>>,
     pub index: Arc<Index>,
     pub raft_log: Arc<Log>,
     pub second_log: Option<Arc<Log>>,
@@ -75,7 +77,8 @@ pub(crate) struct Built {
 }
 
 /// The node's storage mode and logs, and its hosted replicas' states: what the log collector reads.
-pub(crate) type GcInputs = ((StorageMode, Arc<Log>, Option<Arc<Log>>), HostedStates);
+pub(crate) type GcInputs =
+    ((StorageMode, Arc<Log>, Option<Arc<Log>>), HostedStates, Option<Arc<crate::dedup::Dedup>>);
 
 impl crate::replica::NodeInner {
     pub(crate) fn gc_inputs(&self) -> Result<GcInputs, ReplicaError> {
@@ -84,6 +87,7 @@ impl crate::replica::NodeInner {
         Ok((
             (parts.config.storage, parts.raft_log.clone(), parts.second_log.clone()),
             parts.hosted_states.clone(),
+            parts.dedup.clone(),
         ))
     }
 }
@@ -136,6 +140,7 @@ impl GroupParts {
             applied_time_ms: AtomicU64::new(clock_ms),
             expiring_writes: AtomicU64::new(0),
             expired_deleted: AtomicU64::new(0),
+            dedup: self.dedup.clone(),
         });
         let snapshots = crate::snapshot::SnapshotBuilder::new(
             state.clone(),

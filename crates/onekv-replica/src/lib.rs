@@ -28,6 +28,7 @@
 mod api;
 mod apply;
 pub mod codec;
+mod dedup;
 mod disk_space;
 mod expiry;
 pub mod failpoints;
@@ -54,6 +55,7 @@ mod snapshot;
 mod state;
 
 pub use api::*;
+pub use dedup::{DedupConfig, DedupMode, DedupStatus};
 pub use disk_space::RESERVE_FILE;
 pub use gc::{GcConfig, GcStatus};
 pub use identity::{CLUSTER_MAP_FILE, MEMBERS_FILE, create_dir_all_synced};

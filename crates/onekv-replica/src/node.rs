@@ -83,6 +83,8 @@ pub(crate) struct NodeCtx {
     pub pins: Arc<crate::pins::ReadPins>,
     /// What the log GC reports (shown in every shard's status).
     pub gc_status: Arc<std::sync::Mutex<crate::GcStatus>>,
+    /// The node's deduplication, when on (`dedup`).
+    pub dedup: Option<Arc<crate::dedup::Dedup>>,
 }
 
 impl NodeCtx {
@@ -287,6 +289,10 @@ impl NodeLoop {
                     (None, Some(group)) => group.relocate(moves),
                 };
                 let _ = done.try_send(result);
+            }
+            // Every turn before this one has applied and published what it decided.
+            GcInput::Barrier { done } => {
+                let _ = done.try_send(());
             }
             GcInput::Flush { shards } => {
                 for shard in shards {

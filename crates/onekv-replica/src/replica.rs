@@ -153,6 +153,10 @@ impl ReplicaConfig {
             return bad("flush_every_entries and flush_every must be positive");
         }
         self.gc.validate().map_err(|e| ReplicaError::Open(format!("invalid configuration: {e}")))?;
+        self.dedup.validate().map_err(|e| ReplicaError::Open(format!("invalid configuration: {e}")))?;
+        if self.dedup.mode != crate::DedupMode::Off && self.storage != StorageMode::OneLog {
+            return bad("dedup needs storage mode onelog (the other modes keep no value in the Raft log)");
+        }
         self.log_config()
             .validate()
             .map_err(|e| ReplicaError::Open(format!("invalid configuration: {e}")))?;
@@ -198,11 +202,11 @@ impl Node {
         let gc_config = config.gc.clone();
         let (node, node_loop) = Self::open_parts(config, transport, &open_log, false, None)?;
         if gc_config.enabled {
-            let (logs, hosted_states) = node.inner.gc_inputs()?;
+            let (logs, hosted_states, dedup) = node.inner.gc_inputs()?;
             let gc = crate::gc::Gc::start(
                 gc_config,
                 logs,
-                hosted_states,
+                (hosted_states, dedup),
                 node.inner.inbox.clone(),
                 node_loop.ctx.pins.clone(),
                 node_loop.ctx.gc_status.clone(),
@@ -248,16 +252,17 @@ impl Node {
         let storage = config.storage;
         let (node, mut node_loop) = Self::open_parts(config, transport, &open_log, true, mutation)?;
         // The collector runs between turns, on the driving thread.
-        let (logs, hosted_states) = node.inner.gc_inputs()?;
+        let (logs, hosted_states, dedup) = node.inner.gc_inputs()?;
         let gc = gc_config.enabled.then(|| {
             let mut collector = crate::gc::Collector::new(
                 gc_config,
                 logs,
-                hosted_states,
+                (hosted_states, dedup),
                 node_loop.ctx.pins.clone(),
                 node_loop.ctx.gc_status.clone(),
             );
             collector.reclaim_before_flush = mutation == Some(crate::Mutation::GcReclaimsBeforeFlush);
+            collector.ignores_shared_values = mutation == Some(crate::Mutation::GcIgnoresSharedValues);
             if storage == StorageMode::OneLog {
                 // Few kept keys, so segments holding more live values than that are read whole and
                 // their values looked up (the path a real node takes past 2^20 live keys). Not in
@@ -346,8 +351,15 @@ impl Node {
         };
         // The node's clock, for its entries and its reads alike (a simulation's is the turns').
         let clock = crate::node::NodeClock::system();
+        // Deduplication is the node's, shared by its replicas and its log GC (onelog mode only).
+        let dedup = (config.storage == StorageMode::OneLog && config.dedup.mode != crate::DedupMode::Off)
+            .then(|| {
+                let trusts_fingerprint = mutation == Some(crate::Mutation::DedupTrustsFingerprint);
+                Arc::new(crate::dedup::Dedup::new(config.dedup.clone(), trusts_fingerprint))
+            });
         let parts = GroupParts {
             config: config.clone(),
+            dedup: dedup.clone(),
             index,
             raft_log: raft_log.clone(),
             second_log,
@@ -422,6 +434,7 @@ impl Node {
                 disk: disk.clone(),
                 pins,
                 gc_status: Default::default(),
+                dedup,
             },
             groups,
             inbox,

@@ -96,6 +96,9 @@ pub(crate) struct State {
     pub expiring_writes: AtomicU64,
     /// Expired keys deleted here since the process started (`expiry`).
     pub expired_deleted: AtomicU64,
+    /// The node's deduplication, when on: applying asks it where a large value's bytes already
+    /// are (`dedup`).
+    pub dedup: Option<Arc<crate::dedup::Dedup>>,
 }
 
 /// Marks a snapshot install in [`State::installs`] from its creation to its drop, whatever way
@@ -130,8 +133,9 @@ pub(crate) struct Corruption {
     /// Damaged values replaced by a healthy copy from another replica.
     repaired: AtomicU64,
     /// Their places in the value log: position, and the offset inside a compressed block (0 for
-    /// a value stored whole), so each value of a damaged block is reported and repaired.
-    seen: Mutex<BTreeSet<(u64, u32)>>,
+    /// a value stored whole), so each value of a damaged block is reported and repaired; and a
+    /// hash of the key, since deduplicated keys share a place and each needs its own repair.
+    seen: Mutex<BTreeSet<(u64, u32, u64)>>,
     /// Newly found damaged values, `(key, position)`, for the loop to ask a repair of.
     found_keys: Mutex<Vec<(Vec<u8>, u64)>>,
 }
@@ -165,14 +169,15 @@ impl Corruption {
 
     /// Records that the value of `key` at `locator` in the log `log` (at `within` of the
     /// decompressed block there, for a packed value) is damaged: logs and counts it the first time
-    /// this place is seen.
+    /// this place is seen for this key (a shared copy is each of its keys' value).
     pub(crate) fn report(&self, log: &str, key: &[u8], locator: Locator, within: u32, why: &str) {
+        let place = (locator.position, within, xxhash_rust::xxh3::xxh3_64(key));
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.contains(&(locator.position, within)) {
+        if seen.contains(&place) {
             return;
         }
         if seen.len() < MAX_REMEMBERED_CORRUPT {
-            seen.insert((locator.position, within));
+            seen.insert(place);
         }
         drop(seen);
         let mut found_keys = self.found_keys.lock().unwrap_or_else(|e| e.into_inner());
@@ -210,7 +215,7 @@ impl State {
     pub fn resolve(&self, key: &[u8], stored: &[u8]) -> Result<Vec<u8>, ReplicaError> {
         match IndexValue::decode(stored).map_err(|e| storage(format!("index value: {e}")))? {
             IndexValue::Inline(bytes) => Ok(bytes),
-            IndexValue::Locator(locator) => self.read_value(key, locator),
+            IndexValue::Locator(locator) | IndexValue::Shared(locator) => self.read_value(key, locator),
             IndexValue::Packed(packed) => self.read_packed(key, packed),
         }
     }
@@ -394,4 +399,26 @@ impl State {
 
 pub(crate) fn storage(message: String) -> ReplicaError {
     ReplicaError::Storage(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Corruption;
+    use onekv_log::Locator;
+
+    #[test]
+    fn a_damaged_copy_keys_share_is_reported_for_each_key_once() {
+        let corruption = Corruption::default();
+        let place = Locator::new(4096, 1028);
+        for _ in 0..3 {
+            corruption.report("log", b"first", place, 0, "checksum mismatch");
+            corruption.report("log", b"second", place, 0, "checksum mismatch");
+        }
+        let mut found = corruption.take_found();
+        found.sort();
+        assert_eq!(found, vec![(b"first".to_vec(), 4096), (b"second".to_vec(), 4096)], "each key once");
+        assert_eq!(corruption.count(), 2);
+        corruption.report("log", b"first", place, 0, "checksum mismatch");
+        assert!(corruption.take_found().is_empty(), "a key already reported is not queued again");
+    }
 }

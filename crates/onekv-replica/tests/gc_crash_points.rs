@@ -8,7 +8,9 @@
 //! parent reopens the directory and checks that every key reads its last acknowledged value (or the
 //! one write in flight after it) and every cold key its only value; then a second crash on the same
 //! directory, and the same checks. In `onelog` mode the collector moves values within the Raft
-//! log; in `separated` mode within the value log (both are run).
+//! log; in `separated` mode within the value log (both are run). In `onelog` mode values are
+//! deduplicated (`elastic`): half the cold keys hold one of three values every writer writes, so
+//! the collector moves copies several keys share, at every crash point.
 //!
 //! The child is this test binary run again with `ONEKV_GC_CRASH_CHILD` set. Needs the
 //! `failpoints` feature (`scripts/test` turns it on).
@@ -16,7 +18,8 @@
 mod common;
 
 use onekv_replica::{
-    Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, StorageMode, WriteOp,
+    Command, DedupConfig, DedupMode, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig,
+    StorageMode, WriteOp,
 };
 use std::io::Write;
 use std::path::Path;
@@ -48,11 +51,17 @@ fn value(writer: usize, n: usize) -> Vec<u8> {
     value
 }
 
-/// A cold key's value: small (1 KiB, below `gc.compress_below_bytes`), so the collector moves
-/// cold values into compressed blocks and the crash points cover PACKED records too.
+/// A cold key's value: small (below `gc.compress_below_bytes`), so the collector moves cold values
+/// into compressed blocks and the crash points cover PACKED records too; every other one is one of
+/// three 1 KiB values all writers write (deduplicated in onelog mode, so moved whole and shared).
 fn cold_value(writer: usize, i: usize) -> Vec<u8> {
+    if i.is_multiple_of(2) {
+        let mut value = format!("recurring cold value {}: ", i % 3).into_bytes();
+        value.resize(1 << 10, b'r');
+        return value;
+    }
     let mut value = format!("cold value {i} of writer {writer}: ").into_bytes();
-    value.resize(1 << 10, b'c');
+    value.resize(512, b'c');
     value
 }
 
@@ -65,6 +74,9 @@ fn config(dir: &Path, storage: StorageMode) -> ReplicaConfig {
     config.raft_log_keep_entries = 50;
     config.segment_bytes = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
     config.gc = GcConfig { interval: Duration::from_millis(20), bytes_per_sec: 0, ..GcConfig::default() };
+    if storage == StorageMode::OneLog {
+        config.dedup = DedupConfig { mode: DedupMode::Elastic, ..DedupConfig::default() };
+    }
     config
 }
 

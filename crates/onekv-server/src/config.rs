@@ -127,6 +127,8 @@ pub struct ServerConfig {
     pub disk: DiskConfig,
     /// The log garbage collector.
     pub gc: GcConfig,
+    /// See [`DedupConfig`].
+    pub dedup: DedupConfig,
     /// How the store is split into shards and replicated.
     pub cluster: ClusterConfig,
 }
@@ -301,6 +303,70 @@ impl Default for GcConfig {
     }
 }
 
+/// `[dedup]`: identical values stored once (onelog mode; see `docs/design/replica.md`,
+/// "Deduplication").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DedupConfig {
+    /// `off`, `inline` (at apply), `offline` (when the log GC moves values) or `elastic` (both,
+    /// inline only while duplicates are common). Default `off`.
+    pub mode: DedupModeName,
+    /// Values shorter than this many bytes are never deduplicated, at least 64. Default 1024.
+    pub min_value_bytes: u64,
+    /// Memory of the content index (about 96 bytes per distinct value), at least 131072.
+    /// Default 67108864 (64 MiB).
+    pub memory_bytes: u64,
+}
+
+/// `dedup.mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupModeName {
+    /// Every value has its own copy.
+    Off,
+    /// At apply.
+    Inline,
+    /// In the log GC.
+    Offline,
+    /// In the log GC, and at apply while duplicates are common.
+    Elastic,
+}
+
+impl DedupModeName {
+    /// The configuration spelling.
+    pub fn name(self) -> &'static str {
+        self.mode().name()
+    }
+
+    /// Parses the configuration spelling.
+    pub fn parse(name: &str) -> Option<DedupModeName> {
+        [DedupModeName::Off, DedupModeName::Inline, DedupModeName::Offline, DedupModeName::Elastic]
+            .into_iter()
+            .find(|mode| mode.name() == name)
+    }
+
+    /// The replica's mode.
+    pub fn mode(self) -> onekv_replica::DedupMode {
+        match self {
+            DedupModeName::Off => onekv_replica::DedupMode::Off,
+            DedupModeName::Inline => onekv_replica::DedupMode::Inline,
+            DedupModeName::Offline => onekv_replica::DedupMode::Offline,
+            DedupModeName::Elastic => onekv_replica::DedupMode::Elastic,
+        }
+    }
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        let defaults = onekv_replica::DedupConfig::default();
+        DedupConfig {
+            mode: DedupModeName::Off,
+            min_value_bytes: defaults.min_value_bytes,
+            memory_bytes: defaults.memory_bytes,
+        }
+    }
+}
+
 /// `[disk]`: what the node does as its data directory's disk fills (see `docs/design/replica.md`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -343,6 +409,7 @@ impl Default for ServerConfig {
             log: LogConfig::default(),
             disk: DiskConfig::default(),
             gc: GcConfig::default(),
+            dedup: DedupConfig::default(),
             cluster: ClusterConfig::default(),
         }
     }
@@ -742,6 +809,27 @@ impl ServerConfig {
         }
         check_range(
             &mut problem,
+            "dedup.min_value_bytes",
+            self.dedup.min_value_bytes,
+            (onekv_replica::DedupConfig::MIN_VALUE_BYTES, u64::MAX),
+        );
+        check_range(
+            &mut problem,
+            "dedup.memory_bytes",
+            self.dedup.memory_bytes,
+            (onekv_replica::DedupConfig::MIN_MEMORY_BYTES, u64::MAX),
+        );
+        if self.dedup.mode != DedupModeName::Off && self.storage != onekv_replica::StorageMode::OneLog {
+            problem(
+                "dedup.mode",
+                format!(
+                    "= \"{}\" needs storage = \"onelog\" (the other modes keep no value in the Raft log)",
+                    self.dedup.mode.mode().name()
+                ),
+            );
+        }
+        check_range(
+            &mut problem,
             "cluster.shards",
             u64::from(self.cluster.shards),
             (1, u64::from(onekv_placement::MAX_SHARDS)),
@@ -853,6 +941,12 @@ impl ServerConfig {
             bytes_per_sec: self.gc.bytes_per_sec,
             interval: Duration::from_millis(self.gc.interval_ms),
             compress_below: self.gc.compress_below_bytes,
+        };
+        config.dedup = onekv_replica::DedupConfig {
+            mode: self.dedup.mode.mode(),
+            min_value_bytes: self.dedup.min_value_bytes,
+            memory_bytes: self.dedup.memory_bytes,
+            ..onekv_replica::DedupConfig::default()
         };
         config
     }

@@ -224,6 +224,29 @@ fn describe_state_metrics() {
     );
     describe_counter!("onekv_scrub_passes_total", Count, "Full passes of the background scrub.");
     describe_gauge!("onekv_gc_log_bytes", Bytes, "Bytes in the log's segment files (log GC's view).");
+    describe_counter!(
+        "onekv_dedup_candidates_total",
+        Count,
+        "Values at or above dedup.min_value_bytes applied (deduplication on)."
+    );
+    describe_counter!(
+        "onekv_dedup_hits_total",
+        Count,
+        "Values pointed at an existing identical copy: at apply (path=\"inline\") or by the log GC \
+         (path=\"offline\")."
+    );
+    describe_counter!(
+        "onekv_dedup_mismatches_total",
+        Count,
+        "Fingerprint matches whose bytes differed (never shared)."
+    );
+    describe_counter!("onekv_dedup_bytes_saved_total", Bytes, "Value bytes not stored or moved again.");
+    describe_gauge!("onekv_dedup_entries", Count, "Entries in the content index (fingerprint to copy).");
+    describe_gauge!(
+        "onekv_dedup_inline_active",
+        "1 while values are deduplicated at apply (elastic mode switches it), else 0."
+    );
+    describe_counter!("onekv_dedup_switches_total", Count, "Times elastic dedup switched inline dedup.");
     describe_gauge!(
         "onekv_gc_live_bytes",
         Bytes,
@@ -323,6 +346,16 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_scrub_values_checked_total").absolute(status.scrub.values_checked);
     gauge!("onekv_scrub_last_pass_timestamp_seconds")
         .set(status.scrub.last_pass_finished_unix_ms as f64 / 1e3);
+    // Served whatever the mode (zeros when deduplication is off), so dashboards need no case.
+    let dedup = &status.dedup;
+    counter!("onekv_dedup_candidates_total").absolute(dedup.candidates);
+    counter!("onekv_dedup_hits_total", "path" => "inline").absolute(dedup.inline_hits);
+    counter!("onekv_dedup_hits_total", "path" => "offline").absolute(dedup.offline_hits);
+    counter!("onekv_dedup_mismatches_total").absolute(dedup.mismatches);
+    counter!("onekv_dedup_bytes_saved_total").absolute(dedup.bytes_saved);
+    gauge!("onekv_dedup_entries").set(count(dedup.entries));
+    gauge!("onekv_dedup_inline_active").set(f64::from(u8::from(dedup.inline_active)));
+    counter!("onekv_dedup_switches_total").absolute(dedup.switches);
     let gc = &status.gc;
     gauge!("onekv_gc_log_bytes").set(count(gc.log_bytes));
     gauge!("onekv_gc_live_bytes").set(count(gc.live_bytes));

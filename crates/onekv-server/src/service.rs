@@ -1051,6 +1051,17 @@ impl<B: Backend> Kv for KvService<B> {
                     packed_raw_bytes: status.gc.packed_raw_bytes,
                     packed_bytes: status.gc.packed_bytes,
                 }),
+                dedup: (!status.dedup.mode.is_empty()).then(|| onekv_proto::DedupProgress {
+                    mode: status.dedup.mode.clone(),
+                    inline_active: status.dedup.inline_active,
+                    candidates: status.dedup.candidates,
+                    inline_hits: status.dedup.inline_hits,
+                    offline_hits: status.dedup.offline_hits,
+                    mismatches: status.dedup.mismatches,
+                    bytes_saved: status.dedup.bytes_saved,
+                    entries: status.dedup.entries,
+                    switches: status.dedup.switches,
+                }),
             }))
         })
         .await

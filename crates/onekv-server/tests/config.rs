@@ -59,6 +59,36 @@ fn the_documented_example_parses_validates_and_matches_the_defaults() {
     assert_eq!(config.limits, defaults.limits);
     assert_eq!(config.index, defaults.index);
     assert_eq!(config.log, defaults.log);
+    assert_eq!(config.dedup, defaults.dedup);
+}
+
+#[test]
+fn dedup_is_checked_and_reaches_the_replica() {
+    use onekv_server::config::DedupModeName;
+    assert_rejected(|config| config.dedup.min_value_bytes = 63, "dedup.min_value_bytes", "64");
+    assert_rejected(|config| config.dedup.memory_bytes = 1024, "dedup.memory_bytes", "131072");
+    assert_rejected(
+        |config| {
+            config.dedup.mode = DedupModeName::Inline;
+            config.storage = StorageMode::Separated;
+        },
+        "dedup.mode",
+        "onelog",
+    );
+    let mut config = valid();
+    config.dedup.mode = DedupModeName::Elastic;
+    config.dedup.min_value_bytes = 4096;
+    config.validate().unwrap();
+    let replica = config.to_replica_config(&config.cluster_map().unwrap());
+    assert_eq!(replica.dedup.mode, onekv_replica::DedupMode::Elastic);
+    assert_eq!(replica.dedup.min_value_bytes, 4096);
+    assert_eq!(replica.dedup.fingerprint_bits, 128, "full fingerprints outside tests");
+    let parsed: ServerConfig = toml::from_str(
+        "node_id = 1\nlisten = \"127.0.0.1:7001\"\ndata_dir = \"d\"\n[dedup]\nmode = \"offline\"\n",
+    )
+    .unwrap();
+    assert_eq!(parsed.dedup.mode, DedupModeName::Offline);
+    assert!(toml::from_str::<ServerConfig>("node_id = 1\n[dedup]\nmode = \"sometimes\"\n").is_err());
 }
 
 #[test]

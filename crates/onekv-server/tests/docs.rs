@@ -124,6 +124,7 @@ async fn every_metric_is_documented_and_every_documented_metric_is_served() {
         bytes_written: 250,
         logs: vec![LogStatus { name: "log".into(), bytes: 4096, stats: fsyncs }],
         leader_changes: 1,
+        dedup: onekv_replica::DedupStatus { mode: "elastic".into(), inline_hits: 3, ..Default::default() },
         ..ReplicaStatus::default()
     };
     let data_dir = tempfile::tempdir().unwrap();

@@ -94,6 +94,10 @@ impl Op {
     }
 }
 
+/// The first value id of the few that recur (`SimConfig::dedup`); fresh values count up from 1,
+/// far below it.
+pub const RECURRING_VALUES: ValueId = 1 << 31;
+
 /// The bytes stored for value `id`: its number, then a filler whose length depends on the number,
 /// so values of many sizes travel and any mix-up or damage is recognised when read back.
 pub fn encode_value(id: ValueId) -> Vec<u8> {

@@ -80,9 +80,21 @@ struct Args {
     /// without checking that it is still expired.
     #[arg(long)]
     bug_unchecked_expiry_deletes: bool,
+    /// Run the broken variant whose deduplication trusts a fingerprint match without comparing
+    /// bytes (implies --dedup).
+    #[arg(long)]
+    bug_dedup_trusts_fingerprint: bool,
+    /// Run the broken variant whose log GC ignores deduplicated keys when it reads a segment
+    /// whole and fences nothing off (implies --dedup).
+    #[arg(long)]
+    bug_gc_ignores_shared_values: bool,
     /// Leave out the workload's puts of keys that expire.
     #[arg(long)]
     no_expiring_puts: bool,
+    /// Deduplicate values (a mode per node, short fingerprints on some) with a workload whose
+    /// values often recur.
+    #[arg(long)]
+    dedup: bool,
     /// Run every seed twice and fail if the two runs differ (determinism check).
     #[arg(long)]
     twice: bool,
@@ -121,6 +133,7 @@ fn main() -> anyhow::Result<()> {
         storage,
         member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
         expiring_puts: !args.no_expiring_puts,
+        dedup: args.dedup || args.bug_dedup_trusts_fingerprint || args.bug_gc_ignores_shared_values,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
         } else if args.bug_reads_without_read_index {
@@ -135,6 +148,10 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::ReplicaReusesRetiredTrees)
         } else if args.bug_unchecked_expiry_deletes {
             Some(Bug::DeletesExpiredUnchecked)
+        } else if args.bug_dedup_trusts_fingerprint {
+            Some(Bug::DedupTrustsFingerprint)
+        } else if args.bug_gc_ignores_shared_values {
+            Some(Bug::GcIgnoresSharedValues)
         } else {
             None
         },

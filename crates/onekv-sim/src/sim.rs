@@ -66,7 +66,16 @@ pub enum Bug {
     /// Applying the leader's deletion of expired keys deletes each key it names without checking
     /// that it is still expired: a key written again after the sweep found it expired is lost.
     DeletesExpiredUnchecked,
+    /// Deduplication takes a fingerprint match (fingerprints are cut to a few bits on some nodes,
+    /// so matches of different values are common) as the same value without comparing bytes.
+    DedupTrustsFingerprint,
+    /// The log GC collects a segment that deduplicated keys point into by reading it whole (so it
+    /// finds only the keys its records name), and lets new references into segments it collects.
+    GcIgnoresSharedValues,
 }
+
+/// How many recurring values the workload draws from when `dedup` is on.
+const RECURRING_VALUE_COUNT: ValueId = 6;
 
 /// What a run simulates.
 #[derive(Clone, Debug)]
@@ -114,6 +123,11 @@ pub struct SimConfig {
     /// Off by default here so the broken variants' tests keep their calibrated seeds; the
     /// `onekv-sim` command turns it on, and the simulation tests run it on their own seeds.
     pub expiring_puts: bool,
+    /// Whether nodes deduplicate values (each node another mode: off, inline, offline, elastic;
+    /// even nodes with fingerprints cut to 2 bits, so different values match constantly and only
+    /// the byte comparison keeps them apart) and half the puts write one of a few values that
+    /// recur. Off by default, like `expiring_puts`, for the broken variants' calibrated seeds.
+    pub dedup: bool,
 }
 
 impl Default for SimConfig {
@@ -137,6 +151,7 @@ impl Default for SimConfig {
             search_budget: 5_000_000,
             member_changes: false,
             expiring_puts: false,
+            dedup: false,
         }
     }
 }
@@ -1004,6 +1019,20 @@ impl Sim {
             2 => onekv_replica::IndexLayout::Decoupled { follower_runs: 2 },
             _ => onekv_replica::IndexLayout::Decoupled { follower_runs: 3 },
         };
+        // Deduplication is onelog's (the other modes keep no value in the Raft log).
+        if self.config.dedup && self.config.storage == StorageMode::OneLog {
+            config.dedup = onekv_replica::DedupConfig {
+                mode: match node.id % 4 {
+                    0 => onekv_replica::DedupMode::Off,
+                    1 => onekv_replica::DedupMode::Inline,
+                    2 => onekv_replica::DedupMode::Elastic,
+                    _ => onekv_replica::DedupMode::Offline,
+                },
+                min_value_bytes: onekv_replica::DedupConfig::MIN_VALUE_BYTES,
+                memory_bytes: onekv_replica::DedupConfig::MIN_MEMORY_BYTES,
+                fingerprint_bits: if node.id.is_multiple_of(2) { 2 } else { 128 },
+            };
+        }
         // The node may crash at any step of an index flush (between sealing and writing the table,
         // between two trees' flushes, before compacting); its own generator keeps runs replayable.
         let allowed = self.flush_crashes_allowed.clone();
@@ -1027,6 +1056,8 @@ impl Sim {
             Some(Bug::MembersFromConfig) => Some(Mutation::MembersFromConfig),
             Some(Bug::ReplicaReusesRetiredTrees) => Some(Mutation::ReplicaReusesRetiredTrees),
             Some(Bug::DeletesExpiredUnchecked) => Some(Mutation::DeletesExpiredUnchecked),
+            Some(Bug::DedupTrustsFingerprint) => Some(Mutation::DedupTrustsFingerprint),
+            Some(Bug::GcIgnoresSharedValues) => Some(Mutation::GcIgnoresSharedValues),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1117,7 +1148,18 @@ impl Sim {
     }
 
     fn fresh_value(&mut self) -> ValueId {
+        if self.config.dedup && self.rng.random_bool(0.5) {
+            // One of a few values that recur: what deduplication stores once.
+            return history::RECURRING_VALUES + self.rng.random_range(0..RECURRING_VALUE_COUNT);
+        }
         self.next_value += 1;
+        if self.config.dedup {
+            // Fresh values of four lengths only, so that values matching another's (short)
+            // fingerprint often have its length too and only their bytes differ.
+            while !history::encode_value(self.next_value).len().is_multiple_of(50) {
+                self.next_value += 1;
+            }
+        }
         self.next_value
     }
 
@@ -1413,10 +1455,16 @@ impl Sim {
 }
 
 /// Adds what `node`'s log GC did since it started (segments deleted, values moved, values moved
-/// into compressed blocks) to `faults`.
+/// into compressed blocks) and what its deduplication did to `faults`.
 fn count_gc(faults: &mut BTreeMap<&'static str, u64>, node: &onekv_replica::Node) {
-    let Some(gc) = node.statuses().first().map(|status| status.gc.clone()) else { return };
+    let Some(status) = node.statuses().first().cloned() else { return };
+    let (gc, dedup) = (status.gc, status.dedup);
     *faults.entry("gc-segments-reclaimed").or_default() += gc.segments_reclaimed;
     *faults.entry("gc-values-relocated").or_default() += gc.values_relocated;
     *faults.entry("gc-values-packed").or_default() += gc.values_packed;
+    if !dedup.mode.is_empty() {
+        *faults.entry("dedup-inline-hits").or_default() += dedup.inline_hits;
+        *faults.entry("dedup-offline-hits").or_default() += dedup.offline_hits;
+        *faults.entry("dedup-mismatches").or_default() += dedup.mismatches;
+    }
 }

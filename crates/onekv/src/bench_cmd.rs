@@ -53,8 +53,9 @@ pub struct WorkloadArgs {
     /// Bytes per value (keys are 24 bytes, YCSB-style).
     #[arg(long, default_value_t = 1024)]
     value_bytes: usize,
-    /// What values contain: random (bytes no compressor shrinks) or text (words in `field=...`
-    /// runs, compressible about as much as JSON records).
+    /// What values contain: random (bytes no compressor shrinks), text (words in `field=...`
+    /// runs, compressible about as much as JSON records) or recurring:PERCENT:DISTINCT (that share
+    /// of the values repeats one of DISTINCT random values; for deduplication).
     #[arg(long, default_value = "random")]
     values: ValueKind,
     /// Seed of the request generators.
@@ -121,6 +122,8 @@ pub struct CompareArgs {
     /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`) or `:nocompress` with a collector
     /// that moves small values uncompressed, `:uniform` to keep every index tree leveled or `:sN`
     /// to keep followed shards' trees in at most N sorted runs (`index.layout`; before any `:nogc`),
+    /// `:dedup-inline`, `:dedup-offline` or `:dedup-elastic` to deduplicate values (`dedup.mode`;
+    /// after the layout, before any `:nogc`),
     /// then `@base` to run it with --baseline-exe; `etcd` adds a local etcd cluster (same number
     /// of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]
@@ -151,6 +154,11 @@ pub struct CompareArgs {
     /// one with the default would.
     #[arg(long, value_name = "KIB")]
     index_memtable_kib: Option<u64>,
+    /// Seconds to leave each onekv cluster idle after its last phase before its disk use and write
+    /// amplification are taken, so the log GC (and deduplication's merging) catches up: the
+    /// steady state rather than the moment the writes stop. Its writes count.
+    #[arg(long, default_value_t = 0)]
+    settle_secs: u64,
 }
 
 /// Runs one bench subcommand. SIGINT or SIGTERM abandons it: dropping its future stops the local
@@ -269,6 +277,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         leader_timeout: Duration::from_secs(30),
         sample_disk: (args.sample_disk_ms > 0).then(|| Duration::from_millis(args.sample_disk_ms)),
         index_memtable_bytes: args.index_memtable_kib.map(|kib| kib << 10),
+        settle: Duration::from_secs(args.settle_secs),
     };
     let report = compare(&config, |run| {
         eprintln!("{} round {}:", run.mode, run.round);

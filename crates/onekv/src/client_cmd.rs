@@ -347,6 +347,9 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
                         writeln!(out, "node {} log GC waits: {}", status.node_id, gc.waiting)?;
                     }
                 }
+                if let Some(dedup) = &status.dedup {
+                    writeln!(out, "node {} {}", status.node_id, dedup_line(dedup))?;
+                }
             }
             if statuses.iter().all(|(_, result)| result.is_err()) {
                 anyhow::bail!("no node answered");
@@ -500,6 +503,23 @@ fn members(replica: &onekv_client::ShardStatus) -> String {
         text.push_str(&format!(" joint with {}", list(&replica.outgoing_voters)));
     }
     text
+}
+
+/// What a node's deduplication did: its mode, and values and bytes it did not store or move again.
+fn dedup_line(dedup: &onekv_client::DedupProgress) -> String {
+    let inline = match dedup.mode.as_str() {
+        "elastic" if dedup.inline_active => " (inline on)",
+        "elastic" => " (inline off: few duplicates)",
+        _ => "",
+    };
+    format!(
+        "dedup {}{inline}: {} values shared as written, {} when moved, {:.1} MiB not stored again, {} fingerprints",
+        dedup.mode,
+        dedup.inline_hits,
+        dedup.offline_hits,
+        dedup.bytes_saved as f64 / (1u64 << 20) as f64,
+        dedup.entries
+    )
 }
 
 /// The log's bytes over its live bytes, as the node's log GC estimates them ("-" without a

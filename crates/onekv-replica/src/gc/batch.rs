@@ -41,7 +41,7 @@ impl Place {
 
 impl Batch {
     /// A RELOCATED record holding `values` as they are (each keeps its checksum).
-    pub fn relocated(shard: u64, values: &[LiveValue]) -> Batch {
+    pub fn relocated(shard: u64, values: &[&LiveValue]) -> Batch {
         let mut pairs = Vec::new();
         let mut places = Vec::with_capacity(values.len());
         for value in values {
@@ -54,7 +54,7 @@ impl Batch {
     }
 
     /// A PACKED record holding `values` in blocks of about [`packed::TARGET_BLOCK_BYTES`] raw bytes.
-    pub fn packed(shard: u64, values: &[LiveValue]) -> Batch {
+    pub fn packed(shard: u64, values: &[&LiveValue]) -> Batch {
         let mut blocks = Vec::new();
         let mut places = Vec::with_capacity(values.len());
         let mut raw = Vec::new();
@@ -99,7 +99,7 @@ mod tests {
             shard: 4,
             key: key.as_bytes().to_vec(),
             at: IndexValue::Locator(Locator::new(0, 1)),
-            stored: codec::stored_value(value),
+            stored: codec::stored_value(value).into(),
         }
     }
 
@@ -109,7 +109,8 @@ mod tests {
         let values: Vec<LiveValue> = (0..400)
             .map(|i| live(&format!("key-{i:04}"), format!("value {i} ").repeat(20).as_bytes()))
             .collect();
-        let batch = Batch::packed(4, &values);
+        let refs: Vec<&LiveValue> = values.iter().collect();
+        let batch = Batch::packed(4, &refs);
         assert_eq!(batch.places.len(), values.len());
         assert!(batch.raw_bytes > 2 * packed::TARGET_BLOCK_BYTES as u64, "several blocks");
         assert!((batch.payload.len() as u64) < batch.raw_bytes / 3, "repetitive values compress");
@@ -125,7 +126,7 @@ mod tests {
             assert_eq!(packed::stored_value(&raw, p.offset, p.len).unwrap(), &value.stored[..]);
         }
 
-        let whole = Batch::relocated(4, &values[..3]);
+        let whole = Batch::relocated(4, &refs[..3]);
         let found = values_in_record(records::RELOCATED, &whole.payload).unwrap();
         for (place, found) in whole.places.iter().zip(found) {
             let Place::Whole { offset, len } = place else { panic!("moved whole") };

@@ -25,6 +25,9 @@ pub(crate) trait Link {
     fn throttle(&mut self, bytes: u64, rate: u64) -> Result<(), RoundError>;
     /// A point between durable steps where a crash may be injected.
     fn crash_point(&mut self, point: GcPoint) -> Result<(), RoundError>;
+    /// Returns once the loop has finished every turn begun before the call (so what it applied
+    /// in them is published).
+    fn barrier(&mut self) -> Result<(), RoundError>;
 }
 
 /// The running collector of a server; stops when dropped.
@@ -38,7 +41,7 @@ impl Gc {
     pub fn start(
         config: GcConfig,
         logs: (crate::StorageMode, Arc<Log>, Option<Arc<Log>>),
-        hosted: crate::state::HostedStates,
+        hosted: (crate::state::HostedStates, Option<Arc<crate::dedup::Dedup>>),
         inbox: SyncSender<Input>,
         pins: Arc<ReadPins>,
         status: Arc<Mutex<GcStatus>>,
@@ -107,16 +110,13 @@ impl ThreadLink {
             }
         }
     }
-}
 
-impl Link for ThreadLink {
-    fn relocate(&mut self, shard: u64, moves: Vec<Move>) -> Result<Relocated, RoundError> {
-        let (done, answer) = std::sync::mpsc::sync_channel(1);
-        self.send(Input::Gc(GcInput::Relocate { shard, moves, done }))?;
+    /// Waits (at most [`WAIT_LIMIT`]) for the loop's answer to a request.
+    fn answer<T>(&self, answer: Receiver<T>) -> Result<T, RoundError> {
         let deadline = Instant::now() + WAIT_LIMIT;
         loop {
             match answer.recv_timeout(Duration::from_millis(100)) {
-                Ok(result) => return result.map_err(RoundError::Failed),
+                Ok(result) => return Ok(result),
                 Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => self.sleep(Duration::ZERO)?,
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(RoundError::Failed(format!(
@@ -128,6 +128,20 @@ impl Link for ThreadLink {
                 }
             }
         }
+    }
+}
+
+impl Link for ThreadLink {
+    fn barrier(&mut self) -> Result<(), RoundError> {
+        let (done, answer) = std::sync::mpsc::sync_channel(1);
+        self.send(Input::Gc(GcInput::Barrier { done }))?;
+        self.answer(answer)
+    }
+
+    fn relocate(&mut self, shard: u64, moves: Vec<Move>) -> Result<Relocated, RoundError> {
+        let (done, answer) = std::sync::mpsc::sync_channel(1);
+        self.send(Input::Gc(GcInput::Relocate { shard, moves, done }))?;
+        self.answer(answer)?.map_err(RoundError::Failed)
     }
 
     fn flush(&mut self, shards: Vec<u64>) -> Result<(), RoundError> {
@@ -219,6 +233,11 @@ impl InlineLink<'_> {
 }
 
 impl Link for InlineLink<'_> {
+    fn barrier(&mut self) -> Result<(), RoundError> {
+        // The collector runs between two turns on the loop's own thread: none is under way.
+        Ok(())
+    }
+
     fn relocate(&mut self, shard: u64, moves: Vec<Move>) -> Result<Relocated, RoundError> {
         let NodeLoop { ctx, groups, .. } = &mut *self.node_loop;
         if ctx.crashed {

@@ -26,7 +26,7 @@
 //!    records (durable before anything else changes), then the loop points each key at its new copy
 //!    if the key still points at the old one ([`crate::group::Group::relocate`], at a sequence number
 //!    no replay or later write can collide with: `state::relocation_seqno`) and publishes.
-//! 4. **Reclaim.** Every shard with values in the segment, moved or dead, flushes past this point
+//! 4. **Reclaim.** Every shard flushes past this point
 //!    (a value judged dead from the index in memory must stay dead after a crash: the write that
 //!    killed it must be durable too); once those flushes are durable and every reader that might
 //!    still hold an old locator is done (`pins`), the segment file is deleted.
@@ -44,6 +44,13 @@
 //! without relocation. Classic's data WAL is reclaimed below the position it had when every write
 //! before it was already in a durable table.
 //!
+//! With deduplication on (`dedup`), keys may share a copy ([`IndexValue::Shared`]): a segment
+//! a shared locator points into is collected only from the census's kept keys (its records do not
+//! name every key pointing at it; past the bound its shared keys are moved out first), a pass
+//! raises the deduplication fence over what it collects, and it gives up segments a reference was
+//! made into during its census (`Collector::fence_off`). Moving values keeps keys that shared a
+//! copy sharing one, and in `offline`/`elastic` mode merges moved values with identical copies.
+//!
 //! What this module does not own: the index updates themselves (the loop's, in `group`), when
 //! trees flush (the loop's), the log's files (`onekv-log`).
 
@@ -54,6 +61,7 @@ mod values;
 pub(crate) use link::{Gc, InlineGc, Link};
 
 use crate::StorageMode;
+use crate::dedup::Dedup;
 use crate::pins::ReadPins;
 use crate::records;
 use crate::state::{HostedStates, State};
@@ -61,7 +69,7 @@ use crate::{codec, packed};
 use batch::Batch;
 use onekv_index::IndexValue;
 use onekv_log::{Locator, Log, SegmentInfo};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
@@ -234,6 +242,8 @@ pub(crate) enum GcInput {
     /// Flush these shards' trees soon, letting Raft forget every entry it can, so their recovery
     /// points move up.
     Flush { shards: Vec<u64> },
+    /// Answer once every turn begun before this arrived has ended (deduplication's fence).
+    Barrier { done: SyncSender<()> },
 }
 
 /// Why a round ended early.
@@ -249,14 +259,28 @@ impl From<String> for RoundError {
     }
 }
 
+/// A value to move with its number among a relocation's copies.
+type Numbered = (usize, LiveValue);
+
+/// The values of numbered values.
+fn values_of(list: &[Numbered]) -> Vec<&LiveValue> {
+    list.iter().map(|(_, value)| value).collect()
+}
+
+/// Places several keys point at, in the segment being collected, and where each was moved to.
+struct Sharing {
+    repeated: std::collections::HashSet<Locator>,
+    moved: HashMap<Locator, Locator>,
+}
+
 /// A value in the log with its key: one some key still points at, once the collector checked.
 struct LiveValue {
     shard: u64,
     key: Vec<u8>,
     /// Where it is now (a locator, or a place in a compressed block).
     at: IndexValue,
-    /// Its stored bytes (checksum and value).
-    stored: Vec<u8>,
+    /// Its stored bytes (checksum and value), shared by the keys of one shared copy.
+    stored: Arc<[u8]>,
 }
 
 /// The last census: live bytes per segment, from one walk of every shard's index.
@@ -274,6 +298,9 @@ struct Census {
     /// points keys into sealed segments (after the walk may have counted them dead), so a census
     /// that an install overlapped is not acted on ([`Census::overlapped_an_install`]).
     installs: BTreeMap<u64, u64>,
+    /// Segments some deduplicated key points into ([`IndexValue::Shared`]): their records do not
+    /// name every key pointing at them, so they are collected only from the keys the census kept.
+    shared: BTreeSet<u64>,
 }
 
 impl Census {
@@ -321,6 +348,8 @@ pub(crate) struct Collector {
     census: Census,
     /// A broken variant for the simulation ([`crate::Mutation::GcReclaimsBeforeFlush`]).
     pub reclaim_before_flush: bool,
+    /// A broken variant for the simulation ([`crate::Mutation::GcIgnoresSharedValues`]).
+    pub ignores_shared_values: bool,
     /// Most keys a census keeps ([`MAX_KEPT_KEYS`]; the simulation lowers it so that segments are
     /// also collected by reading them whole).
     pub max_kept_keys: usize,
@@ -329,6 +358,9 @@ pub(crate) struct Collector {
     data_wal_checkpoint: Option<(u64, Vec<TreeMark>)>,
     /// Classic mode: the data WAL.
     data_wal: Option<Arc<Log>>,
+    /// The node's deduplication, when on: its fence keeps new references out of the segments a
+    /// pass collects, and moved values are deduplicated against its content index.
+    dedup: Option<Arc<Dedup>>,
 }
 
 impl Collector {
@@ -337,7 +369,7 @@ impl Collector {
     pub fn new(
         config: GcConfig,
         (mode, log, second_log): (StorageMode, Arc<Log>, Option<Arc<Log>>),
-        hosted: HostedStates,
+        (hosted, dedup): (HostedStates, Option<Arc<Dedup>>),
         pins: Arc<ReadPins>,
         status: Arc<Mutex<GcStatus>>,
     ) -> Collector {
@@ -363,8 +395,10 @@ impl Collector {
             status,
             census: Census::default(),
             reclaim_before_flush: false,
+            ignores_shared_values: false,
             max_kept_keys: MAX_KEPT_KEYS,
             data_wal_checkpoint: None,
+            dedup,
         }
     }
 
@@ -431,6 +465,13 @@ impl Collector {
 
     /// One pass of a round; `false` when there is nothing more to do this round.
     fn pass(&mut self, link: &mut dyn Link) -> Result<bool, RoundError> {
+        if let Some(dedup) = &self.dedup {
+            // References made from here on are reported by `take_lowest_target` (a replica added
+            // after the reset and before `refresh_hosted` too); those made before are published
+            // once the loop's current turn ends, so the walk sees them.
+            dedup.take_lowest_target();
+            link.barrier()?;
+        }
         self.refresh_hosted();
         self.take_census(link)?;
         let log = self.values_log();
@@ -475,6 +516,18 @@ impl Collector {
                 }
                 break;
             }
+            if self.census.shared.contains(&segment.base)
+                && !self.census.keys.contains_key(&segment.base)
+                && !self.ignores_shared_values
+            {
+                // A record does not name the deduplicated keys pointing into it: only the census's
+                // kept keys say which those are, and it kept too few. Move shared keys out of it
+                // (a bounded number per pass) until it can keep them all.
+                if chosen.is_empty() {
+                    self.drain_shared(*segment, link)?;
+                }
+                break;
+            }
             excess = excess.saturating_sub(segment.len.saturating_sub(live_in(segment)));
             chosen.push(*segment);
         }
@@ -504,8 +557,68 @@ impl Collector {
                 Some(format!("shard {shard} installed a snapshot during the census; counting again"));
             return Ok(false);
         }
+        let ready = self.fence_off(&chosen[..ready], link)?;
+        if ready == 0 {
+            return Ok(false);
+        }
         self.collect(&chosen[..ready], link)?;
         Ok(true)
+    }
+
+    /// Moves up to `max_kept_keys` of the keys that share values in `segment` (shared locators into
+    /// it) to one new copy per value at the log's head, so that a segment too many keys point into
+    /// for the census to keep them all gets there, and can then be collected. Raises the fence
+    /// over it first, so no new reference is made into it meanwhile. Nothing is deleted here: a
+    /// crash leaves keys pointing at the old copies, which are still there.
+    fn drain_shared(&mut self, segment: SegmentInfo, link: &mut dyn Link) -> Result<(), RoundError> {
+        if let Some(dedup) = &self.dedup {
+            dedup.raise_fence(segment.end());
+        }
+        let rate = self.config.bytes_per_sec;
+        let limit = self.max_kept_keys.max(1);
+        let mut keys = Vec::new();
+        for (shard, state) in &self.states {
+            walk_index(&state.tree, link, rate, |key, stored| {
+                if keys.len() < limit
+                    && let Ok(value @ IndexValue::Shared(at)) = IndexValue::decode(stored)
+                    && (segment.base..segment.end()).contains(&at.position)
+                {
+                    keys.push(LiveKey { shard: *shard, key: key.clone(), at: value, bytes: at });
+                }
+            })?;
+        }
+        lock(&self.status).waiting = Some(format!(
+            "the segment at {} has more live keys than the census keeps ({}); moving {} of its shared \
+             values' keys out first",
+            segment.base,
+            self.max_kept_keys,
+            keys.len()
+        ));
+        let live = self.read_live(keys, link)?;
+        self.relocate_segment_values(live, link)
+    }
+
+    /// With deduplication on: raises its fence over `chosen` (no reference is made into them from
+    /// now on) and returns how many of them no reference was made into since the census began
+    /// (the census may have counted such a value dead). Without it, all of them.
+    fn fence_off(&mut self, chosen: &[SegmentInfo], link: &mut dyn Link) -> Result<usize, RoundError> {
+        let Some(dedup) = self.dedup.clone().filter(|_| !self.ignores_shared_values) else {
+            return Ok(chosen.len());
+        };
+        let Some(last) = chosen.last() else { return Ok(0) };
+        dedup.raise_fence(last.end());
+        // A reference decided before the fence rose is noted by the end of the turn it was
+        // decided in.
+        link.barrier()?;
+        let lowest = dedup.take_lowest_target();
+        let safe = chosen.iter().take_while(|segment| segment.end() <= lowest).count();
+        if safe == 0 {
+            lock(&self.status).waiting = Some(format!(
+                "a deduplicated value was pointed at in the segment at {} during the census; counting again",
+                chosen[0].base
+            ));
+        }
+        Ok(safe)
     }
 
     /// The lowest recovery point of all shards: recovery never reads the Raft log below it.
@@ -568,81 +681,72 @@ impl Collector {
         };
         let mut kept = 0usize;
         let mut keys_end = window_end;
+        let mut shared = BTreeSet::new();
+        let mut counted_places = std::collections::HashSet::new();
+        let may_be_shared =
+            |len: u64| self.dedup.as_ref().is_some_and(|dedup| dedup.is_candidate(len as usize));
+        let rate = self.config.bytes_per_sec;
         for (shard, state) in &self.states {
-            let mut start: Vec<u8> = Vec::new();
-            let mut first = true;
-            loop {
-                let (page, more) = state
-                    .tree
-                    .snapshot()
-                    .range(&start, None, CENSUS_PAGE + 1, false)
-                    .map_err(|e| format!("walking the index: {e}"))?;
-                // Pages after the first start at the previous page's last key, already counted.
-                let skip = usize::from(!first);
-                let counted = &page[skip.min(page.len())..page.len().min(skip + CENSUS_PAGE)];
-                let mut cost = 0;
-                for (key, stored) in counted {
-                    cost += (key.len() + stored.len()) as u64 + CENSUS_KEY_COST;
-                    let Ok(value) = IndexValue::decode(stored) else { continue };
-                    if let Some(at) = value.log_bytes()
-                        && let Some((base, bytes)) = live.range_mut(..=at.position).next_back()
-                    {
-                        // What moving it would write: its key and stored value in a pair.
-                        *bytes += match value {
-                            IndexValue::Packed(packed) => {
-                                (pair_bytes(key, u64::from(packed.len)) as f64 * packed_ratio) as u64
-                            }
-                            _ => pair_bytes(key, at.len),
-                        };
-                        if at.position < keys_end {
-                            if kept == self.max_kept_keys {
-                                // Keep only the segments below this one whole.
-                                keys_end = *base;
-                                keys.retain(|kept_base, _| *kept_base < keys_end);
-                            } else {
-                                kept += 1;
-                                keys.entry(*base).or_default().push(LiveKey {
-                                    shard: *shard,
-                                    key: key.clone(),
-                                    at: value,
-                                    bytes: at,
-                                });
-                            }
+            walk_index(&state.tree, link, rate, |key, stored| {
+                let Ok(value) = IndexValue::decode(stored) else { return };
+                if let Some(at) = value.log_bytes()
+                    && let Some((base, bytes)) = live.range_mut(..=at.position).next_back()
+                {
+                    // What moving it would write: its key and stored value in a pair.
+                    *bytes += match value {
+                        IndexValue::Packed(packed) => {
+                            (pair_bytes(key, u64::from(packed.len)) as f64 * packed_ratio) as u64
+                        }
+                        // A value several keys share counts once (up to a bound on the
+                        // places remembered; past it, once per key: more, never less). Its
+                        // own key's locator may be among them, so with deduplication on a
+                        // locator to a value it could share is remembered too.
+                        IndexValue::Shared(_) | IndexValue::Locator(_)
+                            if (matches!(value, IndexValue::Shared(_)) || may_be_shared(at.len))
+                                && counted_places.len() < MAX_KEPT_KEYS
+                                && !counted_places.insert(at) =>
+                        {
+                            pair_bytes(key, 0)
+                        }
+                        _ => pair_bytes(key, at.len),
+                    };
+                    if matches!(value, IndexValue::Shared(_)) {
+                        shared.insert(*base);
+                    }
+                    if at.position < keys_end {
+                        if kept == self.max_kept_keys {
+                            // Keep only the segments below this one whole.
+                            keys_end = *base;
+                            keys.retain(|kept_base, _| *kept_base < keys_end);
+                        } else {
+                            kept += 1;
+                            keys.entry(*base).or_default().push(LiveKey {
+                                shard: *shard,
+                                key: key.clone(),
+                                at: value,
+                                bytes: at,
+                            });
                         }
                     }
                 }
-                link.throttle(cost, self.config.bytes_per_sec)?;
-                match counted.last() {
-                    Some((key, _)) if more || page.len() > skip + counted.len() => {
-                        start = key.clone();
-                        first = false;
-                    }
-                    _ => break,
-                }
-            }
+            })?;
         }
         // Segments below `keys_end` with no live value have an (empty) list too.
         for base in live.keys().filter(|base| **base < keys_end) {
             keys.entry(*base).or_default();
         }
-        self.census = Census { live, end, keys, installs };
+        self.census = Census { live, end, keys, installs, shared };
         Ok(())
     }
 
     /// Moves the live values out of `oldest` (the log's first segments, in order) and deletes them.
     fn collect(&mut self, oldest: &[SegmentInfo], link: &mut dyn Link) -> Result<(), RoundError> {
         let log = self.values_log();
-        let batch_bytes = records::chunk_bytes(log.config().max_record_bytes);
-        let mut holders = BTreeSet::new();
         for segment in oldest {
-            // A segment whose live keys the census kept is not read: only its live values are
-            // (which shards had dead values in it is not known then, so every shard flushes).
+            // A segment whose live keys the census kept is not read: only its live values are.
             // Otherwise the whole segment is read, and its live values found by lookups.
             let live = match self.census.keys.remove(&segment.base) {
-                Some(keys) => {
-                    holders.extend(self.states.keys().copied());
-                    self.read_live(keys, link)?
-                }
+                Some(keys) => self.read_live(keys, link)?,
                 None if self.mode == StorageMode::Separated => {
                     // `pass` chooses only segments whose keys were kept: a value-log record does
                     // not name its key, so a scan would find nothing live.
@@ -651,39 +755,21 @@ impl Collector {
                         segment.base
                     )));
                 }
-                None => {
-                    let (live, with_values) = self.live_values(*segment, link)?;
-                    holders.extend(with_values);
-                    live
-                }
+                None => self.live_values(*segment, link)?,
             };
-            let mut by_shard: BTreeMap<u64, Vec<LiveValue>> = BTreeMap::new();
-            for value in live {
-                by_shard.entry(value.shard).or_default().push(value);
-            }
-            for (shard, values) in by_shard {
-                let mut batch: Vec<LiveValue> = Vec::new();
-                let mut bytes = 0usize;
-                let mut values = values.into_iter().peekable();
-                while let Some(value) = values.next() {
-                    bytes += value.key.len() + value.stored.len() + 8;
-                    batch.push(value);
-                    if bytes >= batch_bytes || values.peek().is_none() {
-                        self.relocate(shard, std::mem::take(&mut batch), link)?;
-                        bytes = 0;
-                    }
-                }
-            }
+            self.relocate_segment_values(live, link)?;
         }
         link.crash_point(GcPoint::AfterIndexUpdate)?;
-        // Every shard with values in the segment, moved or dead, flushes past this moment before
-        // the segment goes: the moved values' new locators must be durable, and so must whatever
-        // made the others dead (a later write or delete that only a memtable holds would be undone
-        // by a crash, and the key would point into the deleted segment again).
+        // Every shard flushes past this moment before the segment goes: the moved values' new
+        // locators must be durable, and so must whatever made the others dead (a later write or
+        // delete that only a memtable holds would be undone by a crash, and the key would point
+        // into the deleted segment again). Every shard, not only those whose records are in the
+        // segment: a key of any shard may have shared a value there (deduplication, on now or
+        // before a restart) until such a write.
         let targets: Vec<(u64, u64)> =
-            holders.iter().map(|shard| (*shard, self.states[shard].tree.last_written_seqno())).collect();
+            self.states.iter().map(|(shard, state)| (*shard, state.tree.last_written_seqno())).collect();
         if !self.reclaim_before_flush {
-            link.flush(holders.into_iter().collect())?;
+            link.flush(self.states.keys().copied().collect())?;
         }
         for (shard, seqno) in targets.iter().filter(|_| !self.reclaim_before_flush) {
             let state = self.states[shard].clone();
@@ -715,46 +801,155 @@ impl Collector {
         Ok(())
     }
 
+    /// Moves the live values of one segment (in batches per shard): a place several keys point at
+    /// (a deduplicated value) is moved once, and every key that shared it shares the copy.
+    fn relocate_segment_values(
+        &mut self,
+        live: Vec<LiveValue>,
+        link: &mut dyn Link,
+    ) -> Result<(), RoundError> {
+        let batch_bytes = records::chunk_bytes(self.values_log().config().max_record_bytes);
+        let mut seen = HashMap::new();
+        for at in live.iter().filter_map(|value| value.at.whole_locator()) {
+            *seen.entry(at).or_insert(0usize) += 1;
+        }
+        let mut sharing = Sharing {
+            repeated: seen.into_iter().filter(|(_, n)| *n > 1).map(|(at, _)| at).collect(),
+            moved: HashMap::new(),
+        };
+        let mut by_shard: BTreeMap<u64, Vec<LiveValue>> = BTreeMap::new();
+        for value in live {
+            by_shard.entry(value.shard).or_default().push(value);
+        }
+        for (shard, values) in by_shard {
+            let mut batch: Vec<LiveValue> = Vec::new();
+            let mut bytes = 0usize;
+            let mut values = values.into_iter().peekable();
+            while let Some(value) = values.next() {
+                bytes += value.key.len() + value.stored.len() + 8;
+                batch.push(value);
+                if bytes >= batch_bytes || values.peek().is_none() {
+                    self.relocate(shard, std::mem::take(&mut batch), &mut sharing, link)?;
+                    bytes = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Appends `values` of `shard` at the log's head (small ones in compressed blocks of a PACKED
     /// record, the others in a RELOCATED record; one append) and has the loop point their keys
-    /// there. Values the loop could not move end the round: their segment cannot be reclaimed yet.
+    /// there. A value already moved for another key (`sharing`), or, with deduplication, found
+    /// elsewhere in the log byte for byte, is not written again: its key points at that copy.
+    /// Values the loop could not move end the round: their segment cannot be reclaimed yet.
     fn relocate(
         &mut self,
         shard: u64,
         values: Vec<LiveValue>,
+        sharing: &mut Sharing,
         link: &mut dyn Link,
     ) -> Result<(), RoundError> {
+        let log = self.values_log();
+        let dedup = self.dedup.clone();
+        let mut moves = Vec::new();
+        // Values to write, and values that will point at one of them (`copies[leader]`): another
+        // key of the same place, or (deduplicating) the same bytes.
+        let mut copies: Vec<LiveValue> = Vec::new();
+        let mut followers: Vec<(LiveValue, usize)> = Vec::new();
+        let mut leader_of_place: HashMap<Locator, usize> = HashMap::new();
+        let mut leaders_of_bytes: HashMap<u64, Vec<usize>> = HashMap::new();
+        for value in values {
+            let repeated = value.at.whole_locator().filter(|at| sharing.repeated.contains(at));
+            if let Some(to) = repeated.and_then(|at| sharing.moved.get(&at)) {
+                moves.push(Move { key: value.key, from: value.at, to: IndexValue::Shared(*to) });
+                continue;
+            }
+            if let Some(at) = repeated
+                && let Some(&leader) = leader_of_place.get(&at)
+            {
+                followers.push((value, leader));
+                continue;
+            }
+            let deduplicates = dedup
+                .as_ref()
+                .is_some_and(|dedup| dedup.mode().offline() && dedup.is_candidate(value.stored.len()));
+            if deduplicates {
+                if let Some(to) = dedup.as_ref().and_then(|dedup| dedup.offline_place(&log, &value.stored)) {
+                    if let Some(at) = repeated {
+                        sharing.moved.insert(at, to);
+                    }
+                    moves.push(Move { key: value.key, from: value.at, to: IndexValue::Shared(to) });
+                    continue;
+                }
+                let hash = xxhash_rust::xxh3::xxh3_64(&value.stored);
+                let same = leaders_of_bytes.get(&hash).and_then(|leaders| {
+                    leaders.iter().copied().find(|leader| copies[*leader].stored == value.stored)
+                });
+                if let Some(leader) = same {
+                    dedup.as_ref().expect("deduplicating").count_offline_hit(value.stored.len());
+                    followers.push((value, leader));
+                    continue;
+                }
+                leaders_of_bytes.entry(hash).or_default().push(copies.len());
+            }
+            if let Some(at) = repeated {
+                leader_of_place.insert(at, copies.len());
+            }
+            copies.push(value);
+        }
+        let led: std::collections::HashSet<usize> = followers.iter().map(|(_, leader)| *leader).collect();
         let compress_below = self.config.compress_below;
         // A block closes once it holds TARGET_BLOCK_BYTES, so its raw size stays below that plus
         // one pair; a pair with a huge key (possible with a library user's own key limit) moves
-        // whole, so no block can claim more than a read accepts.
-        let (small, large): (Vec<LiveValue>, Vec<LiveValue>) = values.into_iter().partition(|value| {
-            (value.stored.len().saturating_sub(codec::STORED_VALUE_PREFIX) as u64) < compress_below
-                && value.key.len() + value.stored.len() + 8 + packed::TARGET_BLOCK_BYTES
-                    <= packed::MAX_BLOCK_BYTES
-        });
-        let relocated = Batch::relocated(shard, &large);
-        let packed = Batch::packed(shard, &small);
+        // whole, so no block can claim more than a read accepts. A value other keys will share,
+        // or one large enough to deduplicate, moves whole: only a whole value can be shared.
+        let (small, large): (Vec<Numbered>, Vec<Numbered>) =
+            copies.into_iter().enumerate().partition(|(i, value)| {
+                let shareable = led.contains(i)
+                    || value.at.whole_locator().is_some_and(|at| sharing.repeated.contains(&at))
+                    || dedup.as_ref().is_some_and(|dedup| dedup.is_candidate(value.stored.len()));
+                !shareable
+                    && (value.stored.len().saturating_sub(codec::STORED_VALUE_PREFIX) as u64) < compress_below
+                    && value.key.len() + value.stored.len() + 8 + packed::TARGET_BLOCK_BYTES
+                        <= packed::MAX_BLOCK_BYTES
+            });
+        let relocated = Batch::relocated(shard, &values_of(&large));
+        let packed = Batch::packed(shard, &values_of(&small));
         let batches: Vec<(onekv_log::RecordKind, Batch)> =
             [(records::RELOCATED, relocated), (records::PACKED, packed)]
                 .into_iter()
                 .filter(|(_, batch)| !batch.places.is_empty())
                 .collect();
         let bytes: u64 = batches.iter().map(|(_, batch)| batch.payload.len() as u64).sum();
-        link.throttle(bytes, self.config.bytes_per_sec)?;
-        let appended = self
-            .values_log()
-            .append(&batches.iter().map(|(kind, batch)| (*kind, &batch.payload[..])).collect::<Vec<_>>())
-            .map_err(|e| format!("appending relocated values: {e}"))?;
-        link.crash_point(GcPoint::AfterRelocateAppend)?;
-        let mut moves = Vec::new();
-        for ((_, batch), at) in batches.iter().zip(appended) {
-            moves.extend(batch.places.iter().map(|place| place.at(at)));
+        let mut places = Vec::new();
+        if !batches.is_empty() {
+            link.throttle(bytes, self.config.bytes_per_sec)?;
+            let appended = log
+                .append(&batches.iter().map(|(kind, batch)| (*kind, &batch.payload[..])).collect::<Vec<_>>())
+                .map_err(|e| format!("appending relocated values: {e}"))?;
+            link.crash_point(GcPoint::AfterRelocateAppend)?;
+            for ((_, batch), at) in batches.iter().zip(appended) {
+                places.extend(batch.places.iter().map(|place| place.at(at)));
+            }
         }
-        let moved_bytes: u64 = large.iter().chain(&small).map(|value| value.stored.len() as u64).sum();
-        let values = large.into_iter().chain(small);
-        let moves: Vec<Move> =
-            values.zip(moves).map(|(value, to)| Move { key: value.key, from: value.at, to }).collect();
+        let moved_bytes: u64 = large.iter().chain(&small).map(|(_, value)| value.stored.len() as u64).sum();
+        let mut copied_to: HashMap<usize, Locator> = HashMap::new();
+        for ((i, value), to) in large.into_iter().chain(small).zip(places) {
+            if let Some(new) = to.whole_locator() {
+                copied_to.insert(i, new);
+                if let Some(at) = value.at.whole_locator().filter(|at| sharing.repeated.contains(at)) {
+                    sharing.moved.insert(at, new);
+                }
+                if let Some(dedup) = &dedup {
+                    dedup.remember(&value.stored, new);
+                }
+            }
+            moves.push(Move { key: value.key, from: value.at, to });
+        }
+        for (value, leader) in followers {
+            let to = *copied_to.get(&leader).expect("a value others share moves whole");
+            moves.push(Move { key: value.key, from: value.at, to: IndexValue::Shared(to) });
+        }
         let relocated = link.relocate(shard, moves)?;
         {
             let mut status = lock(&self.status);
@@ -791,6 +986,8 @@ impl Collector {
         let mut live = Vec::with_capacity(keys.len());
         // The last block read: its locator, and its raw bytes or why it is damaged.
         let mut block: Option<(Locator, Result<Vec<u8>, codec::CodecError>)> = None;
+        // The last value read whole: its locator and bytes.
+        let mut whole: Option<(Locator, Arc<[u8]>)> = None;
         for LiveKey { shard, key, at, bytes } in keys {
             let stored = match at {
                 IndexValue::Packed(packed) => {
@@ -807,7 +1004,7 @@ impl Collector {
                         .map_err(|e| codec::CodecError(e.0))
                         .and_then(|raw| packed::stored_value(raw, packed.offset, packed.len))
                     {
-                        Ok(stored) => stored.to_vec(),
+                        Ok(stored) => stored.into(),
                         Err(why) => {
                             let state = &self.states[&shard];
                             state.corruption.report(
@@ -817,32 +1014,38 @@ impl Collector {
                                 packed.offset,
                                 why.0,
                             );
-                            damaged_stand_in(packed.len as usize)
+                            damaged_stand_in(packed.len as usize).into()
                         }
                     }
                 }
-                _ => {
-                    link.throttle(bytes.len, self.config.bytes_per_sec)?;
-                    let stored =
-                        log.read(bytes).map_err(|e| format!("reading a live value at {bytes}: {e}"))?;
-                    lock(&self.status).bytes_scanned += bytes.len;
-                    stored
-                }
+                // Keys sharing a copy (deduplication) are next to each other: one read for all,
+                // and one buffer they share.
+                _ => match &whole {
+                    Some((read, stored)) if *read == bytes => stored.clone(),
+                    _ => {
+                        link.throttle(bytes.len, self.config.bytes_per_sec)?;
+                        let stored: Arc<[u8]> = log
+                            .read(bytes)
+                            .map_err(|e| format!("reading a live value at {bytes}: {e}"))?
+                            .into();
+                        lock(&self.status).bytes_scanned += bytes.len;
+                        whole = Some((bytes, stored.clone()));
+                        stored
+                    }
+                },
             };
             live.push(LiveValue { shard, key, at, stored });
         }
         Ok(live)
     }
 
-    /// Reads every record of `segment` and returns the values keys still point at, and every shard
-    /// with values in it (live or not).
+    /// Reads every record of `segment` and returns the values keys still point at.
     fn live_values(
         &mut self,
         segment: SegmentInfo,
         link: &mut dyn Link,
-    ) -> Result<(Vec<LiveValue>, BTreeSet<u64>), RoundError> {
+    ) -> Result<Vec<LiveValue>, RoundError> {
         let mut live = Vec::new();
-        let mut holders = BTreeSet::new();
         for record in self.values_log().iter_from(segment.base) {
             let record = record.map_err(|e| format!("reading segment {}: {e}", segment.base))?;
             if record.position >= segment.end() {
@@ -862,21 +1065,20 @@ impl Collector {
                     let at = record.locator.slice(span.offset as u64, span.len as u64).ok_or_else(|| {
                         format!("a value span leaves its record at log position {}", record.position)
                     })?;
-                    let stored = record.payload[span.offset..span.offset + span.len].to_vec();
+                    let stored = record.payload[span.offset..span.offset + span.len].into();
                     found.push(LiveValue { shard, key: key.to_vec(), at: IndexValue::Locator(at), stored });
                 }
                 found
             };
             for value in found {
                 let Some(state) = self.states.get(&value.shard) else { continue };
-                holders.insert(value.shard);
                 if state.points_at(&value.key, &value.at)? {
                     live.push(value);
                 }
             }
         }
         lock(&self.status).bytes_scanned += segment.len;
-        Ok((live, holders))
+        Ok(live)
     }
 
     /// Separated and classic mode: no locator points into the Raft log, so it is reclaimed below
@@ -940,6 +1142,40 @@ impl Collector {
             status.log_bytes = self.raft_log.segments().iter().map(|s| s.len).sum();
         }
         Ok(())
+    }
+}
+
+/// Walks `tree` (keys and index values, no value read), a page per consistent view, at the
+/// collector's rate limit (`rate` bytes per second), calling `visit` for each pair.
+fn walk_index(
+    tree: &onekv_index::Tree,
+    link: &mut dyn Link,
+    rate: u64,
+    mut visit: impl FnMut(&Vec<u8>, &Vec<u8>),
+) -> Result<(), RoundError> {
+    let mut start: Vec<u8> = Vec::new();
+    let mut first = true;
+    loop {
+        let (page, more) = tree
+            .snapshot()
+            .range(&start, None, CENSUS_PAGE + 1, false)
+            .map_err(|e| format!("walking the index: {e}"))?;
+        // Pages after the first start at the previous page's last key, already visited.
+        let skip = usize::from(!first);
+        let visited = &page[skip.min(page.len())..page.len().min(skip + CENSUS_PAGE)];
+        let mut cost = 0;
+        for (key, stored) in visited {
+            cost += (key.len() + stored.len()) as u64 + CENSUS_KEY_COST;
+            visit(key, stored);
+        }
+        link.throttle(cost, rate)?;
+        match visited.last() {
+            Some((key, _)) if more || page.len() > skip + visited.len() => {
+                start = key.clone();
+                first = false;
+            }
+            _ => return Ok(()),
+        }
     }
 }
 

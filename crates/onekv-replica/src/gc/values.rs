@@ -92,7 +92,7 @@ pub(crate) fn packed_values_in_record(
                 shard,
                 key: key.to_vec(),
                 at: IndexValue::Packed(Packed { block, offset: value.offset as u32, len: value.len as u32 }),
-                stored: raw[value.offset..value.offset + value.len].to_vec(),
+                stored: raw[value.offset..value.offset + value.len].into(),
             });
         }
     }

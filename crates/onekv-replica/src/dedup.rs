@@ -1,0 +1,439 @@
+//! Identical values stored once (DEDUPKV, §4), in the one log: a key whose value is already in the
+//! log, byte for byte, points at that copy ([`IndexValue::Shared`]) instead of its own.
+//!
+//! One [`Dedup`] per node, shared by every shard's replica and the log GC:
+//!
+//! - **The content index** maps a value's 128-bit fingerprint (XXH3) to the place of one copy of
+//!   it in the log (its *canonical* copy), for values of at least `min_value_bytes`. It is a hint:
+//!   a hit is used only after the canonical copy's bytes were read back and compared with the new
+//!   value's (and checked against the GC's fence, below), so a stale entry, a collision or a
+//!   damaged copy costs a read, never a wrong value. Because it is a hint it lives in memory only,
+//!   bounded by `memory_bytes` (least recently used entries go first), and is not persisted: after a
+//!   restart it fills again from the values written and moved since.
+//! - **At apply (inline)**: the applier asks [`Dedup::inline_place`] for each large value; a hit
+//!   makes the key point at the canonical copy, and the value's bytes in the new entry become
+//!   garbage for the log GC at once.
+//! - **In the GC (offline)**: values the collector moves are compared against the content index the
+//!   same way, so duplicates written while inline dedup was off are merged when their segment is
+//!   collected; and keys that shared a copy before the move share the moved copy.
+//! - **Elastic**: inline dedup watches its hit ratio over windows of [`ELASTIC_WINDOW`] candidate
+//!   values; below [`ELASTIC_OFF_RATIO`] it switches itself off (the GC still deduplicates), and
+//!   while off it keeps sampling one candidate in [`ELASTIC_SAMPLE`] (fingerprint only) and
+//!   switches back on above [`ELASTIC_ON_RATIO`]. Switches are logged and counted.
+//!
+//! **Why no reference counts.** DEDUPKV counts references to know when a shared copy becomes
+//! garbage. Here the log GC already decides liveness from the trees themselves (its census walks
+//! every shard's index), so a copy is live exactly while some key points at it: the counts are
+//! derived by each census and cannot drift from the data trees. What sharing changes for the GC is
+//! that a record no longer names every key pointing into it, and that a key may gain a locator into
+//! an old segment; the GC handles both ([`Dedup::fence`], [`Dedup::take_lowest_target`], and the
+//! census's rule that a segment with shared references into it is collected only from the keys
+//! the census kept: `gc`).
+//!
+//! Not owned here: reading the log (the caller's), the index writes (the applier's and the loop's),
+//! what the GC collects.
+
+use onekv_log::{Locator, Log};
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Candidate values per window over which elastic mode judges its hit ratio.
+pub const ELASTIC_WINDOW: u64 = 4096;
+/// Elastic mode turns inline dedup off when fewer than this share of a window's candidates hit.
+pub const ELASTIC_OFF_RATIO: f64 = 0.02;
+/// ... and on again when at least this share of the sampled candidates hit.
+pub const ELASTIC_ON_RATIO: f64 = 0.05;
+/// While inline dedup is off, elastic mode looks up one candidate in this many.
+pub const ELASTIC_SAMPLE: u64 = 8;
+/// Bytes one content-index entry is charged against `memory_bytes` (fingerprint, locator and the
+/// LRU's own links and hash slot).
+pub const ENTRY_BYTES: u64 = 96;
+
+/// Where identical values are stored once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DedupMode {
+    /// Every value has its own copy (the behaviour before deduplication).
+    #[default]
+    Off,
+    /// At apply only.
+    Inline,
+    /// In the log GC only, when it moves values.
+    Offline,
+    /// In the log GC, and at apply while the measured duplicate ratio makes it worth it.
+    Elastic,
+}
+
+impl DedupMode {
+    /// The configuration spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            DedupMode::Off => "off",
+            DedupMode::Inline => "inline",
+            DedupMode::Offline => "offline",
+            DedupMode::Elastic => "elastic",
+        }
+    }
+
+    /// Parses the configuration spelling.
+    pub fn parse(name: &str) -> Option<DedupMode> {
+        [DedupMode::Off, DedupMode::Inline, DedupMode::Offline, DedupMode::Elastic]
+            .into_iter()
+            .find(|mode| mode.name() == name)
+    }
+
+    /// Whether the log GC deduplicates the values it moves.
+    pub fn offline(self) -> bool {
+        matches!(self, DedupMode::Offline | DedupMode::Elastic)
+    }
+}
+
+/// Settings of value deduplication (onelog mode only).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DedupConfig {
+    /// Where duplicates are found.
+    pub mode: DedupMode,
+    /// Values shorter than this are always stored as they are (a locator and a lookup cost more
+    /// than they would save). At least [`DedupConfig::MIN_VALUE_BYTES`].
+    pub min_value_bytes: u64,
+    /// Memory the content index may use, in bytes (about [`ENTRY_BYTES`] per distinct value).
+    pub memory_bytes: u64,
+    /// Bits of the fingerprint kept: 128, or fewer only to force collisions (tests and the
+    /// simulation check that a collision never makes a key read another value).
+    pub fingerprint_bits: u32,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        DedupConfig {
+            mode: DedupMode::Off,
+            min_value_bytes: 1024,
+            memory_bytes: 64 << 20,
+            fingerprint_bits: 128,
+        }
+    }
+}
+
+impl DedupConfig {
+    /// The smallest `min_value_bytes`: a shared locator is 17 bytes in the index.
+    pub const MIN_VALUE_BYTES: u64 = 64;
+    /// The smallest `memory_bytes` (a thousand entries or so).
+    pub const MIN_MEMORY_BYTES: u64 = 1 << 17;
+
+    /// Checks the values; an error names the first one that is off.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_value_bytes < Self::MIN_VALUE_BYTES {
+            return Err(format!(
+                "dedup min_value_bytes = {} must be at least {}",
+                self.min_value_bytes,
+                Self::MIN_VALUE_BYTES
+            ));
+        }
+        if self.memory_bytes < Self::MIN_MEMORY_BYTES {
+            return Err(format!(
+                "dedup memory_bytes = {} must be at least {}",
+                self.memory_bytes,
+                Self::MIN_MEMORY_BYTES
+            ));
+        }
+        if !(1..=128).contains(&self.fingerprint_bits) {
+            return Err(format!("dedup fingerprint_bits = {} must be 1 to 128", self.fingerprint_bits));
+        }
+        Ok(())
+    }
+
+    /// Entries the content index holds at most.
+    fn capacity(&self) -> NonZeroUsize {
+        NonZeroUsize::new((self.memory_bytes / ENTRY_BYTES).max(1) as usize).expect("at least 1")
+    }
+}
+
+/// What deduplication has done since the node started (node-wide; every shard's status carries
+/// the same copy).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DedupStatus {
+    /// The configured mode (`off`, `inline`, `offline`, `elastic`).
+    pub mode: String,
+    /// Whether values are deduplicated at apply now (elastic mode switches this).
+    pub inline_active: bool,
+    /// Values at or above the size threshold seen at apply.
+    pub candidates: u64,
+    /// Values that pointed at an existing copy at apply.
+    pub inline_hits: u64,
+    /// Values the log GC pointed at an existing copy instead of moving them.
+    pub offline_hits: u64,
+    /// Fingerprint matches whose bytes differed (a collision, or a damaged copy).
+    pub mismatches: u64,
+    /// Value bytes not stored again (inline) or not moved again (offline).
+    pub bytes_saved: u64,
+    /// Entries in the content index now.
+    pub entries: u64,
+    /// Times elastic mode switched inline dedup off or on.
+    pub switches: u64,
+}
+
+/// The node's deduplication: its content index, the GC's fence, and counters.
+pub(crate) struct Dedup {
+    config: DedupConfig,
+    table: Mutex<Table>,
+    /// No new reference may point below this log position: the log GC raises it over the segments
+    /// it is about to collect (see `gc`), so nothing it counted dead gains a key meanwhile.
+    fence: AtomicU64,
+    /// The lowest log position a reference was made to since the GC last took it (`u64::MAX`:
+    /// none); the GC's check that nothing pointed into its segments while it counted them.
+    lowest_target: AtomicU64,
+    inline_active: AtomicBool,
+    counters: Counters,
+    /// Fingerprints are masked with this: all ones, except in tests that force collisions.
+    fingerprint_mask: u128,
+    /// The broken variant [`crate::Mutation::DedupTrustsFingerprint`]: a fingerprint match is
+    /// taken without comparing bytes.
+    trusts_fingerprint: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    candidates: AtomicU64,
+    inline_hits: AtomicU64,
+    offline_hits: AtomicU64,
+    mismatches: AtomicU64,
+    bytes_saved: AtomicU64,
+    switches: AtomicU64,
+}
+
+struct Table {
+    places: lru::LruCache<u128, Locator>,
+    /// Elastic mode's current window: candidates looked up, and hits among them.
+    window_seen: u64,
+    window_hits: u64,
+    /// Candidates since inline dedup went off (one in [`ELASTIC_SAMPLE`] is looked up).
+    skipped: u64,
+}
+
+/// What a lookup found for a value.
+enum Found {
+    /// A copy with these bytes, at this place.
+    Copy(Locator),
+    /// Nothing usable (the entry was replaced by the value's own place if it has one).
+    Nothing,
+}
+
+impl Dedup {
+    /// The node's deduplication under `config` (validated).
+    pub fn new(config: DedupConfig, trusts_fingerprint: bool) -> Dedup {
+        let fingerprint_mask = match config.fingerprint_bits {
+            128.. => u128::MAX,
+            bits => (1u128 << bits) - 1,
+        };
+        let inline_active = matches!(config.mode, DedupMode::Inline | DedupMode::Elastic);
+        Dedup {
+            table: Mutex::new(Table {
+                places: lru::LruCache::new(config.capacity()),
+                window_seen: 0,
+                window_hits: 0,
+                skipped: 0,
+            }),
+            config,
+            fence: AtomicU64::new(0),
+            lowest_target: AtomicU64::new(u64::MAX),
+            inline_active: AtomicBool::new(inline_active),
+            counters: Counters::default(),
+            fingerprint_mask,
+            trusts_fingerprint,
+        }
+    }
+
+    fn fingerprint(&self, value: &[u8]) -> u128 {
+        xxhash_rust::xxh3::xxh3_128(value) & self.fingerprint_mask
+    }
+
+    /// Whether a stored value (`crc || bytes`) of `stored_len` bytes is large enough to share.
+    pub fn is_candidate(&self, stored_len: usize) -> bool {
+        stored_len.saturating_sub(crate::codec::STORED_VALUE_PREFIX) as u64 >= self.config.min_value_bytes
+    }
+
+    /// At apply: a place in `log` holding exactly `stored` (a stored value: checksum and bytes),
+    /// for a key about to point at `own` (the value's bytes in its entry), or `None` to keep `own`
+    /// (which then becomes the value's canonical copy).
+    pub fn inline_place(&self, log: &Log, stored: &[u8], own: Locator) -> Option<Locator> {
+        if self.config.mode == DedupMode::Off || !self.is_candidate(stored.len()) {
+            return None;
+        }
+        self.counters.candidates.fetch_add(1, Ordering::Relaxed);
+        let fingerprint = self.fingerprint(&stored[crate::codec::STORED_VALUE_PREFIX..]);
+        if !self.inline_active.load(Ordering::Relaxed) {
+            if self.config.mode == DedupMode::Elastic {
+                self.sample(fingerprint, own);
+            }
+            return None;
+        }
+        let found = self.find(log, fingerprint, stored, Some(own));
+        if self.config.mode == DedupMode::Elastic {
+            self.judge_window(matches!(found, Found::Copy(_)));
+        }
+        match found {
+            Found::Copy(at) => {
+                self.counters.inline_hits.fetch_add(1, Ordering::Relaxed);
+                self.counters.bytes_saved.fetch_add(stored.len() as u64, Ordering::Relaxed);
+                Some(at)
+            }
+            Found::Nothing => None,
+        }
+    }
+
+    /// In the GC: a place holding exactly `stored` other than the segments being collected (below
+    /// the fence the GC raised), or `None`. Records nothing: the GC calls [`Dedup::remember`] for
+    /// the copy it writes instead.
+    pub fn offline_place(&self, log: &Log, stored: &[u8]) -> Option<Locator> {
+        if !self.config.mode.offline() || !self.is_candidate(stored.len()) {
+            return None;
+        }
+        let fingerprint = self.fingerprint(&stored[crate::codec::STORED_VALUE_PREFIX..]);
+        match self.find(log, fingerprint, stored, None) {
+            Found::Copy(at) => {
+                self.count_offline_hit(stored.len());
+                Some(at)
+            }
+            Found::Nothing => None,
+        }
+    }
+
+    /// The configured mode.
+    pub fn mode(&self) -> DedupMode {
+        self.config.mode
+    }
+
+    /// Counts a value the GC found twice among those it moves at once (it writes one copy).
+    pub fn count_offline_hit(&self, stored_len: usize) {
+        self.counters.offline_hits.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_saved.fetch_add(stored_len as u64, Ordering::Relaxed);
+    }
+
+    /// Records `at` as the canonical copy of `stored` (a copy the GC just wrote).
+    pub fn remember(&self, stored: &[u8], at: Locator) {
+        if self.config.mode == DedupMode::Off || !self.is_candidate(stored.len()) {
+            return;
+        }
+        let fingerprint = self.fingerprint(&stored[crate::codec::STORED_VALUE_PREFIX..]);
+        self.table().places.put(fingerprint, at);
+    }
+
+    /// Looks `fingerprint` up and confirms a candidate copy by its bytes; on a miss, `own` (if
+    /// any) becomes the entry.
+    fn find(&self, log: &Log, fingerprint: u128, stored: &[u8], own: Option<Locator>) -> Found {
+        let candidate = self.table().places.get(&fingerprint).copied();
+        if let Some(at) = candidate
+            && Some(at) != own
+            && at.len == stored.len() as u64
+        {
+            // The fence first: below it the GC may be deleting the segment as we read. A reference
+            // is noted before the fence is read again, so the GC sees either the fence's effect
+            // or the note (a lookup the fence already refuses notes nothing).
+            let above_fence = || at.position >= self.fence.load(Ordering::SeqCst);
+            if above_fence() && {
+                self.note_target(at.position);
+                above_fence()
+            } {
+                let same = self.trusts_fingerprint || log.read(at).is_ok_and(|bytes| bytes == stored);
+                if same {
+                    return Found::Copy(at);
+                }
+                self.counters.mismatches.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if let Some(own) = own {
+            self.table().places.put(fingerprint, own);
+        }
+        Found::Nothing
+    }
+
+    /// Records that a reference to `position` may be made (before the fence is read, so the GC
+    /// sees either the fence's effect or the target: [`Dedup::take_lowest_target`]).
+    fn note_target(&self, position: u64) {
+        self.lowest_target.fetch_min(position, Ordering::SeqCst);
+    }
+
+    /// Elastic mode while inline dedup is off: one candidate in [`ELASTIC_SAMPLE`] is looked up by
+    /// fingerprint alone (no read), to see whether duplicates came back.
+    fn sample(&self, fingerprint: u128, own: Locator) {
+        let mut table = self.table();
+        table.skipped += 1;
+        if !table.skipped.is_multiple_of(ELASTIC_SAMPLE) {
+            return;
+        }
+        let hit = table.places.get(&fingerprint).is_some();
+        if !hit {
+            table.places.put(fingerprint, own);
+        }
+        drop(table);
+        self.judge_window(hit);
+    }
+
+    /// Counts one looked-up candidate in elastic mode's window, and switches inline dedup at the
+    /// window's end when its hit ratio says so.
+    fn judge_window(&self, hit: bool) {
+        let mut table = self.table();
+        table.window_seen += 1;
+        table.window_hits += u64::from(hit);
+        let window = if self.inline_active.load(Ordering::Relaxed) {
+            ELASTIC_WINDOW
+        } else {
+            ELASTIC_WINDOW / ELASTIC_SAMPLE
+        };
+        if table.window_seen < window {
+            return;
+        }
+        let ratio = table.window_hits as f64 / table.window_seen as f64;
+        table.window_seen = 0;
+        table.window_hits = 0;
+        drop(table);
+        let active = self.inline_active.load(Ordering::Relaxed);
+        let switch_to = match active {
+            true if ratio < ELASTIC_OFF_RATIO => Some(false),
+            false if ratio >= ELASTIC_ON_RATIO => Some(true),
+            _ => None,
+        };
+        if let Some(on) = switch_to {
+            self.inline_active.store(on, Ordering::Relaxed);
+            self.counters.switches.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                duplicate_ratio = ratio,
+                "inline dedup switched {}; the log GC still deduplicates what it moves",
+                if on { "on" } else { "off" }
+            );
+        }
+    }
+
+    /// The GC raises the fence to `position` before collecting the segments below it: from then
+    /// on no reference is made below it (a reference decided before shows in
+    /// [`Dedup::take_lowest_target`] once the loop has finished the turn it was decided in).
+    pub fn raise_fence(&self, position: u64) {
+        self.fence.fetch_max(position, Ordering::SeqCst);
+    }
+
+    /// The lowest position a reference was made to since the last call (`u64::MAX`: none), and
+    /// starts counting again.
+    pub fn take_lowest_target(&self) -> u64 {
+        self.lowest_target.swap(u64::MAX, Ordering::SeqCst)
+    }
+
+    /// The counters and the content index's size.
+    pub fn status(&self) -> DedupStatus {
+        let c = &self.counters;
+        DedupStatus {
+            mode: self.config.mode.name().to_owned(),
+            inline_active: self.inline_active.load(Ordering::Relaxed),
+            candidates: c.candidates.load(Ordering::Relaxed),
+            inline_hits: c.inline_hits.load(Ordering::Relaxed),
+            offline_hits: c.offline_hits.load(Ordering::Relaxed),
+            mismatches: c.mismatches.load(Ordering::Relaxed),
+            bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
+            entries: self.table().places.len() as u64,
+            switches: c.switches.load(Ordering::Relaxed),
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
