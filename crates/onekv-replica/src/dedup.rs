@@ -260,13 +260,15 @@ impl Dedup {
             return None;
         }
         self.counters.candidates.fetch_add(1, Ordering::Relaxed);
-        let fingerprint = self.fingerprint(&stored[crate::codec::STORED_VALUE_PREFIX..]);
+        let fingerprint = || self.fingerprint(&stored[crate::codec::STORED_VALUE_PREFIX..]);
         if !self.inline_active.load(Ordering::Relaxed) {
+            // Offline mode hashes nothing here; elastic mode samples while inline is off.
             if self.config.mode == DedupMode::Elastic {
                 self.sample(fingerprint, own);
             }
             return None;
         }
+        let fingerprint = fingerprint();
         let found = self.find(log, fingerprint, stored, Some(own));
         if self.config.mode == DedupMode::Elastic {
             self.judge_window(matches!(found, Found::Copy(_)));
@@ -355,12 +357,13 @@ impl Dedup {
 
     /// Elastic mode while inline dedup is off: one candidate in [`ELASTIC_SAMPLE`] is looked up by
     /// fingerprint alone (no read), to see whether duplicates came back.
-    fn sample(&self, fingerprint: u128, own: Locator) {
+    fn sample(&self, fingerprint: impl FnOnce() -> u128, own: Locator) {
         let mut table = self.table();
         table.skipped += 1;
         if !table.skipped.is_multiple_of(ELASTIC_SAMPLE) {
             return;
         }
+        let fingerprint = fingerprint();
         let hit = table.places.get(&fingerprint).is_some();
         if !hit {
             table.places.put(fingerprint, own);
