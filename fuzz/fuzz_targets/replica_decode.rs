@@ -14,7 +14,9 @@ fuzz_target!(|data: &[u8]| {
             codec::DecodedCommand::Write(ops) => ops.iter().filter_map(|op| op.value).collect::<Vec<_>>(),
             codec::DecodedCommand::Cas { new, .. } => new.into_iter().collect(),
             codec::DecodedCommand::Txn { ops, .. } => ops.iter().filter_map(|op| op.value).collect(),
-            codec::DecodedCommand::RepairRequest { .. } | codec::DecodedCommand::DeleteExpired { .. } => Vec::new(),
+            codec::DecodedCommand::RepairRequest { .. }
+            | codec::DecodedCommand::DeleteExpired { .. }
+            | codec::DecodedCommand::DeleteRange { .. } => Vec::new(),
             codec::DecodedCommand::Repair { value, .. } => vec![value],
         };
         for span in spans {

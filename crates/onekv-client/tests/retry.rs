@@ -145,6 +145,19 @@ impl Kv for Fake {
         Ok(Response::new(ScanResponse { pairs, more: true }))
     }
 
+    async fn delete_range(
+        &self,
+        request: Request<onekv_proto::DeleteRangeRequest>,
+    ) -> Result<Response<onekv_proto::DeleteRangeResponse>, Status> {
+        self.answer(request.into_inner().request_id).await?;
+        Ok(Response::new(onekv_proto::DeleteRangeResponse {
+            deleted: 3,
+            more: false,
+            resume: vec![],
+            index: 46,
+        }))
+    }
+
     /// Answers at once, outside the script: the client asks a node's status to learn the cluster
     /// map (here: none, so one shard) before its first keyed call.
     async fn transfer_leader(

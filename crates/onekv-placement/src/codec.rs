@@ -3,7 +3,8 @@
 //! ```text
 //! offset  size  field
 //!      0     4  magic "OKVM"
-//!      4     2  format version (u16, = 1)
+//!      4     2  format version (u16): 1 or 2, the same layout; it names the map's key hashing
+//!               (1: whole keys, 2: database-blind, see `KeyHashing`)
 //!      6     2  replication factor R (u16)
 //!      8     8  epoch (u64)
 //!     16     4  node count N (u32)
@@ -14,12 +15,20 @@
 //! ```
 //! All integers little endian.
 
-use crate::{ClusterMap, MAX_REPLICAS, MAX_SHARDS, PlacementError, ShardPlacement};
+use crate::{ClusterMap, KeyHashing, MAX_REPLICAS, MAX_SHARDS, PlacementError, ShardPlacement};
 
 /// First four bytes of an encoded map.
 pub const MAGIC: [u8; 4] = *b"OKVM";
-/// The encoding's format version written by this release (and the only one it reads).
-pub const FORMAT_VERSION: u16 = 1;
+/// The encoding's newest format version (a new cluster's maps); this release reads 1 and 2.
+pub const FORMAT_VERSION: u16 = 2;
+
+/// The format version that records `hashing` (the layouts are the same).
+fn version_of(hashing: KeyHashing) -> u16 {
+    match hashing {
+        KeyHashing::WholeKey => 1,
+        KeyHashing::DatabaseBlind => 2,
+    }
+}
 
 const HEADER: usize = 24;
 const CHECKSUM: usize = 4;
@@ -33,7 +42,7 @@ impl ClusterMap {
             HEADER + 8 * self.nodes.len() + self.shards.len() * (10 + 8 * r as usize) + CHECKSUM,
         );
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&version_of(self.key_hashing).to_le_bytes());
         out.extend_from_slice(&saturate_u16(r as usize).to_le_bytes());
         out.extend_from_slice(&self.epoch.to_le_bytes());
         out.extend_from_slice(&saturate_u32(self.nodes.len()).to_le_bytes());
@@ -66,9 +75,11 @@ impl ClusterMap {
             return Err(PlacementError::BadMagic(magic));
         }
         let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-        if version != FORMAT_VERSION {
-            return Err(PlacementError::UnsupportedVersion(version));
-        }
+        let key_hashing = match version {
+            1 => KeyHashing::WholeKey,
+            2 => KeyHashing::DatabaseBlind,
+            _ => return Err(PlacementError::UnsupportedVersion(version)),
+        };
         let (body, tail) = bytes.split_at(len - CHECKSUM);
         let stored = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
         let computed = crc32c::crc32c(body);
@@ -111,7 +122,7 @@ impl ClusterMap {
         if c.at != body.len() {
             return Err(PlacementError::TrailingBytes(body.len() - c.at));
         }
-        let map = ClusterMap { epoch, nodes, shards };
+        let map = ClusterMap { epoch, nodes, shards, key_hashing };
         map.validate()?;
         Ok(map)
     }

@@ -2,7 +2,8 @@
 //!
 //! Owns:
 //! - the key hash ([`hash_slot`]): Redis Cluster's CRC16 of the key or of its `{hash tag}`, so a key
-//!   lands on the same slot as in Redis (`CLUSTER KEYSLOT`);
+//!   lands on the same slot as in Redis (`CLUSTER KEYSLOT`); a map's [`KeyHashing`] says whether a
+//!   Redis database's prefix is hashed too;
 //! - slot → shard: the 16384 slots split into contiguous, near-equal ranges ([`shard_of_slot`],
 //!   [`slots_of_shard`]);
 //! - the placement of each shard's replicas on nodes: a consistent-hash ring with virtual nodes and a
@@ -34,7 +35,9 @@ pub use members::{
     MAX_ADDRESS_BYTES, MAX_MEMBERS, MEMBERS_KEY, Member, MemberList, MemberListError, SYSTEM_PREFIX,
 };
 pub use ring::{VNODES_PER_NODE, ring_hash_node, ring_hash_shard};
-pub use slot::{hash_slot, shard_of_key, shard_of_slot, slots_of_shard};
+pub use slot::{
+    DATABASE_PREFIX, DATABASES, KeyHashing, hash_slot, shard_of_key, shard_of_slot, slots_of_shard,
+};
 
 /// A node's id: any non-zero `u64` (0 is reserved and never a node).
 pub type NodeId = u64;

@@ -1,6 +1,7 @@
 //! The cluster map: which nodes hold each shard, and which replica is its primary.
 
 use crate::ring::Ring;
+use crate::slot::KeyHashing;
 use crate::{MAX_REPLICAS, MAX_SHARDS, NodeId, PlacementError, ShardId};
 
 /// One shard's replicas.
@@ -21,6 +22,9 @@ pub struct ClusterMap {
     pub nodes: Vec<NodeId>,
     /// Every shard, by id (`shards[i].id == i + 1`).
     pub shards: Vec<ShardPlacement>,
+    /// How keys hash to slots: [`KeyHashing::DatabaseBlind`] for a new cluster; a cluster keeps its
+    /// rule for life (its maps carry it).
+    pub key_hashing: KeyHashing,
 }
 
 impl ClusterMap {
@@ -57,7 +61,7 @@ impl ClusterMap {
             placed.push(ShardPlacement { id, replicas: chosen.iter().map(|&i| nodes[i]).collect() });
         }
         balance_primaries(&nodes, &mut placed, &vec![true; s]);
-        Ok(ClusterMap { epoch: 1, nodes, shards: placed })
+        Ok(ClusterMap { epoch: 1, nodes, shards: placed, key_hashing: KeyHashing::default() })
     }
 
     /// Number of shards.
@@ -72,7 +76,7 @@ impl ClusterMap {
 
     /// The shard that owns `key`.
     pub fn shard_of_key(&self, key: &[u8]) -> ShardId {
-        crate::shard_of_key(key, self.shard_count())
+        crate::shard_of_key(key, self.shard_count(), self.key_hashing)
     }
 
     /// The placement of shard `id`.
@@ -151,7 +155,7 @@ impl ClusterMap {
             load[new] += 1;
         }
         balance_primaries(&nodes, &mut shards, &joined);
-        Ok(ClusterMap { epoch: self.epoch + 1, nodes, shards })
+        Ok(ClusterMap { epoch: self.epoch + 1, nodes, shards, key_hashing: self.key_hashing })
     }
 
     /// Checks everything [`Self::build`] guarantees about a map's shape: epoch ≥ 1; nodes non-empty,

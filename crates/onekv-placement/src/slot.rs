@@ -22,6 +22,45 @@ fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     (close > 0).then(|| &rest[..close])
 }
 
+/// How a cluster map hashes keys to slots. Recorded in the map (its format version), because
+/// changing it would move keys between shards on a live cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KeyHashing {
+    /// [`hash_slot`] of the whole key: maps of format version 1 (clusters created before
+    /// databases hashed alike).
+    WholeKey,
+    /// [`hash_slot`] of the key without its Redis database prefix ([`DATABASE_PREFIX`] and a
+    /// database number `1..DATABASES`), so a key lies in the same slot in every database and
+    /// `MOVE`, `COPY ... DB` or a transaction over several databases stays in one shard. Other keys
+    /// hash whole. Maps of format version 2; what new clusters use.
+    #[default]
+    DatabaseBlind,
+}
+
+/// The first bytes of every key of Redis databases 1 to 15 (database 0 is the plain key space):
+/// database n's key `k` is stored as `FF FF n k`.
+pub const DATABASE_PREFIX: [u8; 2] = [0xFF, 0xFF];
+/// The Redis databases a connection can SELECT: 0 to 15, as Redis's default `databases 16`.
+pub const DATABASES: u8 = 16;
+
+impl KeyHashing {
+    /// The slot of `key` under this rule.
+    pub fn slot(self, key: &[u8]) -> u16 {
+        match self {
+            KeyHashing::WholeKey => hash_slot(key),
+            KeyHashing::DatabaseBlind => hash_slot(without_database(key)),
+        }
+    }
+}
+
+/// `key` without its database prefix, when it has one (`FF FF n` with n in `1..DATABASES`).
+fn without_database(key: &[u8]) -> &[u8] {
+    match key.strip_prefix(&DATABASE_PREFIX[..]) {
+        Some([db, rest @ ..]) if (1..DATABASES).contains(db) => rest,
+        _ => key,
+    }
+}
+
 /// Clamps a shard count into `1..=MAX_SHARDS` (the routing functions do not fail).
 fn clamp_shards(shards: u32) -> u32 {
     shards.clamp(1, MAX_SHARDS)
@@ -35,9 +74,9 @@ pub fn shard_of_slot(slot: u16, shards: u32) -> ShardId {
     1 + slot * u64::from(clamp_shards(shards)) / u64::from(HASH_SLOTS)
 }
 
-/// The shard that owns `key`: [`shard_of_slot`] of [`hash_slot`].
-pub fn shard_of_key(key: &[u8], shards: u32) -> ShardId {
-    shard_of_slot(hash_slot(key), shards)
+/// The shard that owns `key` among `shards` under `hashing`: [`shard_of_slot`] of its slot.
+pub fn shard_of_key(key: &[u8], shards: u32, hashing: KeyHashing) -> ShardId {
+    shard_of_slot(hashing.slot(key), shards)
 }
 
 /// The slots `shard` owns (the inverse of [`shard_of_slot`]): an empty range when `shard` is not in
@@ -99,6 +138,25 @@ mod tests {
         assert_eq!(shard_of_slot(1024, 16), 2);
         assert_eq!(slots_of_shard(0, 16), 0..0);
         assert_eq!(slots_of_shard(17, 16), 0..0);
-        assert_eq!(shard_of_key(b"foo", 16), 1 + 12182 * 16 / 16384);
+        assert_eq!(shard_of_key(b"foo", 16, KeyHashing::WholeKey), 1 + 12182 * 16 / 16384);
+    }
+
+    #[test]
+    fn database_blind_hashing_puts_a_key_in_the_same_slot_in_every_database() {
+        let blind = KeyHashing::DatabaseBlind;
+        for db in 1..DATABASES {
+            let stored = [&DATABASE_PREFIX[..], &[db], b"foo"].concat();
+            assert_eq!(blind.slot(&stored), 12182, "database {db}");
+            assert_ne!(KeyHashing::WholeKey.slot(&stored), 12182, "database {db} hashed whole");
+        }
+        assert_eq!(blind.slot(b"foo"), 12182);
+        // Not a database: FF FF 0, FF FF 16 and a lone FF FF hash whole.
+        for key in [&[0xFF, 0xFF, 0, b'f'][..], &[0xFF, 0xFF, 16, b'f'], &[0xFF, 0xFF], b"\xffonekv/members"]
+        {
+            assert_eq!(blind.slot(key), hash_slot(key), "{key:?}");
+        }
+        // The hash tag counts after the prefix, as in database 0.
+        let tagged = [&DATABASE_PREFIX[..], &[3], b"{user1000}.following"].concat();
+        assert_eq!(blind.slot(&tagged), hash_slot(b"user1000"));
     }
 }

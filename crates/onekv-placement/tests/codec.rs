@@ -1,6 +1,6 @@
 //! The map's encoding: round trip, refusals, and no panics on any input.
 
-use onekv_placement::{ClusterMap, FORMAT_VERSION, PlacementError};
+use onekv_placement::{ClusterMap, FORMAT_VERSION, KeyHashing, PlacementError};
 
 /// SplitMix64: a small seeded generator for the property-style tests.
 struct Rng(u64);
@@ -43,12 +43,37 @@ fn round_trip() {
     }
 }
 
+/// A map written before key hashing was recorded (format version 1) still reads, hashes whole keys
+/// as it always did, keeps that rule through a membership change, and is written as version 1
+/// again: an existing cluster's keys never move.
+#[test]
+fn a_version_1_map_keeps_hashing_whole_keys() {
+    let mut map = sample();
+    map.key_hashing = KeyHashing::WholeKey;
+    let bytes = map.encode();
+    assert_eq!(&bytes[4..6], &1u16.to_le_bytes());
+    let read = ClusterMap::decode(&bytes).unwrap();
+    assert_eq!(read.key_hashing, KeyHashing::WholeKey);
+    let db3_foo = [0xFF, 0xFF, 3, b'f', b'o', b'o'];
+    assert_eq!(
+        read.shard_of_key(&db3_foo),
+        onekv_placement::shard_of_key(&db3_foo, 64, KeyHashing::WholeKey)
+    );
+    let grown = read.with_node_added(99).unwrap();
+    assert_eq!(grown.key_hashing, KeyHashing::WholeKey);
+    assert_eq!(&grown.encode()[4..6], &1u16.to_le_bytes());
+    // A new map puts the key where database 0's "foo" is.
+    let new = sample();
+    assert_eq!(new.key_hashing, KeyHashing::DatabaseBlind);
+    assert_eq!(new.shard_of_key(&db3_foo), new.shard_of_key(b"foo"));
+}
+
 #[test]
 fn layout_is_pinned() {
     let map = ClusterMap::build(&[1, 2], 1, 2).unwrap();
     let bytes = map.encode();
     assert_eq!(&bytes[..4], b"OKVM");
-    assert_eq!(&bytes[4..6], &1u16.to_le_bytes());
+    assert_eq!(&bytes[4..6], &2u16.to_le_bytes()); // a new map hashes keys database-blind
     assert_eq!(&bytes[6..8], &2u16.to_le_bytes()); // R
     assert_eq!(&bytes[8..16], &1u64.to_le_bytes()); // epoch
     assert_eq!(&bytes[16..20], &2u32.to_le_bytes()); // nodes
@@ -92,7 +117,10 @@ fn refuses_any_flipped_byte() {
 fn refuses_wrong_version_and_magic() {
     let mut bytes = sample().encode();
     bytes[4..6].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-    assert_eq!(ClusterMap::decode(&bytes), Err(PlacementError::UnsupportedVersion(2)));
+    assert_eq!(ClusterMap::decode(&bytes), Err(PlacementError::UnsupportedVersion(3)));
+    let mut bytes = sample().encode();
+    bytes[4..6].copy_from_slice(&0u16.to_le_bytes());
+    assert!(matches!(ClusterMap::decode(&bytes), Err(PlacementError::UnsupportedVersion(0))));
     let mut bytes = sample().encode();
     bytes[0] = b'X';
     assert!(matches!(ClusterMap::decode(&bytes), Err(PlacementError::BadMagic(_))));

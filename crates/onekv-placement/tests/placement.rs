@@ -205,7 +205,7 @@ fn lookups() {
     assert_eq!(map.shard(17), None);
     assert_eq!(map.shard(5).unwrap().id, 5);
     assert_eq!(map.primary(99), None);
-    assert_eq!(map.shard_of_key(b"foo"), onekv_placement::shard_of_key(b"foo", 16));
+    assert_eq!(map.shard_of_key(b"foo"), onekv_placement::shard_of_key(b"foo", 16, Default::default()));
     let total: usize = map.nodes.iter().map(|&n| map.shards_of(n).len()).sum();
     assert_eq!(total, 32);
     assert!(map.shards_of(77).is_empty());

@@ -302,6 +302,11 @@ impl WriteOp {
 /// A key's value and when it expires (ms since the Unix epoch; `None`: never).
 pub type ValueWithExpiry = (Vec<u8>, Option<u64>);
 
+/// Keys one page of a range deletion deletes when its request names no limit: a page is one
+/// entry, applied in one go on every replica, so it stays small enough not to hold up the shard's
+/// other writes (about a millisecond of index work).
+pub const RANGE_DELETE_PAGE_KEYS: u32 = 1024;
+
 /// When a key written by a put expires. Times are in ms since the Unix epoch; a relative one is
 /// made absolute by the shard's leader when it proposes the command (from the entry's own time),
 /// so every replica applies the same time. An expired key reads as absent and is deleted later
@@ -348,6 +353,23 @@ pub enum Command {
         /// Puts and deletes applied together when the conditions hold.
         ops: Vec<WriteOp>,
     },
+    /// One page of a range deletion: deletes the first `limit` keys (at most) with
+    /// `start <= key < end` (`end` `None`: no end), except those beginning with `spare` (when not
+    /// empty), as one write. Each replica finds the keys in its own index, at the entry's place in
+    /// the log, so every replica deletes the same ones and the entry carries no key. The outcome's
+    /// [`Outcome::range`] says how many it deleted and where the next page starts. A range of any
+    /// size is deleted page by page (the client's `delete_range` does it), so applying one entry
+    /// stays bounded and the node's other writes go on between pages.
+    DeleteRange {
+        /// The first key of the range (inclusive).
+        start: Vec<u8>,
+        /// The end of the range (exclusive); `None`: no end.
+        end: Option<Vec<u8>>,
+        /// The most keys this page deletes (`1..=max_batch_ops`).
+        limit: u32,
+        /// Keys with this prefix are left as they are (the server's own keys); empty: none.
+        spare: Vec<u8>,
+    },
 }
 
 /// One condition of a [`Command::Txn`]: `key` currently holds `expected` (`None`: it is absent).
@@ -368,6 +390,31 @@ pub struct Outcome {
     /// transaction: whether its conditions held and its ops were applied (`swapped`; `current` is
     /// always `None`).
     pub cas: Option<CasOutcome>,
+    /// For a page of a range deletion: what it deleted and where the next page starts.
+    pub range: Option<RangeDeletion>,
+}
+
+impl Outcome {
+    /// The outcome of a command that reports nothing but where it was committed.
+    pub fn at(index: u64) -> Self {
+        Outcome { index, cas: None, range: None }
+    }
+
+    /// The outcome of a compare-and-swap or transaction committed at `index`.
+    pub fn swap(index: u64, cas: CasOutcome) -> Self {
+        Outcome { index, cas: Some(cas), range: None }
+    }
+}
+
+/// What one page of a range deletion ([`Command::DeleteRange`]) did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeDeletion {
+    /// Keys it deleted.
+    pub deleted: u64,
+    /// Where the next page starts (inclusive) when the range may hold more keys; `None` when the
+    /// page reached the range's end. A retry answered from the window of recent requests says the
+    /// page's own start again (its count is then 0): re-running a page is harmless.
+    pub resume: Option<Vec<u8>>,
 }
 
 /// The result of a compare-and-swap.
@@ -409,6 +456,10 @@ pub enum Mutation {
     /// live values of a segment it reads whole only from the keys its records name, and raises
     /// no fence against new references (driven mode's collector only).
     GcIgnoresSharedValues,
+    /// A range deletion's page finds its keys in the index as it was when the batch of entries
+    /// being applied began, missing the keys written by earlier entries of the same batch: replicas
+    /// that apply the log in different batches delete different keys.
+    RangePageReadsBatchStart,
 }
 
 /// Why a request failed.
@@ -807,6 +858,27 @@ impl Limits {
                     return bad(format!(
                         "transaction of {bytes} bytes (conditions and ops) exceeds max_batch_bytes = {}",
                         self.max_batch_bytes
+                    ));
+                }
+                Ok(())
+            }
+            Command::DeleteRange { start, end, limit, spare } => {
+                for key in [Some(start), end.as_ref(), Some(spare)].into_iter().flatten() {
+                    if key.len() > self.max_key_bytes {
+                        return bad(format!(
+                            "range bound of {} bytes exceeds max_key_bytes = {}",
+                            key.len(),
+                            self.max_key_bytes
+                        ));
+                    }
+                }
+                if end.as_ref().is_some_and(|end| end < start) {
+                    return bad("range deletion: start is after end".into());
+                }
+                if *limit == 0 || *limit as usize > self.max_batch_ops {
+                    return bad(format!(
+                        "range deletion page of {limit} keys: must be 1..=max_batch_ops ({})",
+                        self.max_batch_ops
                     ));
                 }
                 Ok(())

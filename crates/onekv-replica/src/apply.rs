@@ -12,6 +12,10 @@
 //! A transaction (`Txn`) checks every condition against the current values, then applies all its
 //! ops as one write, at the entry's seqnos, or nothing.
 //!
+//! A range deletion's page (`DeleteRange`) finds its keys in the tree as published, which is
+//! everything applied before the entry, so every replica deletes the same keys whatever batches it
+//! applies the log in.
+//!
 //! A command whose request id is in the window of recent ids (`requests`) is not applied again: it
 //! gets the outcome of its first application.
 //!
@@ -24,7 +28,7 @@ use crate::codec::{self, DecodedCommand, ValueSpan};
 use crate::records;
 use crate::requests::Effect;
 use crate::state::{self, State, storage};
-use crate::{CasOutcome, Expiry, Outcome, ReplicaError, StorageMode};
+use crate::{CasOutcome, Expiry, Outcome, RangeDeletion, ReplicaError, StorageMode};
 use onekv_index::IndexValue;
 use onekv_log::Locator;
 use raft::eraftpb::{Entry, EntryType};
@@ -47,6 +51,10 @@ pub(crate) struct Applier {
     offers: Vec<(Vec<u8>, Vec<u8>)>,
     /// The broken variant [`crate::Mutation::DeletesExpiredUnchecked`] (a simulation only).
     pub unchecked_expiry_deletes: bool,
+    /// The broken variant [`crate::Mutation::RangePageReadsBatchStart`] (a simulation only).
+    pub range_reads_at_batch_start: bool,
+    /// Under that variant, the index as the batch being applied found it.
+    batch_start: Option<onekv_index::TreeSnapshot>,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -57,7 +65,14 @@ enum Placement {
 
 impl Applier {
     pub fn new(state: Arc<State>, shard: u64) -> Self {
-        Applier { state, shard, offers: Vec::new(), unchecked_expiry_deletes: false }
+        Applier {
+            state,
+            shard,
+            offers: Vec::new(),
+            unchecked_expiry_deletes: false,
+            range_reads_at_batch_start: false,
+            batch_start: None,
+        }
     }
 
     /// Takes the healthy copies to propose as repairs (the loop proposes them after applying).
@@ -69,6 +84,7 @@ impl Applier {
     /// of `entries[i]`'s ENTRY record).
     pub fn apply(&mut self, entries: &[Entry], locators: &[Locator]) -> Result<Vec<Applied>, ReplicaError> {
         let state = self.state.clone();
+        self.batch_start = self.range_reads_at_batch_start.then(|| state.tree.snapshot());
         let decoded: Vec<_> = entries
             .iter()
             .map(|entry| {
@@ -187,6 +203,7 @@ impl Applier {
                 )
                 .map_err(|e| storage(format!("writing the data WAL: {e}")))?;
         }
+        self.batch_start = None;
         Ok(results)
     }
 
@@ -258,6 +275,13 @@ impl Applier {
         let state = self.state.clone();
         let data = &entry.data[..];
         let mut placements = placements.into_iter();
+        // A range deletion's page: the keys it deletes, found before anything is written.
+        let range_page = match command {
+            DecodedCommand::DeleteRange { start, end, limit, spare } => {
+                Some(range_page(&state, self.batch_start.as_ref(), start, *end, *limit as usize, spare)?)
+            }
+            _ => None,
+        };
         let mut effects: Vec<(&[u8], Option<&[u8]>)> = Vec::new();
         let mut user_bytes = 0u64;
         // The expiry each key written so far by this entry got: the tree shows the entry's writes
@@ -310,7 +334,7 @@ impl Applier {
                     write(op, decoded.key, value, decoded.expiry)?;
                     effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
                 }
-                Outcome { index: entry.index, cas: None }
+                Outcome::at(entry.index)
             }
             DecodedCommand::DeleteExpired { keys } => {
                 for (op, key) in keys.iter().enumerate() {
@@ -322,7 +346,19 @@ impl Applier {
                         effects.push((key, None));
                     }
                 }
-                Outcome { index: entry.index, cas: None }
+                Outcome::at(entry.index)
+            }
+            DecodedCommand::DeleteRange { .. } => {
+                let (keys, resume) = range_page.as_ref().expect("found above");
+                for (op, key) in keys.iter().enumerate() {
+                    write(op, key, None, Expiry::Never)?;
+                    effects.push((key, None));
+                }
+                Outcome {
+                    index: entry.index,
+                    cas: None,
+                    range: Some(RangeDeletion { deleted: keys.len() as u64, resume: resume.clone() }),
+                }
             }
             DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
                 unreachable!("repairs are applied by apply_repair")
@@ -334,9 +370,9 @@ impl Applier {
                     write(0, key, new_placement, *new_expiry)?;
                     effects.push((key, new.map(|span| span.value(data))));
                     let current = new.map(|span| span.value(data).to_vec());
-                    Outcome { index: entry.index, cas: Some(CasOutcome { swapped: true, current }) }
+                    Outcome::swap(entry.index, CasOutcome { swapped: true, current })
                 } else {
-                    Outcome { index: entry.index, cas: Some(CasOutcome { swapped: false, current }) }
+                    Outcome::swap(entry.index, CasOutcome { swapped: false, current })
                 }
             }
             DecodedCommand::Txn { conditions, ops } => {
@@ -355,7 +391,7 @@ impl Applier {
                         effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
                     }
                 }
-                Outcome { index: entry.index, cas: Some(CasOutcome { swapped: holds, current: None }) }
+                Outcome::swap(entry.index, CasOutcome { swapped: holds, current: None })
             }
         };
         state.add_user_bytes(user_bytes);
@@ -549,16 +585,13 @@ fn reevaluated_without_effect(
             if current.as_deref() == *expected {
                 already
             } else {
-                Ok(Outcome { index, cas: Some(CasOutcome { swapped: false, current }) })
+                Ok(Outcome::swap(index, CasOutcome { swapped: false, current }))
             }
         }
         DecodedCommand::Txn { conditions, .. } => {
             for (key, expected) in conditions {
                 if current(key)?.as_deref() != *expected {
-                    return Ok(Ok(Outcome {
-                        index,
-                        cas: Some(CasOutcome { swapped: false, current: None }),
-                    }));
+                    return Ok(Ok(Outcome::swap(index, CasOutcome { swapped: false, current: None })));
                 }
             }
             already
@@ -572,17 +605,67 @@ fn reevaluated_without_effect(
 /// same as then. A swapped compare-and-swap's value then is the new value, which the retry carries
 /// too (same request id, same command).
 fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8]) -> Outcome {
-    let cas = match command {
+    match command {
         DecodedCommand::Write(_)
         | DecodedCommand::DeleteExpired { .. }
         | DecodedCommand::RepairRequest { .. }
-        | DecodedCommand::Repair { .. } => None,
-        DecodedCommand::Cas { new, .. } => {
-            Some(CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) })
+        | DecodedCommand::Repair { .. } => Outcome::at(first_index),
+        DecodedCommand::Cas { new, .. } => Outcome::swap(
+            first_index,
+            CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) },
+        ),
+        DecodedCommand::Txn { .. } => Outcome::swap(first_index, CasOutcome { swapped: true, current: None }),
+        // What the first application deleted is not kept: the page is to be run again from its start
+        // (harmless: it deletes only what is there now).
+        DecodedCommand::DeleteRange { start, .. } => Outcome {
+            index: first_index,
+            cas: None,
+            range: Some(RangeDeletion { deleted: 0, resume: Some(start.to_vec()) }),
+        },
+    }
+}
+
+/// The keys one page of a range deletion deletes (the first `limit` of `start..end` in the index
+/// as published, which is everything applied before this entry, less those beginning with
+/// `spare`), and where the next page starts (`None`: the range holds no more keys). The index is
+/// the same on every replica at this point of the log, so every replica finds the same keys.
+#[expect(clippy::type_complexity, reason = "keys and a resume point, used once")]
+fn range_page(
+    state: &State,
+    stale: Option<&onekv_index::TreeSnapshot>,
+    start: &[u8],
+    end: Option<&[u8]>,
+    limit: usize,
+    spare: &[u8],
+) -> Result<(Vec<Vec<u8>>, Option<Vec<u8>>), ReplicaError> {
+    let mut keys = Vec::new();
+    let mut cursor = start.to_vec();
+    loop {
+        // One key beyond the page, to tell a full page from the range's end.
+        let wanted = limit - keys.len() + 1;
+        let (pairs, more) = match stale {
+            Some(snapshot) => snapshot.range(&cursor, end, wanted, false),
+            None => state.tree.range(&cursor, end, wanted, false),
         }
-        DecodedCommand::Txn { .. } => Some(CasOutcome { swapped: true, current: None }),
-    };
-    Outcome { index: first_index, cas }
+        .map_err(|e| storage(format!("index range read: {e}")))?;
+        let Some((last, _)) = pairs.last() else { return Ok((keys, None)) };
+        // The key after the last one read: where the next read starts if this one ends early.
+        let mut after = last.clone();
+        after.push(0);
+        for (key, _) in pairs {
+            if !spare.is_empty() && key.starts_with(spare) {
+                continue;
+            }
+            if keys.len() == limit {
+                return Ok((keys, Some(key)));
+            }
+            keys.push(key);
+        }
+        if !more {
+            return Ok((keys, None));
+        }
+        cursor = after;
+    }
 }
 
 /// The spans of every value a command may store, in order.
@@ -592,7 +675,9 @@ fn value_spans(command: &DecodedCommand<'_>) -> Vec<ValueSpan> {
             ops.iter().filter_map(|op| op.value).collect()
         }
         DecodedCommand::Cas { new, .. } => new.iter().copied().collect(),
-        DecodedCommand::RepairRequest { .. } | DecodedCommand::DeleteExpired { .. } => Vec::new(),
+        DecodedCommand::RepairRequest { .. }
+        | DecodedCommand::DeleteExpired { .. }
+        | DecodedCommand::DeleteRange { .. } => Vec::new(),
         DecodedCommand::Repair { value, .. } => vec![*value],
     }
 }

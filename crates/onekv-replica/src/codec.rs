@@ -25,6 +25,8 @@
 //! tag 5 (txn) body   = cond_count:u32 cond*cond_count count:u32 op*count
 //!     cond = key_len:u32 key has_expected:u8 [expected_len:u32 expected]
 //! tag 6 (delete expired) body = count:u32 (key_len:u32 key)*count   (client and seq are 0)
+//! tag 7 (delete range) body = start_len:u32 start has_end:u8 [end_len:u32 end] limit:u32
+//!                             spare_len:u32 spare
 //! value    = len:u32 crc32c(bytes):u32 bytes        (the locator covers crc32c and bytes)
 //! ```
 //!
@@ -44,6 +46,7 @@ const TAG_REPAIR_REQUEST: u8 = 3;
 const TAG_REPAIR: u8 = 4;
 const TAG_TXN: u8 = 5;
 const TAG_DELETE_EXPIRED: u8 = 6;
+const TAG_DELETE_RANGE: u8 = 7;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_PUT_EXPIRING: u8 = 3;
@@ -124,6 +127,17 @@ pub enum DecodedCommand<'a> {
         /// The keys.
         keys: Vec<&'a [u8]>,
     },
+    /// One page of a range deletion ([`Command::DeleteRange`]).
+    DeleteRange {
+        /// The first key (inclusive).
+        start: &'a [u8],
+        /// The end (exclusive); `None`: no end.
+        end: Option<&'a [u8]>,
+        /// The most keys the page deletes.
+        limit: u32,
+        /// Keys with this prefix are left (empty: none).
+        spare: &'a [u8],
+    },
     /// A healthy copy of `key`'s value: a replica whose current copy is damaged (and of the same
     /// length) takes it; every other replica changes nothing. Proposed by replicas, never by
     /// clients.
@@ -199,6 +213,21 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
                 }
             }
             push_ops(&mut out, ops, time_ms);
+        }
+        Command::DeleteRange { start, end, limit, spare } => {
+            out.push(TAG_DELETE_RANGE);
+            push_request_id(&mut out, request_id);
+            out.extend_from_slice(&time_ms.to_le_bytes());
+            push_bytes(&mut out, start);
+            match end {
+                Some(end) => {
+                    out.push(1);
+                    push_bytes(&mut out, end);
+                }
+                None => out.push(0),
+            }
+            out.extend_from_slice(&limit.to_le_bytes());
+            push_bytes(&mut out, spare);
         }
     }
     out
@@ -299,6 +328,7 @@ pub fn encoded_payload_len(command: &Command) -> usize {
         Command::Txn { ops, .. } => {
             ops.iter().map(|op| op.key.len() + op.value.as_ref().map_or(0, Vec::len)).sum()
         }
+        Command::DeleteRange { .. } => 0,
     }
 }
 
@@ -362,6 +392,16 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
                 keys.push(r.bytes()?);
             }
             DecodedCommand::DeleteExpired { keys }
+        }
+        TAG_DELETE_RANGE => {
+            let start = r.bytes()?;
+            let end = match r.u8()? {
+                0 => None,
+                1 => Some(r.bytes()?),
+                _ => return Err(CodecError("bad range-end flag")),
+            };
+            let limit = r.u32()?;
+            DecodedCommand::DeleteRange { start, end, limit, spare: r.bytes()? }
         }
         TAG_REPAIR_REQUEST => DecodedCommand::RepairRequest { key: r.bytes()? },
         TAG_REPAIR => {
@@ -580,6 +620,28 @@ mod tests {
                 panic!()
             };
             assert_eq!((new.unwrap().value(&data), new_expiry), (&b"v"[..], expiry));
+        }
+    }
+
+    #[test]
+    fn a_range_deletion_round_trips_and_every_truncation_is_an_error() {
+        for (end, spare) in [(None, &b""[..]), (Some(b"m".to_vec()), &b"\xffonekv/"[..])] {
+            let command = Command::DeleteRange {
+                start: b"a".to_vec(),
+                end: end.clone(),
+                limit: 1024,
+                spare: spare.to_vec(),
+            };
+            let data = encode(id(), 7, &command);
+            let decoded = decode(&data).unwrap();
+            assert_eq!((decoded.request_id, decoded.time_ms), (id(), 7));
+            assert_eq!(
+                decoded.command,
+                DecodedCommand::DeleteRange { start: b"a", end: end.as_deref(), limit: 1024, spare }
+            );
+            for cut in 0..data.len() {
+                assert!(decode(&data[..cut]).is_err(), "cut at {cut} decoded");
+            }
         }
     }
 

@@ -157,6 +157,7 @@ impl GroupParts {
         );
         let mut applier = Applier::new(state, shard);
         applier.unchecked_expiry_deletes = self.mutation == Some(crate::Mutation::DeletesExpiredUnchecked);
+        applier.range_reads_at_batch_start = self.mutation == Some(crate::Mutation::RangePageReadsBatchStart);
         Recovering::new(shard, store, applier)
     }
 

@@ -859,3 +859,79 @@ fn a_wiped_replica_never_helps_elect_a_candidate_missing_what_it_acknowledged() 
     }
     cluster.shutdown();
 }
+
+/// A range deletion goes page by page: each page deletes at most its limit, in key order, says
+/// where the next starts, leaves the spared prefix and the keys outside the range, and every
+/// replica (also one restarted, replaying the pages from its log) ends with the same keys.
+#[test]
+fn a_range_deletion_deletes_page_by_page_on_every_replica_and_spares_the_prefix() {
+    for mode in [StorageMode::OneLog, StorageMode::Classic] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster::start(dir.path(), 3, mode, no_tweak);
+        // 2 500 keys in the range, two around it, and two under the spared prefix inside it.
+        let ops: Vec<WriteOp> = (0..2500)
+            .map(|i| format!("r{i:05}"))
+            .chain(["a-before".into(), "s-after".into(), "rz-keep/1".into(), "rz-keep/2".into()])
+            .map(|key| WriteOp {
+                key: key.into_bytes(),
+                value: Some(b"v".to_vec()),
+                expiry: Default::default(),
+            })
+            .collect();
+        for chunk in ops.chunks(1000) {
+            cluster.propose(Command::Write(chunk.to_vec())).unwrap();
+        }
+        // Stop a follower, so it replays the pages from its log when it comes back.
+        let follower = (1..=3).find(|&id| id != cluster.leader()).unwrap();
+        cluster.stop(follower);
+        let mut start = b"r".to_vec();
+        let mut pages = Vec::new();
+        let mut last = 0;
+        loop {
+            let outcome = cluster
+                .propose(Command::DeleteRange {
+                    start: start.clone(),
+                    end: Some(b"s".to_vec()),
+                    limit: 1000,
+                    spare: b"rz-keep/".to_vec(),
+                })
+                .unwrap();
+            last = outcome.index.max(last);
+            let page = outcome.range.expect("a range deletion reports its page");
+            pages.push(page.deleted);
+            match page.resume {
+                Some(next) => {
+                    assert!(next > start, "{mode:?}: the next page starts after this one");
+                    start = next;
+                }
+                None => break,
+            }
+        }
+        assert_eq!(pages, [1000, 1000, 500], "{mode:?}");
+        // A page of a range with nothing left deletes nothing and says so.
+        let empty = cluster
+            .propose(Command::DeleteRange {
+                start: b"r".to_vec(),
+                end: Some(b"s".to_vec()),
+                limit: 10,
+                spare: vec![],
+            })
+            .unwrap();
+        let page = empty.range.unwrap();
+        assert_eq!(
+            (page.deleted, page.resume.is_some()),
+            (2, false),
+            "{mode:?}: only the spared keys were left"
+        );
+        cluster.open(follower);
+        for id in 1..=3 {
+            cluster.wait_applied(id, empty.index);
+            let left = cluster.replica(id).scan(b"", None, 100, false).unwrap();
+            let keys: Vec<String> =
+                left.0.iter().map(|(key, _)| String::from_utf8(key.clone()).unwrap()).collect();
+            assert_eq!(keys, ["a-before", "s-after"], "{mode:?}: replica {id}");
+        }
+        assert!(last < empty.index);
+        cluster.shutdown();
+    }
+}

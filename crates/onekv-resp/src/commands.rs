@@ -206,6 +206,10 @@ pub static COMMANDS: &[CommandSpec] = &[
         "MEMORY USAGE (the key's and value's bytes and a fixed overhead per key), HELP."),
     spec("mget", -2, &["readonly", "fast"], ALL_KEYS, "string", "1.0.0",
         "The values of several keys (one linearizable read each, not one snapshot)."),
+    // The database argument is taken for the key as stored there (`databases::translate`), so the
+    // table names it a key: the transaction reads both.
+    spec("move", 3, &["write", "fast"], (1, 2, 1), "generic", "1.0.0",
+        "Moves a key to another database if it is not there yet; one replicated transaction."),
     spec("mset", -3, &["write", "denyoom"], (1, -1, 2), "string", "1.0.1",
         "Sets several keys atomically (one batch, one Raft entry). A blind write."),
     spec("msetnx", -3, &["write", "denyoom"], (1, -1, 2), "string", "1.0.1",
@@ -379,6 +383,7 @@ pub fn syntax(name: &str) -> &'static str {
         "incrbyfloat" => "key increment",
         "msetnx" => "(key value)...",
         "rename" | "renamenx" => "key newkey",
+        "move" => "key db",
         "copy" => "source destination [DB destination-db] [REPLACE]",
         "keys" => "pattern",
         "type" | "ttl" | "pttl" | "expiretime" | "pexpiretime" | "persist" => "key",

@@ -2,7 +2,7 @@
 //! replica): what EXEC reads, commits and answers; WATCH aborting on a changed value; another
 //! client's write between EXEC's read and its commit making the transaction decide again; and a
 //! runtime error of one queued command leaving the others applied. Also the commands that are
-//! transactions of their own (MSETNX, RENAME, COPY) and those that page through every key (KEYS,
+//! transactions of their own (MSETNX, RENAME, COPY, MOVE) and those that page through every key (KEYS,
 //! FLUSHALL, RANDOMKEY) over more keys than one page holds. The real 3-node cluster with redis-py
 //! is `crates/onekv/tests/redis_tools.rs`, and Redis's own test suite `tests/redis-suite`.
 
@@ -145,6 +145,34 @@ impl Kv for Store {
         let more = pairs.len() > limit;
         pairs.truncate(limit);
         Ok(Response::new(ScanResponse { pairs, more }))
+    }
+
+    /// One page of at most `limit` keys (the store's own bound is [`SCAN_PAGE`]), as a replica
+    /// applies it, sparing onekv's own keys.
+    async fn delete_range(
+        &self,
+        request: Request<onekv_proto::DeleteRangeRequest>,
+    ) -> Result<Response<onekv_proto::DeleteRangeResponse>, Status> {
+        let request = request.into_inner();
+        let mut data = self.data.lock().unwrap();
+        let end = (!request.end.is_empty()).then_some(request.end);
+        let limit = (request.limit as usize).clamp(1, SCAN_PAGE);
+        let mut in_range = data
+            .range(request.start..)
+            .map(|(key, _)| key.clone())
+            .take_while(|key| end.as_ref().is_none_or(|end| key < end))
+            .filter(|key| !key.starts_with(b"\xffonekv/"));
+        let page: Vec<Vec<u8>> = in_range.by_ref().take(limit).collect();
+        let resume = in_range.next();
+        for key in &page {
+            data.remove(key);
+        }
+        Ok(Response::new(onekv_proto::DeleteRangeResponse {
+            deleted: page.len() as u64,
+            more: resume.is_some(),
+            resume: resume.unwrap_or_default(),
+            index: 1,
+        }))
     }
 
     async fn transfer_leader(
@@ -386,6 +414,34 @@ async fn multi_key_writes_are_one_transaction_each() {
         Reply::err("DB index is out of range")
     );
     assert_eq!(run(&context, s, &["COPY", "b", "c", "BOGUS"]).await, Reply::err("syntax error"));
+
+    // MOVE: to another database only if the key is not there yet, as one transaction.
+    let in_db = |db: u8, key: &str| [&[0xFF, 0xFF, db][..], key.as_bytes()].concat();
+    let stored = |key: Vec<u8>| store.data.lock().unwrap().get(&key).map(|value| value.to_vec());
+    store.set("mv", "here");
+    assert_eq!(run(&context, s, &["MOVE", "mv", "10"]).await, Reply::Integer(1));
+    assert_eq!((store.value("mv"), stored(in_db(10, "mv"))), (None, Some(b"here".to_vec())));
+    assert_eq!(run(&context, s, &["MOVE", "mv", "10"]).await, Reply::Integer(0), "nothing to move");
+    store.set("mv", "again");
+    assert_eq!(run(&context, s, &["MOVE", "mv", "10"]).await, Reply::Integer(0), "there already");
+    assert_eq!(
+        (store.value("mv").as_deref(), stored(in_db(10, "mv"))),
+        (Some("again"), Some(b"here".to_vec()))
+    );
+    assert_eq!(run(&context, s, &["SELECT", "10"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["MOVE", "mv", "0"]).await, Reply::Integer(0), "database 0 has it");
+    assert_eq!(run(&context, s, &["MOVE", "mv", "3"]).await, Reply::Integer(1));
+    assert_eq!(stored(in_db(3, "mv")), Some(b"here".to_vec()));
+    assert_eq!(run(&context, s, &["SELECT", "0"]).await, Reply::ok());
+    assert_eq!(
+        run(&context, s, &["MOVE", "mv", "0"]).await,
+        Reply::err("source and destination objects are the same")
+    );
+    assert_eq!(
+        run(&context, s, &["MOVE", "mv", "notanumber"]).await,
+        Reply::err("value is not an integer or out of range")
+    );
+    assert_eq!(run(&context, s, &["MOVE", "mv", "16"]).await, Reply::err("DB index is out of range"));
 
     // A racing write between the read and the commit makes it decide again on the new value.
     store.interfere.lock().unwrap().push((b"src".to_vec(), b"new".to_vec()));

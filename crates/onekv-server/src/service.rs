@@ -13,13 +13,16 @@ use std::time::{Duration, Instant};
 
 use onekv_placement::{ClusterMap, Member as ListedMember, MemberList};
 use onekv_proto::{
-    BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, Consistency, DeleteRequest, GetRequest,
-    GetResponse, KeyValue, Member, MembersResponse, PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest,
-    ScanResponse, SetMembersRequest, SetMembersResponse, StatusRequest, StatusResponse,
-    TransferLeaderRequest, TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
+    BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, Consistency, DeleteRangeRequest,
+    DeleteRangeResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, Member, MembersResponse,
+    PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest, ScanResponse, SetMembersRequest,
+    SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse,
+    TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
-use onekv_replica::{Command, Condition, Expiry, Limits, Outcome, ReplicaError, RequestId, WriteOp};
+use onekv_replica::{
+    Command, Condition, Expiry, Limits, Outcome, RANGE_DELETE_PAGE_KEYS, ReplicaError, RequestId, WriteOp,
+};
 use tokio::sync::oneshot;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
@@ -226,6 +229,21 @@ impl<B: Backend> KvService<B> {
                 }))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// The shard a request that names one (a scan, a range deletion) is for, if this node holds it:
+    /// 0 stands for the only shard of a cluster of one; otherwise a request over several shards
+    /// goes to each (`what`, `each`: how the refusal names the request and the remedy).
+    fn named_shard(&self, shard: u64, what: &str, each: &str) -> Result<u64, Status> {
+        match shard {
+            0 if self.map.shard_count() == 1 => Ok(1),
+            0 => Err(Status::invalid_argument(format!(
+                "{what}: the cluster has {} shards; {each} (1..={}) and merge (the onekv client does)",
+                self.map.shard_count(),
+                self.map.shard_count()
+            ))),
+            shard => self.held(shard),
         }
     }
 
@@ -525,6 +543,14 @@ fn write_ops(ops: Vec<onekv_proto::BatchOp>) -> Result<Vec<WriteOp>, Status> {
         .collect()
 }
 
+/// The replica's check of `command` against `limits`, as the gRPC status a refusal gets.
+fn check_command(limits: &Limits, command: &Command) -> Result<(), Status> {
+    limits.check(command).map_err(|error| match error {
+        ReplicaError::InvalidArgument(message) => Status::invalid_argument(message),
+        other => Status::internal(other.to_string()),
+    })
+}
+
 fn request_id(id: Option<onekv_proto::RequestId>) -> RequestId {
     id.map(|id| RequestId { client: id.client, seq: id.seq }).unwrap_or_default()
 }
@@ -666,10 +692,7 @@ impl<B: Backend> Kv for KvService<B> {
             let command = Command::Txn { conditions, ops };
             // The replica's own check (the one place transactions' limits are defined), before
             // proposing, so the refusal is INVALID_ARGUMENT like every other over-limit request.
-            self.limits.check(&command).map_err(|error| match error {
-                ReplicaError::InvalidArgument(message) => Status::invalid_argument(message),
-                other => Status::internal(other.to_string()),
-            })?;
+            check_command(&self.limits, &command)?;
             let outcome = self.commit(shard, request_id(request.request_id), command).await?;
             let Some(applied) = outcome.cas else {
                 return Err(Status::internal(
@@ -705,18 +728,7 @@ impl<B: Backend> Kv for KvService<B> {
                 }
                 limit => limit,
             };
-            let shard = match request.shard {
-                0 if self.map.shard_count() == 1 => 1,
-                0 => {
-                    return Err(Status::invalid_argument(format!(
-                        "scan needs a shard: the cluster has {} shards; scan each (1..={}) and merge \
-                         (the onekv client does)",
-                        self.map.shard_count(),
-                        self.map.shard_count()
-                    )));
-                }
-                shard => self.held(shard)?,
-            };
+            let shard = self.named_shard(request.shard, "scan needs a shard", "scan each")?;
             match consistency {
                 Consistency::Linearizable => self.read_barrier(shard).await?,
                 Consistency::Stale => self.refuse_stale(shard)?,
@@ -743,6 +755,43 @@ impl<B: Backend> Kv for KvService<B> {
             }
             let pairs = pairs.into_iter().map(|(key, value)| KeyValue { key, value }).collect();
             Ok(Response::new(ScanResponse { pairs, more }))
+        })
+        .await
+    }
+
+    async fn delete_range(
+        &self,
+        request: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        self.observed("delete_range", async move {
+            let request = request.into_inner();
+            let shard = self.named_shard(
+                request.shard,
+                "a range deletion needs a shard",
+                "delete the range in each",
+            )?;
+            let limit = match request.limit {
+                0 => RANGE_DELETE_PAGE_KEYS.min(u32::try_from(self.limits.max_batch_ops).unwrap_or(u32::MAX)),
+                limit => limit,
+            };
+            let command = Command::DeleteRange {
+                start: request.start,
+                end: (!request.end.is_empty()).then_some(request.end),
+                limit,
+                spare: crate::members::SYSTEM_PREFIX.to_vec(),
+            };
+            // The replica's own check (bounds, order, page size), as for transactions.
+            check_command(&self.limits, &command)?;
+            let outcome = self.commit(shard, request_id(request.request_id), command).await?;
+            let Some(page) = outcome.range else {
+                return Err(Status::internal("the replica applied a range deletion without reporting it"));
+            };
+            Ok(Response::new(DeleteRangeResponse {
+                deleted: page.deleted,
+                more: page.resume.is_some(),
+                resume: page.resume.unwrap_or_default(),
+                index: outcome.index,
+            }))
         })
         .await
     }

@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use common::{Answer, FakeBackend};
 use onekv_proto::{
-    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRequest, GetRequest, PeerMessages, PutRequest,
-    ScanRequest, StatusRequest, TxnCondition, TxnRequest, kv_client::KvClient, kv_server::Kv,
-    peer_client::PeerClient,
+    BatchOp, BatchRequest, CasRequest, Consistency, DeleteRangeRequest, DeleteRequest, GetRequest,
+    PeerMessages, PutRequest, ScanRequest, StatusRequest, TxnCondition, TxnRequest, kv_client::KvClient,
+    kv_server::Kv, peer_client::PeerClient,
 };
 use onekv_replica::{
-    CasOutcome, Command, Condition, Outcome, ReplicaError, ReplicaStatus, RequestId, StorageMode, WriteOp,
+    CasOutcome, Command, Condition, Outcome, RangeDeletion, ReplicaError, ReplicaStatus, RequestId,
+    StorageMode, WriteOp,
 };
 use onekv_server::{KvService, ServerConfig};
 use tonic::{Code, Request, Status};
@@ -147,10 +148,8 @@ async fn expiries_are_fixed_by_the_leader_before_proposing() {
 #[tokio::test]
 async fn cas_reports_the_outcome() {
     let (backend, service) = service();
-    *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome {
-        index: 11,
-        cas: Some(CasOutcome { swapped: false, current: Some(b"x".to_vec()) }),
-    }));
+    *backend.propose_answer.lock().unwrap() =
+        Answer::Now(Ok(Outcome::swap(11, CasOutcome { swapped: false, current: Some(b"x".to_vec()) })));
     let request = CasRequest {
         key: b"k".to_vec(),
         expected: None,
@@ -174,7 +173,7 @@ async fn cas_reports_the_outcome() {
     );
 
     *backend.propose_answer.lock().unwrap() =
-        Answer::Now(Ok(Outcome { index: 12, cas: Some(CasOutcome { swapped: true, current: None }) }));
+        Answer::Now(Ok(Outcome::swap(12, CasOutcome { swapped: true, current: None })));
     let request = CasRequest {
         key: b"k".to_vec(),
         expected: Some(b"x".to_vec()),
@@ -200,7 +199,7 @@ async fn txn_proposes_conditions_and_ops_and_reports_whether_it_applied() {
     };
     let txn = |conditions, ops| Request::new(TxnRequest { conditions, ops, request_id: id(3, 4) });
     *backend.propose_answer.lock().unwrap() =
-        Answer::Now(Ok(Outcome { index: 13, cas: Some(CasOutcome { swapped: false, current: None }) }));
+        Answer::Now(Ok(Outcome::swap(13, CasOutcome { swapped: false, current: None })));
     let response = service
         .txn(txn(vec![condition(b"a", Some(b"1")), condition(b"b", None)], vec![op(b"a", Some(b"2"))]))
         .await
@@ -225,7 +224,7 @@ async fn txn_proposes_conditions_and_ops_and_reports_whether_it_applied() {
         )
     );
     *backend.propose_answer.lock().unwrap() =
-        Answer::Now(Ok(Outcome { index: 14, cas: Some(CasOutcome { swapped: true, current: None }) }));
+        Answer::Now(Ok(Outcome::swap(14, CasOutcome { swapped: true, current: None })));
     let response = service.txn(txn(vec![], vec![op(b"a", None)])).await.unwrap().into_inner();
     assert_eq!((response.applied, response.index), (true, 14));
     // Limits, checked by the replica's own rule before anything is proposed.
@@ -237,6 +236,67 @@ async fn txn_proposes_conditions_and_ops_and_reports_whether_it_applied() {
         service.txn(txn(vec![condition(b"k", Some(&[0; 20]))], vec![op(b"k", Some(&[0; 20]))])).await,
         "max_batch_bytes = 40",
     );
+    assert_eq!(backend.proposed.lock().unwrap().len(), proposals);
+}
+
+/// A range deletion's page: the command proposed (onekv's own keys spared, the node's page size
+/// when none is asked, the limit at most max_batch_ops), its outcome, and refusals before
+/// anything is proposed.
+#[tokio::test]
+async fn a_range_deletion_proposes_one_page_and_reports_where_the_next_starts() {
+    let (backend, service) = service();
+    let page = |start: &[u8], end: &[u8], limit| {
+        Request::new(DeleteRangeRequest {
+            shard: 0,
+            start: start.to_vec(),
+            end: end.to_vec(),
+            limit,
+            request_id: id(8, 9),
+        })
+    };
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome {
+        index: 21,
+        cas: None,
+        range: Some(RangeDeletion { deleted: 3, resume: Some(b"m".to_vec()) }),
+    }));
+    let response = service.delete_range(page(b"a", b"z", 0)).await.unwrap().into_inner();
+    assert_eq!(
+        (response.deleted, response.more, response.resume, response.index),
+        (3, true, b"m".to_vec(), 21)
+    );
+    assert_eq!(
+        backend.proposed.lock().unwrap()[0],
+        (
+            RequestId { client: 8, seq: 9 },
+            Command::DeleteRange {
+                start: b"a".to_vec(),
+                end: Some(b"z".to_vec()),
+                // No limit asked: the node's page, cut to its max_batch_ops (3 here).
+                limit: 3,
+                spare: onekv_placement::SYSTEM_PREFIX.to_vec(),
+            }
+        )
+    );
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome {
+        index: 22,
+        cas: None,
+        range: Some(RangeDeletion { deleted: 0, resume: None }),
+    }));
+    let response = service.delete_range(page(b"", b"", 2)).await.unwrap().into_inner();
+    assert_eq!((response.deleted, response.more, response.index), (0, false, 22));
+    assert_eq!(
+        backend.proposed.lock().unwrap()[1].1,
+        Command::DeleteRange {
+            start: vec![],
+            end: None,
+            limit: 2,
+            spare: onekv_placement::SYSTEM_PREFIX.to_vec(),
+        }
+    );
+    let proposals = backend.proposed.lock().unwrap().len();
+    assert_invalid(service.delete_range(page(b"z", b"a", 0)).await, "start is after end");
+    assert_invalid(service.delete_range(page(b"a", b"z", 4)).await, "max_batch_ops (3)");
+    assert_invalid(service.delete_range(page(&[b'k'; 11], b"", 0)).await, "max_key_bytes = 10");
     assert_eq!(backend.proposed.lock().unwrap().len(), proposals);
 }
 
@@ -887,7 +947,7 @@ async fn client_calls_beyond_the_bound_are_refused() {
             assert_eq!(call.await.unwrap().unwrap_err().code(), Code::DeadlineExceeded);
         }
         // Their permits are back.
-        *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome { index: 9, cas: None }));
+        *backend.propose_answer.lock().unwrap() = Answer::Now(Ok(Outcome::at(9)));
         put(3).await.unwrap().expect("admitted again");
     })
     .await

@@ -33,7 +33,9 @@ fn step(state: State, op: &Op) -> Option<State> {
     match (&op.kind, &op.result) {
         (OpKind::Get, None) => Some(state),
         (OpKind::Get, Some(OpResult::Get(value))) => (*value == state).then_some(state),
-        (OpKind::Put(_) | OpKind::Delete | OpKind::PutExpiring { .. }, _) => op.kind.blind_result(),
+        (OpKind::Put(_) | OpKind::Delete | OpKind::DeleteRange { .. } | OpKind::PutExpiring { .. }, _) => {
+            op.kind.blind_result()
+        }
         (OpKind::Cas { expected, new }, None) => Some(if state == *expected { *new } else { state }),
         (OpKind::Cas { expected, new }, Some(OpResult::Cas { swapped, current })) => {
             if state == *expected {
@@ -185,7 +187,9 @@ pub fn check_history(ops: &[Op], budget: u64) -> Vec<String> {
 /// that writes nothing (a read, a compare-and-swap that did not swap).
 fn written(op: &Op) -> Option<State> {
     match (&op.kind, &op.result) {
-        (OpKind::Put(_) | OpKind::Delete | OpKind::PutExpiring { .. }, _) => op.kind.blind_result(),
+        (OpKind::Put(_) | OpKind::Delete | OpKind::DeleteRange { .. } | OpKind::PutExpiring { .. }, _) => {
+            op.kind.blind_result()
+        }
         (OpKind::Cas { new, .. }, None) => Some(*new),
         (OpKind::Cas { new, .. }, Some(OpResult::Cas { swapped: true, .. })) => Some(*new),
         _ => None,

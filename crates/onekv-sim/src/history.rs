@@ -27,6 +27,14 @@ pub enum OpKind {
         /// Whether its expiry time is already past.
         expired: bool,
     },
+    /// A range deletion of keys `key..=to` in the key's shard, as one page (it holds no more keys
+    /// than the page's limit): the other keys of the range that the shard holds are deleted at the
+    /// same point. The history checked has one copy of the operation per key it deletes, each a
+    /// delete of that key (`Sim::finish`).
+    DeleteRange {
+        /// The last key of the range.
+        to: u32,
+    },
     /// Compare-and-swap (`None` = absent).
     Cas {
         /// The value the key must have.
@@ -47,7 +55,9 @@ impl OpKind {
     pub fn blind_result(&self) -> Option<Option<ValueId>> {
         match self {
             OpKind::Put(value) | OpKind::PutExpiring { value, expired: false } => Some(Some(*value)),
-            OpKind::Delete | OpKind::PutExpiring { expired: true, .. } => Some(None),
+            OpKind::Delete | OpKind::DeleteRange { .. } | OpKind::PutExpiring { expired: true, .. } => {
+                Some(None)
+            }
             OpKind::Get | OpKind::Cas { .. } => None,
         }
     }

@@ -88,6 +88,13 @@ struct Args {
     /// whole and fences nothing off (implies --dedup).
     #[arg(long)]
     bug_gc_ignores_shared_values: bool,
+    /// Run the broken variant whose range deletions find their keys in the index as the batch
+    /// being applied began (implies --range-deletes).
+    #[arg(long)]
+    bug_range_page_reads_batch_start: bool,
+    /// Make half the workload's deletes range deletions of up to 4 consecutive keys.
+    #[arg(long)]
+    range_deletes: bool,
     /// Leave out the workload's puts of keys that expire.
     #[arg(long)]
     no_expiring_puts: bool,
@@ -134,6 +141,7 @@ fn main() -> anyhow::Result<()> {
         member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
         expiring_puts: !args.no_expiring_puts,
         dedup: args.dedup || args.bug_dedup_trusts_fingerprint || args.bug_gc_ignores_shared_values,
+        range_deletes: args.range_deletes || args.bug_range_page_reads_batch_start,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
         } else if args.bug_reads_without_read_index {
@@ -152,6 +160,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::DedupTrustsFingerprint)
         } else if args.bug_gc_ignores_shared_values {
             Some(Bug::GcIgnoresSharedValues)
+        } else if args.bug_range_page_reads_batch_start {
+            Some(Bug::RangePageReadsBatchStart)
         } else {
             None
         },

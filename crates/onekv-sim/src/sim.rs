@@ -72,6 +72,9 @@ pub enum Bug {
     /// The log GC collects a segment that deduplicated keys point into by reading it whole (so it
     /// finds only the keys its records name), and lets new references into segments it collects.
     GcIgnoresSharedValues,
+    /// A range deletion's page finds its keys in the index as the batch being applied began, so
+    /// replicas that apply different batches delete different keys (implies `range_deletes`).
+    RangePageReadsBatchStart,
 }
 
 /// How many recurring values the workload draws from when `dedup` is on.
@@ -128,6 +131,10 @@ pub struct SimConfig {
     /// the byte comparison keeps them apart) and half the puts write one of a few values that
     /// recur. Off by default, like `expiring_puts`, for the broken variants' calibrated seeds.
     pub dedup: bool,
+    /// Whether half the workload's deletes are range deletions of up to 4 consecutive keys (each
+    /// one page, in the shard of its first key). Off by default, like `expiring_puts`, for the
+    /// broken variants' calibrated seeds.
+    pub range_deletes: bool,
 }
 
 impl Default for SimConfig {
@@ -152,6 +159,7 @@ impl Default for SimConfig {
             member_changes: false,
             expiring_puts: false,
             dedup: false,
+            range_deletes: false,
         }
     }
 }
@@ -1058,6 +1066,7 @@ impl Sim {
             Some(Bug::DeletesExpiredUnchecked) => Some(Mutation::DeletesExpiredUnchecked),
             Some(Bug::DedupTrustsFingerprint) => Some(Mutation::DedupTrustsFingerprint),
             Some(Bug::GcIgnoresSharedValues) => Some(Mutation::GcIgnoresSharedValues),
+            Some(Bug::RangePageReadsBatchStart) => Some(Mutation::RangePageReadsBatchStart),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1134,6 +1143,10 @@ impl Sim {
                 OpKind::PutExpiring { value: self.fresh_value(), expired: self.rng.random_bool(0.5) }
             }
             4..=6 => OpKind::Put(self.fresh_value()),
+            7 if self.config.range_deletes && self.rng.random_bool(0.5) => {
+                self.count("range-deletion");
+                OpKind::DeleteRange { to: (key + self.rng.random_range(1..4)).min(self.config.keys - 1) }
+            }
             7 => OpKind::Delete,
             _ => {
                 let expected = match self.rng.random_range(0..3) {
@@ -1264,6 +1277,13 @@ impl Sim {
                 expiry: Default::default(),
             }]),
             OpKind::Delete => Command::Write(vec![WriteOp::delete(key)]),
+            &OpKind::DeleteRange { to } => Command::DeleteRange {
+                start: key,
+                end: Some(history::encode_key(to + 1)),
+                // Room for every key of the range: one page deletes them all.
+                limit: to - op.key + 1,
+                spare: Vec::new(),
+            },
             OpKind::PutExpiring { value, expired } => Command::Write(vec![WriteOp {
                 key,
                 value: Some(history::encode_value(*value)),
@@ -1399,13 +1419,30 @@ impl Sim {
                 }
             }
         }
-        let history: Vec<Op> = self
+        let mut history: Vec<Op> = self
             .history
             .iter()
             .zip(&self.discarded)
             .filter(|(_, discarded)| !**discarded)
             .map(|(op, _)| op.clone())
             .collect();
+        // A range deletion deletes, at its one point, every key of its range in its shard: a copy
+        // per further key, so the per-key checks see each of those deletes.
+        let map = &self.map;
+        let shard_of = |key: u32| map.shard_of_key(&history::encode_key(key));
+        let copies: Vec<Op> = history
+            .iter()
+            .filter_map(|op| match op.kind {
+                OpKind::DeleteRange { to } => Some((op, to)),
+                _ => None,
+            })
+            .flat_map(|(op, to)| {
+                (op.key + 1..=to)
+                    .filter(move |&key| shard_of(key) == shard_of(op.key))
+                    .map(move |key| Op { key, ..op.clone() })
+            })
+            .collect();
+        history.extend(copies);
         let answers = std::mem::take(&mut *self.member_answers.lock().unwrap_or_else(|e| e.into_inner()));
         for applied in answers {
             self.count(if applied { "member-change-applied" } else { "member-change-refused" });

@@ -198,7 +198,9 @@ async fn load(config: &ServerConfig, args: &Args) -> Result<u64> {
     let hot_shards: Vec<u64> = (1..=u64::from(args.hot_shards)).collect();
     let hot: Vec<Vec<u8>> = (0u64..)
         .map(|i| format!("h{i:012}").into_bytes())
-        .filter(|key| hot_shards.contains(&onekv_placement::shard_of_key(key, args.shards)))
+        .filter(|key| {
+            hot_shards.contains(&onekv_placement::shard_of_key(key, args.shards, Default::default()))
+        })
         .take(((args.hot_mib << 20) / per_value) as usize)
         .collect();
     let value = Arc::new(vec![0x5a; args.value_bytes]);

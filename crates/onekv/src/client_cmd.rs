@@ -30,6 +30,9 @@ pub enum ClientCommand {
     Delete(DeleteArgs),
     /// Prints `key<TAB>value` lines of a key range, then "(more)" if the range holds more.
     Scan(ScanArgs),
+    /// Deletes every key of a range, in every shard, a page (one Raft entry) at a time, and prints
+    /// how many it deleted. Not atomic; safe to re-run. Every key: --all.
+    DeleteRange(DeleteRangeArgs),
     /// Compare-and-swap: changes KEY only if it holds the expected value; exits 1 if it did not.
     Cas(CasArgs),
     /// Prints one table row per node: its role, leader, Raft indexes and storage counters.
@@ -168,6 +171,23 @@ pub struct ScanArgs {
     connection: Connection,
 }
 
+/// Arguments of `delete-range`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("range").required(true).multiple(true).args(["start", "end", "all"])))]
+pub struct DeleteRangeArgs {
+    /// First key of the range, inclusive [default: the first key].
+    #[arg(long)]
+    start: Option<String>,
+    /// End of the range, exclusive [default: no end].
+    #[arg(long)]
+    end: Option<String>,
+    /// Delete every key (onekv's own keys excepted): needed when neither --start nor --end is given.
+    #[arg(long, conflicts_with_all = ["start", "end"])]
+    all: bool,
+    #[command(flatten)]
+    connection: Connection,
+}
+
 /// Arguments of `cas`.
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("expectation").required(true).args(["expected", "expect_absent"])))]
@@ -289,6 +309,15 @@ async fn execute(command: ClientCommand) -> anyhow::Result<Outcome> {
             {
                 return Err(error.into());
             }
+        }
+        ClientCommand::DeleteRange(args) => {
+            let start = args.start.as_deref().unwrap_or("").as_bytes();
+            let end = args.end.as_deref().map(str::as_bytes);
+            if end.is_some_and(|end| end < start) {
+                anyhow::bail!("--start is after --end");
+            }
+            let deleted = connect(&args.connection)?.delete_range(start, end).await?;
+            writeln!(out, "deleted {deleted} keys")?;
         }
         ClientCommand::Cas(args) => {
             let expected = args.expected.as_deref().map(str::as_bytes);

@@ -922,3 +922,72 @@ fn node_replace_rebuilds_a_lost_nodes_replicas_on_a_new_node() {
         assert_eq!(wrong, 0, "keys missing from the new node's copy: {examples:?}");
     });
 }
+
+/// A range deletion over 4 shards of 3 real nodes: 6 000 keys in the range go in pages (several
+/// per shard), the keys around the range stay, writes to other keys go on meanwhile without an
+/// error, and every node's own copy ends with the same keys.
+#[test]
+fn a_range_deletion_empties_its_range_in_every_shard_while_writes_go_on() {
+    let _serial = one_at_a_time();
+    run_bounded(Duration::from_secs(120), async {
+        let cluster = TestCluster::start(3, |config| {
+            config.cluster.shards = 4;
+            config.cluster.replicas = Some(3);
+        })
+        .await;
+        let client = cluster.client();
+        let keys: Vec<Vec<u8>> = (0..6000).map(|n| format!("doomed-{n:05}").into_bytes()).collect();
+        for chunk in keys.chunks(500) {
+            client
+                .batch_per_shard(chunk.iter().map(|key| (key.clone(), Some(vec![b'v'; 100]))).collect())
+                .await
+                .expect("a batch of puts");
+        }
+        for key in ["doomed", "doomed.", "kept-a"] {
+            client.put(key.as_bytes(), b"stays").await.expect("a put");
+        }
+        // A writer of other keys runs through the deletion.
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn({
+            let (client, stop) = (client.clone(), stop.clone());
+            async move {
+                let mut written = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("other-{:05}", written.len()).into_bytes();
+                    client.put(&key, b"w").await.expect("a write during the range deletion");
+                    written.push(key);
+                }
+                written
+            }
+        });
+        let deleted = client.delete_range(b"doomed-", Some(b"doomed.")).await.expect("delete_range");
+        stop.store(true, Ordering::Relaxed);
+        let written = writer.await.expect("the writer");
+        assert_eq!(deleted, 6000);
+        let left = client.scan_keys(b"doomed", Some(b"doomed/"), 100, false).await.expect("a scan");
+        assert_eq!(left.keys, [b"doomed".to_vec(), b"doomed.".to_vec()]);
+        // Nothing left to delete: a second deletion finds none.
+        assert_eq!(client.delete_range(b"doomed-", Some(b"doomed.")).await.expect("delete_range"), 0);
+        for key in &written {
+            assert_eq!(client.get(key).await.expect("a read").as_deref(), Some(&b"w"[..]));
+        }
+        // Every node's own copy agrees (stale reads, once each has applied the last pages).
+        for id in cluster.ids() {
+            let endpoint = Some(cluster.endpoint(id));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let mut found = 0;
+                for key in keys.iter().step_by(97) {
+                    found += client.get_stale(key, endpoint).await.expect("a stale read").is_some() as usize;
+                }
+                if found == 0 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {id} still holds {found} sampled keys of the range");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let kept = client.get_stale(b"kept-a", endpoint).await.expect("a stale read");
+            assert_eq!(kept.as_deref(), Some(&b"stays"[..]), "node {id}");
+        }
+    });
+}

@@ -57,7 +57,9 @@ pub(crate) fn values_in_record(
                     new.map(|span| value(key, span)).into_iter().collect()
                 }
                 DecodedCommand::Repair { key, value: span } => vec![value(key, span)],
-                DecodedCommand::RepairRequest { .. } | DecodedCommand::DeleteExpired { .. } => Vec::new(),
+                DecodedCommand::RepairRequest { .. }
+                | DecodedCommand::DeleteExpired { .. }
+                | DecodedCommand::DeleteRange { .. } => Vec::new(),
             })
         }
         records::SNAP_CHUNK => {

@@ -6,8 +6,11 @@
 //! stored with that prefix ([`translate`]) and keys in replies are shown without it. A key of
 //! database 0 that begins with `FF FF` is refused, since it would lie in another database's range.
 //!
-//! The prefix leaves a key's `{hash tag}` where it was, so keys that share a tag share a shard in
-//! every database and multi-key commands work the same in all of them.
+//! A cluster created by this release hashes a key without its database prefix
+//! (`onekv_placement::KeyHashing::DatabaseBlind`), so a key lies in the same shard in every database:
+//! `MOVE`, `COPY ... DB` and transactions over several databases stay within one shard. (A cluster
+//! created before keeps hashing whole keys; there only keys that share a `{hash tag}` share a shard
+//! across databases, the tag being left where it was by the prefix.)
 //!
 //! Owns: the mapping between a database's keys and stored keys, and each database's range. Does
 //! not own the commands that scan a range (`keyspace`).
@@ -16,11 +19,10 @@ use super::{Outcome, not_an_integer, parse_integer};
 use crate::commands::CommandSpec;
 use crate::protocol::Reply;
 
-/// Databases a connection can SELECT: 0 to 15, as Redis's default `databases 16`.
-pub const DATABASES: u8 = 16;
-
-/// The first bytes of every key of databases 1 to 15.
-const RESERVED: [u8; 2] = [0xFF, 0xFF];
+/// The first bytes of every key of databases 1 to 15 (one definition, with the key hashing that
+/// skips it).
+use onekv_placement::DATABASE_PREFIX as RESERVED;
+pub use onekv_placement::DATABASES;
 
 /// The stored form of `key` in database `db`.
 pub(super) fn stored_key(db: u8, key: &[u8]) -> Vec<u8> {
@@ -60,7 +62,7 @@ pub(super) fn database_of(stored: &[u8]) -> Option<u8> {
     }
 }
 
-/// `SELECT`'s and `COPY ... DB`'s database index.
+/// `SELECT`'s, `MOVE`'s and `COPY ... DB`'s database index.
 pub(super) fn parse_index(arg: &[u8]) -> Outcome<u8> {
     let index = parse_integer(arg).ok_or_else(not_an_integer)?;
     u8::try_from(index)
@@ -70,11 +72,20 @@ pub(super) fn parse_index(arg: &[u8]) -> Outcome<u8> {
 }
 
 /// `args` with every key argument stored as database `db` holds it. `COPY`'s `DB n` option is
-/// applied here: its destination is stored in database n and the option removed. In database 0 a
+/// applied here: its destination is stored in database n and the option removed; so is `MOVE`'s
+/// database: `MOVE key n` becomes `MOVE key key-in-database-n`. In database 0 a
 /// key under the reserved prefix is refused.
 pub(super) fn translate(db: u8, spec: &CommandSpec, mut args: Vec<Vec<u8>>) -> Outcome<Vec<Vec<u8>>> {
     let positions: Vec<usize> = spec.key_positions(args.len()).collect();
     let mut destination_db = db;
+    if spec.name == "move" {
+        // MOVE key db: the database number is replaced by the key as stored there.
+        destination_db = parse_index(&args[2])?;
+        if destination_db == db {
+            return Err(Reply::err("source and destination objects are the same"));
+        }
+        args[2] = args[1].clone();
+    }
     if spec.name == "copy" {
         // Every `DB n` is taken out; the last one counts, as in Redis.
         while let Some(option) = args.iter().skip(3).position(|arg| arg.eq_ignore_ascii_case(b"DB")) {
@@ -85,7 +96,7 @@ pub(super) fn translate(db: u8, spec: &CommandSpec, mut args: Vec<Vec<u8>>) -> O
         }
     }
     for position in positions {
-        let target = if spec.name == "copy" && position == 2 { destination_db } else { db };
+        let target = if matches!(spec.name, "copy" | "move") && position == 2 { destination_db } else { db };
         let key = &mut args[position];
         if target == 0 && key.starts_with(&RESERVED) {
             return Err(Reply::err(

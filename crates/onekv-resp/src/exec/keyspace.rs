@@ -192,26 +192,17 @@ impl RespContext {
     }
 
     /// `FLUSHALL` (`db` is `None`: every key) and `FLUSHDB [ASYNC|SYNC]` (the keys of database
-    /// `db`): deletes them a page at a time, each page one batch per shard. Not atomic: a write
-    /// that races the flush may survive it.
+    /// `db`): one replicated range deletion per shard, page by page (the client's `delete_range`:
+    /// no key crosses the network, and each page is one bounded Raft entry). Not atomic: a write
+    /// that races the flush may survive it. `ASYNC` answers as `SYNC` does, once every key is gone.
     pub(super) async fn flush(&self, db: Option<u8>, args: &[Vec<u8>]) -> Outcome {
         match &args[1..] {
             [] => {}
             [mode] if mode.eq_ignore_ascii_case(b"ASYNC") || mode.eq_ignore_ascii_case(b"SYNC") => {}
             _ => return Err(Reply::err("syntax error")),
         }
-        let settings = &self.shared.settings;
-        // A page's keys must fit one batch in count and bytes (each key with its op's overhead).
-        let by_bytes = settings.max_batch_bytes / (settings.max_key_bytes + 64);
-        let page_size = settings.max_scan_pairs.min(settings.max_batch_ops).min(by_bytes).max(1);
         let (start, end) = db.map_or((Vec::new(), None), databases::range);
-        let mut pages = KeyPages::new(start, end, page_size);
-        let mut deleted = 0u64;
-        while let Some(keys) = pages.next(self).await? {
-            deleted += keys.len() as u64;
-            let ops = keys.into_iter().map(|key| (key, None)).collect();
-            self.shared.client.batch_per_shard(ops).await?;
-        }
+        let deleted = self.shared.client.delete_range(&start, end.as_deref()).await?;
         self.forget_all();
         self.forget_key_counts().await;
         tracing::info!(deleted, database = db, "FLUSHALL/FLUSHDB deleted every key");

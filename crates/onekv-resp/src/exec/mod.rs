@@ -455,7 +455,7 @@ impl RespContext {
             name if reads::is_value_read(name) => self.read_command(spec, args).await,
             // A key without its value is refused before anything is read.
             "msetnx" if args.len().is_multiple_of(2) => Err(wrong_arity("msetnx")),
-            "msetnx" | "rename" | "renamenx" | "copy" => self.atomically(session, args).await,
+            "msetnx" | "rename" | "renamenx" | "copy" | "move" => self.atomically(session, args).await,
             "scan" => self.scan(session.db, args).await,
             "keys" => self.keys(session.db, &args[1]).await,
             "randomkey" => self.random_key(session.db).await,

@@ -498,6 +498,20 @@ impl RespContext {
                 snapshot.set(source, None, Expiry::Never);
                 if only_if_absent { Reply::Integer(1) } else { Reply::ok() }
             }
+            "move" => {
+                // The destination is the key as stored in the target database (`databases`).
+                let (source, destination) = (&args[1], &args[2]);
+                let Some(value) = value(snapshot, source) else { return Some(Reply::Integer(0)) };
+                if snapshot.get(destination).is_some() {
+                    return Some(Reply::Integer(0));
+                }
+                if let Some(error) = self.unwritable(destination, &value) {
+                    return Some(error);
+                }
+                snapshot.set(destination, Some(value), snapshot.copied_expiry(source));
+                snapshot.set(source, None, Expiry::Never);
+                Reply::Integer(1)
+            }
             "copy" => {
                 let (source, destination) = (&args[1], &args[2]);
                 // `DB n` was applied to the destination key when the command came in (`databases`).

@@ -46,7 +46,7 @@ pub struct FakeBackend {
 impl Default for FakeBackend {
     fn default() -> Self {
         FakeBackend {
-            propose_answer: Mutex::new(Answer::Now(Ok(Outcome { index: 7, cas: None }))),
+            propose_answer: Mutex::new(Answer::Now(Ok(Outcome::at(7)))),
             barrier_answer: Mutex::new(Answer::Now(Ok(()))),
             data: Mutex::default(),
             status: Mutex::default(),
