@@ -115,7 +115,7 @@ impl LocalCluster {
                 storage,
                 peer_secret_file: Some(secret_path.clone()),
                 members: members.clone(),
-                cluster: onekv_server::config::ClusterConfig { shards, replicas: None },
+                cluster: onekv_server::config::ClusterConfig { shards, ..Default::default() },
                 gc: match gc {
                     GcVariant::On => Default::default(),
                     GcVariant::Off => onekv_server::config::GcConfig { enabled: false, ..Default::default() },

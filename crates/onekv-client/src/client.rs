@@ -640,6 +640,10 @@ impl Client {
     /// deletion may be deleted or kept. Retried calls are safe (a page run twice deletes only what
     /// is there).
     pub async fn delete_range(&self, start: &[u8], end: Option<&[u8]>) -> Result<u64> {
+        if end.is_some_and(|end| end <= start) {
+            // An empty range (the request's empty `end` would mean "no end": never send one).
+            return Ok(0);
+        }
         let placement = self.placement().await?;
         let shards = placement.shard_count();
         let mut tasks = tokio::task::JoinSet::new();

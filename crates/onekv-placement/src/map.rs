@@ -22,8 +22,8 @@ pub struct ClusterMap {
     pub nodes: Vec<NodeId>,
     /// Every shard, by id (`shards[i].id == i + 1`).
     pub shards: Vec<ShardPlacement>,
-    /// How keys hash to slots: [`KeyHashing::DatabaseBlind`] for a new cluster; a cluster keeps its
-    /// rule for life (its maps carry it).
+    /// How keys hash to slots ([`KeyHashing::DatabaseBlind`] from [`Self::build`]); a cluster keeps
+    /// its rule for life (its maps carry it, and a node refuses a configuration that names another).
     pub key_hashing: KeyHashing,
 }
 

@@ -32,7 +32,8 @@ pub enum KeyHashing {
     /// [`hash_slot`] of the key without its Redis database prefix ([`DATABASE_PREFIX`] and a
     /// database number `1..DATABASES`), so a key lies in the same slot in every database and
     /// `MOVE`, `COPY ... DB` or a transaction over several databases stays in one shard. Other keys
-    /// hash whole. Maps of format version 2; what new clusters use.
+    /// hash whole. Maps of format version 2; what [`crate::ClusterMap::build`] makes (a server
+    /// sets its map's rule from its `cluster.key_hashing`; `onekv cluster start` chooses this one).
     #[default]
     DatabaseBlind,
 }

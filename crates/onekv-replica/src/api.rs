@@ -307,6 +307,12 @@ pub type ValueWithExpiry = (Vec<u8>, Option<u64>);
 /// other writes (about a millisecond of index work).
 pub const RANGE_DELETE_PAGE_KEYS: u32 = 1024;
 
+/// A page of a range deletion also ends once its keys add up to this many bytes, whatever its
+/// limit: a constant of the code, not of a node's configuration, so every replica cuts the page at
+/// the same key; it keeps the page's write (and a classic-mode data-WAL record) far below a log
+/// record's size even for keys of the largest size allowed.
+pub const RANGE_DELETE_PAGE_KEY_BYTES: usize = 1 << 20;
+
 /// When a key written by a put expires. Times are in ms since the Unix epoch; a relative one is
 /// made absolute by the shard's leader when it proposes the command (from the entry's own time),
 /// so every replica applies the same time. An expired key reads as absent and is deleted later

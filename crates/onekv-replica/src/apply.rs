@@ -627,8 +627,10 @@ fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8])
 
 /// The keys one page of a range deletion deletes (the first `limit` of `start..end` in the index
 /// as published, which is everything applied before this entry, less those beginning with
-/// `spare`), and where the next page starts (`None`: the range holds no more keys). The index is
-/// the same on every replica at this point of the log, so every replica finds the same keys.
+/// `spare`, and no more than [`crate::RANGE_DELETE_PAGE_KEY_BYTES`] of keys), and where the next
+/// page starts (`None`: the range holds no more keys). The index is the same on every replica at
+/// this point of the log, so every replica finds the same keys. The tree is read a few pairs at a
+/// time: in classic mode its values are the values themselves.
 #[expect(clippy::type_complexity, reason = "keys and a resume point, used once")]
 fn range_page(
     state: &State,
@@ -638,11 +640,14 @@ fn range_page(
     limit: usize,
     spare: &[u8],
 ) -> Result<(Vec<Vec<u8>>, Option<Vec<u8>>), ReplicaError> {
-    let mut keys = Vec::new();
+    /// Pairs read from the tree at a time.
+    const READ: usize = 64;
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut key_bytes = 0;
     let mut cursor = start.to_vec();
     loop {
         // One key beyond the page, to tell a full page from the range's end.
-        let wanted = limit - keys.len() + 1;
+        let wanted = (limit - keys.len() + 1).min(READ);
         let (pairs, more) = match stale {
             Some(snapshot) => snapshot.range(&cursor, end, wanted, false),
             None => state.tree.range(&cursor, end, wanted, false),
@@ -656,9 +661,12 @@ fn range_page(
             if !spare.is_empty() && key.starts_with(spare) {
                 continue;
             }
-            if keys.len() == limit {
+            if keys.len() == limit
+                || (!keys.is_empty() && key_bytes + key.len() > crate::RANGE_DELETE_PAGE_KEY_BYTES)
+            {
                 return Ok((keys, Some(key)));
             }
+            key_bytes += key.len();
             keys.push(key);
         }
         if !more {

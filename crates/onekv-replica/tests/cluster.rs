@@ -935,3 +935,30 @@ fn a_range_deletion_deletes_page_by_page_on_every_replica_and_spares_the_prefix(
         cluster.shutdown();
     }
 }
+
+/// A page also ends at `RANGE_DELETE_PAGE_KEY_BYTES` of keys, whatever its limit, so a page of the
+/// largest keys stays a bounded write (a classic-mode data-WAL record far below a log record).
+#[test]
+fn a_range_deletion_page_is_bounded_in_key_bytes() {
+    for mode in [StorageMode::OneLog, StorageMode::Classic] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = Cluster::start(dir.path(), 1, mode, no_tweak);
+        let key = |i: usize| format!("{i:04}").repeat(1024).into_bytes(); // 4 KiB keys
+        for chunk in (0..300).collect::<Vec<_>>().chunks(50) {
+            let ops = chunk
+                .iter()
+                .map(|&i| WriteOp { key: key(i), value: Some(vec![7; 100]), expiry: Default::default() })
+                .collect();
+            cluster.propose(Command::Write(ops)).unwrap();
+        }
+        let page = |start: Vec<u8>| Command::DeleteRange { start, end: None, limit: 1000, spare: Vec::new() };
+        let first = cluster.propose(page(Vec::new())).unwrap().range.unwrap();
+        let per_page = onekv_replica::RANGE_DELETE_PAGE_KEY_BYTES / 4096;
+        assert_eq!(first.deleted as usize, per_page, "{mode:?}");
+        assert_eq!(first.resume.as_deref(), Some(&key(per_page)[..]), "{mode:?}");
+        let second = cluster.propose(page(first.resume.unwrap())).unwrap().range.unwrap();
+        assert_eq!((second.deleted as usize, second.resume), (300 - per_page, None), "{mode:?}");
+        assert!(cluster.replica(1).scan(b"", None, 10, false).unwrap().0.is_empty(), "{mode:?}");
+        cluster.shutdown();
+    }
+}

@@ -46,7 +46,8 @@ pub fn load_or_create(config: &ServerConfig) -> anyhow::Result<ClusterMap> {
             if !same_placement(&stored, &wanted) {
                 bail!(
                     "{} was created with {}; this configuration gives {} (cluster.shards, \
-                     cluster.replicas and the members must stay as they were when the cluster was created)",
+                     cluster.replicas, cluster.key_hashing and the members must stay as they were when \
+                     the cluster was created)",
                     dir.display(),
                     describe(&stored),
                     describe(&wanted)
@@ -61,8 +62,10 @@ pub fn load_or_create(config: &ServerConfig) -> anyhow::Result<ClusterMap> {
             let wanted = config.cluster_map().context("cannot place the shards")?;
             if dir.join(IDENTITY_FILE).exists() {
                 let members: Vec<u64> = config.members.iter().map(|member| member.id).collect();
-                let legacy = ClusterMap::build(&members, 1, members.len() as u32)
+                let mut legacy = ClusterMap::build(&members, 1, members.len() as u32)
                     .context("cannot place the single shard of an older data directory")?;
+                // One shard holds every key, however keys are hashed.
+                legacy.key_hashing = wanted.key_hashing;
                 if !same_placement(&legacy, &wanted) {
                     bail!(
                         "{} was created before shards existed and holds one shard on every member; \
@@ -81,15 +84,19 @@ pub fn load_or_create(config: &ServerConfig) -> anyhow::Result<ClusterMap> {
     }
 }
 
-/// Whether two maps place the same shards on the same nodes (the epoch aside).
+/// Whether two maps place the same shards on the same nodes and hash keys alike (the epoch aside).
 fn same_placement(a: &ClusterMap, b: &ClusterMap) -> bool {
-    a.nodes == b.nodes && a.shards == b.shards
+    a.nodes == b.nodes && a.shards == b.shards && a.key_hashing == b.key_hashing
 }
 
 fn describe(map: &ClusterMap) -> String {
     let nodes: Vec<String> = map.nodes.iter().map(u64::to_string).collect();
+    let hashing = match map.key_hashing {
+        onekv_placement::KeyHashing::WholeKey => "whole-key",
+        onekv_placement::KeyHashing::DatabaseBlind => "database-blind",
+    };
     format!(
-        "{} shards of {} replicas on nodes {}",
+        "{} shards of {} replicas on nodes {}, {hashing} key hashing",
         map.shard_count(),
         map.shards.first().map_or(0, |shard| shard.replicas.len()),
         nodes.join(", ")
@@ -135,6 +142,30 @@ mod tests {
         let error = load_or_create(&config(dir.path(), 8)).unwrap_err().to_string();
         assert!(error.contains("was created with 16 shards of 3 replicas on nodes 1, 2, 3"), "{error}");
         assert!(error.contains("gives 8 shards"), "{error}");
+    }
+
+    /// The key hashing is fixed at creation too: a data directory made with whole-key hashing (as
+    /// every cluster before `cluster.key_hashing`, whose map is of format 1) keeps it, and a
+    /// configuration naming the other rule (a node wiped and restarted with a newer default, say)
+    /// is refused rather than routing keys of databases 1..15 to other shards than its peers.
+    #[test]
+    fn the_key_hashing_stays_as_created() {
+        use crate::config::KeyHashingName;
+        let dir = tempfile::tempdir().unwrap();
+        let whole = load_or_create(&config(dir.path(), 16)).unwrap();
+        assert_eq!(whole.key_hashing, onekv_placement::KeyHashing::WholeKey);
+        assert_eq!(&fs::read(dir.path().join(FILE)).unwrap()[4..6], &1u16.to_le_bytes(), "format 1");
+        let mut blind = config(dir.path(), 16);
+        blind.cluster.key_hashing = KeyHashingName::DatabaseBlind;
+        let error = load_or_create(&blind).unwrap_err().to_string();
+        assert!(error.contains("whole-key key hashing; this configuration gives"), "{error}");
+        assert!(error.contains("database-blind key hashing"), "{error}");
+        let other = tempfile::tempdir().unwrap();
+        let mut blind = config(other.path(), 16);
+        blind.cluster.key_hashing = KeyHashingName::DatabaseBlind;
+        assert_eq!(load_or_create(&blind).unwrap().key_hashing, onekv_placement::KeyHashing::DatabaseBlind);
+        assert_eq!(load_or_create(&blind).unwrap().key_hashing, onekv_placement::KeyHashing::DatabaseBlind);
+        assert!(load_or_create(&config(other.path(), 16)).is_err(), "whole-key over a database-blind map");
     }
 
     #[test]

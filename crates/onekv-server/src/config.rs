@@ -145,11 +145,42 @@ pub struct ClusterConfig {
     /// Replicas of each shard, on distinct members (1 to 7, at most the number of members).
     /// Unset: 3, or every member when there are fewer.
     pub replicas: Option<u32>,
+    /// Which bytes of a key are hashed to its slot. `whole-key` (the default, and what every
+    /// cluster created before this setting uses): the whole key. `database-blind` (what `onekv
+    /// cluster start` writes for a new cluster): a key of Redis database 1..15 without its database
+    /// prefix, so a key has the same shard in every database (`MOVE`, `COPY ... DB`). Fixed when
+    /// the cluster is created, like `shards`.
+    pub key_hashing: KeyHashingName,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { shards: onekv_placement::DEFAULT_SHARDS, replicas: None }
+        ClusterConfig {
+            shards: onekv_placement::DEFAULT_SHARDS,
+            replicas: None,
+            key_hashing: KeyHashingName::default(),
+        }
+    }
+}
+
+/// `cluster.key_hashing`: the configuration's names of [`onekv_placement::KeyHashing`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyHashingName {
+    /// [`onekv_placement::KeyHashing::WholeKey`].
+    #[default]
+    WholeKey,
+    /// [`onekv_placement::KeyHashing::DatabaseBlind`].
+    DatabaseBlind,
+}
+
+impl KeyHashingName {
+    /// The placement rule it names.
+    pub fn rule(self) -> onekv_placement::KeyHashing {
+        match self {
+            KeyHashingName::WholeKey => onekv_placement::KeyHashing::WholeKey,
+            KeyHashingName::DatabaseBlind => onekv_placement::KeyHashing::DatabaseBlind,
+        }
     }
 }
 
@@ -900,7 +931,10 @@ impl ServerConfig {
     /// members, `cluster.shards` and the replication factor.
     pub fn cluster_map(&self) -> Result<onekv_placement::ClusterMap, onekv_placement::PlacementError> {
         let ids: Vec<u64> = self.members.iter().map(|member| member.id).collect();
-        onekv_placement::ClusterMap::build(&ids, self.cluster.shards, self.replication_factor())
+        let mut map =
+            onekv_placement::ClusterMap::build(&ids, self.cluster.shards, self.replication_factor())?;
+        map.key_hashing = self.cluster.key_hashing.rule();
+        Ok(map)
     }
 
     /// The node's configuration, holding the shards `map` places on this node. Call after

@@ -133,7 +133,8 @@ pub struct SimConfig {
     pub dedup: bool,
     /// Whether half the workload's deletes are range deletions of up to 4 consecutive keys (each
     /// one page, in the shard of its first key). Off by default, like `expiring_puts`, for the
-    /// broken variants' calibrated seeds.
+    /// broken variants' calibrated seeds. Needs `keys` ≤ 1000 (stored keys `key-NNN` sort by
+    /// number only that far).
     pub range_deletes: bool,
 }
 

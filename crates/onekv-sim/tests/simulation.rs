@@ -370,9 +370,9 @@ fn a_range_deletion_that_reads_the_batch_start_is_caught() {
     let config =
         SimConfig { bug: Some(Bug::RangePageReadsBatchStart), range_deletes: true, ..SimConfig::default() };
     let caught =
-        (0..21).filter(|seed| !run(*seed, &config).expect("a temporary directory").violations.is_empty());
+        (0..8).filter(|seed| !run(*seed, &config).expect("a temporary directory").violations.is_empty());
     let caught = caught.count();
-    // Deterministic: 4 of these seeds (2, 3, 7, 20) catch it with this code (`onekv-sim --seeds 30
-    // --bug-range-page-reads-batch-start --no-expiring-puts --verbose | grep ^FAILED`).
-    assert!(caught >= 2, "a range deletion reading the batch start was caught in only {caught} of 21 seeds");
+    // Deterministic: 3 of these seeds (2, 3, 7; also 20 of 0-29) catch it with this code
+    // (`onekv-sim --seeds 30 --bug-range-page-reads-batch-start --no-expiring-puts --verbose | grep ^FAILED`).
+    assert!(caught >= 2, "a range deletion reading the batch start was caught in only {caught} of 8 seeds");
 }

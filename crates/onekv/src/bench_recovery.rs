@@ -154,7 +154,7 @@ fn node_config(root: &Path, args: &Args) -> Result<ServerConfig> {
         listen: format!("127.0.0.1:{port}"),
         data_dir: root.join("data"),
         members: vec![MemberConfig { id: 1, address: format!("127.0.0.1:{port}") }],
-        cluster: ClusterConfig { shards: args.shards, replicas: Some(1) },
+        cluster: ClusterConfig { shards: args.shards, replicas: Some(1), ..ClusterConfig::default() },
         log_level: Some("warn".into()),
         ..ServerConfig::default()
     };
@@ -199,7 +199,11 @@ async fn load(config: &ServerConfig, args: &Args) -> Result<u64> {
     let hot: Vec<Vec<u8>> = (0u64..)
         .map(|i| format!("h{i:012}").into_bytes())
         .filter(|key| {
-            hot_shards.contains(&onekv_placement::shard_of_key(key, args.shards, Default::default()))
+            hot_shards.contains(&onekv_placement::shard_of_key(
+                key,
+                args.shards,
+                ClusterConfig::default().key_hashing.rule(),
+            ))
         })
         .take(((args.hot_mib << 20) / per_value) as usize)
         .collect();

@@ -272,6 +272,8 @@ fn plan_shaped(dir: &Path, count: u64, base_port: u16, shape: Shape) -> anyhow::
                 cluster: onekv_server::config::ClusterConfig {
                     shards: shape.shards.unwrap_or(onekv_placement::DEFAULT_SHARDS),
                     replicas: shape.replicas,
+                    // A new cluster: a key has one shard in every Redis database.
+                    key_hashing: onekv_server::config::KeyHashingName::DatabaseBlind,
                 },
                 // The nodes share this machine's cores.
                 worker_threads: Some(onekv_server::config::worker_threads_sharing_cores(count)),
@@ -790,6 +792,11 @@ mod tests {
         assert!(error.contains("--replicas 4 is more than --nodes 3"), "{error}");
         let nodes = plan_shaped(dir.path(), 3, 17000, shape(None, None)).unwrap();
         assert_eq!(nodes[0].config.cluster.shards, 16, "16 shards by default");
+        assert_eq!(
+            nodes[0].config.cluster.key_hashing,
+            onekv_server::config::KeyHashingName::DatabaseBlind,
+            "a new cluster hashes a key alike in every database"
+        );
         assert_eq!(nodes[0].config.replication_factor(), 3);
         // A restart without the flags keeps them; with other values it is refused.
         plan_shaped(dir.path(), 3, 17000, shape(None, None)).unwrap();

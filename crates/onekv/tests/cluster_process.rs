@@ -968,6 +968,9 @@ fn a_range_deletion_empties_its_range_in_every_shard_while_writes_go_on() {
         assert_eq!(left.keys, [b"doomed".to_vec(), b"doomed.".to_vec()]);
         // Nothing left to delete: a second deletion finds none.
         assert_eq!(client.delete_range(b"doomed-", Some(b"doomed.")).await.expect("delete_range"), 0);
+        // Empty ranges delete nothing (an empty end is not "no end").
+        assert_eq!(client.delete_range(b"", Some(b"")).await.expect("delete_range"), 0);
+        assert_eq!(client.delete_range(b"z", Some(b"a")).await.expect("delete_range"), 0);
         for key in &written {
             assert_eq!(client.get(key).await.expect("a read").as_deref(), Some(&b"w"[..]));
         }

@@ -60,8 +60,10 @@ fn redis_own_test_suite_passes_its_expected_units() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     run_bounded(TEST_TIME_LIMIT, async {
         let (_cluster, ports) = start_resp_cluster(3, |config| {
-            // As `onekv cluster start` makes it: commands on several keys cross shards.
+            // As `onekv cluster start` makes it: commands on several keys cross shards, and a key
+            // has one shard in every database (MOVE, COPY ... DB).
             config.cluster.shards = onekv_server::ServerConfig::default().cluster.shards;
+            config.cluster.key_hashing = onekv_server::config::KeyHashingName::DatabaseBlind;
         })
         .await;
 

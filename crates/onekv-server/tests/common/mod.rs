@@ -157,7 +157,7 @@ pub fn three_node_config(data_dir: &std::path::Path) -> ServerConfig {
         peer_secret_file: Some(data_dir.with_file_name("peer-secret")),
         members: (1..=3).map(|id| MemberConfig { id, address: format!("127.0.0.1:{}", 7000 + id) }).collect(),
         // One shard: the fake backend is one replica.
-        cluster: onekv_server::config::ClusterConfig { shards: 1, replicas: None },
+        cluster: onekv_server::config::ClusterConfig { shards: 1, ..Default::default() },
         ..ServerConfig::default()
     }
 }
