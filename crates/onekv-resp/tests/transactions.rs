@@ -3,7 +3,8 @@
 //! client's write between EXEC's read and its commit making the transaction decide again; and a
 //! runtime error of one queued command leaving the others applied. Also the commands that are
 //! transactions of their own (MSETNX, RENAME, COPY, MOVE) and those that page through every key (KEYS,
-//! FLUSHALL, RANDOMKEY) over more keys than one page holds. The real 3-node cluster with redis-py
+//! RANDOMKEY, and FLUSHALL through the store's range-deletion pages) over more keys than one page
+//! holds. The real 3-node cluster with redis-py
 //! is `crates/onekv/tests/redis_tools.rs`, and Redis's own test suite `tests/redis-suite`.
 
 use std::collections::BTreeMap;

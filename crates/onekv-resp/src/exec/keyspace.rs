@@ -1,6 +1,7 @@
 //! The keyspace: SCAN and its cursors (numbers naming the last key of a page, kept per node and
-//! bounded), and the commands that page through every key with keys-only scans: counting them
-//! (DBSIZE, INFO keyspace), KEYS, RANDOMKEY and FLUSHALL/FLUSHDB.
+//! bounded), the commands that page through every key with keys-only scans: counting them
+//! (DBSIZE, INFO keyspace), KEYS and RANDOMKEY; and FLUSHALL/FLUSHDB, one replicated range
+//! deletion of the database's range (`Client::delete_range`), which reads no key here.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -18,9 +18,9 @@
 //! collection is one value behind a marker); `hashes`, `sets`, `lists` and `zsets` those types'
 //! commands;
 //! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
-//! its cursors and the commands that page through every key of a database (DBSIZE, KEYS,
-//! RANDOMKEY, FLUSHDB, FLUSHALL); `transaction` MULTI/EXEC and the multi-key writes run as
-//! transactions of their own (MSETNX, RENAME, COPY); `admin` the node's own answers (HELLO,
+//! its cursors, the commands that page through every key of a database (DBSIZE, KEYS,
+//! RANDOMKEY) and FLUSHDB/FLUSHALL (a replicated range deletion); `transaction` MULTI/EXEC and the
+//! multi-key writes run as transactions of their own (MSETNX, RENAME, COPY, MOVE); `admin` the node's own answers (HELLO,
 //! CLIENT, COMMAND, CONFIG, INFO).
 //!
 //! Read-modify-write commands on one key are combined per node: while one compare-and-swap on the
