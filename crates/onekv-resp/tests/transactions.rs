@@ -626,3 +626,70 @@ async fn a_compare_and_swap_that_was_not_applied_is_decided_again_or_reported_as
     assert_eq!(store.value("k"), None);
     assert_eq!(*store.abort_cas.lock().unwrap(), 0);
 }
+
+#[tokio::test]
+async fn a_script_is_one_transaction_run_again_when_a_key_it_read_changed() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    store.set("n", "10");
+    let script = "local n = redis.call('INCR', KEYS[1]) redis.call('SET', KEYS[2], 'saw ' .. n) return n";
+    // Between the script's read and its commit another client sets n = 100: the commit's condition
+    // (n = 10) fails, nothing is written, and the script runs again on the new value.
+    store.interfere.lock().unwrap().push((b"n".to_vec(), b"100".to_vec()));
+    assert_eq!(run(&context, s, &["EVAL", script, "2", "n", "m"]).await, Reply::Integer(101));
+    assert_eq!(store.value("n").as_deref(), Some("101"));
+    assert_eq!(store.value("m").as_deref(), Some("saw 101"));
+    assert_eq!(*store.txns.lock().unwrap(), (1, 1));
+    // A key the script did not declare is read, then the script runs again; its write commits
+    // with a condition on it.
+    store.set("undeclared", "7");
+    let script = "return redis.call('INCRBY', 'undeclared', ARGV[1])";
+    assert_eq!(run(&context, s, &["EVAL", script, "0", "5"]).await, Reply::Integer(12));
+    assert_eq!(store.value("undeclared").as_deref(), Some("12"));
+    // One key read, nothing written: no transaction at all.
+    assert_eq!(
+        run(&context, s, &["EVAL", "return redis.call('GET', KEYS[1])", "1", "n"]).await,
+        Reply::text("101")
+    );
+    assert_eq!(*store.txns.lock().unwrap(), (2, 1));
+    // EVALSHA finds what EVAL and SCRIPT LOAD cached; SCRIPT FLUSH forgets it.
+    let sha = match run(&context, s, &["SCRIPT", "LOAD", "return ARGV[1]"]).await {
+        Reply::Bulk(sha) => String::from_utf8(sha).unwrap(),
+        other => panic!("SCRIPT LOAD answered {other:?}"),
+    };
+    assert_eq!(run(&context, s, &["EVALSHA", &sha.to_uppercase(), "0", "x"]).await, Reply::text("x"));
+    assert_eq!(
+        run(&context, s, &["SCRIPT", "EXISTS", &sha, "ffff"]).await,
+        Reply::Array(vec![Reply::Integer(1), Reply::Integer(0)])
+    );
+    assert_eq!(run(&context, s, &["SCRIPT", "FLUSH"]).await, Reply::ok());
+    assert_eq!(
+        run(&context, s, &["EVALSHA", &sha, "0"]).await,
+        Reply::Error("NOSCRIPT No matching script. Please use EVAL.".into())
+    );
+    // Argument errors, and scripts refused inside MULTI.
+    assert_eq!(
+        run(&context, s, &["EVAL", "return 1", "2", "a"]).await,
+        Reply::err("Number of keys can't be greater than number of args")
+    );
+    assert_eq!(
+        run(&context, s, &["EVAL", "return 1", "-1"]).await,
+        Reply::err("Number of keys can't be negative")
+    );
+    assert_eq!(
+        run(&context, s, &["SCRIPT", "KILL"]).await,
+        Reply::Error("NOTBUSY No scripts in execution right now.".into())
+    );
+    assert_eq!(run(&context, s, &["MULTI"]).await, Reply::ok());
+    assert!(run(&context, s, &["EVAL", "return 1", "0"]).await.is_error());
+    assert!(run(&context, s, &["EXEC"]).await.is_error(), "EXECABORT");
+    // Keys of the script's database.
+    assert_eq!(run(&context, s, &["SELECT", "2"]).await, Reply::ok());
+    assert_eq!(
+        run(&context, s, &["EVAL", "return redis.call('SET', KEYS[1], 'v')", "1", "k"]).await,
+        Reply::ok()
+    );
+    assert_eq!(store.value("k"), None);
+    assert_eq!(run(&context, s, &["GET", "k"]).await, Reply::text("v"));
+}

@@ -236,6 +236,9 @@ impl RespContext {
                     field("maxmemory_policy", "noeviction".into());
                     // Rust's system allocator (glibc's malloc): not jemalloc.
                     field("mem_allocator", "libc".into());
+                    let (scripts, script_bytes) = self.cached_scripts();
+                    field("number_of_cached_scripts", scripts.to_string());
+                    field("used_memory_scripts_eval", script_bytes.to_string());
                 }
                 "cpu" => {
                     let [user, system, children_user, children_system] = cpu_seconds().unwrap_or_default();

@@ -20,7 +20,8 @@
 //! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors, the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY) and FLUSHDB/FLUSHALL (a replicated range deletion); `transaction` MULTI/EXEC and the
-//! multi-key writes run as transactions of their own (MSETNX, RENAME, COPY, MOVE); `admin` the node's own answers (HELLO,
+//! multi-key writes run as transactions of their own (MSETNX, RENAME, COPY, MOVE); `scripting`
+//! EVAL and SCRIPT, scripts run as transactions, in the Lua environment of `lua`; `admin` the node's own answers (HELLO,
 //! CLIENT, COMMAND, CONFIG, INFO).
 //!
 //! Read-modify-write commands on one key are combined per node: while one compare-and-swap on the
@@ -40,7 +41,10 @@ mod expiry;
 mod hashes;
 mod keyspace;
 mod lists;
+mod lua;
+mod lua_libs;
 mod reads;
+mod scripting;
 mod sets;
 mod strings;
 mod transaction;
@@ -189,6 +193,8 @@ struct Shared {
     /// What OBJECT ENCODING calls a collection: Redis's thresholds, which CONFIG SET may change
     /// (they change nothing else in onekv).
     encodings: Mutex<types::Encodings>,
+    /// Lua scripts: the cache EVALSHA looks in and the scripts running (see `scripting`).
+    scripts: Arc<scripting::Scripts>,
     /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
     key_counts: tokio::sync::Mutex<Option<(Instant, Outcome<[u64; DATABASES as usize]>)>>,
 }
@@ -285,6 +291,7 @@ impl RespContext {
                 // name a live one; below 2^53 so clients that keep cursors as doubles are exact.
                 cursors: Mutex::new(Cursors::new(random.random_range(1..1u64 << 52))),
                 key_counts: tokio::sync::Mutex::new(None),
+                scripts: Arc::default(),
                 encodings: Mutex::default(),
                 clients: Mutex::new(HashMap::new()),
             }),
@@ -467,6 +474,8 @@ impl RespContext {
             )),
             "flushall" => self.flush(None, args).await,
             "flushdb" => self.flush(Some(session.db), args).await,
+            "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => self.eval(session, spec.name, args).await,
+            "script" => self.script_command(args),
             "multi" | "exec" | "discard" | "watch" | "unwatch" => {
                 self.transaction_command(spec.name, session, args).await
             }

@@ -105,10 +105,10 @@ struct Evaluation {
 }
 
 /// A key as a transaction sees it: its value and expiry time (ms since the Unix epoch), or absent.
-type Found = Option<(Vec<u8>, Option<u64>)>;
+pub(super) type Found = Option<(Vec<u8>, Option<u64>)>;
 
-/// The keys a transaction sees: the ones read, then its own writes.
-struct Snapshot {
+/// The keys a transaction (or a script, `scripting`) sees: the ones read, then its own writes.
+pub(super) struct Snapshot {
     values: HashMap<Vec<u8>, Found>,
     /// The expiry each written key's net write carries ([`Expiry::Keep`]: the one it has when the
     /// transaction applies, which its conditions say is the value read).
@@ -120,7 +120,7 @@ struct Snapshot {
 }
 
 impl Snapshot {
-    fn new(values: HashMap<Vec<u8>, Found>) -> Snapshot {
+    pub(super) fn new(values: HashMap<Vec<u8>, Found>) -> Snapshot {
         let now_ms = expiry::now_ms();
         Snapshot {
             values,
@@ -129,6 +129,24 @@ impl Snapshot {
             written_set: HashSet::new(),
             now_ms,
         }
+    }
+
+    /// Whether `key` was read (or written) here: its value is known.
+    pub(super) fn knows(&self, key: &[u8]) -> bool {
+        self.values.contains_key(key)
+    }
+
+    /// The net writes, each key once with its last value and expiry, in the order keys were first
+    /// written.
+    pub(super) fn net_writes(&self) -> Vec<WriteItem> {
+        self.written
+            .iter()
+            .map(|key| WriteItem {
+                key: key.clone(),
+                value: self.get(key).map(<[u8]>::to_vec),
+                expiry: self.expiries.get(key).copied().unwrap_or(Expiry::Never),
+            })
+            .collect()
     }
 
     fn get(&self, key: &[u8]) -> Option<&[u8]> {
@@ -198,6 +216,15 @@ impl RespContext {
             // As Redis: SAVE, SHUTDOWN, ... never run as part of a transaction.
             transaction.doomed = true;
             return Reply::err("Command not allowed inside a transaction");
+        }
+        if matches!(spec.name, "eval" | "evalsha" | "eval_ro" | "evalsha_ro") {
+            // A script is a transaction of its own, run against the values it reads as it goes;
+            // it cannot join another's evaluation.
+            transaction.doomed = true;
+            return Reply::err(
+                "onekv: scripts cannot be queued in MULTI: a script is a transaction of its own \
+                 (EXEC will answer EXECABORT)",
+            );
         }
         if matches!(spec.name, "flushall" | "flushdb") {
             // They delete page by page, not as one step, so they cannot be part of one.
@@ -340,7 +367,6 @@ impl RespContext {
         if all_keys.len() > 1 && !same_shard(&*self.shared.client.cluster_map().await?, &all_keys) {
             return Err(Reply::Error("CROSSSLOT Keys in request don't hash to the same slot".into()));
         }
-        let client = &self.shared.client;
         let mut attempt = 0;
         let evaluation = loop {
             let found = self.get_many_with_expiry(&read_keys, true).await?;
@@ -369,29 +395,11 @@ impl RespContext {
                 // transaction.
                 break evaluation;
             }
-            for op in &evaluation.ops {
-                self.forget(&op.key);
-            }
-            let applied = match client.txn_with_expiry(conditions, evaluation.ops.clone()).await {
-                Ok(outcome) => outcome.applied,
-                // An attempt's conditions failed and its answer was lost: nothing was written.
-                Err(ClientError::NotApplied(_)) => false,
-                Err(error) => return Err(error.into()),
-            };
-            if applied {
+            if self.commit(conditions, evaluation.ops.clone()).await? {
                 break evaluation;
             }
             attempt += 1;
-            if attempt >= RMW_MAX_ATTEMPTS {
-                return Err(Reply::err(format!(
-                    "onekv: the transaction's keys changed under {RMW_MAX_ATTEMPTS} attempts in a row; try again"
-                )));
-            }
-            if attempt >= 2 {
-                // Other clients are writing these keys too: spread the retries out.
-                let millis = rand::rng().random_range(1..=2u64 << attempt.min(5));
-                tokio::time::sleep(Duration::from_millis(millis)).await;
-            }
+            pause_before_retry(attempt).await?;
         };
         // The commands that touch no key run now, in their order.
         let mut replies = Vec::with_capacity(queued.len());
@@ -406,6 +414,25 @@ impl RespContext {
             replies.push(reply);
         }
         Ok(Reply::Array(replies))
+    }
+
+    /// Commits one evaluation: `conditions` (each key read and the value it had, `None`: absent)
+    /// and the net writes `ops`, as one replicated transaction. `Ok(false)`: a condition failed
+    /// and nothing was written.
+    pub(super) async fn commit(
+        &self,
+        conditions: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        ops: Vec<WriteItem>,
+    ) -> Outcome<bool> {
+        for op in &ops {
+            self.forget(&op.key);
+        }
+        match self.shared.client.txn_with_expiry(conditions, ops).await {
+            Ok(outcome) => Ok(outcome.applied),
+            // An attempt's conditions failed and its answer was lost: nothing was written.
+            Err(ClientError::NotApplied(_)) => Ok(false),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Runs the queued commands in order against `values` (every key they observe), in memory.
@@ -424,21 +451,17 @@ impl RespContext {
             }
             replies.push(reply);
         }
-        let ops = snapshot
-            .written
-            .iter()
-            .map(|key| WriteItem {
-                key: key.clone(),
-                value: snapshot.get(key).map(<[u8]>::to_vec),
-                expiry: snapshot.expiries.get(key).copied().unwrap_or(Expiry::Never),
-            })
-            .collect();
-        Ok(Evaluation { replies, ops })
+        Ok(Evaluation { replies, ops: snapshot.net_writes() })
     }
 
     /// One queued command against the snapshot; `None` for a command that touches no key (it
     /// runs after the commit).
-    fn evaluate_one(&self, spec: &CommandSpec, args: &[Vec<u8>], snapshot: &mut Snapshot) -> Option<Reply> {
+    pub(super) fn evaluate_one(
+        &self,
+        spec: &CommandSpec,
+        args: &[Vec<u8>],
+        snapshot: &mut Snapshot,
+    ) -> Option<Reply> {
         let value = |snapshot: &Snapshot, key: &[u8]| snapshot.get(key).map(<[u8]>::to_vec);
         Some(match spec.name {
             "get" => match types::string_value(snapshot.get(&args[1])) {
@@ -598,6 +621,22 @@ impl RespContext {
         }
         self.check_value(value).err()
     }
+}
+
+/// Before the `attempt`th retry of a transaction whose conditions failed: an error after
+/// [`RMW_MAX_ATTEMPTS`] attempts, and from the second retry on a random pause, since other clients
+/// are writing these keys too.
+pub(super) async fn pause_before_retry(attempt: u32) -> Outcome<()> {
+    if attempt >= RMW_MAX_ATTEMPTS {
+        return Err(Reply::err(format!(
+            "onekv: the transaction's keys changed under {RMW_MAX_ATTEMPTS} attempts in a row; try again"
+        )));
+    }
+    if attempt >= 2 {
+        let millis = rand::rng().random_range(1..=2u64 << attempt.min(5));
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+    }
+    Ok(())
 }
 
 /// The error for a transaction whose queue went over its bound.

@@ -15,6 +15,10 @@ size bound, and concurrent HINCRBY through two nodes counting each success exact
 SADD/SMEMBERS/SINTER/SUNION/SDIFF/SSCAN/SPOP and the rest, WRONGTYPE, and sets in a transaction.
 And lists: RPUSH/LPUSH/LRANGE/LINSERT/LSET/LREM/LTRIM/LPOP/RPOP, WRONGTYPE, a queue across nodes.
 And sorted sets: ZADD (XX, CH), ZINCRBY, ZRANGE WITHSCORES, ZRANGEBYSCORE, ZRANK, ZSCAN, ZPOPMIN.
+And Lua scripts: redis-py's Lock (its release and extend are scripts, sent by EVALSHA after a
+NOSCRIPT), register_script() incrementing one counter from two nodes at once (exactly 200),
+replies of every type, an undeclared key, EVAL_RO refusing a write, SCRIPT
+EXISTS/FLUSH/KILL (a killed endless script has written nothing).
 Prints one line of what it checked; any failure raises.
 """
 
@@ -231,6 +235,106 @@ def check_sorted_sets(r, other):
         assert "not a valid float" in str(error), error
 
 
+def check_scripts(r, other):
+    r.delete("sc:lock", "sc:n", "sc:undeclared", "sc:killed")
+    r.script_flush()
+    other.script_flush()
+    # redis-py's Lock: acquire is SET NX PX; release and extend are Lua scripts (EVALSHA, and on
+    # NOSCRIPT, SCRIPT LOAD then EVALSHA again).
+    lock = r.lock("sc:lock", timeout=10)
+    assert lock.acquire(blocking=False)
+    rival = other.lock("sc:lock", timeout=10)
+    assert not rival.acquire(blocking=False), "a held lock was acquired through another node"
+    assert lock.extend(5)
+    assert 10000 < r.pttl("sc:lock") <= 15000, r.pttl("sc:lock")
+    lock.release()
+    assert r.get("sc:lock") is None
+    assert rival.acquire(blocking=False), "a released lock could not be taken"
+    rival.release()
+    # A lock whose key now holds another owner's token is not released (the script compares).
+    assert lock.acquire(blocking=False)
+    r.set("sc:lock", "another-owner")
+    try:
+        lock.release()
+        raise AssertionError("a lock owned by another token was released")
+    except redis.exceptions.LockNotOwnedError:
+        pass
+    assert r.get("sc:lock") == b"another-owner"
+
+    # One script incrementing one counter from two nodes at once: atomic, every call counted once.
+    script = "local n = tonumber(redis.call('GET', KEYS[1]) or '0') redis.call('SET', KEYS[1], n + 1) return n + 1"
+    counts = []
+
+    def run_script(client):
+        increment_by_script = client.register_script(script)
+        for _ in range(100):
+            counts.append(increment_by_script(keys=["sc:n"]))
+
+    threads = [threading.Thread(target=run_script, args=(c,)) for c in (r, other)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert r.get("sc:n") == b"200", r.get("sc:n")
+    assert sorted(counts) == list(range(1, 201)), "each run saw the count before it exactly once"
+
+    # Replies of each type, a key the script did not declare, and the errors.
+    reply = r.eval("return {1, 'two', redis.status_reply('THREE'), false, 4.7}", 0)
+    assert reply == [1, b"two", b"THREE", None, 4], reply
+    r.set("sc:undeclared", "found")
+    assert r.eval("return redis.call('GET', 'sc:undeclared')", 0) == b"found"
+    sha = r.script_load("return ARGV[1] .. KEYS[1]")
+    assert r.script_exists(sha, "0" * 40) == [True, False]
+    assert r.evalsha(sha, 1, "k", "v") == b"vk"
+    r.script_flush()
+    try:
+        r.evalsha(sha, 1, "k", "v")
+        raise AssertionError("EVALSHA of a flushed script ran")
+    except redis.exceptions.NoScriptError:
+        pass
+    try:
+        r.eval_ro("return redis.call('SET', KEYS[1], 'x')", 1, "sc:ro")
+        raise AssertionError("EVAL_RO wrote")
+    except redis.ResponseError as error:
+        assert "read-only" in str(error), error
+    try:
+        r.eval("return redis.call('INCR', KEYS[1])", 1, "sc:undeclared")
+        raise AssertionError("INCR of a string succeeded")
+    except redis.ResponseError as error:
+        assert "not an integer" in str(error) and "script:" in str(error), error
+
+    # SCRIPT KILL stops an endless script on this node; it has written nothing.
+    try:
+        r.script_kill()
+        raise AssertionError("SCRIPT KILL with nothing running succeeded")
+    except redis.ResponseError as error:
+        assert "NOTBUSY" in str(error), error
+    outcome = []
+
+    def endless():
+        try:
+            redis.Redis(port=r.connection_pool.connection_kwargs["port"]).eval(
+                "redis.call('SET', KEYS[1], 'x') while true do end", 1, "sc:killed"
+            )
+            outcome.append("returned")
+        except redis.ResponseError as error:
+            outcome.append(str(error))
+
+    thread = threading.Thread(target=endless)
+    thread.start()
+    for _ in range(100):
+        time.sleep(0.05)
+        try:
+            r.script_kill()
+            break
+        except redis.ResponseError:
+            continue  # not running yet
+    thread.join(timeout=30)
+    assert outcome and "killed" in outcome[0], outcome
+    assert r.get("sc:killed") is None, "a killed script's write was applied"
+    r.delete("sc:n", "sc:undeclared", "sc:lock")
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -267,6 +371,7 @@ def main():
         check_sets(r, other)
         check_lists(r, other)
         check_sorted_sets(r, other)
+        check_scripts(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]
