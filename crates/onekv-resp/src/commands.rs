@@ -33,9 +33,14 @@ impl CommandSpec {
     /// name included), by the table's key positions.
     pub fn key_positions(&self, argc: usize) -> impl Iterator<Item = usize> + use<> {
         let first = usize::try_from(self.first_key).unwrap_or(0);
-        let last = match self.last_key {
-            -1 => argc.saturating_sub(1),
-            last => usize::try_from(last).unwrap_or(0).min(argc.saturating_sub(1)),
+        // Negative: counted from the end (-1 the last argument, -2 the one before: BLPOP's keys
+        // end before its timeout).
+        let last = match usize::try_from(self.last_key) {
+            Ok(last) => last.min(argc.saturating_sub(1)),
+            Err(_) => match argc.checked_sub(self.last_key.unsigned_abs() as usize) {
+                Some(last) => last,
+                None => return (0..0).step_by(1),
+            },
         };
         let step = usize::try_from(self.step).unwrap_or(1).max(1);
         let range = if first == 0 || first > last { 0..0 } else { first..last + 1 };
@@ -89,6 +94,18 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Counts the set bits of a value, or of a range of bytes or bits."),
     spec("bitpos", -3, &["readonly"], ONE_KEY, "bitmap", "2.8.7",
         "The first bit set (or clear) in a value, or in a range of bytes or bits."),
+    spec("blmove", 6, &["write", "denyoom", "noscript", "blocking"], (1, 2, 1), "list", "6.2.0",
+        "LMOVE, waiting up to a timeout for an element (polls the source; see docs/redis.md)."),
+    spec("blpop", -3, &["write", "noscript", "blocking"], (1, -2, 1), "list", "2.0.0",
+        "LPOP of the first non-empty list, waiting up to a timeout for one (polls; see docs/redis.md)."),
+    spec("brpop", -3, &["write", "noscript", "blocking"], (1, -2, 1), "list", "2.0.0",
+        "RPOP of the first non-empty list, waiting up to a timeout for one (polls; see docs/redis.md)."),
+    spec("brpoplpush", 4, &["write", "denyoom", "noscript", "blocking"], (1, 2, 1), "list", "2.2.0",
+        "RPOPLPUSH, waiting up to a timeout for an element (polls the source)."),
+    spec("bzpopmax", -3, &["write", "noscript", "fast", "blocking"], (1, -2, 1), "sorted_set", "5.0.0",
+        "ZPOPMAX of the first non-empty sorted set, waiting up to a timeout for one (polls)."),
+    spec("bzpopmin", -3, &["write", "noscript", "fast", "blocking"], (1, -2, 1), "sorted_set", "5.0.0",
+        "ZPOPMIN of the first non-empty sorted set, waiting up to a timeout for one (polls)."),
     spec("client", -2, &["stale"], NO_KEYS, "connection", "2.4.0",
         "CLIENT SETNAME, GETNAME, ID, INFO, SETINFO, LIST: this node's connections, their names and libraries."),
     spec("command", -1, &["loading", "stale"], NO_KEYS, "server", "2.8.13",
@@ -196,6 +213,8 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Inserts an element before or after a pivot; returns the new length (-1: no pivot)."),
     spec("llen", 2, &["readonly", "fast"], ONE_KEY, "list", "1.0.0",
         "The length of a list."),
+    spec("lmove", 5, &["write", "denyoom"], (1, 2, 1), "list", "6.2.0",
+        "Pops an element from one end of a list and pushes it to an end of another, atomically (one transaction; both keys in one shard)."),
     spec("lpop", -2, &["write", "fast"], ONE_KEY, "list", "1.0.0",
         "Removes and returns elements from the head of a list. A compare-and-swap loop."),
     spec("lpush", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "1.0.0",
@@ -250,6 +269,8 @@ pub static COMMANDS: &[CommandSpec] = &[
         "RENAME only if the new key does not exist; one replicated transaction."),
     spec("rpop", -2, &["write", "fast"], ONE_KEY, "list", "1.0.0",
         "Removes and returns elements from the tail of a list. A compare-and-swap loop."),
+    spec("rpoplpush", 3, &["write", "denyoom"], (1, 2, 1), "list", "1.2.0",
+        "LMOVE source destination RIGHT LEFT."),
     spec("rpush", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "1.0.0",
         "Appends elements to a list (a list is one value: a compare-and-swap loop); returns its length."),
     spec("rpushx", -3, &["write", "denyoom", "fast"], ONE_KEY, "list", "2.2.0",
@@ -426,6 +447,11 @@ pub fn syntax(name: &str) -> &'static str {
         "sinter" | "sunion" | "sdiff" => "key...",
         "lpush" | "rpush" | "lpushx" | "rpushx" => "key element...",
         "lpop" | "rpop" => "key [count]",
+        "blpop" | "brpop" | "bzpopmin" | "bzpopmax" => "key... timeout",
+        "lmove" => "source destination LEFT|RIGHT LEFT|RIGHT",
+        "blmove" => "source destination LEFT|RIGHT LEFT|RIGHT timeout",
+        "rpoplpush" => "source destination",
+        "brpoplpush" => "source destination timeout",
         "llen" => "key",
         "lrange" | "ltrim" => "key start stop",
         "lindex" => "key index",
@@ -595,6 +621,12 @@ pub fn is_blind_write(args: &[Vec<u8>]) -> bool {
         return crate::exec::parse_integer(&args[2]).is_some_and(|ttl| ttl > 0);
     }
     false
+}
+
+/// Whether the command in `args` may wait (BLPOP and the other blocking pops, flagged `blocking`
+/// in the table): the server then watches its connection while it runs.
+pub fn is_blocking(args: &[Vec<u8>]) -> bool {
+    args.first().and_then(|name| lookup(name)).is_some_and(|spec| spec.flags.contains(&"blocking"))
 }
 
 /// Whether the command in `args` only reads the store and its connection's state is untouched

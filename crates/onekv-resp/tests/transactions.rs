@@ -4,7 +4,9 @@
 //! runtime error of one queued command leaving the others applied. Also the commands that are
 //! transactions of their own (MSETNX, RENAME, COPY, MOVE) and those that page through every key (KEYS,
 //! RANDOMKEY, and FLUSHALL through the store's range-deletion pages) over more keys than one page
-//! holds. The real 3-node cluster with redis-py
+//! holds. Lua scripts as transactions (a conflicting write making one run again, undeclared keys,
+//! the script cache), LMOVE and the blocking pops (a timeout, a push waking a waiter, a push the
+//! front end did not see found by polling, MULTI never waiting). The real 3-node cluster with redis-py
 //! is `crates/onekv/tests/redis_tools.rs`, and Redis's own test suite `tests/redis-suite`.
 
 use std::collections::BTreeMap;
@@ -692,4 +694,84 @@ async fn a_script_is_one_transaction_run_again_when_a_key_it_read_changed() {
     );
     assert_eq!(store.value("k"), None);
     assert_eq!(run(&context, s, &["GET", "k"]).await, Reply::text("v"));
+}
+
+#[tokio::test]
+async fn blocking_pops_wait_for_a_push_and_lmove_moves_atomically() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    // LMOVE and RPOPLPUSH: one transaction each.
+    assert_eq!(run(&context, s, &["RPUSH", "{q}src", "a", "b", "c"]).await, Reply::Integer(3));
+    assert_eq!(run(&context, s, &["LMOVE", "{q}src", "{q}dst", "LEFT", "RIGHT"]).await, Reply::text("a"));
+    assert_eq!(run(&context, s, &["RPOPLPUSH", "{q}src", "{q}dst"]).await, Reply::text("c"));
+    assert_eq!(
+        run(&context, s, &["LRANGE", "{q}dst", "0", "-1"]).await,
+        Reply::Array(vec![Reply::text("c"), Reply::text("a")])
+    );
+    assert_eq!(
+        run(&context, s, &["LMOVE", "{q}src", "{q}src", "RIGHT", "LEFT"]).await,
+        Reply::text("b"),
+        "rotate"
+    );
+    assert_eq!(run(&context, s, &["LMOVE", "{q}empty", "{q}dst", "LEFT", "LEFT"]).await, Reply::Nil);
+    assert_eq!(
+        run(&context, s, &["LMOVE", "{q}src", "{q}dst", "UP", "LEFT"]).await,
+        Reply::err("syntax error")
+    );
+    assert_eq!(run(&context, s, &["SET", "{q}str", "x"]).await, Reply::ok());
+    assert!(run(&context, s, &["LMOVE", "{q}src", "{q}str", "LEFT", "LEFT"]).await.is_error(), "WRONGTYPE");
+    assert_eq!(run(&context, s, &["LLEN", "{q}src"]).await, Reply::Integer(1), "nothing moved");
+
+    // Nothing to pop: the timeout passes, and the null array answers.
+    let started = std::time::Instant::now();
+    assert_eq!(run(&context, s, &["BLPOP", "{q}none", "{q}none2", "0.2"]).await, Reply::NilArray);
+    assert!(started.elapsed() >= std::time::Duration::from_millis(200));
+    assert_eq!(run(&context, s, &["BLPOP", "{q}none", "-1"]).await, Reply::err("timeout is negative"));
+    // Something to pop at once: the first non-empty key, named as the client named it.
+    assert_eq!(
+        run(&context, s, &["BRPOP", "{q}none", "{q}dst", "1"]).await,
+        Reply::Array(vec![Reply::text("{q}dst"), Reply::text("a")])
+    );
+    // A push through this front end wakes a waiting BLPOP at once (no timeout: it waits for ever).
+    let (waiter, pusher) = (context.clone(), context.clone());
+    let blocked = tokio::spawn(async move {
+        let mut session = waiter.new_session();
+        run(&waiter, &mut session, &["BLPOP", "{q}jobs", "0"]).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!blocked.is_finished(), "BLPOP returned with nothing to pop");
+    let mut other = pusher.new_session();
+    assert_eq!(run(&pusher, &mut other, &["RPUSH", "{q}jobs", "job1"]).await, Reply::Integer(1));
+    let popped = tokio::time::timeout(std::time::Duration::from_secs(5), blocked).await.unwrap().unwrap();
+    assert_eq!(popped, Reply::Array(vec![Reply::text("{q}jobs"), Reply::text("job1")]));
+    // A push this front end did not see (another node's) is found by the next poll.
+    let (waiter, pushed_elsewhere) = (context.clone(), Arc::clone(&store));
+    let blocked = tokio::spawn(async move {
+        let mut session = waiter.new_session();
+        run(&waiter, &mut session, &["BLMOVE", "{q}remote", "{q}done", "LEFT", "LEFT", "5"]).await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut list = Vec::new();
+    let mut session_for_encoding = context.new_session();
+    assert_eq!(
+        run(&context, &mut session_for_encoding, &["RPUSH", "{q}model", "r1"]).await,
+        Reply::Integer(1)
+    );
+    list.extend(store.data.lock().unwrap().get(b"{q}model".as_slice()).cloned());
+    pushed_elsewhere.data.lock().unwrap().insert(b"{q}remote".to_vec(), list.remove(0));
+    let moved = tokio::time::timeout(std::time::Duration::from_secs(5), blocked).await.unwrap().unwrap();
+    assert_eq!(moved, Reply::text("r1"));
+    assert_eq!(
+        run(&context, s, &["LRANGE", "{q}done", "0", "-1"]).await,
+        Reply::Array(vec![Reply::text("r1")])
+    );
+    // Sorted sets.
+    assert_eq!(run(&context, s, &["ZADD", "{q}z", "2", "b", "1", "a"]).await, Reply::Integer(2));
+    let Reply::Array(items) = run(&context, s, &["BZPOPMIN", "{q}z", "1"]).await else { panic!("an array") };
+    assert_eq!(&items[..2], &[Reply::text("{q}z"), Reply::text("a")]);
+    // Inside MULTI a blocking pop never waits.
+    assert_eq!(run(&context, s, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["BLPOP", "{q}none", "0"]).await, queued());
+    assert_eq!(run(&context, s, &["EXEC"]).await, Reply::Array(vec![Reply::NilArray]));
 }

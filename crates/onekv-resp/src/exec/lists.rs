@@ -3,7 +3,8 @@
 //! A list is one onekv value, stored as a hash or a set is: the list marker, then its elements in
 //! list order (`types`' item encoding, one item an entry). So it lives in its key's shard, every read
 //! of it is one linearizable read, and every write is a read-modify-write through the combiner that
-//! rewrites the whole list (at most `limits.max_value_bytes` encoded). No blocking pops.
+//! rewrites the whole list (at most `limits.max_value_bytes` encoded). Blocking pops poll
+//! (`blocking`); LMOVE is a transaction of its own (`transaction`, with [`move_element`]).
 //!
 //! Owns: each list command's reply and new value as a function of the value found ([`decision`]
 //! for writes, [`answer`] for reads). Does not own reading or swapping (`combine`, `reads`), the
@@ -47,6 +48,52 @@ fn list_of(value: Option<&[u8]>) -> Outcome<Option<Vec<Vec<u8>>>> {
 fn store(elements: &[Vec<u8>], max_value_bytes: usize, reply: Reply) -> Outcome<Change> {
     let encoded = (!elements.is_empty()).then(|| encode(elements));
     types::store(encoded, max_value_bytes, "list", reply)
+}
+
+/// LMOVE's and RPOPLPUSH's ends: `LEFT` (the head) or `RIGHT` (the tail).
+pub(super) fn parse_end(arg: &[u8]) -> Outcome<bool> {
+    if arg.eq_ignore_ascii_case(b"LEFT") {
+        Ok(true)
+    } else if arg.eq_ignore_ascii_case(b"RIGHT") {
+        Ok(false)
+    } else {
+        Err(Reply::err("syntax error"))
+    }
+}
+
+/// LMOVE from the list `source` to the list `destination` (the same key if `same_key`): the
+/// element moved and both keys' new values (`None`: deleted), or `None` if the source is empty.
+/// The destination's type is checked before anything moves, as in Redis.
+#[allow(clippy::type_complexity)]
+pub(super) fn move_element(
+    source: Option<&[u8]>,
+    destination: Option<&[u8]>,
+    same_key: bool,
+    (from_head, to_head): (bool, bool),
+    max_value_bytes: usize,
+) -> Outcome<Option<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)>> {
+    let Some(mut elements) = list_of(source)? else { return Ok(None) };
+    let mut target = if same_key { None } else { Some(list_of(destination)?.unwrap_or_default()) };
+    let element = if from_head { elements.remove(0) } else { elements.pop().expect("a list is never empty") };
+    let push = |list: &mut Vec<Vec<u8>>| {
+        if to_head { list.insert(0, element.clone()) } else { list.push(element.clone()) }
+    };
+    match &mut target {
+        None => push(&mut elements),
+        Some(target) => push(target),
+    }
+    let encoded = |list: &[Vec<u8>]| -> Outcome<Option<Vec<u8>>> {
+        match store(list, max_value_bytes, Reply::Nil)? {
+            Change::Write(value, _, _) => Ok(value),
+            Change::Keep(_) => Ok(None),
+        }
+    };
+    let source_value = encoded(&elements)?;
+    let destination_value = match &target {
+        None => source_value.clone(),
+        Some(target) => encoded(target)?,
+    };
+    Ok(Some((element, source_value, destination_value)))
 }
 
 /// The position `index` names in a list of `len` elements (negative: from the end), if any.

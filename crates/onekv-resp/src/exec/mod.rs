@@ -17,6 +17,7 @@
 //! and the value cache; `types` the type of a value and the encoding the collections share (a
 //! collection is one value behind a marker); `hashes`, `sets`, `lists` and `zsets` those types'
 //! commands;
+//! `blocking` BLPOP and the other blocking pops (attempts that wait between them);
 //! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors, the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY) and FLUSHDB/FLUSHALL (a replicated range deletion); `transaction` MULTI/EXEC and the
@@ -33,6 +34,7 @@
 //! nodes may still race; the loser decides again on the value its failed swap returned.
 
 mod admin;
+mod blocking;
 mod bytes;
 mod clients;
 mod combine;
@@ -193,6 +195,10 @@ struct Shared {
     /// What OBJECT ENCODING calls a collection: Redis's thresholds, which CONFIG SET may change
     /// (they change nothing else in onekv).
     encodings: Mutex<types::Encodings>,
+    /// Woken after a command that may have written, when `blocked` commands wait (see `blocking`).
+    written: tokio::sync::Notify,
+    /// Blocking commands waiting on `written` now.
+    blocked: std::sync::atomic::AtomicUsize,
     /// Lua scripts: the cache EVALSHA looks in and the scripts running (see `scripting`).
     scripts: Arc<scripting::Scripts>,
     /// INFO keyspace's per-database counts and when they were taken (see `keyspace`).
@@ -292,6 +298,8 @@ impl RespContext {
                 cursors: Mutex::new(Cursors::new(random.random_range(1..1u64 << 52))),
                 key_counts: tokio::sync::Mutex::new(None),
                 scripts: Arc::default(),
+                written: tokio::sync::Notify::new(),
+                blocked: std::sync::atomic::AtomicUsize::new(0),
                 encodings: Mutex::default(),
                 clients: Mutex::new(HashMap::new()),
             }),
@@ -355,6 +363,11 @@ impl RespContext {
                 }
             }
         };
+        if spec.is_some_and(|spec| {
+            spec.flags.contains(&"write") || matches!(spec.name, "exec" | "eval" | "evalsha")
+        }) {
+            self.wake_blocked();
+        }
         if spec.is_some_and(|spec| matches!(spec.name, "hello" | "client" | "select" | "exec")) {
             // The command may have changed what CLIENT LIST shows of this connection.
             self.publish(session);
@@ -475,6 +488,8 @@ impl RespContext {
             "flushall" => self.flush(None, args).await,
             "flushdb" => self.flush(Some(session.db), args).await,
             "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => self.eval(session, spec.name, args).await,
+            "lmove" | "rpoplpush" => self.atomically(session, args).await,
+            _ if blocking::is_blocking(spec) => self.block(session, spec, args).await,
             "script" => self.script_command(args),
             "multi" | "exec" | "discard" | "watch" | "unwatch" => {
                 self.transaction_command(spec.name, session, args).await

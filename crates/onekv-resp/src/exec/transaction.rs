@@ -36,7 +36,7 @@ use rand::Rng as _;
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
 use super::{MAX_REPLY_BYTES, Outcome, RespContext, Session, unknown_command, wrong_arity};
-use super::{databases, expiry, reads, types};
+use super::{blocking, databases, expiry, lists, reads, types};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -390,7 +390,11 @@ impl RespContext {
             } else {
                 self.evaluate(&queued, snapshot)?
             };
-            if evaluation.ops.is_empty() && conditions.len() <= 1 {
+            // A blocking pop's attempt that found every key empty needs no proof of it: it waits
+            // and tries again.
+            let polls =
+                queued.iter().all(|args| commands::lookup(&args[0]).is_some_and(blocking::is_blocking));
+            if evaluation.ops.is_empty() && (conditions.len() <= 1 || polls) {
                 // Nothing to write, at most one key observed: its linearizable read was the
                 // transaction.
                 break evaluation;
@@ -554,6 +558,60 @@ impl RespContext {
                 }
                 snapshot.set(destination, Some(value), snapshot.copied_expiry(source));
                 Reply::Integer(1)
+            }
+            "lmove" | "rpoplpush" | "blmove" | "brpoplpush" => {
+                let (source, destination) = (&args[1], &args[2]);
+                let ends = if matches!(spec.name, "lmove" | "blmove") {
+                    match (lists::parse_end(&args[3]), lists::parse_end(&args[4])) {
+                        (Ok(from), Ok(to)) => (from, to),
+                        (Err(error), _) | (_, Err(error)) => return Some(error),
+                    }
+                } else {
+                    (false, true)
+                };
+                if let Some(error) = self.unwritable(destination, &[]) {
+                    return Some(error);
+                }
+                let max_value_bytes = self.shared.settings.max_value_bytes;
+                let same_key = source == destination;
+                match lists::move_element(
+                    snapshot.get(source),
+                    snapshot.get(destination),
+                    same_key,
+                    ends,
+                    max_value_bytes,
+                ) {
+                    Err(error) => error,
+                    Ok(None) => Reply::Nil,
+                    Ok(Some((element, source_value, destination_value))) => {
+                        snapshot.set(source, source_value, Expiry::Keep);
+                        if !same_key {
+                            snapshot.set(destination, destination_value, Expiry::Keep);
+                        }
+                        Reply::Bulk(element)
+                    }
+                }
+            }
+            name if blocking::single_pop(name).is_some() => {
+                // One attempt: the first key with something to pop, without waiting (inside MULTI
+                // too, as in Redis).
+                let pop = blocking::single_pop(name).expect("matched");
+                for key in spec.key_arguments(args) {
+                    if !self.storable(key) {
+                        continue;
+                    }
+                    let decide = match self.decision(pop, &[pop.as_bytes().to_vec(), key.clone()]) {
+                        Ok(decide) => decide,
+                        Err(error) => return Some(error),
+                    };
+                    match snapshot.decide(key, decide) {
+                        Reply::Nil | Reply::NilArray => {}
+                        Reply::Array(items) if items.is_empty() => {}
+                        Reply::Error(error) => return Some(Reply::Error(error)),
+                        reply => return Some(blocking::popped(key, reply)),
+                    }
+                }
+                Reply::NilArray
             }
             name if expiry::is_expiry_read(name) => {
                 let key = &args[1];
@@ -907,6 +965,9 @@ mod tests {
         assert_eq!(keys(&["MSETNX", "a", "1", "b", "2"]), args(&["a", "b"]));
         assert_eq!(keys(&["OBJECT", "ENCODING", "k"]), args(&["k"]));
         assert_eq!(keys(&["OBJECT", "HELP"]), Vec::<Vec<u8>>::new());
+        // Counted from the end: BLPOP's keys stop before its timeout.
+        assert_eq!(keys(&["BLPOP", "a", "b", "0"]), args(&["a", "b"]));
+        assert_eq!(keys(&["BLMOVE", "a", "b", "LEFT", "RIGHT", "0"]), args(&["a", "b"]));
         let map = onekv_placement::ClusterMap::build(&[1, 2, 3], 16, 3).unwrap();
         assert!(same_shard(&map, &[b"{user1}.a", b"{user1}.b"]), "one hash tag, one shard");
         let apart = (0..100)

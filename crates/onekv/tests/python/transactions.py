@@ -18,7 +18,9 @@ And sorted sets: ZADD (XX, CH), ZINCRBY, ZRANGE WITHSCORES, ZRANGEBYSCORE, ZRANK
 And Lua scripts: redis-py's Lock (its release and extend are scripts, sent by EVALSHA after a
 NOSCRIPT), register_script() incrementing one counter from two nodes at once (exactly 200),
 replies of every type, an undeclared key, EVAL_RO refusing a write, SCRIPT
-EXISTS/FLUSH/KILL (a killed endless script has written nothing).
+EXISTS/FLUSH/KILL (a killed endless script has written nothing). And blocking pops: a BLPOP through
+one node woken by an RPUSH through the other, BLMOVE, a timeout, and a client that leaves while
+blocked, whose BLPOP must not take the next element.
 Prints one line of what it checked; any failure raises.
 """
 
@@ -335,6 +337,36 @@ def check_scripts(r, other):
     r.delete("sc:n", "sc:undeclared", "sc:lock")
 
 
+def check_blocking(r, other):
+    r.delete("bq:jobs", "{bq}src", "{bq}dst", "bq:ghost")
+    got = []
+    consumer = threading.Thread(target=lambda: got.append(other.blpop(["bq:jobs"], timeout=10)))
+    consumer.start()
+    time.sleep(0.3)
+    assert not got, got
+    r.rpush("bq:jobs", "job-1")
+    consumer.join(timeout=15)
+    assert got == [(b"bq:jobs", b"job-1")] or got == [[b"bq:jobs", b"job-1"]], got
+    r.rpush("{bq}src", "x", "y")
+    assert r.blmove("{bq}src", "{bq}dst", 1, "LEFT", "RIGHT") == b"x"
+    assert r.brpoplpush("{bq}src", "{bq}dst", 1) == b"y"
+    assert r.lrange("{bq}dst", 0, -1) == [b"y", b"x"]  # BRPOPLPUSH pushes at the head
+    started = time.monotonic()
+    assert r.blpop(["bq:none"], timeout=0.3) is None
+    assert time.monotonic() - started >= 0.25
+    # A client that leaves while blocked: its BLPOP is dropped with it, and takes nothing later.
+    port = r.connection_pool.connection_kwargs["port"]
+    import socket
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        raw.sendall(b"*3\r\n$5\r\nBLPOP\r\n$8\r\nbq:ghost\r\n$1\r\n0\r\n")
+        time.sleep(0.3)
+    time.sleep(0.3)
+    r.rpush("bq:ghost", "kept")
+    time.sleep(0.5)
+    assert r.lrange("bq:ghost", 0, -1) == [b"kept"], "a departed client's BLPOP popped an element"
+    r.delete("{bq}dst", "bq:ghost")
+
+
 def increment(port, retries, errors):
     try:
         client = redis.Redis(port=port)
@@ -372,6 +404,7 @@ def main():
         check_lists(r, other)
         check_sorted_sets(r, other)
         check_scripts(r, other)
+        check_blocking(r, other)
 
     retries, errors = [], []
     threads = [threading.Thread(target=increment, args=(port, retries, errors)) for port in (port_a, port_b)]
