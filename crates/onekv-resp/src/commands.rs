@@ -309,6 +309,10 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Every member of a set, in byte order (one read)."),
     spec("smismember", -3, &["readonly", "fast"], ONE_KEY, "set", "6.2.0",
         "For each given member, 1 if the set has it, else 0."),
+    spec("sort", -2, &["write", "denyoom", "movablekeys"], ONE_KEY, "generic", "1.0.0",
+        "Sorts a list, set or sorted set (numbers, or ALPHA), with LIMIT and STORE (a transaction of its own); BY/GET patterns are refused."),
+    spec("sort_ro", -2, &["readonly", "movablekeys"], ONE_KEY, "generic", "7.0.0",
+        "SORT without STORE."),
     spec("spop", -2, &["write", "fast"], ONE_KEY, "set", "1.0.0",
         "Removes and returns random members of a set. A compare-and-swap loop."),
     spec("srandmember", -2, &["readonly"], ONE_KEY, "set", "1.0.0",
@@ -451,6 +455,10 @@ pub fn syntax(name: &str) -> &'static str {
         "lmove" => "source destination LEFT|RIGHT LEFT|RIGHT",
         "blmove" => "source destination LEFT|RIGHT LEFT|RIGHT timeout",
         "rpoplpush" => "source destination",
+        "sort" => {
+            "key [BY pattern] [LIMIT offset count] [GET pattern...] [ASC|DESC] [ALPHA] [STORE destination]"
+        }
+        "sort_ro" => "key [BY pattern] [LIMIT offset count] [GET pattern...] [ASC|DESC] [ALPHA]",
         "brpoplpush" => "source destination timeout",
         "llen" => "key",
         "lrange" | "ltrim" => "key start stop",

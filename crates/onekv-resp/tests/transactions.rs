@@ -775,3 +775,42 @@ async fn blocking_pops_wait_for_a_push_and_lmove_moves_atomically() {
     assert_eq!(run(&context, s, &["BLPOP", "{q}none", "0"]).await, queued());
     assert_eq!(run(&context, s, &["EXEC"]).await, Reply::Array(vec![Reply::NilArray]));
 }
+
+#[tokio::test]
+async fn sort_reads_or_stores_and_a_store_is_seen_by_watch() {
+    let (context, store) = start().await;
+    let mut session = context.new_session();
+    let s = &mut session;
+    assert_eq!(run(&context, s, &["RPUSH", "{s}l", "3", "10", "1"]).await, Reply::Integer(3));
+    assert_eq!(
+        run(&context, s, &["SORT", "{s}l", "DESC"]).await,
+        Reply::Array(vec![Reply::text("10"), Reply::text("3"), Reply::text("1")])
+    );
+    assert_eq!(
+        run(&context, s, &["SORT_RO", "{s}l", "ALPHA", "LIMIT", "0", "2"]).await,
+        Reply::Array(vec![Reply::text("1"), Reply::text("10")])
+    );
+    assert_eq!(*store.txns.lock().unwrap(), (0, 0), "a SORT without STORE only reads");
+    assert_eq!(run(&context, s, &["SORT", "{s}l", "STORE", "{s}out"]).await, Reply::Integer(3));
+    assert_eq!(
+        run(&context, s, &["LRANGE", "{s}out", "0", "-1"]).await,
+        Reply::Array(vec![Reply::text("1"), Reply::text("3"), Reply::text("10")])
+    );
+    assert!(run(&context, s, &["SORT", "{s}l", "BY", "weight_*"]).await.is_error());
+    // A watched key that SORT ... STORE empties (an empty result deletes the destination) aborts EXEC.
+    assert_eq!(run(&context, s, &["WATCH", "{s}out"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["SORT", "{s}empty", "STORE", "{s}out"]).await, Reply::Integer(0));
+    assert_eq!(store.value("{s}out"), None);
+    assert_eq!(run(&context, s, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["PING"]).await, queued());
+    assert_eq!(run(&context, s, &["EXEC"]).await, Reply::NilArray);
+    // In another database the destination is that database's key too.
+    assert_eq!(run(&context, s, &["SELECT", "4"]).await, Reply::ok());
+    assert_eq!(run(&context, s, &["RPUSH", "{s}l", "2", "1"]).await, Reply::Integer(2));
+    assert_eq!(run(&context, s, &["SORT", "{s}l", "STORE", "{s}out"]).await, Reply::Integer(2));
+    assert_eq!(store.value("{s}out"), None, "not database 0's key");
+    assert_eq!(
+        run(&context, s, &["LRANGE", "{s}out", "0", "-1"]).await,
+        Reply::Array(vec![Reply::text("1"), Reply::text("2")])
+    );
+}

@@ -95,6 +95,14 @@ pub(super) fn translate(db: u8, spec: &CommandSpec, mut args: Vec<Vec<u8>>) -> O
             args.drain(option..option + 2);
         }
     }
+    let mut positions = positions;
+    if spec.name == "sort"
+        && let Ok(options) = super::sort::parse(&args, false)
+        && let Some(store) = options.store
+    {
+        // SORT ... STORE destination: a key the table's positions do not name.
+        positions.push(store);
+    }
     for position in positions {
         let target = if matches!(spec.name, "copy" | "move") && position == 2 { destination_db } else { db };
         let key = &mut args[position];

@@ -17,7 +17,7 @@
 //! and the value cache; `types` the type of a value and the encoding the collections share (a
 //! collection is one value behind a marker); `hashes`, `sets`, `lists` and `zsets` those types'
 //! commands;
-//! `blocking` BLPOP and the other blocking pops (attempts that wait between them);
+//! `sort` SORT; `blocking` BLPOP and the other blocking pops (attempts that wait between them);
 //! `databases` SELECT's databases as ranges of the key space; `keyspace` SCAN,
 //! its cursors, the commands that page through every key of a database (DBSIZE, KEYS,
 //! RANDOMKEY) and FLUSHDB/FLUSHALL (a replicated range deletion); `transaction` MULTI/EXEC and the
@@ -48,6 +48,7 @@ mod lua_libs;
 mod reads;
 mod scripting;
 mod sets;
+mod sort;
 mod strings;
 mod transaction;
 mod types;
@@ -489,6 +490,23 @@ impl RespContext {
             "flushdb" => self.flush(Some(session.db), args).await,
             "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => self.eval(session, spec.name, args).await,
             "lmove" | "rpoplpush" => self.atomically(session, args).await,
+            "sort" | "sort_ro" => {
+                let options = sort::parse(args, spec.name == "sort_ro")?;
+                if let Some(store) = options.store {
+                    let keys = [args[1].as_slice(), args[store].as_slice()];
+                    if same_shard(&*self.shared.client.cluster_map().await?, &keys) {
+                        return self.atomically(session, args).await;
+                    }
+                }
+                let value = if self.storable(&args[1]) { self.get(&args[1]).await? } else { None };
+                let elements = sort::sorted(value.as_deref(), &options)?;
+                match options.store {
+                    None => Ok(sort::reply(elements, &options)),
+                    // The destination in another shard: the sort as read, then written (not one
+                    // transaction; as a client would do it).
+                    Some(store) => self.store_list(&args[store], elements).await,
+                }
+            }
             _ if blocking::is_blocking(spec) => self.block(session, spec, args).await,
             "script" => self.script_command(args),
             "multi" | "exec" | "discard" | "watch" | "unwatch" => {

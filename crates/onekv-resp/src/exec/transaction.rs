@@ -36,7 +36,7 @@ use rand::Rng as _;
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
 use super::{MAX_REPLY_BYTES, Outcome, RespContext, Session, unknown_command, wrong_arity};
-use super::{blocking, databases, expiry, lists, reads, types};
+use super::{blocking, databases, expiry, lists, reads, sort, types};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -355,6 +355,13 @@ impl RespContext {
         }
         for args in &queued {
             let Some(spec) = commands::lookup(&args[0]) else { continue };
+            if spec.name == "sort"
+                && let Ok(options) = sort::parse(args, false)
+                && let Some(store) = options.store
+            {
+                // Written whole, never read; but it must share the shard.
+                all_keys.push(&args[store]);
+            }
             for key in spec.key_arguments(args) {
                 all_keys.push(key);
                 if !commands::is_blind_write(args) && self.storable(key) && seen.insert(key.as_slice()) {
@@ -592,6 +599,27 @@ impl RespContext {
                     }
                 }
             }
+            "sort" | "sort_ro" => {
+                let sorted = sort::parse(args, spec.name == "sort_ro")
+                    .and_then(|options| Ok((sort::sorted(snapshot.get(&args[1]), &options)?, options)));
+                let (elements, options) = match sorted {
+                    Ok(sorted) => sorted,
+                    Err(error) => return Some(error),
+                };
+                let Some(store) = options.store else { return Some(sort::reply(elements, &options)) };
+                let destination = &args[store];
+                if let Some(error) = self.unwritable(destination, &[]) {
+                    return Some(error);
+                }
+                let count = elements.len() as i64;
+                let value = (!elements.is_empty()).then(|| lists::encode(&elements));
+                if let Some(error) = value.as_ref().and_then(|value| self.check_value(value).err()) {
+                    return Some(error);
+                }
+                // The destination becomes a list (or is deleted), without an expiry, as in Redis.
+                snapshot.set(destination, value, Expiry::Never);
+                Reply::Integer(count)
+            }
             name if blocking::single_pop(name).is_some() => {
                 // One attempt: the first key with something to pop, without waiting (inside MULTI
                 // too, as in Redis).
@@ -665,7 +693,7 @@ impl RespContext {
 
     /// The error of writing `value` under `key`, as the node would word it, if it cannot be
     /// written.
-    fn unwritable(&self, key: &[u8], value: &[u8]) -> Option<Reply> {
+    pub(super) fn unwritable(&self, key: &[u8], value: &[u8]) -> Option<Reply> {
         let settings = &self.shared.settings;
         if key.is_empty() {
             return Some(Reply::err("invalid argument: empty key"));
