@@ -6,7 +6,8 @@
 // SET/GET, INCR, a TxPipelined (MULTI/EXEC) transaction, an error inside EXEC, WATCH aborting
 // EXEC after another client's write, hashes (HSET, HGETALL, HMGET, HINCRBY, HDEL, WRONGTYPE), and
 // two clients on two nodes incrementing one counter 200 times each with client.Watch
-// (WATCH/GET/MULTI/SET/EXEC), which must end at exactly 400.
+// (WATCH/GET/MULTI/SET/EXEC), which must end at exactly 400; a script (redis.NewScript) run 50
+// times from each node, every run counted once; a BLPOP woken by an RPUSH through the other node.
 // Prints one line of what it checked; exits 1 with a message on any mismatch.
 package main
 
@@ -155,14 +156,14 @@ func main() {
 	errs := make([]error, 2)
 	for i, c := range []*redis.Client{a, b} {
 		wg.Add(1)
-		go func() {
+		go func(i int, c *redis.Client) {
 			defer wg.Done()
 			for n := 0; n < increments && errs[i] == nil; n++ {
 				r, err := incrementWatched(ctx, c, p+"counter")
 				retries[i] += r
 				errs[i] = err
 			}
-		}()
+		}(i, c)
 	}
 	wg.Wait()
 	for i, err := range errs {
@@ -172,8 +173,48 @@ func main() {
 	}
 	expect("counter after both clients' WATCH increments", 2*increments)(a.Get(ctx, p+"counter").Int())
 
-	a.Del(ctx, p+"k", p+"n", p+"a", p+"s", p+"b", p+"c", p+"w", p+"counter")
-	fmt.Printf("go-redis %s: PING, SET/GET, INCR, TxPipelined, error in EXEC, WATCH abort, hashes, "+
+	// A script (EVALSHA, then EVAL after NOSCRIPT) run from both nodes at once: every run counted once.
+	bump := redis.NewScript("local n = tonumber(redis.call('GET', KEYS[1]) or '0') + ARGV[1] " +
+		"redis.call('SET', KEYS[1], n) return n")
+	var seenMu sync.Mutex
+	seen := map[int64]bool{}
+	for _, c := range []*redis.Client{a, b} {
+		wg.Add(1)
+		go func(c *redis.Client) {
+			defer wg.Done()
+			for n := 0; n < 50; n++ {
+				v, err := bump.Run(ctx, c, []string{p + "scripted"}, 1).Int64()
+				if err != nil {
+					fail("script run: %v", err)
+				}
+				seenMu.Lock()
+				seen[v] = true
+				seenMu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	if len(seen) != 100 || !seen[1] || !seen[100] {
+		fail("script runs saw %d distinct counts, want 1..100", len(seen))
+	}
+
+	// BLPOP through node A, woken by an RPUSH through node B.
+	popped := make(chan []string, 1)
+	go func() {
+		v, err := a.BLPop(ctx, 10*time.Second, p+"queue").Result()
+		if err != nil {
+			fail("BLPOP: %v", err)
+		}
+		popped <- v
+	}()
+	time.Sleep(200 * time.Millisecond)
+	expect("RPUSH", int64(1))(b.RPush(ctx, p+"queue", "job").Result())
+	if v := <-popped; len(v) != 2 || v[0] != p+"queue" || v[1] != "job" {
+		fail("BLPOP woken by a push through another node: %v", v)
+	}
+
+	a.Del(ctx, p+"k", p+"n", p+"a", p+"s", p+"b", p+"c", p+"w", p+"counter", p+"scripted")
+	fmt.Printf("go-redis %s: PING, SET/GET, INCR, TxPipelined, error in EXEC, WATCH abort, hashes, scripts, BLPOP, "+
 		"WATCH counter %d (conflicts retried: %d + %d) OK\n",
 		redis.Version(), 2*increments, retries[0], retries[1])
 }

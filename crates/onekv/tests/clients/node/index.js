@@ -6,7 +6,8 @@
 // SET/GET, INCR, a multi() (MULTI/EXEC) transaction, an error inside EXEC, WATCH aborting EXEC
 // after another client's write, hashes (HSET, HGETALL, HMGET, HINCRBY, HDEL, WRONGTYPE), and two
 // connections on two nodes incrementing one counter 200 times each with WATCH/GET/MULTI/SET/EXEC,
-// which must end at exactly 400.
+// which must end at exactly 400; a defineCommand() script run 50 times from each node (every run
+// counted once), and a BLPOP woken by an RPUSH through the other node.
 // Prints one line of what it checked; exits 1 with a message on any mismatch.
 "use strict";
 
@@ -94,10 +95,35 @@ async function main() {
     );
     assert.equal(await a.get(p + "counter"), String(2 * INCREMENTS), "counter after both clients' WATCH increments");
 
-    await a.del(p + "k", p + "n", p + "a", p + "s", p + "b", p + "c", p + "w", p + "counter");
+    // A script defined as a command (EVALSHA, then EVAL after NOSCRIPT), run from both nodes at
+    // once: every run counted once.
+    for (const client of [a, b]) {
+      client.defineCommand("bump", {
+        numberOfKeys: 1,
+        lua: "local n = tonumber(redis.call('GET', KEYS[1]) or '0') + ARGV[1] redis.call('SET', KEYS[1], n) return n",
+      });
+    }
+    const seen = (
+      await Promise.all(
+        [a, b].map(async (client) => {
+          const mine = [];
+          for (let i = 0; i < 50; i++) mine.push(await client.bump(p + "scripted", 1));
+          return mine;
+        }),
+      )
+    ).flat();
+    assert.deepEqual(seen.sort((x, y) => x - y), Array.from({ length: 100 }, (_, i) => i + 1), "script runs");
+
+    // BLPOP through node A, woken by an RPUSH through node B.
+    const blocked = a.blpop(p + "queue", 10);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal(await b.rpush(p + "queue", "job"), 1, "RPUSH");
+    assert.deepEqual(await blocked, [p + "queue", "job"], "BLPOP woken by a push through another node");
+
+    await a.del(p + "k", p + "n", p + "a", p + "s", p + "b", p + "c", p + "w", p + "counter", p + "scripted");
     const version = require("ioredis/package.json").version;
     console.log(
-      `ioredis ${version}: PING, SET/GET, INCR, multi().exec(), error in EXEC, WATCH abort, hashes, ` +
+      `ioredis ${version}: PING, SET/GET, INCR, multi().exec(), error in EXEC, WATCH abort, hashes, scripts, BLPOP, ` +
         `WATCH counter ${2 * INCREMENTS} (conflicts retried: ${retries[0]} + ${retries[1]}) OK`,
     );
   } finally {
