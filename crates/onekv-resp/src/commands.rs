@@ -631,10 +631,13 @@ pub fn is_blind_write(args: &[Vec<u8>]) -> bool {
     false
 }
 
-/// Whether the command in `args` may wait (BLPOP and the other blocking pops, flagged `blocking`
-/// in the table): the server then watches its connection while it runs.
-pub fn is_blocking(args: &[Vec<u8>]) -> bool {
-    args.first().and_then(|name| lookup(name)).is_some_and(|spec| spec.flags.contains(&"blocking"))
+/// Whether the command in `args` may run long: it may wait (BLPOP and the other blocking pops,
+/// flagged `blocking` in the table) or is a script. The server then watches its connection while it
+/// runs, and tells it to stop if the client leaves.
+pub fn may_run_long(args: &[Vec<u8>]) -> bool {
+    args.first().and_then(|name| lookup(name)).is_some_and(|spec| {
+        spec.flags.contains(&"blocking") || matches!(spec.name, "eval" | "evalsha" | "eval_ro" | "evalsha_ro")
+    })
 }
 
 /// Whether the command in `args` only reads the store and its connection's state is untouched

@@ -200,31 +200,41 @@ async fn serve_connection(
                 for reply in execute_reads(ctx, &session, run).await? {
                     reply.encode(&mut output, session.protocol());
                 }
-            } else if commands::is_blocking(&args) && !session.in_transaction() {
-                // A blocking command waits for as long as its timeout says: meanwhile a client
-                // that leaves (or the server stopping) drops it, so nothing polls for nobody.
-                // Bytes that arrive are kept for after it, up to one request's worth. The replies
-                // before it go out first: it may wait long.
+            } else if commands::may_run_long(&args) && !session.in_transaction() {
+                // A blocking command waits for as long as its timeout says, a script as long as it
+                // runs: meanwhile a client that leaves (or the server stopping) tells it to stop at
+                // its next chance (not in the middle of a pop, which would lose the element), so
+                // nothing polls or computes for nobody. Bytes that arrive are kept for after it,
+                // up to one request's worth. The replies before it go out first: it may take long.
                 if !output.is_empty() {
                     write_all(&mut stream, &output, write_timeout).await?;
                     output.clear();
                 }
                 let max_pending = ctx.parser_limits().max_request_bytes;
+                let cancel = session.cancel_handle();
+                let mut gone = false;
                 let executed = {
                     let command = ctx.execute(&mut session, args);
                     tokio::pin!(command);
                     loop {
                         tokio::select! {
                             executed = &mut command => break executed,
-                            _ = stopped.changed() => return Ok(()),
-                            read = stream.read_buf(&mut input), if input.len() < max_pending => {
-                                if read? == 0 {
-                                    return Ok(());
+                            _ = stopped.changed(), if !gone => {
+                                gone = true;
+                                cancel.cancel();
+                            }
+                            read = stream.read_buf(&mut input), if !gone && input.len() < max_pending => {
+                                if !matches!(read, Ok(read) if read > 0) {
+                                    gone = true;
+                                    cancel.cancel();
                                 }
                             }
                         }
                     }
                 };
+                if gone {
+                    return Ok(());
+                }
                 executed.reply.encode(&mut output, session.protocol());
             } else {
                 let executed = ctx.execute(&mut session, args).await;

@@ -22,6 +22,52 @@ use crate::protocol::Reply;
 /// The longest pause between two attempts of a blocked command.
 pub(super) const MAX_POLL_PAUSE: Duration = Duration::from_millis(100);
 
+/// The shortest pause between two attempts of a blocked command, even when a write woke it.
+const MIN_POLL_PAUSE: Duration = Duration::from_millis(1);
+
+/// One blocked command, counted in `Shared::blocked` while it lives.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn new(blocked: &'a std::sync::atomic::AtomicUsize) -> Waiting<'a> {
+        blocked.fetch_add(1, Ordering::Relaxed);
+        Waiting(blocked)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether command `name` may put something where a blocked command waits (a list or a sorted
+/// set): after it, the node's blocked commands try again at once.
+pub(super) fn may_fill(name: &str) -> bool {
+    matches!(
+        name,
+        "lpush"
+            | "rpush"
+            | "lpushx"
+            | "rpushx"
+            | "linsert"
+            | "lmove"
+            | "rpoplpush"
+            | "blmove"
+            | "brpoplpush"
+            | "zadd"
+            | "zincrby"
+            | "sort"
+            | "copy"
+            | "rename"
+            | "renamenx"
+            | "move"
+            | "exec"
+            | "eval"
+            | "evalsha"
+    )
+}
+
 /// Whether `name` is a blocking command (its table entry has the `blocking` flag).
 pub(super) fn is_blocking(spec: &CommandSpec) -> bool {
     spec.flags.contains(&"blocking")
@@ -81,7 +127,14 @@ impl RespContext {
         let timeout = parse_timeout(args.last().expect("the arity checked"))?;
         let deadline = timeout.map(|timeout| Instant::now() + timeout);
         let mut pause = Duration::from_millis(1);
+        // Counted while this command waits or attempts (a guard: also when the command is dropped),
+        // so a write between an attempt and its wait still wakes it.
+        let _waiting = Waiting::new(&self.shared.blocked);
         loop {
+            if session.cancelled() {
+                // Its client left: no attempt after that (one under way finished first).
+                return Ok(timed_out(spec.name));
+            }
             // Listening before the attempt, so a write between the attempt and the wait is not missed.
             let written = self.shared.written.notified();
             tokio::pin!(written);
@@ -96,12 +149,17 @@ impl RespContext {
                 Some(deadline) => pause.min(deadline - now),
                 None => pause,
             };
-            self.shared.blocked.fetch_add(1, Ordering::Relaxed);
+            let cancel = session.cancel.clone();
             tokio::select! {
-                _ = written => {}
+                _ = written => {
+                    // Woken by some write through this node (not necessarily to these keys): at
+                    // least a short pause before the next attempt, so a busy node does not make
+                    // its blocked clients poll back to back.
+                    tokio::time::sleep(MIN_POLL_PAUSE.min(wait)).await;
+                }
                 _ = tokio::time::sleep(wait) => {}
+                _ = cancel.wait() => {}
             }
-            self.shared.blocked.fetch_sub(1, Ordering::Relaxed);
             pause = (pause * 2).min(MAX_POLL_PAUSE);
         }
     }

@@ -72,7 +72,9 @@ pub(super) fn move_element(
     (from_head, to_head): (bool, bool),
     max_value_bytes: usize,
 ) -> Outcome<Option<(Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>)>> {
-    let Some(mut elements) = list_of(source)? else { return Ok(None) };
+    let Some(mut elements) = list_of(source)?.filter(|elements| !elements.is_empty()) else {
+        return Ok(None);
+    };
     let mut target = if same_key { None } else { Some(list_of(destination)?.unwrap_or_default()) };
     let element = if from_head { elements.remove(0) } else { elements.pop().expect("a list is never empty") };
     let push = |list: &mut Vec<Vec<u8>>| {

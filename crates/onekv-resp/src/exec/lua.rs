@@ -35,7 +35,7 @@ const CHUNK_NAME: &str = "@user_script";
 /// the libraries are read-only and reading an absent global is an error; there are no files, no
 /// output and no precompiled chunks (Lua 5.1 does not verify bytecode). Returns the environment.
 const PRELUDE: &str = r#"
-local raw, sha1hex, log, keys, argv, cjson, bit = ...
+local raw, sha1hex, log, keys, argv, cjson, bit, stopped, random, randomseed = ...
 local real_setmetatable, real_getmetatable, setfenv = setmetatable, getmetatable, setfenv
 local function readonly_error() error('Attempt to modify a readonly table', 2) end
 local function readonly(t)
@@ -72,17 +72,31 @@ redis.debug = function() end
 redis.REDIS_VERSION = '7.0.0'
 redis.REDIS_VERSION_NUM = 0x070000
 local visible = {}
-for _, name in ipairs({'assert', 'collectgarbage', 'error', 'gcinfo', 'ipairs', 'next', 'pairs', 'pcall',
-    'rawequal', 'rawget', 'rawset', 'select', 'tonumber', 'tostring', 'type', 'unpack', 'xpcall', '_VERSION'}) do
+for _, name in ipairs({'assert', 'collectgarbage', 'error', 'gcinfo', 'ipairs', 'next', 'pairs',
+    'rawequal', 'rawget', 'rawset', 'select', 'tonumber', 'tostring', 'type', 'unpack', '_VERSION'}) do
   visible[name] = _G[name]
 end
+-- A script told to stop (SCRIPT KILL, its client gone, a key it was not given, a bound passed)
+-- cannot go on by catching the error: pcall and xpcall raise it again.
+local real_pcall, real_xpcall = pcall, xpcall
+local function rethrow_if_stopped(...)
+  if stopped() then error('Script killed by user with SCRIPT KILL...', 0) end
+  return ...
+end
+visible.pcall = function(...) return rethrow_if_stopped(real_pcall(...)) end
+visible.xpcall = function(...) return rethrow_if_stopped(real_xpcall(...)) end
+-- math.random as Redis gives it: the same sequence in every run (a script may run more than once).
+local script_math = {}
+for name, value in pairs(math) do script_math[name] = value end
+script_math.random, script_math.randomseed = random, randomseed
 visible.getmetatable = real_getmetatable
 visible.setmetatable = function(t, mt)
   if real_getmetatable(t) == false then readonly_error() end
   return real_setmetatable(t, mt)
 end
-for name, library in pairs({string = string, table = table, math = math, coroutine = coroutine,
-    redis = redis, cjson = cjson, bit = bit}) do
+-- No coroutine library: the instruction hook that stops a script does not reach coroutines.
+for name, library in pairs({string = string, table = table, math = script_math, redis = redis, cjson = cjson,
+    bit = bit}) do
   visible[name] = readonly(library)
 end
 visible.KEYS, visible.ARGV = keys, argv
@@ -152,21 +166,25 @@ struct Calls<'a> {
     read_only: bool,
     /// Keys the script used that the run was not given.
     missing: Vec<Vec<u8>>,
+    /// Set when the script's writes passed what one transaction may carry: the run fails whole.
+    too_large: Option<Reply>,
     /// Set once `missing` is not empty: the run is abandoned (checked by the instruction hook too,
     /// in case the script catches the error and goes on).
     abandoned: Arc<AtomicBool>,
 }
 
 /// Runs `script` in database `db` against `values` (every key it reads, with its value and expiry
-/// time). `kill` is set by SCRIPT KILL. Blocking: call it off the async runtime's workers.
+/// time). Any of the `kill` flags stops it (SCRIPT KILL, its client gone). Blocking: call it off the
+/// async runtime's workers.
 pub(super) fn run(
     context: &RespContext,
     script: &Script<'_>,
     values: HashMap<Vec<u8>, Found>,
     db: u8,
     read_only: bool,
-    kill: &Arc<AtomicBool>,
+    kill: &[&Arc<AtomicBool>],
 ) -> Ran {
+    let kill = Stop(kill.iter().map(|flag| Arc::clone(flag)).collect());
     let abandoned = Arc::new(AtomicBool::new(false));
     let mut calls = Calls {
         context,
@@ -174,14 +192,18 @@ pub(super) fn run(
         db,
         read_only,
         missing: Vec::new(),
+        too_large: None,
         abandoned: abandoned.clone(),
     };
-    let outcome = run_in_lua(&mut calls, script, kill, &abandoned);
+    let outcome = run_in_lua(&mut calls, script, &kill, &abandoned);
     if !calls.missing.is_empty() {
         return Ran::NeedsKeys(calls.missing);
     }
-    if kill.load(Ordering::Relaxed) {
+    if kill.is_set() {
         return Ran::Killed;
+    }
+    if let Some(error) = calls.too_large {
+        return Ran::Finished { reply: error, ops: Vec::new() };
     }
     match outcome {
         Ok(reply) => Ran::Finished { reply, ops: calls.snapshot.net_writes() },
@@ -222,10 +244,20 @@ impl From<mlua::Error> for RunError {
     }
 }
 
+/// Flags that tell a run to stop (SCRIPT KILL, its client gone).
+#[derive(Clone)]
+struct Stop(Vec<Arc<AtomicBool>>);
+
+impl Stop {
+    fn is_set(&self) -> bool {
+        self.0.iter().any(|flag| flag.load(Ordering::Relaxed))
+    }
+}
+
 fn run_in_lua(
     calls: &mut Calls<'_>,
     script: &Script<'_>,
-    kill: &Arc<AtomicBool>,
+    kill: &Stop,
     abandoned: &Arc<AtomicBool>,
 ) -> Result<Reply, RunError> {
     let (body, flags) = parse_shebang(script.body).map_err(RunError::Refused)?;
@@ -249,9 +281,12 @@ fn run_in_lua(
         }
         Ok(())
     })?;
+    let (killed, gave_up) = (kill.clone(), abandoned.clone());
+    let stopped = lua.create_function(move |_, ()| Ok(killed.is_set() || gave_up.load(Ordering::Relaxed)))?;
+    let (random, randomseed) = lua_libs::random(&lua)?;
     let (kill, stop) = (kill.clone(), abandoned.clone());
     lua.set_hook(HookTriggers::new().every_nth_instruction(KILL_CHECK_INSTRUCTIONS), move |_, _| {
-        if kill.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+        if kill.is_set() || stop.load(Ordering::Relaxed) {
             return Err(mlua::Error::runtime("Script killed by user with SCRIPT KILL..."));
         }
         Ok(VmState::Continue)
@@ -270,7 +305,8 @@ fn run_in_lua(
             calls.call_from_lua(lua, raise, &args, script.sha)
         })?;
         let prelude = lua.load(prelude_bytecode()).set_name("=onekv").set_mode(ChunkMode::Binary);
-        let env: Table = prelude.call((raw, sha1hex, log, keys, argv, cjson, bit))?;
+        let env: Table =
+            prelude.call((raw, sha1hex, log, keys, argv, cjson, bit, stopped, random, randomseed))?;
         let chunk = lua.load(&*body).set_name(CHUNK_NAME).set_mode(ChunkMode::Text).set_environment(env);
         let function = match chunk.into_function() {
             Ok(function) => function,
@@ -411,10 +447,23 @@ impl Calls<'_> {
                 return Err(abandon());
             }
         }
-        Ok(match self.context.evaluate_one(spec, &args, &mut self.snapshot) {
+        let reply = match self.context.evaluate_one(spec, &args, &mut self.snapshot) {
             Some(reply) => reply,
             None => keyless(spec.name, &args),
-        })
+        };
+        let settings = &self.context.shared.settings;
+        let (keys, bytes) = self.snapshot.written_size();
+        if keys > settings.max_batch_ops || bytes > settings.max_batch_bytes {
+            // One transaction carries at most this much; the writes so far stay in memory only.
+            self.too_large = Some(Reply::err(format!(
+                "onekv: a script writes at most {} keys and {} bytes (limits.max_batch_ops, \
+                 limits.max_batch_bytes); nothing was written",
+                settings.max_batch_ops, settings.max_batch_bytes
+            )));
+            self.abandoned.store(true, Ordering::Relaxed);
+            return Err(abandon());
+        }
+        Ok(reply)
     }
 }
 
@@ -620,7 +669,7 @@ mod tests {
         let (keys, argv) = (strings(keys), strings(argv));
         let sha = sha1_hex(body.as_bytes());
         let script = Script { body: body.as_bytes(), sha: &sha, keys: &keys, argv: &argv };
-        run(&context(), &script, values(given), 0, read_only, &Arc::new(AtomicBool::new(false)))
+        run(&context(), &script, values(given), 0, read_only, &[&Arc::new(AtomicBool::new(false))])
     }
 
     /// The reply and writes of a run that finished.
@@ -879,7 +928,66 @@ mod tests {
             flag.store(true, Ordering::Relaxed);
         });
         let script = Script { body: b"while true do end", sha: "x", keys: &[], argv: &[] };
-        assert!(matches!(run(&context(), &script, HashMap::new(), 0, false, &kill), Ran::Killed));
+        assert!(matches!(run(&context(), &script, HashMap::new(), 0, false, &[&kill]), Ran::Killed));
         killer.join().unwrap();
+    }
+
+    #[test]
+    fn a_stopped_script_cannot_go_on_by_catching_the_error() {
+        // pcall around an endless loop, in an endless loop: the kill still ends it.
+        for body in [
+            &b"while true do pcall(function() while true do end end) end"[..],
+            b"while true do xpcall(function() while true do end end, function(e) return e end) end",
+        ] {
+            let kill = Arc::new(AtomicBool::new(false));
+            let flag = kill.clone();
+            let killer = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                flag.store(true, Ordering::Relaxed);
+            });
+            let script = Script { body, sha: "x", keys: &[], argv: &[] };
+            assert!(matches!(run(&context(), &script, HashMap::new(), 0, false, &[&kill]), Ran::Killed));
+            killer.join().unwrap();
+        }
+        // No coroutines (the hook would not reach them).
+        let (reply, _) = finished(run_with("return coroutine.wrap(function() end)", &[], &[], &[], false));
+        assert!(error_text(&reply).contains("nonexistent global variable 'coroutine'"), "{reply:?}");
+    }
+
+    #[test]
+    fn writes_past_one_transaction_fail_the_script_and_json_nesting_is_bounded() {
+        // 2000 keys written, more than limits.max_batch_ops (1024): nothing is written.
+        let body = "for i = 1, 2000 do redis.call('SET', 'k' .. i, 'v') end return 1";
+        let (reply, ops) = finished(run_with(body, &[], &[], &[], false));
+        assert!(error_text(&reply).contains("a script writes at most 1024 keys"), "{reply:?}");
+        assert!(ops.is_empty());
+        // 5 × 1 MiB values: more than limits.max_batch_bytes (4 MiB).
+        let body = "local v = string.rep('x', 1048000) for i = 1, 5 do redis.call('SET', 'k' .. i, v) end";
+        let (reply, ops) = finished(run_with(body, &[], &[], &[], false));
+        assert!(error_text(&reply).contains("bytes"), "{reply:?}");
+        assert!(ops.is_empty());
+        // A deep table is an error, not a stack overflow, whatever depth the script asks for.
+        let body = "local t = {} local c = t for i = 1, 20000 do local n = {} c[1] = n c = n end \
+                    local ok = pcall(cjson.encode_max_depth, 1e9) return {tostring(ok), pcall(cjson.encode, t)}";
+        let (reply, _) = finished(run_with(body, &[], &[], &[], false));
+        let Reply::Array(items) = &reply else { panic!("{reply:?}") };
+        assert_eq!(&items[..2], &[Reply::text("false"), Reply::Nil], "both refused");
+        assert!(error_text(&items[2]).contains("excessive nesting"), "{reply:?}");
+    }
+
+    #[test]
+    fn math_random_gives_every_run_the_same_numbers() {
+        let body = "math.randomseed(42) local a = math.random(1, 1000000) return {a, math.random(10)}";
+        let first = finished(run_with(body, &[], &[], &[], false)).0;
+        assert_eq!(first, finished(run_with(body, &[], &[], &[], false)).0);
+        let Reply::Array(numbers) = &first else { panic!("{first:?}") };
+        assert!(matches!(numbers[1], Reply::Integer(n) if (1..=10).contains(&n)));
+        let unseeded = "return tostring(math.random())";
+        assert_eq!(
+            finished(run_with(unseeded, &[], &[], &[], false)).0,
+            finished(run_with(unseeded, &[], &[], &[], false)).0
+        );
+        let (reply, _) = finished(run_with("return math.random(5, 1)", &[], &[], &[], false));
+        assert!(reply.is_error());
     }
 }

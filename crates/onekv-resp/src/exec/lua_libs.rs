@@ -9,8 +9,11 @@ use std::rc::Rc;
 
 use mlua::{LightUserData, Lua, Table, Value, Variadic};
 
-/// Deepest nesting cjson encodes or decodes (Lua cjson's default).
-const MAX_JSON_NESTING: usize = 1000;
+/// Deepest nesting cjson encodes or decodes, and the most a script may set: the encoder recurses,
+/// on the stack of the thread the script runs on (Lua cjson allows 1000; serde_json decodes 128).
+const MAX_JSON_NESTING: usize = 128;
+/// Largest JSON text cjson encodes or decodes (a decoded value is built whole in memory first).
+const MAX_JSON_BYTES: usize = 8 << 20;
 
 /// `cjson.null`: a light userdata holding NULL, as in Lua cjson.
 fn json_null() -> Value {
@@ -47,6 +50,11 @@ pub(super) fn cjson(lua: &Lua) -> mlua::Result<Table> {
     table.set(
         "decode",
         lua.create_function(move |lua, text: mlua::String| {
+            if text.as_bytes().len() > MAX_JSON_BYTES {
+                return Err(mlua::Error::runtime(format!(
+                    "onekv: cjson decodes at most {MAX_JSON_BYTES} bytes"
+                )));
+            }
             let json: serde_json::Value = serde_json::from_slice(&text.as_bytes()).map_err(|error| {
                 mlua::Error::runtime(format!("Expected value but found invalid JSON: {error}"))
             })?;
@@ -59,10 +67,10 @@ pub(super) fn cjson(lua: &Lua) -> mlua::Result<Table> {
         lua.create_function(move |_, depth: Option<f64>| {
             let cell = select(&settings);
             if let Some(depth) = depth {
-                if !(1.0..=f64::from(i32::MAX)).contains(&depth) {
-                    return Err(mlua::Error::runtime(
-                        "bad argument #1 (expected integer between 1 and 2147483647)",
-                    ));
+                if !(1.0..=MAX_JSON_NESTING as f64).contains(&depth) {
+                    return Err(mlua::Error::runtime(format!(
+                        "bad argument #1 (expected integer between 1 and {MAX_JSON_NESTING})"
+                    )));
                 }
                 cell.set(depth as usize);
             }
@@ -90,6 +98,9 @@ pub(super) fn cjson(lua: &Lua) -> mlua::Result<Table> {
 }
 
 fn encode(value: &Value, depth: usize, settings: &JsonSettings, out: &mut String) -> mlua::Result<()> {
+    if out.len() > MAX_JSON_BYTES {
+        return Err(mlua::Error::runtime(format!("onekv: cjson encodes at most {MAX_JSON_BYTES} bytes")));
+    }
     match value {
         Value::Nil => out.push_str("null"),
         Value::LightUserData(pointer) if pointer.0.is_null() => out.push_str("null"),
@@ -228,6 +239,34 @@ fn decode(lua: &Lua, json: serde_json::Value, depth: usize, max_depth: usize) ->
             Value::Table(table)
         }
     })
+}
+
+/// `math.random` and `math.randomseed` as Redis gives scripts: a 48-bit linear congruential
+/// generator (`rand48`'s) seeded alike at the start of every run, so a script that runs again (after
+/// a conflict) draws the same numbers, and one script's seed never reaches another's.
+pub(super) fn random(lua: &Lua) -> mlua::Result<(mlua::Function, mlua::Function)> {
+    const MASK: u64 = (1 << 48) - 1;
+    let state = Rc::new(Cell::new(0x330E_u64));
+    let next = state.clone();
+    let random = lua.create_function(move |_, (low, high): (Option<f64>, Option<f64>)| {
+        next.set(next.get().wrapping_mul(0x5_DEEC_E66D).wrapping_add(0xB) & MASK);
+        let unit = (next.get() >> 17) as f64 / f64::from(1u32 << 31);
+        let (low, high) = match (low, high) {
+            (None, None) => return Ok(unit),
+            (Some(high), None) => (1.0, high.floor()),
+            (Some(low), Some(high)) => (low.floor(), high.floor()),
+            (None, Some(_)) => unreachable!("Lua passes arguments in order"),
+        };
+        if low > high {
+            return Err(mlua::Error::runtime("bad argument to 'random' (interval is empty)"));
+        }
+        Ok((unit * (high - low + 1.0)).floor() + low)
+    })?;
+    let randomseed = lua.create_function(move |_, seed: f64| {
+        state.set(((seed as i64 as u64) << 16 | 0x330E) & MASK);
+        Ok(())
+    })?;
+    Ok((random, randomseed))
 }
 
 /// The `bit` table: LuaBitOp's operations on numbers as 32-bit signed integers.

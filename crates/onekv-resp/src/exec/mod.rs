@@ -212,6 +212,46 @@ impl std::fmt::Debug for RespContext {
     }
 }
 
+/// A connection's "its client left" signal, for the commands that may run long (blocking pops,
+/// scripts): they stop at their next chance rather than being dropped mid-way (a pop half done
+/// would lose its element).
+#[derive(Debug, Default)]
+pub struct Cancel {
+    flag: Arc<std::sync::atomic::AtomicBool>,
+    notify: tokio::sync::Notify,
+}
+
+impl Cancel {
+    /// Signals every command of the connection to stop.
+    pub fn cancel(&self) {
+        self.flag.store(true, Ordering::Relaxed);
+        self.notify.notify_waiters();
+    }
+
+    /// Whether [`Cancel::cancel`] was called.
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    /// Returns once [`Cancel::cancel`] is called.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The flag, for a script's instruction hook.
+    pub(crate) fn flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.flag.clone()
+    }
+}
+
 /// One connection's state.
 #[derive(Debug, Clone)]
 pub struct Session {
@@ -230,9 +270,21 @@ pub struct Session {
     /// MULTI's queue and the watched keys (shared, so the copies the listener makes for a run of
     /// concurrent reads cost nothing; written through `Arc::make_mut`).
     transaction: Arc<transaction::Transaction>,
+    /// Set when the connection's client leaves during a long command.
+    cancel: Arc<Cancel>,
 }
 
 impl Session {
+    /// The connection's cancel signal (the server sets it when the client leaves during a blocking
+    /// command or a script).
+    pub fn cancel_handle(&self) -> Arc<Cancel> {
+        self.cancel.clone()
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
     /// The reply encoding this connection chose with `HELLO` (RESP2 until then).
     pub fn protocol(&self) -> Protocol {
         self.protocol
@@ -333,6 +385,7 @@ impl RespContext {
             lib_name: Vec::new(),
             lib_version: Vec::new(),
             transaction: Arc::default(),
+            cancel: Arc::default(),
         }
     }
 
@@ -364,9 +417,7 @@ impl RespContext {
                 }
             }
         };
-        if spec.is_some_and(|spec| {
-            spec.flags.contains(&"write") || matches!(spec.name, "exec" | "eval" | "evalsha")
-        }) {
+        if spec.is_some_and(|spec| blocking::may_fill(spec.name)) {
             self.wake_blocked();
         }
         if spec.is_some_and(|spec| matches!(spec.name, "hello" | "client" | "select" | "exec")) {
@@ -501,10 +552,10 @@ impl RespContext {
                 let value = if self.storable(&args[1]) { self.get(&args[1]).await? } else { None };
                 let elements = sort::sorted(value.as_deref(), &options)?;
                 match options.store {
-                    None => Ok(sort::reply(elements, &options)),
+                    None => sort::reply(elements, &options),
                     // The destination in another shard: the sort as read, then written (not one
                     // transaction; as a client would do it).
-                    Some(store) => self.store_list(&args[store], elements).await,
+                    Some(store) => self.store_list(&args[store], sort::result(elements, &options)?).await,
                 }
             }
             _ if blocking::is_blocking(spec) => self.block(session, spec, args).await,

@@ -158,6 +158,8 @@ impl RespContext {
             }
         }
         let running = scripts.start();
+        // Its client leaving stops the run as SCRIPT KILL would.
+        let gone = session.cancel.flag();
         let mut attempt = 0;
         loop {
             if read_keys.len() > max_keys {
@@ -165,8 +167,23 @@ impl RespContext {
                     "onekv: a script may use at most {max_keys} keys (limits.max_batch_ops)"
                 )));
             }
+            if session.cancelled() {
+                return Err(Reply::err("onekv: the client left"));
+            }
             self.check_one_shard(read_keys.iter()).await?;
             let found = self.get_many_with_expiry(&read_keys, true).await?;
+            let read_bytes: usize = read_keys
+                .iter()
+                .zip(&found)
+                .map(|(key, found)| key.len() + found.as_ref().map_or(0, |(value, _)| value.len()))
+                .sum();
+            let max_bytes = self.shared.settings.max_batch_bytes;
+            if read_bytes > max_bytes {
+                // Its conditions would carry these values: one transaction could not.
+                return Err(Reply::err(format!(
+                    "onekv: a script's keys and the values it reads exceed {max_bytes} bytes (limits.max_batch_bytes)"
+                )));
+            }
             let conditions: Vec<(Vec<u8>, Option<Vec<u8>>)> = read_keys
                 .iter()
                 .zip(&found)
@@ -174,13 +191,14 @@ impl RespContext {
                 .collect();
             let values: HashMap<Vec<u8>, Found> = read_keys.iter().cloned().zip(found).collect();
             let (context, source, kill) = (self.clone(), body.clone(), running.kill.clone());
+            let gone = gone.clone();
             let (keys, argv, name_of_script, db) = (keys.to_vec(), argv.to_vec(), sha.clone(), session.db);
             // A slot only while Lua runs (a thread and a Lua state), not while reading or committing.
             let slot =
                 scripts.slots.acquire().await.map_err(|_| Reply::err("onekv: the node is stopping"))?;
             let ran = tokio::task::spawn_blocking(move || {
                 let script = Script { body: &source, sha: &name_of_script, keys: &keys, argv: &argv };
-                lua::run(&context, &script, values, db, read_only, &kill)
+                lua::run(&context, &script, values, db, read_only, &[&kill, &gone])
             })
             .await
             .map_err(|error| Reply::err(format!("onekv: the script's task failed: {error}")))?;
@@ -200,7 +218,7 @@ impl RespContext {
                 }
                 Ran::NotCompiled(error) => return Err(error),
                 Ran::Finished { reply, ops } => {
-                    if name == "eval" {
+                    if matches!(name, "eval" | "eval_ro") {
                         scripts.remember(&sha, body.clone());
                     }
                     if ops.is_empty() && conditions.len() <= 1 {

@@ -12,7 +12,7 @@
 use std::cmp::Ordering;
 
 use super::types::{self, Kind};
-use super::{Outcome, RespContext, lists, not_an_integer, parse_integer, sets, zsets};
+use super::{MAX_REPLY_BYTES, Outcome, RespContext, lists, not_an_integer, parse_integer, sets, zsets};
 use crate::protocol::Reply;
 
 /// SORT's options.
@@ -149,16 +149,20 @@ impl RespContext {
     }
 }
 
-/// SORT's reply (without STORE): the elements, each repeated once per `GET #`.
-pub(super) fn reply(elements: Vec<Vec<u8>>, options: &SortOptions) -> Reply {
+/// SORT's result: the elements, each repeated once per `GET #` (what the reply lists and STORE
+/// stores), at most [`MAX_REPLY_BYTES`] of them.
+pub(super) fn result(elements: Vec<Vec<u8>>, options: &SortOptions) -> Outcome<Vec<Vec<u8>>> {
     let repeat = options.gets.max(1);
-    Reply::Array(
-        elements
-            .into_iter()
-            .flat_map(|element| std::iter::repeat_n(element, repeat))
-            .map(Reply::Bulk)
-            .collect(),
-    )
+    let bytes = elements.iter().map(|element| element.len() + 16).sum::<usize>().saturating_mul(repeat);
+    if bytes > MAX_REPLY_BYTES {
+        return Err(Reply::err(format!("onekv: SORT's result would exceed {MAX_REPLY_BYTES} bytes")));
+    }
+    Ok(elements.into_iter().flat_map(|element| std::iter::repeat_n(element, repeat)).collect())
+}
+
+/// SORT's reply (without STORE).
+pub(super) fn reply(elements: Vec<Vec<u8>>, options: &SortOptions) -> Outcome {
+    Ok(Reply::Array(result(elements, options)?.into_iter().map(Reply::Bulk).collect()))
 }
 
 #[cfg(test)]
@@ -204,9 +208,10 @@ mod tests {
         assert!(parse(&args(&["SORT", "k", "BY", "w_*"]), false).is_err());
         assert!(parse(&args(&["SORT", "k", "GET", "o_*"]), false).is_err());
         assert_eq!(parse(&args(&["SORT", "k", "GET", "#", "GET", "#"]), false).unwrap().gets, 2);
-        assert_eq!(
-            reply(args(&["a"]), &SortOptions { gets: 2, ..SortOptions::default() }),
-            Reply::Array(vec![Reply::text("a"), Reply::text("a")])
-        );
+        let twice = SortOptions { gets: 2, ..SortOptions::default() };
+        assert_eq!(reply(args(&["a"]), &twice), Ok(Reply::Array(vec![Reply::text("a"), Reply::text("a")])));
+        // Many GET # over many elements: refused before anything is built.
+        let many = SortOptions { gets: 300_000, ..SortOptions::default() };
+        assert!(result(vec![b"element".to_vec(); 100_000], &many).is_err());
     }
 }

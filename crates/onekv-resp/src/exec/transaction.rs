@@ -131,6 +131,12 @@ impl Snapshot {
         }
     }
 
+    /// How many keys the transaction writes, and their keys' and values' bytes.
+    pub(super) fn written_size(&self) -> (usize, usize) {
+        let bytes = self.written.iter().map(|key| key.len() + self.get(key).map_or(0, <[u8]>::len)).sum();
+        (self.written.len(), bytes)
+    }
+
     /// Whether `key` was read (or written) here: its value is known.
     pub(super) fn knows(&self, key: &[u8]) -> bool {
         self.values.contains_key(key)
@@ -600,13 +606,17 @@ impl RespContext {
                 }
             }
             "sort" | "sort_ro" => {
-                let sorted = sort::parse(args, spec.name == "sort_ro")
-                    .and_then(|options| Ok((sort::sorted(snapshot.get(&args[1]), &options)?, options)));
+                let sorted = sort::parse(args, spec.name == "sort_ro").and_then(|options| {
+                    let elements = sort::sorted(snapshot.get(&args[1]), &options)?;
+                    Ok((sort::result(elements, &options)?, options))
+                });
                 let (elements, options) = match sorted {
                     Ok(sorted) => sorted,
                     Err(error) => return Some(error),
                 };
-                let Some(store) = options.store else { return Some(sort::reply(elements, &options)) };
+                let Some(store) = options.store else {
+                    return Some(Reply::Array(elements.into_iter().map(Reply::Bulk).collect()));
+                };
                 let destination = &args[store];
                 if let Some(error) = self.unwritable(destination, &[]) {
                     return Some(error);

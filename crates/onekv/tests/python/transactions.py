@@ -334,6 +334,17 @@ def check_scripts(r, other):
     thread.join(timeout=30)
     assert outcome and "killed" in outcome[0], outcome
     assert r.get("sc:killed") is None, "a killed script's write was applied"
+    # A client that leaves while its script runs stops the script.
+    import socket
+    with socket.create_connection(("127.0.0.1", r.connection_pool.connection_kwargs["port"])) as raw:
+        raw.sendall(b"*3\r\n$4\r\nEVAL\r\n$17\r\nwhile true do end\r\n$1\r\n0\r\n")
+        time.sleep(0.3)
+    time.sleep(0.5)
+    try:
+        r.script_kill()
+        raise AssertionError("the script of a client that left still runs")
+    except redis.ResponseError as error:
+        assert "NOTBUSY" in str(error), error
     r.delete("sc:n", "sc:undeclared", "sc:lock")
 
 
