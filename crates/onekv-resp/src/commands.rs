@@ -635,9 +635,14 @@ pub fn is_blind_write(args: &[Vec<u8>]) -> bool {
 /// flagged `blocking` in the table) or is a script. The server then watches its connection while it
 /// runs, and tells it to stop if the client leaves.
 pub fn may_run_long(args: &[Vec<u8>]) -> bool {
-    args.first().and_then(|name| lookup(name)).is_some_and(|spec| {
-        spec.flags.contains(&"blocking") || matches!(spec.name, "eval" | "evalsha" | "eval_ro" | "evalsha_ro")
-    })
+    args.first()
+        .and_then(|name| lookup(name))
+        .is_some_and(|spec| spec.flags.contains(&"blocking") || is_script(spec.name))
+}
+
+/// Whether command `name` runs a Lua script (EVAL and its forms).
+pub fn is_script(name: &str) -> bool {
+    matches!(name, "eval" | "evalsha" | "eval_ro" | "evalsha_ro")
 }
 
 /// Whether the command in `args` only reads the store and its connection's state is untouched

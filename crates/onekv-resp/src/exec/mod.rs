@@ -539,7 +539,7 @@ impl RespContext {
             )),
             "flushall" => self.flush(None, args).await,
             "flushdb" => self.flush(Some(session.db), args).await,
-            "eval" | "evalsha" | "eval_ro" | "evalsha_ro" => self.eval(session, spec.name, args).await,
+            name if commands::is_script(name) => self.eval(session, name, args).await,
             "lmove" | "rpoplpush" => self.atomically(session, args).await,
             "sort" | "sort_ro" => {
                 let options = sort::parse(args, spec.name == "sort_ro")?;

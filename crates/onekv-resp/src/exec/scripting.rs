@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::lua::{self, Ran, Script};
-use super::transaction::{Found, pause_before_retry, same_shard};
+use super::transaction::{Found, pause_before_retry, read_bytes, same_shard};
 use super::{Outcome, RespContext, Session, databases, not_an_integer, parse_integer, unknown_subcommand};
 use crate::protocol::Reply;
 
@@ -172,13 +172,8 @@ impl RespContext {
             }
             self.check_one_shard(read_keys.iter()).await?;
             let found = self.get_many_with_expiry(&read_keys, true).await?;
-            let read_bytes: usize = read_keys
-                .iter()
-                .zip(&found)
-                .map(|(key, found)| key.len() + found.as_ref().map_or(0, |(value, _)| value.len()))
-                .sum();
             let max_bytes = self.shared.settings.max_batch_bytes;
-            if read_bytes > max_bytes {
+            if read_bytes(&read_keys, &found) > max_bytes {
                 // Its conditions would carry these values: one transaction could not.
                 return Err(Reply::err(format!(
                     "onekv: a script's keys and the values it reads exceed {max_bytes} bytes (limits.max_batch_bytes)"

@@ -223,7 +223,7 @@ impl RespContext {
             transaction.doomed = true;
             return Reply::err("Command not allowed inside a transaction");
         }
-        if matches!(spec.name, "eval" | "evalsha" | "eval_ro" | "evalsha_ro") {
+        if commands::is_script(spec.name) {
             // A script is a transaction of its own, run against the values it reads as it goes;
             // it cannot join another's evaluation.
             transaction.doomed = true;
@@ -319,11 +319,7 @@ impl RespContext {
             )));
         }
         let values = self.get_many_with_expiry(&new, true).await?;
-        let bytes: usize = new
-            .iter()
-            .zip(&values)
-            .map(|(key, found)| key.len() + found.as_ref().map_or(0, |(value, _)| value.len()))
-            .sum();
+        let bytes = read_bytes(&new, &values);
         if session.transaction.watched_bytes + bytes > max_bytes {
             return Err(Reply::err(format!(
                 "onekv: the watched keys and values would exceed {max_bytes} bytes (limits.max_batch_bytes)"
@@ -733,6 +729,15 @@ pub(super) async fn pause_before_retry(attempt: u32) -> Outcome<()> {
         tokio::time::sleep(Duration::from_millis(millis)).await;
     }
     Ok(())
+}
+
+/// The bytes of `keys` and the values read for them (`found`, in the same order): what the
+/// conditions of a transaction that read them carry, bounded by `limits.max_batch_bytes`.
+pub(super) fn read_bytes(keys: &[Vec<u8>], found: &[Found]) -> usize {
+    keys.iter()
+        .zip(found)
+        .map(|(key, found)| key.len() + found.as_ref().map_or(0, |(value, _)| value.len()))
+        .sum()
 }
 
 /// The error for a transaction whose queue went over its bound.
