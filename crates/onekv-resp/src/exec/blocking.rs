@@ -6,7 +6,8 @@
 //! front end, else after a pause that doubles from 1 ms to [`MAX_POLL_PAUSE`] (a push through
 //! another node is seen within that pause). Inside MULTI the command is its one attempt, never
 //! waiting, as in Redis. The connection stays blocked meanwhile, as in Redis; if its client leaves,
-//! the server drops the command (`server`). Differences from Redis: clients blocked on one key are
+//! the server signals the session's `Cancel` (`server`) and the command stops at its next wait,
+//! never in the middle of an attempt (a pop half done would lose its element). Differences from Redis: clients blocked on one key are
 //! not served in the order they blocked, and each wait costs a poll of the keys per pause.
 //!
 //! Owns: the timeout, the waiting and the shape of a pop's reply. Does not own the pops themselves

@@ -120,7 +120,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        // Its EVAL is over, or was dropped with its connection: a run still going on its thread
+        // Its EVAL is over, or its future was dropped: a run still going on its thread
         // stops at the next check rather than holding the thread for ever.
         self.kill.store(true, Ordering::Relaxed);
         self.scripts.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.number);
