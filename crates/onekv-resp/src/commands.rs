@@ -163,7 +163,7 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Sets a key and returns its old value. A compare-and-swap loop."),
     spec("hdel", -3, &["write", "fast"], ONE_KEY, "hash", "2.0.0",
         "Deletes fields of a hash (the key with its last field); returns how many existed."),
-    spec("hello", -1, &["noscript", "loading", "stale", "fast"], NO_KEYS, "connection", "6.0.0",
+    spec("hello", -1, &["noscript", "loading", "stale", "fast", "allow_busy"], NO_KEYS, "connection", "6.0.0",
         "The handshake: protocol 2 (RESP2) or 3 (RESP3). AUTH accepts the user default."),
     spec("hexists", 3, &["readonly", "fast"], ONE_KEY, "hash", "2.0.0",
         "1 if the hash has the field, else 0."),
@@ -259,7 +259,7 @@ pub static COMMANDS: &[CommandSpec] = &[
         "Sets a key that expires in the given milliseconds. A blind write."),
     spec("pttl", 2, &["readonly", "fast"], ONE_KEY, "generic", "2.6.0",
         "A key's time to live in milliseconds; -1 if it has no expiry, -2 if it does not exist."),
-    spec("quit", -1, &["fast", "stale", "loading"], NO_KEYS, "connection", "1.0.0",
+    spec("quit", -1, &["fast", "stale", "loading", "allow_busy"], NO_KEYS, "connection", "1.0.0",
         "Closes the connection after replying OK."),
     spec("randomkey", 1, &["readonly"], NO_KEYS, "generic", "1.0.0",
         "A key found by a keys-only scan from a random position (nil when there is none)."),
@@ -638,6 +638,16 @@ pub fn may_run_long(args: &[Vec<u8>]) -> bool {
     args.first()
         .and_then(|name| lookup(name))
         .is_some_and(|spec| spec.flags.contains(&"blocking") || is_script(spec.name))
+}
+
+/// Whether the command in `args` runs while a script is past `busy-reply-threshold` (every other
+/// answers `-BUSY`): those flagged `allow_busy` in the table (MULTI, DISCARD, WATCH, UNWATCH, HELLO,
+/// QUIT, SHUTDOWN) and, as in Redis 7, the subcommands SCRIPT KILL, FUNCTION KILL and FUNCTION STATS.
+pub fn allowed_while_busy(spec: &CommandSpec, args: &[Vec<u8>]) -> bool {
+    let subcommand = || args.get(1).map(|subcommand| subcommand.to_ascii_uppercase());
+    spec.flags.contains(&"allow_busy")
+        || (spec.name == "script" && subcommand().as_deref() == Some(b"KILL".as_slice()))
+        || (spec.name == "function" && matches!(subcommand().as_deref(), Some(b"KILL" | b"STATS")))
 }
 
 /// Whether command `name` runs a Lua script (EVAL and its forms).

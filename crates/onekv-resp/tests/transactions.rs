@@ -5,7 +5,7 @@
 //! transactions of their own (MSETNX, RENAME, COPY, MOVE) and those that page through every key (KEYS,
 //! RANDOMKEY, and FLUSHALL through the store's range-deletion pages) over more keys than one page
 //! holds. Lua scripts as transactions (a conflicting write making one run again, undeclared keys,
-//! the script cache), LMOVE and the blocking pops (a timeout, a push waking a waiter, a push the
+//! the script cache, a runaway script making the node answer BUSY), LMOVE and the blocking pops (a timeout, a push waking a waiter, a push the
 //! front end did not see found by polling, MULTI never waiting). The real 3-node cluster with redis-py
 //! is `crates/onekv/tests/redis_tools.rs`, and Redis's own test suite `tests/redis-suite`.
 
@@ -694,6 +694,66 @@ async fn a_script_is_one_transaction_run_again_when_a_key_it_read_changed() {
     );
     assert_eq!(store.value("k"), None);
     assert_eq!(run(&context, s, &["GET", "k"]).await, Reply::text("v"));
+}
+
+#[tokio::test]
+async fn a_script_past_the_busy_threshold_makes_the_node_answer_busy_until_it_is_killed() {
+    let (context, store) = start().await;
+    const BUSY: &str =
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
+    let busy = Reply::Error(BUSY.into());
+    let mut other = context.new_session();
+    let o = &mut other;
+    store.set("xx", "1");
+    assert_eq!(run(&context, o, &["CONFIG", "SET", "lua-time-limit", "50"]).await, Reply::ok());
+    assert_eq!(
+        run(&context, o, &["CONFIG", "GET", "busy-reply-threshold"]).await,
+        Reply::map([("busy-reply-threshold", Reply::text("50"))])
+    );
+    // A transaction queued before the script starts, and a script that never ends.
+    assert_eq!(run(&context, o, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, o, &["INCR", "xx"]).await, queued());
+    let script = {
+        let context = context.clone();
+        let mut session = context.new_session();
+        tokio::spawn(async move { run(&context, &mut session, &["EVAL", "while true do end", "0"]).await })
+    };
+    // Under the threshold the node serves as usual.
+    let mut third = context.new_session();
+    assert_eq!(run(&context, &mut third, &["PING"]).await, Reply::Simple("PONG".into()));
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Past it: commands are refused, a refused one dooms the transaction, EXEC discards it.
+    assert_eq!(run(&context, &mut third, &["GET", "xx"]).await, busy);
+    assert_eq!(run(&context, o, &["INCR", "xx"]).await, busy);
+    assert_eq!(
+        run(&context, o, &["EXEC"]).await,
+        Reply::Error(format!("EXECABORT Transaction discarded because of: {BUSY}"))
+    );
+    assert!(!o.in_transaction(), "EXEC refused while busy ends the transaction");
+    // MULTI is allowed (so a pipelined transaction is refused whole, never half), and SCRIPT KILL.
+    assert_eq!(run(&context, o, &["MULTI"]).await, Reply::ok());
+    assert_eq!(run(&context, o, &["INCR", "xx"]).await, busy);
+    assert_eq!(run(&context, &mut third, &["SCRIPT", "KILL"]).await, Reply::ok());
+    let killed = tokio::time::timeout(std::time::Duration::from_secs(10), script).await.unwrap().unwrap();
+    assert!(matches!(&killed, Reply::Error(text) if text.contains("Script killed")), "{killed:?}");
+    assert_eq!(run(&context, o, &["INCR", "xx"]).await, queued());
+    assert_eq!(
+        run(&context, o, &["EXEC"]).await,
+        Reply::Error("EXECABORT Transaction discarded because of previous errors.".into())
+    );
+    assert_eq!(run(&context, &mut third, &["GET", "xx"]).await, Reply::text("1"), "nothing ran");
+    // With the threshold at 0 a script never makes the node busy.
+    assert_eq!(run(&context, o, &["CONFIG", "SET", "busy-reply-threshold", "0"]).await, Reply::ok());
+    let script = {
+        let context = context.clone();
+        let mut session = context.new_session();
+        tokio::spawn(async move { run(&context, &mut session, &["EVAL", "while true do end", "0"]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(run(&context, &mut third, &["GET", "xx"]).await, Reply::text("1"));
+    assert_eq!(run(&context, &mut third, &["SCRIPT", "KILL"]).await, Reply::ok());
+    tokio::time::timeout(std::time::Duration::from_secs(10), script).await.unwrap().unwrap();
+    assert!(run(&context, o, &["CONFIG", "SET", "lua-time-limit", "-1"]).await.is_error());
 }
 
 #[tokio::test]

@@ -79,12 +79,14 @@ impl RespContext {
             ("appendfsync", "always".into()),
             ("appendonly", "yes".into()),
             ("bind", host.trim_start_matches('[').trim_end_matches(']').to_string()),
+            ("busy-reply-threshold", self.shared.scripts.busy_threshold().as_millis().to_string()),
             ("cluster-enabled", "no".into()),
             ("databases", DATABASES.to_string()),
             ("hash-max-listpack-entries", encodings.hash_entries.to_string()),
             ("hash-max-listpack-value", encodings.hash_value.to_string()),
             ("hash-max-ziplist-entries", encodings.hash_entries.to_string()),
             ("hash-max-ziplist-value", encodings.hash_value.to_string()),
+            ("lua-time-limit", self.shared.scripts.busy_threshold().as_millis().to_string()),
             ("maxclients", settings.max_connections.to_string()),
             ("maxmemory", "0".into()),
             ("maxmemory-policy", "noeviction".into()),
@@ -122,16 +124,21 @@ impl RespContext {
     }
 
     /// `CONFIG SET parameter value [parameter value ...]`: only the collections' encoding
-    /// thresholds, which change nothing but OBJECT ENCODING's answers on this node; all or nothing,
-    /// as in Redis 7. Anything else is configured in the node's TOML file.
+    /// thresholds, which change nothing but OBJECT ENCODING's answers on this node, and
+    /// `busy-reply-threshold` (alias `lua-time-limit`, milliseconds; see `scripting`); all or
+    /// nothing, as in Redis 7, and for this node only, until it restarts. Anything else is
+    /// configured in the node's TOML file.
     fn config_set(&self, pairs: &[Vec<u8>]) -> Outcome {
         if pairs.is_empty() || !pairs.len().is_multiple_of(2) {
             return Err(wrong_arity("config|set"));
         }
         let mut encodings = *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut busy_threshold_ms =
+            u64::try_from(self.shared.scripts.busy_threshold().as_millis()).unwrap_or(u64::MAX);
         for pair in pairs.chunks_exact(2) {
             let name = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
             let threshold = match name.as_str() {
+                "busy-reply-threshold" | "lua-time-limit" => &mut busy_threshold_ms,
                 "hash-max-listpack-entries" | "hash-max-ziplist-entries" => &mut encodings.hash_entries,
                 "hash-max-listpack-value" | "hash-max-ziplist-value" => &mut encodings.hash_value,
                 "set-max-intset-entries" => &mut encodings.set_intset_entries,
@@ -143,7 +150,7 @@ impl RespContext {
                     return Err(Reply::err(format!(
                         "CONFIG SET failed (possibly related to argument '{name}') - not supported by onekv: \
                          configure onekv in the node's TOML file (only the encoding thresholds hash-max-*, \
-                         set-max-intset-entries and zset-max-* can be set)"
+                         set-max-intset-entries and zset-max-*, and busy-reply-threshold, can be set)"
                     )));
                 }
             };
@@ -158,6 +165,7 @@ impl RespContext {
                 })?;
         }
         *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = encodings;
+        self.shared.scripts.set_busy_threshold(busy_threshold_ms);
         Ok(Reply::ok())
     }
 

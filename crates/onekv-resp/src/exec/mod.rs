@@ -403,6 +403,11 @@ impl RespContext {
             Some(spec) if !spec.arity_ok(args.len()) => {
                 transaction::refuse_queueing(session, Some(spec), &args)
             }
+            // A script past busy-reply-threshold: most commands are refused, as in Redis (see
+            // `scripting`); refused inside MULTI, they doom the transaction.
+            Some(spec) if self.shared.scripts.busy() && !commands::allowed_while_busy(spec, &args) => {
+                transaction::refuse_while_busy(session, spec)
+            }
             Some(spec) => {
                 match databases::translate(session.transaction.selected().unwrap_or(session.db), spec, args) {
                     // A key the connection's database cannot hold: refused like a malformed command.

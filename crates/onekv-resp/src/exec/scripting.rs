@@ -10,9 +10,14 @@
 //! is read, and the script runs again, so undeclared keys work but cost a run each. Every key must
 //! lie in one shard (`-CROSSSLOT` otherwise; `{hash tags}` colocate keys).
 //!
-//! Differences from Redis that follow: other clients are never blocked by a script (no `BUSY`),
-//! a script may run more than once before its writes commit (what it returns is from the run that
-//! committed), and SCRIPT KILL always succeeds: a killed script has written nothing. The script
+//! Other clients are never blocked by a script while it runs normally; one that has been in Lua
+//! longer than `busy-reply-threshold` (Redis's `lua-time-limit`, 5 s unless CONFIG SET; 0 turns it
+//! off) is taken for a runaway, as Redis takes it: until it ends or SCRIPT KILL stops it, the
+//! node's other commands answer `-BUSY` (the check is in `RespContext::execute`; the commands
+//! still allowed are `commands::allowed_while_busy`). Per node: the other nodes serve on.
+//! Differences from Redis that follow from running as a transaction: a script may run more than
+//! once before its writes commit (what it returns is from the run that committed), and SCRIPT KILL
+//! always succeeds: a killed script has written nothing. The script
 //! cache is per node and bounded ([`MAX_CACHED_SCRIPT_BYTES`]); an EVALSHA the node does not know
 //! answers `NOSCRIPT`, which client libraries answer by sending the script again.
 //!
@@ -20,8 +25,9 @@
 //! environment (`lua`) or a transaction's evaluation (`transaction`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::lua::{self, Ran, Script};
 use super::transaction::{Found, pause_before_retry, read_bytes, same_shard};
@@ -33,14 +39,32 @@ pub(super) const MAX_CACHED_SCRIPT_BYTES: usize = 64 << 20;
 /// Scripts a node runs in Lua at once (each holds a thread and up to `lua::SCRIPT_MEMORY_BYTES`);
 /// more wait for one to end. Reading a script's keys and committing its writes need no slot.
 pub(super) const MAX_RUNNING_SCRIPTS: usize = 8;
+/// How long a script may run in Lua before the node answers `-BUSY` to other commands: Redis's
+/// default `busy-reply-threshold`, in milliseconds.
+const DEFAULT_BUSY_REPLY_THRESHOLD_MS: u64 = 5000;
+/// The reply to a command refused while a script is past the threshold, in Redis's words (clients
+/// and tests match on them).
+pub(super) const BUSY: &str =
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.";
 
 /// A node's scripts: the cache EVALSHA looks in and the scripts running now.
 pub(super) struct Scripts {
     cache: Mutex<Cache>,
-    /// Each running script's kill flag, by run number.
-    running: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+    /// The scripts running now, by run number.
+    running: Mutex<HashMap<u64, Run>>,
     next_run: AtomicU64,
     slots: tokio::sync::Semaphore,
+    /// `busy-reply-threshold` in milliseconds (0: never busy).
+    busy_threshold_ms: AtomicU64,
+    /// Runs in Lua now, so `busy` costs every command one atomic load, not a lock, when none is.
+    in_lua: AtomicUsize,
+}
+
+/// A running script: its kill flag, and since when it has been in Lua (None while its keys are
+/// read, it waits for a slot, or its writes commit).
+struct Run {
+    kill: Arc<AtomicBool>,
+    in_lua_since: Option<Instant>,
 }
 
 /// Script sources by SHA1, bounded in bytes.
@@ -56,6 +80,8 @@ impl Default for Scripts {
             running: Mutex::default(),
             next_run: AtomicU64::new(1),
             slots: tokio::sync::Semaphore::new(MAX_RUNNING_SCRIPTS),
+            busy_threshold_ms: AtomicU64::new(DEFAULT_BUSY_REPLY_THRESHOLD_MS),
+            in_lua: AtomicUsize::new(0),
         }
     }
 }
@@ -93,21 +119,49 @@ impl Scripts {
         cache.bytes = 0;
     }
 
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Run>> {
+        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Registers a run; its kill flag is set by SCRIPT KILL until the guard is dropped.
     fn start(self: &Arc<Scripts>) -> Running {
         let number = self.next_run.fetch_add(1, Ordering::Relaxed);
         let kill = Arc::new(AtomicBool::new(false));
-        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(number, kill.clone());
+        self.running().insert(number, Run { kill: kill.clone(), in_lua_since: None });
         Running { scripts: self.clone(), number, kill }
     }
 
     /// Asks every running script to stop; `false` if none runs.
     fn kill_all(&self) -> bool {
-        let running = self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for kill in running.values() {
-            kill.store(true, Ordering::Relaxed);
+        let running = self.running();
+        for run in running.values() {
+            run.kill.store(true, Ordering::Relaxed);
         }
         !running.is_empty()
+    }
+
+    /// Whether a script has been in Lua for `busy-reply-threshold` or longer: the node then answers
+    /// `-BUSY` to most commands, as Redis does.
+    pub(super) fn busy(&self) -> bool {
+        if self.in_lua.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        let threshold = self.busy_threshold();
+        !threshold.is_zero()
+            && self
+                .running()
+                .values()
+                .any(|run| run.in_lua_since.is_some_and(|since| since.elapsed() >= threshold))
+    }
+
+    /// `busy-reply-threshold` (zero: a script never makes the node busy).
+    pub(super) fn busy_threshold(&self) -> Duration {
+        Duration::from_millis(self.busy_threshold_ms.load(Ordering::Relaxed))
+    }
+
+    /// CONFIG SET busy-reply-threshold (or lua-time-limit), in milliseconds.
+    pub(super) fn set_busy_threshold(&self, milliseconds: u64) {
+        self.busy_threshold_ms.store(milliseconds, Ordering::Relaxed);
     }
 }
 
@@ -118,12 +172,37 @@ struct Running {
     kill: Arc<AtomicBool>,
 }
 
+impl Running {
+    /// Marks the run as in Lua until the guard is dropped (what `Scripts::busy` measures).
+    fn in_lua(&self) -> InLua<'_> {
+        if let Some(run) = self.scripts.running().get_mut(&self.number) {
+            run.in_lua_since = Some(Instant::now());
+        }
+        self.scripts.in_lua.fetch_add(1, Ordering::Relaxed);
+        InLua { running: self }
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         // Its EVAL is over, or its future was dropped: a run still going on its thread
         // stops at the next check rather than holding the thread for ever.
         self.kill.store(true, Ordering::Relaxed);
-        self.scripts.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&self.number);
+        self.scripts.running().remove(&self.number);
+    }
+}
+
+/// A run's time in Lua; dropped when its thread returns.
+struct InLua<'a> {
+    running: &'a Running,
+}
+
+impl Drop for InLua<'_> {
+    fn drop(&mut self) {
+        self.running.scripts.in_lua.fetch_sub(1, Ordering::Relaxed);
+        if let Some(run) = self.running.scripts.running().get_mut(&self.running.number) {
+            run.in_lua_since = None;
+        }
     }
 }
 
@@ -191,13 +270,14 @@ impl RespContext {
             // A slot only while Lua runs (a thread and a Lua state), not while reading or committing.
             let slot =
                 scripts.slots.acquire().await.map_err(|_| Reply::err("onekv: the node is stopping"))?;
+            let in_lua = running.in_lua();
             let ran = tokio::task::spawn_blocking(move || {
                 let script = Script { body: &source, sha: &name_of_script, keys: &keys, argv: &argv };
                 lua::run(&context, &script, values, db, read_only, &[&kill, &gone])
             })
             .await
             .map_err(|error| Reply::err(format!("onekv: the script's task failed: {error}")))?;
-            drop(slot);
+            drop((in_lua, slot));
             match ran {
                 Ran::NeedsKeys(keys) => {
                     let before = read_keys.len();
@@ -341,5 +421,29 @@ mod tests {
         assert!(second.kill.load(Ordering::Relaxed));
         drop(second);
         assert!(!scripts.kill_all());
+    }
+
+    #[test]
+    fn only_time_in_lua_past_the_threshold_makes_the_node_busy() {
+        let scripts = Arc::new(Scripts::default());
+        scripts.set_busy_threshold(20);
+        let running = scripts.start();
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!scripts.busy(), "reading keys or waiting for a slot is not running");
+        let in_lua = running.in_lua();
+        assert!(!scripts.busy());
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(scripts.busy());
+        scripts.set_busy_threshold(0);
+        assert!(!scripts.busy(), "0 turns it off");
+        scripts.set_busy_threshold(20);
+        drop(in_lua);
+        assert!(!scripts.busy(), "out of Lua again");
+        let in_lua = running.in_lua();
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(scripts.busy());
+        drop(in_lua);
+        drop(running);
+        assert!(!scripts.busy());
     }
 }

@@ -36,7 +36,7 @@ use rand::Rng as _;
 use super::combine::{Change, Decide, RMW_MAX_ATTEMPTS};
 use super::strings::{delete_decision, is_single_key_write};
 use super::{MAX_REPLY_BYTES, Outcome, RespContext, Session, unknown_command, wrong_arity};
-use super::{blocking, databases, expiry, lists, reads, sort, types};
+use super::{blocking, databases, expiry, lists, reads, scripting, sort, types};
 use crate::commands::{self, CommandSpec};
 use crate::protocol::Reply;
 
@@ -779,6 +779,16 @@ pub(super) fn refuse_queueing_with(session: &mut Session, error: Reply) -> Reply
         Arc::make_mut(&mut session.transaction).reject();
     }
     error
+}
+
+/// The reply to a command refused because a script has run past `busy-reply-threshold`: `-BUSY`,
+/// dooming a transaction being queued; EXEC itself discards the transaction, as Redis does.
+pub(super) fn refuse_while_busy(session: &mut Session, spec: &CommandSpec) -> Reply {
+    if spec.name == "exec" {
+        Arc::make_mut(&mut session.transaction).reset();
+        return Reply::Error(format!("EXECABORT Transaction discarded because of: {}", scripting::BUSY));
+    }
+    refuse_queueing_with(session, Reply::Error(scripting::BUSY.into()))
 }
 
 /// Whether a connection inside MULTI queues this command rather than running it.
