@@ -11,7 +11,8 @@
 //!    its compressed block) are summed per segment: the live bytes, and log bytes ÷ live is the space
 //!    amplification (segments begun during the walk count as wholly live). For the oldest sealed
 //!    segments it also keeps the keys that point into them (up to a bound): since no key gains a
-//!    locator into a sealed segment, those are all of their live values. A snapshot install is the
+//!    locator into a sealed segment once the loop turn that appended into it has ended (the census
+//!    waits for the turns under way: `Link::barrier`), those are all of their live values. A snapshot install is the
 //!    exception (its keys point at chunks, or copies, written before it ends): a pass whose census
 //!    an install overlapped collects nothing.
 //! 2. **Decide.** Only when that exceeds `target_space_amp` is the oldest segment collected. It must
@@ -657,6 +658,11 @@ impl Collector {
         let end = log.end_position();
         let segments = log.segments();
         let sealed_end = segments.last().map_or(0, |active| active.base);
+        // A value appended before this point may sit in a segment sealed by now while its key is
+        // not yet published (separated mode appends a batch's values, then indexes them in the
+        // same turn; the append itself may seal the segment): the walk would miss the key and
+        // the segment would go with its value. Every such turn ends before the walk starts.
+        link.barrier()?;
         let mut live: BTreeMap<u64, u64> = segments.iter().map(|s| (s.base, 0)).collect();
         // The keys of the oldest segments' live values are kept, so collecting them reads only
         // those values; past a bound on their number, the later segments are scanned instead.
