@@ -15,9 +15,9 @@
 //! arms the points before its join and `Node::open` arms them again: a counted action
 //! (`20*off->return`) restarts its count there, so count hits of the replica's points from the
 //! node's open. One point injects an error instead of a crash: `fail-raft-append` makes the Raft
-//! append fail as a failed write or fsync would. One only delays: `value-log-sealed=sleep(ms)`
-//! holds a separated-mode apply whose value-log append sealed a segment holding some of its values
-//! between that append and its index publish.
+//! append fail as a failed write or fsync would. One only delays (action `sleep(ms)`):
+//! `value-log-sealed` holds a separated-mode apply whose value-log append sealed a segment holding
+//! some of its values between that append and its index publish.
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;
@@ -46,6 +46,12 @@ pub fn arm_from_env() -> Result<(), String> {
 #[cfg(feature = "failpoints")]
 pub fn arm(name: &str, actions: &str) -> Result<(), String> {
     fail::cfg(name, actions)
+}
+
+/// Runs `callback` each time the point `name` is reached (tests count hits with it).
+#[cfg(feature = "failpoints")]
+pub fn arm_callback(name: &str, callback: impl Fn() + Send + Sync + 'static) -> Result<(), String> {
+    fail::cfg_callback(name, callback)
 }
 
 /// Whether the point `name` fires now.

@@ -1,16 +1,21 @@
-//! The log collector's census against an apply in flight (separated mode): a batch's values are
-//! appended to the value log, possibly sealing a segment, and their keys are indexed and published
-//! only afterwards in the same loop turn. A census that starts in between sees the segment sealed
-//! but not the keys pointing into it; if it took that for the segment's every live key, the
-//! segment would be reclaimed with those values in it, and their keys would read "locator outside
-//! the log's durable range". The failpoint `value-log-sealed` holds such an apply for a while,
-//! with the collector running every few milliseconds, so a census starts in the window each time
-//! a segment seals; every key must keep reading its latest value throughout.
+//! The log collector's census against writes not yet indexed. A census keeps the keys pointing
+//! into the oldest sealed segments and collects those segments from them alone, so a key that
+//! gains a locator into a sealed segment after the walk passed it would be left behind, and read
+//! "locator outside the log's durable range" once the segment is deleted. In separated mode a
+//! batch's values are appended to the value log, possibly sealing a segment, and indexed only
+//! afterwards in the same loop turn; the census must wait for that turn. The failpoint
+//! `value-log-sealed` holds such an apply, with the collector running every few milliseconds, so
+//! a census starts in the window each time a segment seals. Every key must keep reading its
+//! latest value throughout.
 
 mod common;
 
-use onekv_replica::{Command, GcConfig, Node, ReplicaConfig, RequestId, ShardConfig, StorageMode, WriteOp};
-use std::sync::mpsc;
+use onekv_replica::{
+    Command, GcConfig, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, StorageMode, WriteOp,
+    failpoints,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 /// Keys overwritten round after round: little live data, so each sealed segment is nearly all
@@ -40,14 +45,19 @@ fn once_value(seq: u64) -> Vec<u8> {
     format!("written once by write {seq}").repeat(64).into_bytes()
 }
 
-fn write(node: &Node, seq: u64, ops: Vec<WriteOp>) {
+/// Proposes a write; its answer comes on the receiver.
+fn propose(
+    node: &Node,
+    seq: u64,
+    ops: Vec<WriteOp>,
+) -> mpsc::Receiver<Result<onekv_replica::Outcome, ReplicaError>> {
     let (tx, rx) = mpsc::channel();
     node.replica(1).unwrap().propose(
         RequestId { client: 1, seq },
         Command::Write(ops),
         Box::new(move |r| drop(tx.send(r))),
     );
-    rx.recv_timeout(Duration::from_secs(30)).expect("an answer").expect("the write succeeds");
+    rx
 }
 
 fn check(node: &Node, round: usize, seq: u64, when: &str) {
@@ -71,11 +81,22 @@ fn check(node: &Node, round: usize, seq: u64, when: &str) {
 }
 
 #[test]
-fn a_segment_sealed_by_an_apply_in_flight_keeps_the_values_its_keys_are_about_to_point_at() {
-    onekv_replica::failpoints::arm("value-log-sealed", "sleep(200)").unwrap();
+fn a_value_log_segment_sealed_before_its_values_are_indexed_keeps_them() {
+    let sealed = Arc::new(AtomicUsize::new(0));
+    let hits = sealed.clone();
+    failpoints::arm_callback("value-log-sealed", move || {
+        hits.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(200));
+    })
+    .unwrap();
+    overwrite_and_check(StorageMode::Separated);
+    assert!(sealed.load(Ordering::Relaxed) >= 3, "applies that sealed a segment were held");
+}
+
+fn overwrite_and_check(storage: StorageMode) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = ReplicaConfig::new(1, vec![1], dir.path());
-    config.storage = StorageMode::Separated;
+    config.storage = storage;
     config.shards = vec![ShardConfig { id: 1, voters: vec![1], primary: None }];
     config.tick = Duration::from_millis(10);
     config.segment_bytes = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
@@ -85,7 +106,10 @@ fn a_segment_sealed_by_an_apply_in_flight_keeps_the_values_its_keys_are_about_to
     let node = common::open_leading(config);
     let mut seq = 0;
     for round in 1..=ROUNDS {
-        // Half the hot keys per write, so a segment fills in the middle of a batch.
+        // Half the hot keys per write, so a segment fills in the middle of a batch; both halves
+        // proposed at once, so one append of the Raft log may hold both entries and seal a
+        // segment between them.
+        let mut answers = Vec::new();
         for half in [0..KEYS / 2, KEYS / 2..KEYS] {
             seq += 1;
             let once =
@@ -95,14 +119,17 @@ fn a_segment_sealed_by_an_apply_in_flight_keeps_the_values_its_keys_are_about_to
                 value: Some(value(k, round)),
                 expiry: Default::default(),
             });
-            write(&node, seq, std::iter::once(once).chain(hot).collect());
+            answers.push(propose(&node, seq, std::iter::once(once).chain(hot).collect()));
         }
-        check(&node, round, seq, &format!("round {round}"));
+        for answer in answers {
+            answer.recv_timeout(Duration::from_secs(30)).expect("an answer").expect("the write succeeds");
+        }
+        check(&node, round, seq, &format!("{storage:?}, round {round}"));
     }
     let reclaimed = node.statuses()[0].gc.segments_reclaimed;
     assert!(reclaimed >= 5, "the collector ran: {:?}", node.statuses()[0].gc);
     // The last collection may end after the last check.
-    std::thread::sleep(Duration::from_millis(500));
-    check(&node, ROUNDS, seq, "at the end");
+    std::thread::sleep(Duration::from_millis(1000));
+    check(&node, ROUNDS, seq, &format!("{storage:?}, at the end"));
     node.shutdown();
 }

@@ -754,6 +754,7 @@ async fn a_script_past_the_busy_threshold_makes_the_node_answer_busy_until_it_is
     assert_eq!(run(&context, &mut third, &["SCRIPT", "KILL"]).await, Reply::ok());
     tokio::time::timeout(std::time::Duration::from_secs(10), script).await.unwrap().unwrap();
     assert!(run(&context, o, &["CONFIG", "SET", "lua-time-limit", "-1"]).await.is_error());
+    assert!(run(&context, o, &["CONFIG", "SET", "lua-time-limit", "9223372036854775808"]).await.is_error());
 }
 
 #[tokio::test]

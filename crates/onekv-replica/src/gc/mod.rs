@@ -10,9 +10,11 @@
 //!    bytes moving each live value would write (key and stored value, a packed value's share of
 //!    its compressed block) are summed per segment: the live bytes, and log bytes ÷ live is the space
 //!    amplification (segments begun during the walk count as wholly live). For the oldest sealed
-//!    segments it also keeps the keys that point into them (up to a bound): since no key gains a
-//!    locator into a sealed segment once the loop turn that appended into it has ended (the census
-//!    waits for the turns under way: `Link::barrier`), those are all of their live values. A snapshot install is the
+//!    segments it also keeps the keys that point into them (up to a bound): those are all of their
+//!    live values, since no key gains a locator into a sealed segment once the loop turn that
+//!    appended into it has ended (separated mode: the census waits for the turns under way,
+//!    `Link::barrier`) or, in onelog mode, once the entries in it are applied (only segments below
+//!    the persistence point as the census begins are collected). A snapshot install is the
 //!    exception (its keys point at chunks, or copies, written before it ends): a pass whose census
 //!    an install overlapped collects nothing.
 //! 2. **Decide.** Only when that exceeds `target_space_amp` is the oldest segment collected. It must
@@ -292,8 +294,9 @@ struct Census {
     /// The log's end when the walk started: segments from there on count as wholly live.
     end: u64,
     /// For the oldest sealed segments (whole lists only), every key that pointed into each during
-    /// the walk: all of its live values, since no key gains a locator into a sealed segment
-    /// (a snapshot install does, so a census it overlapped is not acted on: `installs`).
+    /// the walk: all of its live values, since no key gains a locator into a sealed segment once
+    /// what was appended into it is applied (see the module documentation; a snapshot install
+    /// does, so a census it overlapped is not acted on: `installs`).
     keys: BTreeMap<u64, Vec<LiveKey>>,
     /// Each shard's `State::installs` before the walk. A snapshot install is the one writer that
     /// points keys into sealed segments (after the walk may have counted them dead), so a census
@@ -474,6 +477,10 @@ impl Collector {
             link.barrier()?;
         }
         self.refresh_hosted();
+        // In onelog mode a key gains a locator into a sealed segment when its entry is applied,
+        // which may be turns after the entry was appended: only segments below the persistence
+        // point as the walk begins had all their entries applied (and published) before it.
+        let point_at_census = self.persistence_point();
         self.take_census(link)?;
         let log = self.values_log();
         let segments = log.segments();
@@ -538,7 +545,7 @@ impl Collector {
         // In separated mode replay copies values again, so the value log has no such bound.
         let ready = match self.mode {
             StorageMode::OneLog => {
-                let point = self.persistence_point();
+                let point = self.persistence_point().min(point_at_census);
                 chosen.iter().take_while(|segment| segment.end() <= point).count()
             }
             _ => chosen.len(),

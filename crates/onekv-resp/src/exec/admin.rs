@@ -133,12 +133,11 @@ impl RespContext {
             return Err(wrong_arity("config|set"));
         }
         let mut encodings = *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut busy_threshold_ms =
-            u64::try_from(self.shared.scripts.busy_threshold().as_millis()).unwrap_or(u64::MAX);
+        let mut busy_threshold_ms = None;
         for pair in pairs.chunks_exact(2) {
             let name = String::from_utf8_lossy(&pair[0]).to_ascii_lowercase();
             let threshold = match name.as_str() {
-                "busy-reply-threshold" | "lua-time-limit" => &mut busy_threshold_ms,
+                "busy-reply-threshold" | "lua-time-limit" => busy_threshold_ms.insert(0),
                 "hash-max-listpack-entries" | "hash-max-ziplist-entries" => &mut encodings.hash_entries,
                 "hash-max-listpack-value" | "hash-max-ziplist-value" => &mut encodings.hash_value,
                 "set-max-intset-entries" => &mut encodings.set_intset_entries,
@@ -154,9 +153,11 @@ impl RespContext {
                     )));
                 }
             };
+            // At most i64::MAX, Redis's bound for these (a long long).
             *threshold = std::str::from_utf8(&pair[1])
                 .ok()
                 .and_then(|text| text.parse::<u64>().ok())
+                .filter(|value| i64::try_from(*value).is_ok())
                 .ok_or_else(|| {
                     Reply::err(format!(
                         "CONFIG SET failed (possibly related to argument '{name}') - argument couldn't be \
@@ -165,7 +166,9 @@ impl RespContext {
                 })?;
         }
         *self.shared.encodings.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = encodings;
-        self.shared.scripts.set_busy_threshold(busy_threshold_ms);
+        if let Some(milliseconds) = busy_threshold_ms {
+            self.shared.scripts.set_busy_threshold(milliseconds);
+        }
         Ok(Reply::ok())
     }
 

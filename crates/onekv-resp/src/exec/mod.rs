@@ -155,7 +155,7 @@ pub(crate) struct CommandCounters {
     pub(crate) calls: AtomicU64,
     /// Microseconds spent in them.
     pub(crate) micros: AtomicU64,
-    /// Calls refused before running (a wrong number of arguments).
+    /// Calls refused before running (a wrong number of arguments, or `-BUSY`).
     pub(crate) rejected: AtomicU64,
     /// Calls that ran and answered an error.
     pub(crate) failed: AtomicU64,
@@ -397,6 +397,8 @@ impl RespContext {
         let args_len = args.len();
         let op = spec.map_or("unknown", |spec| spec.name);
         let mut close = false;
+        // Refused before running for what the node is doing (a busy script), as Redis counts it.
+        let mut rejected = false;
         let reply = match spec {
             // Inside MULTI a command refused before running dooms the transaction.
             None => transaction::refuse_queueing(session, None, &args),
@@ -406,6 +408,7 @@ impl RespContext {
             // A script past busy-reply-threshold: most commands are refused, as in Redis (see
             // `scripting`); refused inside MULTI, they doom the transaction.
             Some(spec) if self.shared.scripts.busy() && !commands::allowed_while_busy(spec, &args) => {
+                rejected = true;
                 transaction::refuse_while_busy(session, spec)
             }
             Some(spec) => {
@@ -433,7 +436,7 @@ impl RespContext {
         let counters =
             spec.and_then(|spec| Some((spec, self.shared.stats.per_command.get(commands::position(spec))?)));
         if let Some((spec, counters)) = counters {
-            if !spec.arity_ok(args_len) {
+            if rejected || !spec.arity_ok(args_len) {
                 counters.rejected.fetch_add(1, Ordering::Relaxed);
             } else {
                 counters.calls.fetch_add(1, Ordering::Relaxed);

@@ -25,7 +25,7 @@
 //! environment (`lua`) or a transaction's evaluation (`transaction`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,8 +56,10 @@ pub(super) struct Scripts {
     slots: tokio::sync::Semaphore,
     /// `busy-reply-threshold` in milliseconds (0: never busy).
     busy_threshold_ms: AtomicU64,
-    /// Runs in Lua now, so `busy` costs every command one atomic load, not a lock, when none is.
-    in_lua: AtomicUsize,
+    /// When the run in Lua longest began, in microseconds after `epoch` plus one (0: none in
+    /// Lua), kept with `running` so `busy` costs every command an atomic load, not the lock.
+    oldest_in_lua: AtomicU64,
+    epoch: Instant,
 }
 
 /// A running script: its kill flag, and since when it has been in Lua (None while its keys are
@@ -81,7 +83,8 @@ impl Default for Scripts {
             next_run: AtomicU64::new(1),
             slots: tokio::sync::Semaphore::new(MAX_RUNNING_SCRIPTS),
             busy_threshold_ms: AtomicU64::new(DEFAULT_BUSY_REPLY_THRESHOLD_MS),
-            in_lua: AtomicUsize::new(0),
+            oldest_in_lua: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
     }
 }
@@ -131,27 +134,40 @@ impl Scripts {
         Running { scripts: self.clone(), number, kill }
     }
 
-    /// Asks every running script to stop; `false` if none runs.
-    fn kill_all(&self) -> bool {
+    /// SCRIPT KILL: asks the scripts past `busy-reply-threshold` to stop, those that make the node
+    /// busy, or, when none is, every running script; `false` if none runs.
+    fn kill(&self) -> bool {
+        let threshold = self.busy_threshold();
         let running = self.running();
-        for run in running.values() {
+        let runaway = |run: &Run| {
+            !threshold.is_zero() && run.in_lua_since.is_some_and(|since| since.elapsed() >= threshold)
+        };
+        let any_runaway = running.values().any(runaway);
+        for run in running.values().filter(|run| !any_runaway || runaway(run)) {
             run.kill.store(true, Ordering::Relaxed);
         }
         !running.is_empty()
     }
 
     /// Whether a script has been in Lua for `busy-reply-threshold` or longer: the node then answers
-    /// `-BUSY` to most commands, as Redis does.
+    /// `-BUSY` to most commands, as Redis does. One atomic load when no script is in Lua.
     pub(super) fn busy(&self) -> bool {
-        if self.in_lua.load(Ordering::Relaxed) == 0 {
+        let oldest = self.oldest_in_lua.load(Ordering::Acquire);
+        let threshold = self.busy_threshold();
+        if oldest == 0 || threshold.is_zero() {
             return false;
         }
-        let threshold = self.busy_threshold();
-        !threshold.is_zero()
-            && self
-                .running()
-                .values()
-                .any(|run| run.in_lua_since.is_some_and(|since| since.elapsed() >= threshold))
+        let since = self.epoch + Duration::from_micros(oldest - 1);
+        since.elapsed() >= threshold
+    }
+
+    /// Recomputes `oldest_in_lua` from `running` (the caller holds its lock and just changed it).
+    fn note_oldest_in_lua(&self, running: &HashMap<u64, Run>) {
+        let oldest = running.values().filter_map(|run| run.in_lua_since).min();
+        let micros = oldest.map_or(0, |since| {
+            u64::try_from(since.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX - 1) + 1
+        });
+        self.oldest_in_lua.store(micros, Ordering::Release);
     }
 
     /// `busy-reply-threshold` (zero: a script never makes the node busy).
@@ -175,10 +191,11 @@ struct Running {
 impl Running {
     /// Marks the run as in Lua until the guard is dropped (what `Scripts::busy` measures).
     fn in_lua(&self) -> InLua<'_> {
-        if let Some(run) = self.scripts.running().get_mut(&self.number) {
+        let mut running = self.scripts.running();
+        if let Some(run) = running.get_mut(&self.number) {
             run.in_lua_since = Some(Instant::now());
         }
-        self.scripts.in_lua.fetch_add(1, Ordering::Relaxed);
+        self.scripts.note_oldest_in_lua(&running);
         InLua { running: self }
     }
 }
@@ -188,7 +205,9 @@ impl Drop for Running {
         // Its EVAL is over, or its future was dropped: a run still going on its thread
         // stops at the next check rather than holding the thread for ever.
         self.kill.store(true, Ordering::Relaxed);
-        self.scripts.running().remove(&self.number);
+        let mut running = self.scripts.running();
+        running.remove(&self.number);
+        self.scripts.note_oldest_in_lua(&running);
     }
 }
 
@@ -199,10 +218,12 @@ struct InLua<'a> {
 
 impl Drop for InLua<'_> {
     fn drop(&mut self) {
-        self.running.scripts.in_lua.fetch_sub(1, Ordering::Relaxed);
-        if let Some(run) = self.running.scripts.running().get_mut(&self.running.number) {
+        let scripts = &self.running.scripts;
+        let mut running = scripts.running();
+        if let Some(run) = running.get_mut(&self.running.number) {
             run.in_lua_since = None;
         }
+        scripts.note_oldest_in_lua(&running);
     }
 }
 
@@ -351,7 +372,7 @@ impl RespContext {
                 Ok(Reply::ok())
             }
             (b"KILL", []) => {
-                if scripts.kill_all() {
+                if scripts.kill() {
                     Ok(Reply::ok())
                 } else {
                     Err(Reply::Error("NOTBUSY No scripts in execution right now.".into()))
@@ -365,7 +386,7 @@ impl RespContext {
                     "FLUSH [ASYNC|SYNC]",
                     "    Flush this node's Lua scripts cache.",
                     "KILL",
-                    "    Stop the scripts running on this node (a killed script has written nothing).",
+                    "    Stop the scripts on this node that make it busy, else all running (a killed script has written nothing).",
                     "LOAD <script>",
                     "    Load a script into this node's cache without running it.",
                     "HELP",
@@ -411,39 +432,62 @@ mod tests {
     #[test]
     fn a_run_whose_eval_is_dropped_is_told_to_stop_and_kill_reaches_every_run() {
         let scripts = Arc::new(Scripts::default());
-        assert!(!scripts.kill_all(), "nothing runs");
+        assert!(!scripts.kill(), "nothing runs");
         let (first, second) = (scripts.start(), scripts.start());
         let first_kill = first.kill.clone();
         drop(first);
         assert!(first_kill.load(Ordering::Relaxed), "a dropped EVAL stops its run");
         assert!(!second.kill.load(Ordering::Relaxed));
-        assert!(scripts.kill_all());
+        assert!(scripts.kill());
         assert!(second.kill.load(Ordering::Relaxed));
         drop(second);
-        assert!(!scripts.kill_all());
+        assert!(!scripts.kill());
     }
+
+    /// Generous against a loaded machine: only "at least this long" is timed.
+    const THRESHOLD_MS: u64 = 300;
+    const PAST: Duration = Duration::from_millis(THRESHOLD_MS + 100);
 
     #[test]
     fn only_time_in_lua_past_the_threshold_makes_the_node_busy() {
         let scripts = Arc::new(Scripts::default());
-        scripts.set_busy_threshold(20);
+        scripts.set_busy_threshold(THRESHOLD_MS);
         let running = scripts.start();
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(PAST);
         assert!(!scripts.busy(), "reading keys or waiting for a slot is not running");
         let in_lua = running.in_lua();
-        assert!(!scripts.busy());
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(PAST);
         assert!(scripts.busy());
         scripts.set_busy_threshold(0);
         assert!(!scripts.busy(), "0 turns it off");
-        scripts.set_busy_threshold(20);
+        scripts.set_busy_threshold(THRESHOLD_MS);
         drop(in_lua);
         assert!(!scripts.busy(), "out of Lua again");
         let in_lua = running.in_lua();
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(PAST);
         assert!(scripts.busy());
         drop(in_lua);
         drop(running);
         assert!(!scripts.busy());
+    }
+
+    #[test]
+    fn script_kill_stops_the_runaways_only_while_there_are_some() {
+        let scripts = Arc::new(Scripts::default());
+        scripts.set_busy_threshold(THRESHOLD_MS);
+        let (runaway, short) = (scripts.start(), scripts.start());
+        let in_lua = runaway.in_lua();
+        std::thread::sleep(PAST);
+        let short_in_lua = short.in_lua();
+        assert!(scripts.busy());
+        assert!(scripts.kill());
+        assert!(runaway.kill.load(Ordering::Relaxed));
+        assert!(!short.kill.load(Ordering::Relaxed), "a script under the threshold runs on");
+        drop(in_lua);
+        drop(runaway);
+        assert!(!scripts.busy(), "the one left in Lua began after the threshold's start");
+        assert!(scripts.kill(), "no runaway: every script is stopped");
+        assert!(short.kill.load(Ordering::Relaxed));
+        drop(short_in_lua);
     }
 }
