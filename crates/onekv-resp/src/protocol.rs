@@ -172,7 +172,9 @@ impl RequestParser {
     fn length_line(&mut self, input: &mut BytesMut, what: &str) -> Result<Option<i64>, ProtocolError> {
         let window = &input[..input.len().min(MAX_LENGTH_LINE + 2)];
         let Some(cr) = window.iter().position(|&byte| byte == b'\r') else {
-            if input.len() > MAX_LENGTH_LINE {
+            // Only a full window without CR is too long: its CR may still come as the window's
+            // last byte, so the answer does not depend on how the bytes were split into reads.
+            if window.len() == MAX_LENGTH_LINE + 2 {
                 return Err(protocol_error(format!("too big {what} count string")));
             }
             return Ok(None);
@@ -595,6 +597,28 @@ mod tests {
         }
         let bytes: Vec<&[u8]> = PIPELINE.chunks(1).collect();
         assert_eq!(parse_pieces(&bytes).unwrap(), pipeline_commands());
+    }
+
+    #[test]
+    fn a_length_line_is_judged_alike_however_it_is_split() {
+        // A line whose CR is the last byte the window allows (found by the resp_parse fuzz target:
+        // fed without its last byte, the line was "too big", fed whole it was incomplete).
+        let mut line = b"*".to_vec();
+        line.extend(std::iter::repeat_n(b'1', MAX_LENGTH_LINE));
+        line.push(b'\r');
+        for split in 0..=line.len() {
+            let (head, tail) = line.split_at(split);
+            assert!(parse_pieces(&[head, tail]).unwrap().is_empty(), "split at {split}: waits for LF");
+        }
+        line.push(b'\n');
+        let error = parse_pieces(&[&line[..MAX_LENGTH_LINE + 1], &line[MAX_LENGTH_LINE + 1..]]).unwrap_err();
+        assert!(error.0.contains("invalid multibulk length"), "{error}");
+        line.insert(1, b'1');
+        for split in 0..=line.len() {
+            let (head, tail) = line.split_at(split);
+            let error = parse_pieces(&[head, tail]).unwrap_err();
+            assert!(error.0.contains("too big multibulk count string"), "split at {split}: {error}");
+        }
     }
 
     #[test]
