@@ -472,9 +472,8 @@ impl Collector {
         if let Some(dedup) = &self.dedup {
             // References made from here on are reported by `take_lowest_target` (a replica added
             // after the reset and before `refresh_hosted` too); those made before are published
-            // once the loop's current turn ends, so the walk sees them.
+            // once the loop's current turn ends, which the census waits for before its walk.
             dedup.take_lowest_target();
-            link.barrier()?;
         }
         self.refresh_hosted();
         // In onelog mode a key gains a locator into a sealed segment when its entry is applied,
@@ -668,7 +667,8 @@ impl Collector {
         // A value appended before this point may sit in a segment sealed by now while its key is
         // not yet published (separated mode appends a batch's values, then indexes them in the
         // same turn; the append itself may seal the segment): the walk would miss the key and
-        // the segment would go with its value. Every such turn ends before the walk starts.
+        // the segment would go with its value. Every such turn ends before the walk starts (so
+        // do those that made deduplicated references before `pass` reset its lowest target).
         link.barrier()?;
         let mut live: BTreeMap<u64, u64> = segments.iter().map(|s| (s.base, 0)).collect();
         // The keys of the oldest segments' live values are kept, so collecting them reads only
