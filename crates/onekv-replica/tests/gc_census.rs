@@ -89,14 +89,15 @@ fn a_value_log_segment_sealed_before_its_values_are_indexed_keeps_them() {
         std::thread::sleep(Duration::from_millis(200));
     })
     .unwrap();
-    overwrite_and_check(StorageMode::Separated);
+    overwrite_and_check();
     assert!(sealed.load(Ordering::Relaxed) >= 3, "applies that sealed a segment were held");
 }
 
-fn overwrite_and_check(storage: StorageMode) {
+/// A separated node's value log filled with overwrites, every key checked after each round.
+fn overwrite_and_check() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = ReplicaConfig::new(1, vec![1], dir.path());
-    config.storage = storage;
+    config.storage = StorageMode::Separated;
     config.shards = vec![ShardConfig { id: 1, voters: vec![1], primary: None }];
     config.tick = Duration::from_millis(10);
     config.segment_bytes = ReplicaConfig::SEGMENT_BYTES_RANGE.0;
@@ -124,12 +125,12 @@ fn overwrite_and_check(storage: StorageMode) {
         for answer in answers {
             answer.recv_timeout(Duration::from_secs(30)).expect("an answer").expect("the write succeeds");
         }
-        check(&node, round, seq, &format!("{storage:?}, round {round}"));
+        check(&node, round, seq, &format!("round {round}"));
     }
     let reclaimed = node.statuses()[0].gc.segments_reclaimed;
     assert!(reclaimed >= 5, "the collector ran: {:?}", node.statuses()[0].gc);
     // The last collection may end after the last check.
     std::thread::sleep(Duration::from_millis(1000));
-    check(&node, ROUNDS, seq, &format!("{storage:?}, at the end"));
+    check(&node, ROUNDS, seq, "at the end");
     node.shutdown();
 }

@@ -103,7 +103,8 @@ fn followers_keep_runs_and_a_new_leader_levels_its_tree_while_serving() {
     check_reads(&cluster, &model);
 
     // Leadership moves to a follower whose tree holds as many flushed runs as make a leveled tree
-    // compact (its L0 threshold, 4, beside the merged run; written until it does): it levels the tree while it serves, and reads meanwhile are correct.
+    // compact (its L0 threshold, 4, beside the merged run; written until it does): it levels the
+    // tree while it serves, and reads meanwhile are correct.
     let successor = followers[0];
     let mut round = 10;
     let mut write_a_round = |cluster: &mut Cluster, model: &mut BTreeMap<String, Vec<u8>>| {

@@ -137,11 +137,8 @@ impl Scripts {
     /// SCRIPT KILL: asks the scripts past `busy-reply-threshold` to stop, those that make the node
     /// busy, or, when none is, every running script; `false` if none runs.
     fn kill(&self) -> bool {
-        let threshold = self.busy_threshold();
         let running = self.running();
-        let runaway = |run: &Run| {
-            !threshold.is_zero() && run.in_lua_since.is_some_and(|since| since.elapsed() >= threshold)
-        };
+        let runaway = |run: &Run| run.in_lua_since.is_some_and(|since| self.past_threshold(since));
         let any_runaway = running.values().any(runaway);
         for run in running.values().filter(|run| !any_runaway || runaway(run)) {
             run.kill.store(true, Ordering::Relaxed);
@@ -152,13 +149,16 @@ impl Scripts {
     /// Whether a script has been in Lua for `busy-reply-threshold` or longer: the node then answers
     /// `-BUSY` to most commands, as Redis does. One atomic load when no script is in Lua.
     pub(super) fn busy(&self) -> bool {
-        let oldest = self.oldest_in_lua.load(Ordering::Acquire);
-        let threshold = self.busy_threshold();
-        if oldest == 0 || threshold.is_zero() {
-            return false;
+        match self.oldest_in_lua.load(Ordering::Acquire) {
+            0 => false,
+            oldest => self.past_threshold(self.epoch + Duration::from_micros(oldest - 1)),
         }
-        let since = self.epoch + Duration::from_micros(oldest - 1);
-        since.elapsed() >= threshold
+    }
+
+    /// Whether a run in Lua since `since` is past `busy-reply-threshold` (never when it is 0).
+    fn past_threshold(&self, since: Instant) -> bool {
+        let threshold = self.busy_threshold();
+        !threshold.is_zero() && since.elapsed() >= threshold
     }
 
     /// Recomputes `oldest_in_lua` from `running` (the caller holds its lock and just changed it).
