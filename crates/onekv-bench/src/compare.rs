@@ -237,6 +237,9 @@ pub struct CompareConfig {
     /// How long each onekv cluster stays idle after its last phase before its disk use and
     /// amplification are taken (the log GC catches up meanwhile; its writes count).
     pub settle: Duration,
+    /// One-way delay added to every link of a onekv cluster, node to node and client to node
+    /// ([`crate::delay`]; `None`: none). etcd contenders run without it.
+    pub link_delay: Option<Duration>,
 }
 
 /// Why a comparison stopped.
@@ -420,6 +423,7 @@ async fn run_onekv(
             index.config(config.index_memtable_bytes),
             onekv_server::config::DedupConfig { mode: dedup, ..Default::default() },
         ),
+        config.link_delay,
     )
     .map_err(cluster_error)?;
     cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;

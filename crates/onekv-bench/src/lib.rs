@@ -5,7 +5,7 @@
 //! Owns: workload definitions (`generator`, `workload`), the system-under-test abstraction
 //! (`target`, with a onekv implementation, and `etcd`), running and reporting (`runner`),
 //! amplification figures (`amplification`), CPU time per operation (`cpu`), fresh local clusters of `onekv server` processes
-//! (`local_cluster`) and of `etcd` processes (`local_etcd`), and side-by-side comparisons of storage
+//! (`local_cluster`), optionally with every link delayed by a proxy (`delay`), and of `etcd` processes (`local_etcd`), and side-by-side comparisons of storage
 //! modes and etcd on them (`compare`). Does not own the command line (the `onekv bench` subcommand
 //! in the `onekv` binary) nor any store's internals: it talks to onekv only through `onekv-client`
 //! and to etcd only through its public gRPC API.
@@ -13,6 +13,7 @@
 pub mod amplification;
 pub mod compare;
 pub mod cpu;
+pub mod delay;
 pub mod etcd;
 pub mod generator;
 pub mod local_cluster;

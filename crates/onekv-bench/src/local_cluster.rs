@@ -19,6 +19,7 @@ use onekv_server::config::{MemberConfig, StorageMode};
 
 use crate::amplification::NodeProbe;
 use crate::compare::GcVariant;
+use crate::delay::{DelayedLinks, From};
 
 /// How long a node gets to exit after SIGINT before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,6 +61,9 @@ struct LocalNode {
 /// A running local cluster; dropping it stops every node and removes its directory.
 pub struct LocalCluster {
     nodes: Vec<LocalNode>,
+    /// The delaying proxies every link goes through, if asked for (after the nodes: closed once
+    /// they are stopped).
+    links: Option<DelayedLinks>,
     // Last, so it is removed after the nodes are stopped.
     dir: tempfile::TempDir,
 }
@@ -67,8 +71,10 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says; `[index]` and
     /// `[dedup]` as given), in a fresh directory under
-    /// `parent` (the system's temporary directory if `None`). Returns once they are spawned; see
-    /// [`LocalCluster::wait_for_leader`].
+    /// `parent` (the system's temporary directory if `None`), with every link between nodes and from
+    /// the client delayed by `link_delay` one way ([`crate::delay`]) if given. Returns once they are
+    /// spawned; see [`LocalCluster::wait_for_leader`].
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         exe: &Path,
         parent: Option<&Path>,
@@ -77,6 +83,7 @@ impl LocalCluster {
         shards: u32,
         gc: GcVariant,
         (index, dedup): (onekv_server::config::IndexConfig, onekv_server::config::DedupConfig),
+        link_delay: Option<Duration>,
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
         let mut builder = tempfile::Builder::new();
@@ -99,7 +106,15 @@ impl LocalCluster {
             members.push(MemberConfig { id, address: format!("127.0.0.1:{port}") });
         }
         drop(listeners);
-        let mut cluster = LocalCluster { nodes: Vec::new(), dir };
+        let links = match link_delay {
+            Some(delay) => {
+                let real: Vec<(u64, String)> =
+                    members.iter().map(|member| (member.id, member.address.clone())).collect();
+                Some(DelayedLinks::start(&real, delay).map_err(io_error("starting the delaying proxies"))?)
+            }
+            None => None,
+        };
+        let mut cluster = LocalCluster { nodes: Vec::new(), links, dir };
         // The nodes authenticate each other with one secret, as `onekv cluster start` sets up.
         let secret_path = cluster.dir.path().join("cluster.secret");
         onekv_server::PeerSecret::generate()
@@ -114,7 +129,17 @@ impl LocalCluster {
                 data_dir: node_dir.join("data"),
                 storage,
                 peer_secret_file: Some(secret_path.clone()),
-                members: members.clone(),
+                // Through the proxy of each link when links are delayed.
+                members: members
+                    .iter()
+                    .map(|other| match &cluster.links {
+                        Some(links) if other.id != member.id => MemberConfig {
+                            id: other.id,
+                            address: links.address(From::Node(member.id), other.id).to_owned(),
+                        },
+                        _ => other.clone(),
+                    })
+                    .collect(),
                 cluster: onekv_server::config::ClusterConfig { shards, ..Default::default() },
                 gc: match gc {
                     GcVariant::On => Default::default(),
@@ -154,9 +179,13 @@ impl LocalCluster {
                 .process_group(0)
                 .spawn()
                 .map_err(io_error(format!("starting {} server", exe.display())))?;
+            let endpoint = match &cluster.links {
+                Some(links) => links.address(From::Client, member.id).to_owned(),
+                None => member.address.clone(),
+            };
             cluster.nodes.push(LocalNode {
                 id: member.id,
-                endpoint: member.address.clone(),
+                endpoint,
                 data_dir: config.data_dir.clone(),
                 log_path,
                 child: Some(child),

@@ -16,14 +16,17 @@ use std::time::{Duration, Instant};
 
 use onekv_placement::ClusterMap;
 use onekv_proto::kv_client::KvClient;
+use onekv_proto::multi_call::Call;
+use onekv_proto::multi_result::Result as Answer;
 use onekv_proto::{
     BatchOp, BatchRequest, CasRequest, ChangeMembersRequest, Consistency, DeleteRangeRequest, DeleteRequest,
-    GetRequest, Member, MembersResponse, PutRequest, ReplicaRequest, RequestId, ScanRequest, ScanResponse,
-    SetMembersRequest, SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest,
-    TxnCondition, TxnRequest,
+    GetRequest, GetResponse, Member, MembersResponse, MultiCall, PutRequest, ReplicaRequest, RequestId,
+    ScanRequest, ScanResponse, SetMembersRequest, SetMembersResponse, StatusRequest, StatusResponse,
+    TransferLeaderRequest, TxnCondition, TxnRequest, WriteResponse,
 };
 use tonic::Status;
 
+use crate::coalesce::{Coalescer, Submitted};
 use crate::error::{ClientError, Result};
 use crate::retry::{Failure, backoff_delay, classify, timed_out};
 use crate::routing::{ChannelSettings, Conn, Routing, normalize};
@@ -62,6 +65,11 @@ pub struct ClientOptions {
     /// shard's members, adding or removing a replica, changing the member list). Nodes refuse
     /// those calls without it (UNAUTHENTICATED); every other call ignores it. Default `None`.
     pub cluster_secret: Option<ClusterSecret>,
+    /// Most `Multi` calls in flight to one node at once. Get, Put and Delete calls that wait for a
+    /// node while this many are in flight go to it together in the next one, each still its own
+    /// call (`coalesce`): under many concurrent callers that divides the per-call cost of gRPC
+    /// on both sides, and a lone call is sent at once. 0 sends every call on its own. Default 4.
+    pub calls_in_flight_per_node: usize,
 }
 
 /// The cluster secret (the hex text of a node's `peer_secret_file`) as a client sends it, in
@@ -97,6 +105,7 @@ impl Default for ClientOptions {
             max_backoff: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(2),
             cluster_secret: None,
+            calls_in_flight_per_node: 4,
         }
     }
 }
@@ -202,6 +211,9 @@ struct Inner {
     client_id: u64,
     /// The last `seq` handed out; 0 means "no id" on the wire, so ids start at 1.
     last_seq: AtomicU64,
+    /// Sends waiting Get, Put and Delete calls to a node together; `None` when
+    /// `calls_in_flight_per_node` is 0.
+    coalescer: Option<Coalescer>,
 }
 
 /// The map of a cluster that says nothing of shards (an older server): one shard, held by every
@@ -259,9 +271,11 @@ impl Client {
                 routing: Routing::new(normalized.clone(), settings),
                 placement: Mutex::new(None),
                 endpoints: normalized,
-                options,
                 client_id: rand::random::<u64>().max(1),
                 last_seq: AtomicU64::new(0),
+                coalescer: (options.calls_in_flight_per_node > 0)
+                    .then(|| Coalescer::new(options.calls_in_flight_per_node, options.request_timeout)),
+                options,
             }),
         })
     }
@@ -323,7 +337,7 @@ impl Client {
         let status = match answered {
             Some(status) => status,
             None => {
-                self.call(Route::AnyNode, StatusRequest {}, |mut kv, r| async move { kv.status(r).await })
+                self.call(Route::AnyNode, StatusRequest {}, |_, mut kv, r| async move { kv.status(r).await })
                     .await?
             }
         };
@@ -370,7 +384,7 @@ impl Client {
     pub async fn get_with_expiry(&self, key: &[u8]) -> Result<Option<(Vec<u8>, Option<u64>)>> {
         let route = self.route_of(key).await?;
         let request = GetRequest { key: key.to_vec(), consistency: Consistency::Linearizable.into() };
-        let response = self.call(route, request, |mut kv, r| async move { kv.get(r).await }).await?;
+        let response = self.call(route, request, |at, kv, r| self.get_at(at, kv, r)).await?;
         Ok(found_with_expiry(response))
     }
 
@@ -388,7 +402,7 @@ impl Client {
     ) -> Result<Option<(Vec<u8>, Option<u64>)>> {
         let request = GetRequest { key: key.to_vec(), consistency: Consistency::Stale.into() };
         let route = endpoint.map_or(Route::AnyNode, Route::Exactly);
-        let response = self.call(route, request, |mut kv, r| async move { kv.get(r).await }).await?;
+        let response = self.call(route, request, |at, kv, r| self.get_at(at, kv, r)).await?;
         Ok(found_with_expiry(response))
     }
 
@@ -406,7 +420,8 @@ impl Client {
             request_id: Some(self.next_id()),
             expiry: expiry.to_proto(),
         };
-        let response = self.call(route, request, |mut kv, r| async move { kv.put(r).await }).await?;
+        let response =
+            self.call(route, request, |at, kv, r| self.write_at(at, kv, Call::Put(r.into_inner()))).await?;
         Ok(response.index)
     }
 
@@ -414,7 +429,9 @@ impl Client {
     pub async fn delete(&self, key: &[u8]) -> Result<u64> {
         let route = self.route_of(key).await?;
         let request = DeleteRequest { key: key.to_vec(), request_id: Some(self.next_id()) };
-        let response = self.call(route, request, |mut kv, r| async move { kv.delete(r).await }).await?;
+        let response = self
+            .call(route, request, |at, kv, r| self.write_at(at, kv, Call::Delete(r.into_inner())))
+            .await?;
         Ok(response.index)
     }
 
@@ -467,7 +484,7 @@ impl Client {
         let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value, expiry: None }).collect();
         let request = BatchRequest { ops, request_id: Some(self.next_id()) };
         let response =
-            self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.batch(r).await }).await?;
+            self.call(Route::Leader(shard), request, |_, mut kv, r| async move { kv.batch(r).await }).await?;
         Ok(response.index)
     }
 
@@ -494,7 +511,7 @@ impl Client {
             request_id: Some(self.next_id()),
             new_expiry: new_expiry.to_proto(),
         };
-        let response = self.call(route, request, |mut kv, r| async move { kv.cas(r).await }).await?;
+        let response = self.call(route, request, |_, mut kv, r| async move { kv.cas(r).await }).await?;
         Ok(CasResult {
             swapped: response.swapped,
             current: response.found.then_some(response.current),
@@ -552,7 +569,7 @@ impl Client {
                 .collect(),
             request_id: Some(self.next_id()),
         };
-        let response = self.call(route, request, |mut kv, r| async move { kv.txn(r).await }).await?;
+        let response = self.call(route, request, |_, mut kv, r| async move { kv.txn(r).await }).await?;
         Ok(TxnResult { applied: response.applied, index: response.index })
     }
 
@@ -610,14 +627,18 @@ impl Client {
             shard: if shards == 1 { 0 } else { 1 },
         };
         if shards == 1 {
-            return self.call(Route::Leader(1), request, |mut kv, r| async move { kv.scan(r).await }).await;
+            return self
+                .call(Route::Leader(1), request, |_, mut kv, r| async move { kv.scan(r).await })
+                .await;
         }
         let mut tasks = tokio::task::JoinSet::new();
         for shard in 1..=u64::from(shards) {
             let client = self.clone();
             let request = ScanRequest { shard, ..request.clone() };
             tasks.spawn(async move {
-                client.call(Route::Leader(shard), request, |mut kv, r| async move { kv.scan(r).await }).await
+                client
+                    .call(Route::Leader(shard), request, |_, mut kv, r| async move { kv.scan(r).await })
+                    .await
             });
         }
         let mut pages = Vec::with_capacity(shards as usize);
@@ -665,7 +686,7 @@ impl Client {
                 loop {
                     request.request_id = Some(client.next_id());
                     let page = client
-                        .call(Route::Leader(shard), request.clone(), |mut kv, r| async move {
+                        .call(Route::Leader(shard), request.clone(), |_, mut kv, r| async move {
                             kv.delete_range(r).await
                         })
                         .await?;
@@ -698,7 +719,7 @@ impl Client {
     /// ([`ClientOptions::cluster_secret`]), as every call that changes where data lives does.
     pub async fn transfer_leadership(&self, shard: u64, to: u64) -> Result<()> {
         let request = TransferLeaderRequest { shard, to };
-        self.call(Route::Leader(shard), request, |mut kv, r| async move {
+        self.call(Route::Leader(shard), request, |_, mut kv, r| async move {
             kv.transfer_leader(self.with_secret(r)).await
         })
         .await?;
@@ -717,7 +738,7 @@ impl Client {
         remove: Vec<u64>,
     ) -> Result<MembersResponse> {
         let request = ChangeMembersRequest { shard, add_learners, promote, remove };
-        self.call(Route::Leader(shard), request, |mut kv, r| async move {
+        self.call(Route::Leader(shard), request, |_, mut kv, r| async move {
             kv.change_members(self.with_secret(r)).await
         })
         .await
@@ -727,7 +748,7 @@ impl Client {
     /// a quorum (see `Kv.Members`).
     pub async fn members(&self, shard: u64) -> Result<MembersResponse> {
         let request = ReplicaRequest { shard };
-        self.call(Route::Leader(shard), request, |mut kv, r| async move { kv.members(r).await }).await
+        self.call(Route::Leader(shard), request, |_, mut kv, r| async move { kv.members(r).await }).await
     }
 
     /// Creates a replica of `shard` on the node at `endpoint` (nothing if it has one), empty and
@@ -736,7 +757,7 @@ impl Client {
     pub async fn add_replica(&self, endpoint: &str, shard: u64) -> Result<Vec<u64>> {
         let request = ReplicaRequest { shard };
         let response = self
-            .call(Route::Exactly(endpoint), request, |mut kv, r| async move {
+            .call(Route::Exactly(endpoint), request, |_, mut kv, r| async move {
                 kv.add_replica(self.with_secret(r)).await
             })
             .await?;
@@ -749,7 +770,7 @@ impl Client {
     pub async fn remove_replica(&self, endpoint: &str, shard: u64) -> Result<Vec<u64>> {
         let request = ReplicaRequest { shard };
         let response = self
-            .call(Route::Exactly(endpoint), request, |mut kv, r| async move {
+            .call(Route::Exactly(endpoint), request, |_, mut kv, r| async move {
                 kv.remove_replica(self.with_secret(r)).await
             })
             .await?;
@@ -766,7 +787,8 @@ impl Client {
     pub async fn set_members(&self, expected_epoch: u64, members: Vec<Member>) -> Result<SetMembersResponse> {
         let route = self.route_of(onekv_placement::MEMBERS_KEY).await?;
         let request = SetMembersRequest { expected_epoch, members, request_id: Some(self.next_id()) };
-        self.call(route, request, |mut kv, r| async move { kv.set_members(self.with_secret(r)).await }).await
+        self.call(route, request, |_, mut kv, r| async move { kv.set_members(self.with_secret(r)).await })
+            .await
     }
 
     /// `request` with the cluster secret in its metadata, if the client has one.
@@ -779,8 +801,12 @@ impl Client {
 
     /// The status of the node at `endpoint`: one attempt, no retry, no redirect.
     pub async fn status(&self, endpoint: &str) -> Result<StatusResponse> {
-        self.call(Route::Exactly(endpoint), StatusRequest {}, |mut kv, r| async move { kv.status(r).await })
-            .await
+        self.call(
+            Route::Exactly(endpoint),
+            StatusRequest {},
+            |_, mut kv, r| async move { kv.status(r).await },
+        )
+        .await
     }
 
     /// The status of every endpoint the client knows (the configured ones, then any leader learnt
@@ -821,13 +847,72 @@ impl Client {
         }
     }
 
+    /// One attempt of a Get at `endpoint`, coalesced with the other calls waiting for that node.
+    fn get_at<'c>(
+        &'c self,
+        endpoint: &str,
+        kv: KvClient<Conn>,
+        request: tonic::Request<GetRequest>,
+    ) -> impl Future<Output = std::result::Result<tonic::Response<GetResponse>, Status>> + use<'c> {
+        let endpoint = endpoint.to_owned();
+        async move {
+            match self.coalesced(&endpoint, kv, Call::Get(request.into_inner())).await? {
+                Answer::Get(found) => Ok(tonic::Response::new(found)),
+                _ => Err(Status::internal("the node answered a Get with another call's result")),
+            }
+        }
+    }
+
+    /// One attempt of a Put or a Delete at `endpoint`, coalesced with the other calls waiting for
+    /// that node.
+    fn write_at<'c>(
+        &'c self,
+        endpoint: &str,
+        kv: KvClient<Conn>,
+        call: Call,
+    ) -> impl Future<Output = std::result::Result<tonic::Response<WriteResponse>, Status>> + use<'c> {
+        let endpoint = endpoint.to_owned();
+        async move {
+            match self.coalesced(&endpoint, kv, call).await? {
+                Answer::Write(written) => Ok(tonic::Response::new(written)),
+                _ => Err(Status::internal("the node answered a write with another call's result")),
+            }
+        }
+    }
+
+    /// Sends `call` to `endpoint` in a `Multi` with whatever else waits for that node, or alone
+    /// when coalescing is off, the node predates `Multi`, or it is served in this process (no
+    /// per-call network cost to save; coalescing would only make calls wait for each other).
+    async fn coalesced(
+        &self,
+        endpoint: &str,
+        mut kv: KvClient<Conn>,
+        call: Call,
+    ) -> std::result::Result<Answer, Status> {
+        let call = match &self.inner.coalescer {
+            Some(coalescer) if !self.inner.routing.is_local(endpoint) => {
+                match coalescer.submit(endpoint, kv.clone(), MultiCall { call: Some(call) }).await {
+                    Submitted::Answered(answer) => return answer,
+                    Submitted::Unsupported(MultiCall { call: Some(call) }) => call,
+                    Submitted::Unsupported(MultiCall { call: None }) => unreachable!("submitted with a call"),
+                }
+            }
+            _ => call,
+        };
+        match call {
+            Call::Get(get) => Ok(Answer::Get(kv.get(get).await?.into_inner())),
+            Call::Put(put) => Ok(Answer::Write(kv.put(put).await?.into_inner())),
+            Call::Delete(delete) => Ok(Answer::Write(kv.delete(delete).await?.into_inner())),
+        }
+    }
+
     /// Runs `rpc` with `request` along `route` until it succeeds, fails in a way retrying cannot
     /// fix, the retry budget is spent or `max_attempts` attempts were made. Every attempt sends the
     /// same `request`, so a write keeps its request id across all of them.
     async fn call<Req, Resp, Rpc, Fut>(&self, route: Route<'_>, request: Req, rpc: Rpc) -> Result<Resp>
     where
         Req: Clone,
-        Rpc: Fn(KvClient<Conn>, tonic::Request<Req>) -> Fut,
+        Rpc: Fn(&str, KvClient<Conn>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         let routing = &self.inner.routing;
@@ -954,13 +1039,13 @@ impl Client {
     ) -> std::result::Result<Resp, Failure>
     where
         Req: Clone,
-        Rpc: Fn(KvClient<Conn>, tonic::Request<Req>) -> Fut,
+        Rpc: Fn(&str, KvClient<Conn>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         let channel = self.inner.routing.channel(endpoint).map_err(Failure::Fatal)?;
         let kv = KvClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
         let routing = &self.inner.routing;
-        match tokio::time::timeout(timeout, rpc(kv, tonic::Request::new(request.clone()))).await {
+        match tokio::time::timeout(timeout, rpc(endpoint, kv, tonic::Request::new(request.clone()))).await {
             Ok(Ok(response)) => {
                 routing.mark_reachable(endpoint);
                 Ok(response.into_inner())

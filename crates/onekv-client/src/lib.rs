@@ -3,12 +3,14 @@
 //! (`ClientOptions::retry_budget`), giving every write a request id that its retries reuse so the
 //! server applies it at most once. A node that answers UNAVAILABLE (no leader known, shutting
 //! down, or failed) is forgotten as leader and another one is asked; a node that refused a
-//! connection is, for a short while, not trusted as the target of a redirect.
+//! connection is, for a short while, not trusted as the target of a redirect. Get, Put and Delete
+//! calls that wait for the same node at the same time travel to it in one `Multi` call, each still
+//! its own call ([`coalesce`]).
 //!
 //! Owns: talking to a cluster over the `Kv` gRPC service (`onekv-proto`): connections, leader
-//! discovery, retries, request ids. Does not own: anything about server internals (it knows only
-//! the wire protocol), sharding or the fast path (a single Raft group for now), or the command line
-//! (that is the `onekv` binary).
+//! discovery, retries, request ids, coalescing. Does not own: anything about server internals (it
+//! knows only the wire protocol and the cluster map), the placement rules (`onekv-placement`), the
+//! fast path (not built yet: `docs/design/fast-path.md`), or the command line (the `onekv` binary).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), onekv_client::ClientError> {
@@ -21,6 +23,7 @@
 //! ```
 
 mod client;
+pub mod coalesce;
 mod error;
 mod retry;
 mod routing;

@@ -208,6 +208,11 @@ impl Routing {
         self.lock().local = Some((endpoint, service));
     }
 
+    /// Whether calls to `endpoint` (normalized) are served in this process.
+    pub(crate) fn is_local(&self, endpoint: &str) -> bool {
+        self.lock().local.as_ref().is_some_and(|(local, _)| local == endpoint)
+    }
+
     /// The way to `endpoint` (normalized): the local service if it is the one served in this
     /// process, else its channel, created on first use. Creating a channel does not connect: tonic
     /// connects on the first request and reconnects after a failure.

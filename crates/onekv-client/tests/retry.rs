@@ -9,12 +9,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use onekv_client::coalesce::answer_alone;
 use onekv_client::{Client, ClientError, ClientOptions};
 use onekv_proto::kv_server::{Kv, KvServer};
 use onekv_proto::{
-    BatchRequest, CasRequest, CasResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, PutRequest,
-    RequestId, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnRequest, TxnResponse,
-    WriteResponse,
+    BatchRequest, CasRequest, CasResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, MultiRequest,
+    MultiResult, PutRequest, RequestId, ScanRequest, ScanResponse, StatusRequest, StatusResponse, TxnRequest,
+    TxnResponse, WriteResponse,
 };
 use tonic::metadata::MetadataValue;
 use tonic::transport::Server;
@@ -47,6 +48,12 @@ struct Fake {
     scan_value: Mutex<Vec<u8>>,
     /// Status calls (not scripted, not in `calls`).
     status_calls: Mutex<u32>,
+    /// `Multi` calls, and the most calls one carried.
+    multi_calls: Mutex<(u32, usize)>,
+    /// Answers `Multi` UNIMPLEMENTED, as a node of an older release.
+    no_multi: bool,
+    /// How long each `Multi` takes before it is answered.
+    multi_delay: Duration,
 }
 
 impl Fake {
@@ -90,6 +97,27 @@ impl Fake {
 
 #[tonic::async_trait]
 impl Kv for Fake {
+    /// Each call as if it came alone, one after the other (their scripted steps in order).
+    type MultiStream = futures_util::stream::BoxStream<'static, Result<MultiResult, Status>>;
+
+    async fn multi(&self, request: Request<MultiRequest>) -> Result<Response<Self::MultiStream>, Status> {
+        if self.no_multi {
+            return Err(Status::unimplemented("unknown method Multi"));
+        }
+        let calls = request.into_inner().calls;
+        {
+            let mut seen = self.multi_calls.lock().unwrap();
+            seen.0 += 1;
+            seen.1 = seen.1.max(calls.len());
+        }
+        tokio::time::sleep(self.multi_delay).await;
+        let mut results = Vec::new();
+        for (at, call) in (0u32..).zip(calls) {
+            results.push(Ok(answer_alone(self, at, call).await));
+        }
+        Ok(Response::new(Box::pin(futures_util::stream::iter(results))))
+    }
+
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let request = request.into_inner();
         self.seen_consistency.lock().unwrap().push(request.consistency);
@@ -271,6 +299,7 @@ fn fast_options() -> ClientOptions {
         max_backoff: Duration::from_millis(20),
         connect_timeout: Duration::from_secs(1),
         cluster_secret: None,
+        ..ClientOptions::default()
     }
 }
 
@@ -585,6 +614,74 @@ async fn one_client_serves_many_tasks_with_distinct_request_ids() {
         let mut seqs: Vec<u64> = node.ids().iter().map(|id| id.unwrap().seq).collect();
         seqs.sort_unstable();
         assert_eq!(seqs, (1..=16).collect::<Vec<u64>>());
+    })
+    .await;
+}
+
+/// Calls that wait for a node while others are in flight go to it together, each keeping its own
+/// request id and answer; with coalescing off, or against a node that does not know `Multi`, each
+/// goes alone and still succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_to_one_node_travel_together_each_with_its_own_answer() {
+    bounded(async {
+        async fn run(client: &Client) {
+            let mut tasks = tokio::task::JoinSet::new();
+            for task in 0..64u8 {
+                let client = client.clone();
+                tasks.spawn(async move {
+                    match task % 3 {
+                        0 => assert_eq!(client.put(&[task], b"v").await.unwrap(), 42),
+                        1 => assert_eq!(client.delete(&[task]).await.unwrap(), 43),
+                        _ => assert_eq!(client.get(b"missing").await.unwrap(), None),
+                    }
+                });
+            }
+            while let Some(result) = tasks.join_next().await {
+                result.unwrap();
+            }
+        }
+        let writes = 64 - 64 / 3;
+        let slow = Duration::from_millis(30);
+
+        let node = Arc::new(Fake { node_id: 1, multi_delay: slow, ..Fake::default() });
+        let address = serve(&node).await;
+        run(&client(&[&address], fast_options())).await;
+        let (multis, largest) = *node.multi_calls.lock().unwrap();
+        assert!(multis <= 20 && largest >= 4, "{multis} Multi calls, the largest of {largest}");
+        assert_eq!(node.calls(), 64);
+        let mut seqs: Vec<u64> = node.ids().iter().flatten().map(|id| id.seq).collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(seqs.len(), writes, "every write keeps its own request id");
+
+        let alone = Fake::new(2, vec![]);
+        let address = serve(&alone).await;
+        run(&client(&[&address], ClientOptions { calls_in_flight_per_node: 0, ..fast_options() })).await;
+        assert_eq!(alone.multi_calls.lock().unwrap().0, 0);
+        assert_eq!(alone.calls(), 64);
+
+        let older = Arc::new(Fake { node_id: 3, no_multi: true, ..Fake::default() });
+        let address = serve(&older).await;
+        run(&client(&[&address], fast_options())).await;
+        assert_eq!(older.calls(), 64, "every call answered by a node without Multi");
+    })
+    .await;
+}
+
+/// A call's error inside a `Multi` is that call's alone, and means what it would on its own: a
+/// not-leader answer redirects it, keeping its request id.
+#[tokio::test]
+async fn an_error_inside_a_multi_redirects_that_call_alone() {
+    bounded(async {
+        let leader = Fake::new(2, vec![]);
+        let leader_address = serve(&leader).await;
+        let follower = Fake::new(1, vec![Step::NotLeader(Some(leader_address.clone()))]);
+        let follower_address = serve(&follower).await;
+        let client = client(&[&follower_address], fast_options());
+        assert_eq!(client.put(b"k", b"v").await.unwrap(), 42);
+        assert_eq!(follower.multi_calls.lock().unwrap().0, 1);
+        assert_eq!(leader.multi_calls.lock().unwrap().0, 1);
+        assert_eq!(follower.ids(), leader.ids());
     })
     .await;
 }

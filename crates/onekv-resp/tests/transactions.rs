@@ -42,6 +42,20 @@ struct Store {
 
 #[tonic::async_trait]
 impl Kv for Store {
+    /// Each call as if it came alone, one after the other.
+    type MultiStream = futures_util::stream::BoxStream<'static, Result<onekv_proto::MultiResult, Status>>;
+
+    async fn multi(
+        &self,
+        request: Request<onekv_proto::MultiRequest>,
+    ) -> Result<Response<Self::MultiStream>, Status> {
+        let mut results = Vec::new();
+        for (at, call) in (0u32..).zip(request.into_inner().calls) {
+            results.push(Ok(onekv_client::coalesce::answer_alone(self, at, call).await));
+        }
+        Ok(Response::new(Box::pin(futures_util::stream::iter(results))))
+    }
+
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let value = self.data.lock().unwrap().get(&request.into_inner().key).cloned();
         Ok(Response::new(GetResponse {

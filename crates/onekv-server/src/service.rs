@@ -11,13 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use onekv_client::coalesce::MAX_MULTI_CALLS;
 use onekv_placement::{ClusterMap, Member as ListedMember, MemberList};
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, Consistency, DeleteRangeRequest,
     DeleteRangeResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, Member, MembersResponse,
-    PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest, ScanResponse, SetMembersRequest,
-    SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest, TransferLeaderResponse,
-    TxnRequest, TxnResponse, WriteResponse,
+    MultiRequest, MultiResult, PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest, ScanResponse,
+    SetMembersRequest, SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest,
+    TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
 use onekv_replica::{
@@ -370,6 +371,23 @@ impl<B: Backend> KvService<B> {
     }
 }
 
+// By hand: a derive would ask `B: Clone`, and only the `Arc` is cloned.
+impl<B> Clone for KvService<B> {
+    fn clone(&self) -> Self {
+        KvService {
+            backend: Arc::clone(&self.backend),
+            map: Arc::clone(&self.map),
+            node_id: self.node_id,
+            members: Arc::clone(&self.members),
+            limits: self.limits.clone(),
+            request_timeout: self.request_timeout,
+            drain: self.drain.clone(),
+            max_concurrent: self.max_concurrent,
+            secret: self.secret.clone(),
+        }
+    }
+}
+
 /// `server` (a clone of the one served over gRPC, [`KvService::into_server`]) for calls made in
 /// this process ([`onekv_client::Client::serve_locally`]): the same service, sharing its admission
 /// (one `limits.max_concurrent_requests` for both), without a connection.
@@ -604,6 +622,41 @@ impl<B: Backend> Kv for KvService<B> {
             Ok(Response::new(WriteResponse { index: outcome.index }))
         })
         .await
+    }
+
+    type MultiStream = futures_util::stream::BoxStream<'static, Result<MultiResult, Status>>;
+
+    async fn multi(&self, request: Request<MultiRequest>) -> Result<Response<Self::MultiStream>, Status> {
+        use futures_util::StreamExt as _;
+        let started = Instant::now();
+        let calls = request.into_inner().calls;
+        if calls.len() > MAX_MULTI_CALLS {
+            return Err(Status::invalid_argument(format!(
+                "a Multi of {} calls; at most {MAX_MULTI_CALLS}",
+                calls.len()
+            )));
+        }
+        // Each call as if it came alone (its own checks, metrics and drain admission), all at
+        // once, each answered as soon as it is done.
+        let service = Arc::new(self.clone());
+        let answers: futures_util::stream::FuturesUnordered<_> = (0u32..)
+            .zip(calls)
+            .map(|(at, call)| {
+                let service = Arc::clone(&service);
+                async move { onekv_client::coalesce::answer_alone(&*service, at, call).await }
+            })
+            .collect();
+        let mut left = answers.len();
+        let answers = answers.map(move |answer| {
+            left -= 1;
+            if left == 0 {
+                // Counted as a request of its own ("multi") besides each of its calls (under
+                // their ops): the two counts say how much clients coalesce.
+                crate::metrics::record_request(PROTOCOL, "multi", true, started.elapsed());
+            }
+            Ok(answer)
+        });
+        Ok(Response::new(answers.boxed()))
     }
 
     async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<WriteResponse>, Status> {

@@ -494,6 +494,78 @@ async fn onekvs_own_keys_are_read_only_and_left_out_of_scans() {
     assert_eq!((keys, response.more), (vec![b"a".to_vec()], true));
 }
 
+/// A `Multi` answers each call as that call alone would have been answered (its limits, its
+/// not-leader metadata), each as soon as it is done: a call that never commits holds back no other.
+#[tokio::test]
+async fn a_multi_answers_each_call_as_if_alone_and_as_soon_as_it_is_done() {
+    use onekv_client::coalesce::MAX_MULTI_CALLS;
+    use onekv_proto::multi_call::Call;
+    use onekv_proto::multi_result::Result as Reply;
+    use onekv_proto::{MultiCall, MultiRequest, MultiResult};
+
+    async fn answers(service: &KvService<FakeBackend>, calls: &[Call], wanted: usize) -> Vec<MultiResult> {
+        let calls = calls.iter().map(|call| MultiCall { call: Some(call.clone()) }).collect();
+        let mut stream = service.multi(Request::new(MultiRequest { calls })).await.unwrap().into_inner();
+        let mut answers = Vec::new();
+        while answers.len() < wanted {
+            answers.push(futures_util::StreamExt::next(&mut stream).await.unwrap().unwrap());
+        }
+        answers
+    }
+
+    let (backend, service) = service();
+    backend.data.lock().unwrap().insert(b"g".to_vec(), b"found".to_vec());
+    let calls = vec![
+        Call::Put(put(b"k", b"v").into_inner()),
+        Call::Put(put(b"k", &[0; 21]).into_inner()),
+        Call::Delete(DeleteRequest { key: b"d".to_vec(), request_id: id(5, 8) }),
+        Call::Get(GetRequest { key: b"g".to_vec(), consistency: 0 }),
+        Call::Get(GetRequest { key: b"zz".to_vec(), consistency: 0 }),
+    ];
+    let mut results = answers(&service, &calls, 5).await;
+    results.sort_by_key(|result| result.call);
+    let results: Vec<Reply> = results.into_iter().map(|result| result.result.unwrap()).collect();
+    assert!(matches!(&results[0], Reply::Write(w) if w.index == 7));
+    assert!(
+        matches!(&results[1], Reply::Error(e) if e.code == Code::InvalidArgument as i32 && e.message.contains("max_value_bytes")),
+        "{:?}",
+        results[1]
+    );
+    assert!(matches!(&results[2], Reply::Write(_)));
+    assert!(matches!(&results[3], Reply::Get(g) if g.found && g.value == b"found"));
+    assert!(matches!(&results[4], Reply::Get(g) if !g.found));
+    assert_eq!(backend.proposed.lock().unwrap().len(), 2, "the put over the limit never reached the replica");
+
+    // A not-leader answer carries the leader, as its own call's metadata would.
+    *backend.propose_answer.lock().unwrap() = Answer::Now(Err(ReplicaError::NotLeader { leader: Some(3) }));
+    match answers(&service, &calls[..1], 1).await[0].result.clone().unwrap() {
+        Reply::Error(e) => {
+            assert_eq!(
+                (e.code, e.leader_id, e.leader_addr.as_str()),
+                (Code::FailedPrecondition as i32, 3, "127.0.0.1:7003")
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A put that never commits: the get after it is answered anyway.
+    *backend.propose_answer.lock().unwrap() = Answer::Hold;
+    let first = tokio::time::timeout(
+        Duration::from_secs(1),
+        answers(&service, &[calls[0].clone(), calls[3].clone()], 1),
+    )
+    .await
+    .expect("the get is answered while the put waits");
+    assert_eq!(first[0].call, 1);
+
+    let too_many = vec![calls[3].clone(); MAX_MULTI_CALLS + 1];
+    let too_many = too_many.into_iter().map(|call| MultiCall { call: Some(call) }).collect();
+    assert_invalid(
+        service.multi(Request::new(MultiRequest { calls: too_many })).await.map(|_| ()),
+        "at most 256",
+    );
+}
+
 #[tokio::test]
 async fn not_leader_names_the_leader_in_metadata() {
     let (backend, service) = service();

@@ -159,6 +159,11 @@ pub struct CompareArgs {
     /// steady state rather than the moment the writes stop. Its writes count.
     #[arg(long, default_value_t = 0)]
     settle_secs: u64,
+    /// One-way delay in microseconds added to every link of each onekv cluster, node to node and
+    /// this client to each node, by a proxy per link in this process (a network's round trips on
+    /// one machine; etcd contenders run without it) [default: none].
+    #[arg(long, value_name = "MICROSECONDS")]
+    link_delay_us: Option<u64>,
 }
 
 /// Runs one bench subcommand. SIGINT or SIGTERM abandons it: dropping its future stops the local
@@ -278,6 +283,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         sample_disk: (args.sample_disk_ms > 0).then(|| Duration::from_millis(args.sample_disk_ms)),
         index_memtable_bytes: args.index_memtable_kib.map(|kib| kib << 10),
         settle: Duration::from_secs(args.settle_secs),
+        link_delay: args.link_delay_us.map(Duration::from_micros),
     };
     let report = compare(&config, |run| {
         eprintln!("{} round {}:", run.mode, run.round);

@@ -33,6 +33,7 @@ pub fn workload_client_options() -> ClientOptions {
         max_backoff: Duration::from_millis(300),
         connect_timeout: Duration::from_millis(500),
         cluster_secret: None,
+        ..ClientOptions::default()
     }
 }
 
