@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 /// Bytes read at once by a forwarding thread.
 const READ_BYTES: usize = 64 << 10;
 
-/// Bytes a direction holds in flight before its reader waits (the writer's queue is bounded in
-/// reads of at most [`READ_BYTES`]).
+/// Reads (of at most [`READ_BYTES`] each) a direction holds in flight before its reader waits.
 const QUEUED_READS: usize = 256;
 
 /// Where a link's traffic comes from.
@@ -37,34 +36,40 @@ pub enum From {
 pub struct DelayedLinks {
     addresses: HashMap<(From, u64), String>,
     stopping: Arc<AtomicBool>,
-    /// Every accepted and dialled socket, to shut down on drop (which ends their threads).
-    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    /// The open connections' two sockets, to shut down on drop (which ends their threads); a
+    /// connection leaves once both its directions have ended.
+    sockets: Sockets,
 }
+
+type Sockets = Arc<Mutex<HashMap<u64, [TcpStream; 2]>>>;
 
 impl DelayedLinks {
     /// Starts a proxy for every link to each of `nodes` (id, real address): from every other node
     /// and from the client, each adding `delay` one way in both directions.
     pub fn start(nodes: &[(u64, String)], delay: Duration) -> std::io::Result<DelayedLinks> {
-        let stopping = Arc::new(AtomicBool::new(false));
-        let sockets = Arc::new(Mutex::new(Vec::new()));
-        let mut addresses = HashMap::new();
+        // Built first, so that a failure part-way stops the proxies already started (drop).
+        let mut links = DelayedLinks {
+            addresses: HashMap::new(),
+            stopping: Arc::new(AtomicBool::new(false)),
+            sockets: Arc::new(Mutex::new(HashMap::new())),
+        };
         for (to, target) in nodes {
             let froms = nodes.iter().filter(|(id, _)| id != to).map(|(id, _)| From::Node(*id));
             for from in froms.chain([From::Client]) {
                 let listener = TcpListener::bind("127.0.0.1:0")?;
-                addresses.insert((from, *to), listener.local_addr()?.to_string());
+                links.addresses.insert((from, *to), listener.local_addr()?.to_string());
                 let link = Link {
                     target: target.clone(),
                     delay,
-                    stopping: Arc::clone(&stopping),
-                    sockets: Arc::clone(&sockets),
+                    stopping: Arc::clone(&links.stopping),
+                    sockets: Arc::clone(&links.sockets),
                 };
                 std::thread::Builder::new()
                     .name("bench-delay-accept".into())
                     .spawn(move || link.accept(listener))?;
             }
         }
-        Ok(DelayedLinks { addresses, stopping, sockets })
+        Ok(links)
     }
 
     /// The address `from` reaches node `to` at.
@@ -80,8 +85,10 @@ impl Drop for DelayedLinks {
         for address in self.addresses.values() {
             let _ = TcpStream::connect(address);
         }
-        for socket in self.sockets.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            let _ = socket.shutdown(Shutdown::Both);
+        for sockets in self.sockets.lock().unwrap_or_else(|e| e.into_inner()).drain().map(|(_, both)| both) {
+            for socket in sockets {
+                let _ = socket.shutdown(Shutdown::Both);
+            }
         }
     }
 }
@@ -90,8 +97,11 @@ struct Link {
     target: String,
     delay: Duration,
     stopping: Arc<AtomicBool>,
-    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    sockets: Sockets,
 }
+
+/// Numbers the proxied connections of every link (the keys of [`Sockets`]).
+static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Link {
     fn accept(self, listener: TcpListener) {
@@ -109,19 +119,33 @@ impl Link {
     fn forward(&self, a: TcpStream, b: TcpStream) -> std::io::Result<()> {
         a.set_nodelay(true)?;
         b.set_nodelay(true)?;
-        {
-            let mut sockets = self.sockets.lock().unwrap_or_else(|e| e.into_inner());
-            sockets.push(a.try_clone()?);
-            sockets.push(b.try_clone()?);
-        }
-        pipe(a.try_clone()?, b.try_clone()?, self.delay)?;
-        pipe(b, a, self.delay)
+        let connection = CONNECTIONS.fetch_add(1, Ordering::Relaxed);
+        self.sockets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(connection, [a.try_clone()?, b.try_clone()?]);
+        // The second direction to end forgets the connection.
+        let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let forget = move |sockets: &Sockets| {
+            if ended.fetch_add(1, Ordering::SeqCst) == 1 {
+                sockets.lock().unwrap_or_else(|e| e.into_inner()).remove(&connection);
+            }
+        };
+        let (first, second) = (forget.clone(), forget);
+        let sockets = (Arc::clone(&self.sockets), Arc::clone(&self.sockets));
+        pipe(a.try_clone()?, b.try_clone()?, self.delay, move || first(&sockets.0))?;
+        pipe(b, a, self.delay, move || second(&sockets.1))
     }
 }
 
 /// Forwards everything read from `from` to `to`, each read `delay` after it arrived; when `from`
-/// ends (or fails), `to`'s writing side is shut once what was read has gone.
-fn pipe(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Result<()> {
+/// ends (or fails), `to`'s writing side is shut once what was read has gone, and `ended` runs.
+fn pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    delay: Duration,
+    ended: impl FnOnce() + Send + 'static,
+) -> std::io::Result<()> {
     let (queue, queued) = mpsc::sync_channel::<(Instant, Vec<u8>)>(QUEUED_READS);
     std::thread::Builder::new().name("bench-delay-read".into()).spawn(move || {
         let mut buffer = vec![0; READ_BYTES];
@@ -143,6 +167,7 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, delay: Duration) -> std::io::Res
             }
         }
         let _ = to.shutdown(Shutdown::Write);
+        ended();
     })?;
     Ok(())
 }

@@ -105,7 +105,7 @@ impl LocalCluster {
             listeners.push(listener);
             members.push(MemberConfig { id, address: format!("127.0.0.1:{port}") });
         }
-        drop(listeners);
+        // Started while the nodes' ports are still held, so no proxy takes one of them.
         let links = match link_delay {
             Some(delay) => {
                 let real: Vec<(u64, String)> =
@@ -114,6 +114,7 @@ impl LocalCluster {
             }
             None => None,
         };
+        drop(listeners);
         let mut cluster = LocalCluster { nodes: Vec::new(), links, dir };
         // The nodes authenticate each other with one secret, as `onekv cluster start` sets up.
         let secret_path = cluster.dir.path().join("cluster.secret");

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use onekv_proto::kv_client::KvClient;
 use onekv_proto::multi_call::Call;
@@ -32,7 +32,7 @@ pub const MAX_MULTI_CALLS: usize = 256;
 
 /// A `Multi` stops growing once its calls carry this many key and value bytes (a call larger on
 /// its own goes alone), so that it stays far below any node's request size limit.
-const MAX_MULTI_BYTES: usize = 1 << 20;
+pub const MAX_MULTI_BYTES: usize = 1 << 20;
 
 /// `status` as a `Multi` call's error: its code, message and not-leader metadata.
 pub fn call_error(status: &Status) -> CallError {
@@ -94,8 +94,26 @@ fn payload_bytes(call: &MultiCall) -> usize {
     }
 }
 
+/// How long a `Multi` keeps its node's in-flight slot at most. A slot is given back when the
+/// `Multi`'s last answer arrives or after this, whichever comes first, so a `Multi` with a slow call
+/// (a shard without a quorum, a value being repaired) delays the calls queued behind it by this
+/// much, not by its call's own timeout. Long enough that under load (answers in a few ms) the slot
+/// is normally held to the end, which is what makes calls queue up and travel together.
+const SLOT_HOLD: Duration = Duration::from_millis(20);
+
+/// After a node answered UNIMPLEMENTED to a `Multi`, how long it gets single calls before it is
+/// tried again (it may have been upgraded).
+const UNSUPPORTED_RECHECK: Duration = Duration::from_secs(60);
+
+/// Queues longer than this drop their abandoned calls whenever a call is added.
+const PRUNE_AT: usize = 1024;
+
 /// The per-node queues of one client.
 pub(crate) struct Coalescer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     nodes: Mutex<HashMap<String, Arc<NodeQueue>>>,
     in_flight_per_node: usize,
     timeout: Duration,
@@ -110,14 +128,32 @@ struct NodeQueue {
 struct QueueState {
     waiting: VecDeque<Waiting>,
     in_flight: usize,
-    /// The node answered UNIMPLEMENTED to a `Multi` (a release before it): send it single calls.
-    unsupported: bool,
+    support: Support,
+}
+
+/// Whether a node knows `Multi`.
+#[derive(Clone, Copy, Default)]
+enum Support {
+    /// Not known yet: the first `Multi` keeps a copy of its calls, to give them back if refused.
+    #[default]
+    Unknown,
+    Known,
+    /// It answered UNIMPLEMENTED at this time (a release before `Multi`).
+    Refused(Instant),
 }
 
 struct Waiting {
     call: MultiCall,
     bytes: usize,
-    answer: oneshot::Sender<Result<Answer, Status>>,
+    answer: oneshot::Sender<Reply>,
+}
+
+/// What a waiting caller is told.
+enum Reply {
+    /// The node's answer, or the status the call failed with.
+    Answered(Result<Answer, Status>),
+    /// The node does not know `Multi`: send the call alone (given back).
+    Alone(MultiCall),
 }
 
 /// What [`Coalescer::submit`] did with a call.
@@ -138,38 +174,115 @@ impl Coalescer {
     /// sent).
     pub(crate) fn new(in_flight_per_node: usize, timeout: Duration) -> Self {
         Coalescer {
-            nodes: Mutex::new(HashMap::new()),
-            in_flight_per_node: in_flight_per_node.max(1),
-            timeout,
+            shared: Arc::new(Shared {
+                nodes: Mutex::new(HashMap::new()),
+                in_flight_per_node: in_flight_per_node.max(1),
+                timeout,
+            }),
         }
     }
 
     /// Sends `call` to `endpoint` through `kv`, together with whatever else waits for that node,
     /// and returns its answer.
     pub(crate) async fn submit(&self, endpoint: &str, kv: KvClient<Conn>, call: MultiCall) -> Submitted {
-        let queue = Arc::clone(lock(&self.nodes).entry(endpoint.to_owned()).or_default());
+        let queue = Arc::clone(lock(&self.shared.nodes).entry(endpoint.to_owned()).or_default());
         let (answer, answered) = oneshot::channel();
         {
             let mut state = lock(&queue.state);
-            if state.unsupported {
-                return Submitted::Unsupported(call);
+            if let Support::Refused(at) = state.support {
+                if at.elapsed() < UNSUPPORTED_RECHECK {
+                    return Submitted::Unsupported(call);
+                }
+                state.support = Support::Unknown;
+            }
+            if state.waiting.len() >= PRUNE_AT {
+                state.waiting.retain(|waiting| !waiting.answer.is_closed());
             }
             let bytes = payload_bytes(&call);
             state.waiting.push_back(Waiting { call, bytes, answer });
-            if state.in_flight < self.in_flight_per_node {
-                state.in_flight += 1;
+            if state.in_flight < self.shared.in_flight_per_node {
+                let slot = Slot::take(&self.shared, &queue, kv, &mut state);
                 let batch = take_batch(&mut state.waiting);
+                let probe = matches!(state.support, Support::Unknown);
                 // Its own task: a caller that gives up (its attempt's timeout) must not take the
                 // other callers' answers with it.
-                tokio::spawn(send_until_empty(Arc::clone(&queue), kv, batch, self.timeout));
+                tokio::spawn(send(slot, batch, probe));
             }
         }
         match answered.await {
-            Ok(answer) => Submitted::Answered(answer),
+            Ok(Reply::Answered(answer)) => Submitted::Answered(answer),
+            Ok(Reply::Alone(call)) => Submitted::Unsupported(call),
             Err(_) => Submitted::Answered(Err(Status::unavailable(
                 "the call was dropped before it was sent (the client is shutting down?); retry",
             ))),
         }
+    }
+}
+
+/// One of a node's in-flight `Multi` slots, held by the task sending a `Multi`. Giving it back
+/// (after [`SLOT_HOLD`], or when dropped: at the `Multi`'s end, a panic, a cancelled task) sends
+/// the next batch if calls wait.
+struct Slot {
+    shared: Arc<Shared>,
+    queue: Arc<NodeQueue>,
+    kv: KvClient<Conn>,
+    held: bool,
+}
+
+impl Slot {
+    fn take(
+        shared: &Arc<Shared>,
+        queue: &Arc<NodeQueue>,
+        kv: KvClient<Conn>,
+        state: &mut QueueState,
+    ) -> Slot {
+        state.in_flight += 1;
+        Slot { shared: Arc::clone(shared), queue: Arc::clone(queue), kv, held: true }
+    }
+
+    fn release(&mut self) {
+        if !std::mem::take(&mut self.held) {
+            return;
+        }
+        let mut state = lock(&self.queue.state);
+        state.in_flight -= 1;
+        if let Support::Refused(_) = state.support {
+            // The node does not know `Multi`: whoever waits sends alone.
+            for waiting in state.waiting.drain(..) {
+                let _ = waiting.answer.send(Reply::Alone(waiting.call));
+            }
+            return;
+        }
+        if state.waiting.is_empty() || state.in_flight >= self.shared.in_flight_per_node {
+            return;
+        }
+        let batch = take_batch(&mut state.waiting);
+        if batch.is_empty() {
+            return;
+        }
+        let probe = matches!(state.support, Support::Unknown);
+        let next = Slot::take(&self.shared, &self.queue, self.kv.clone(), &mut state);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(send(next, batch, probe));
+            }
+            // No runtime to send from (it is shutting down): the callers are told, not left
+            // waiting. Dropping `next` gives its slot back (and finds nothing left to send).
+            Err(_) => {
+                drop(state);
+                for waiting in batch {
+                    let _ = waiting.answer.send(Reply::Answered(Err(Status::unavailable(
+                        "the client's runtime is shutting down; the call was not sent",
+                    ))));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -193,57 +306,46 @@ fn take_batch(waiting: &mut VecDeque<Waiting>) -> Vec<Waiting> {
     batch
 }
 
-/// Sends `batch`, then whatever queued up meanwhile, until the queue is empty; then gives its
-/// in-flight slot back.
-async fn send_until_empty(
-    queue: Arc<NodeQueue>,
-    kv: KvClient<Conn>,
-    mut batch: Vec<Waiting>,
-    timeout: Duration,
-) {
-    loop {
-        let unsupported = send(kv.clone(), batch, timeout).await;
-        let mut state = lock(&queue.state);
-        state.unsupported |= unsupported;
-        if state.unsupported {
-            // Every waiting caller learns it and sends alone.
-            for waiting in state.waiting.drain(..) {
-                let _ = waiting.answer.send(Err(unsupported_status()));
-            }
-        }
-        batch = take_batch(&mut state.waiting);
-        if batch.is_empty() {
-            state.in_flight -= 1;
-            return;
-        }
-    }
-}
-
-/// Sends one `Multi` and hands each caller its answer as it arrives; returns whether the node
-/// does not know `Multi`.
-async fn send(mut kv: KvClient<Conn>, batch: Vec<Waiting>, timeout: Duration) -> bool {
+/// Sends one `Multi` through `slot`'s node and hands each caller its answer as it arrives. The
+/// slot is given back after the last answer or after [`SLOT_HOLD`]. If `probe` (the node's support
+/// is not known yet), the calls are copied first, so that a node answering UNIMPLEMENTED gives
+/// them back to their callers to send alone.
+async fn send(mut slot: Slot, batch: Vec<Waiting>, probe: bool) {
     if batch.is_empty() {
-        return false;
+        return;
     }
     let (calls, answers): (Vec<MultiCall>, Vec<_>) =
         batch.into_iter().map(|waiting| (waiting.call, waiting.answer)).unzip();
+    let spare = probe.then(|| calls.clone());
     let mut answers: Vec<Option<_>> = answers.into_iter().map(Some).collect();
+    let mut kv = slot.kv.clone();
+    let (timeout, queue) = (slot.shared.timeout, Arc::clone(&slot.queue));
+    let hold = tokio::time::sleep(SLOT_HOLD);
+    tokio::pin!(hold);
     let exchange = async {
         let mut results = kv.multi(MultiRequest { calls }).await?.into_inner();
-        while let Some(result) = results.message().await? {
+        mark(&queue, Support::Known);
+        loop {
+            let result = tokio::select! {
+                result = results.message() => result?,
+                () = &mut hold, if slot.held => {
+                    slot.release();
+                    continue;
+                }
+            };
+            let Some(result) = result else { return Ok(()) };
             let answer = answers.get_mut(result.call as usize).and_then(Option::take).ok_or_else(|| {
                 Status::internal(format!(
                     "the node answered call {} of a Multi twice or out of range",
                     result.call
                 ))
             })?;
-            let _ = answer.send(match result.result {
+            let _ = answer.send(Reply::Answered(match result.result {
                 Some(Answer::Error(error)) => Err(status_of(error)),
                 Some(answer) => Ok(answer),
                 None => Err(Status::internal("the node answered a call of a Multi with nothing")),
-            });
+            }));
         }
-        Ok::<_, Status>(())
     };
     let ended = match tokio::time::timeout(timeout, exchange).await {
         Ok(ended) => ended,
@@ -252,33 +354,47 @@ async fn send(mut kv: KvClient<Conn>, batch: Vec<Waiting>, timeout: Duration) ->
             timeout.as_millis()
         ))),
     };
-    let unsupported = matches!(&ended, Err(status) if status.code() == Code::Unimplemented);
+    if let Err(status) = &ended
+        && status.code() == Code::Unimplemented
+    {
+        mark(&queue, Support::Refused(Instant::now()));
+        if let Some(spare) = spare {
+            for (answer, call) in answers.into_iter().zip(spare) {
+                if let Some(answer) = answer {
+                    let _ = answer.send(Reply::Alone(call));
+                }
+            }
+            return;
+        }
+    }
     let status = match ended {
-        Err(_) if unsupported => unsupported_status(),
+        Err(status) if status.code() == Code::Unimplemented => unsupported_status(),
         Err(status) => status,
         Ok(()) => Status::internal("the node ended a Multi without answering every call"),
     };
     for answer in answers.into_iter().flatten() {
-        let _ = answer.send(Err(status.clone()));
+        let _ = answer.send(Reply::Answered(Err(status.clone())));
     }
-    unsupported
 }
 
-/// What the callers of a `Multi` that the node did not know are told: UNAVAILABLE, which the client
-/// retries; the retry, like every later call to that node, goes alone ([`Submitted::Unsupported`]).
+/// Records what the node said of `Multi` (a refusal is kept until rechecked).
+fn mark(queue: &NodeQueue, support: Support) {
+    lock(&queue.state).support = support;
+}
+
+/// What the callers of a `Multi` are told when the node did not know it and their calls could not
+/// be given back (its support was thought known): UNAVAILABLE, which the client retries; the retry
+/// goes alone ([`Submitted::Unsupported`]).
 fn unsupported_status() -> Status {
-    Status::unavailable(UNSUPPORTED)
+    Status::unavailable("the node does not know Multi calls (an older release); sending single calls")
 }
-
-/// The message of [`unsupported_status`].
-const UNSUPPORTED: &str = "the node does not know Multi calls (an older release); sending single calls";
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use onekv_proto::{GetRequest, PutRequest};
 
-    fn put(bytes: usize) -> (Waiting, oneshot::Receiver<Result<Answer, Status>>) {
+    fn put(bytes: usize) -> (Waiting, oneshot::Receiver<Reply>) {
         let (answer, answered) = oneshot::channel();
         let call = MultiCall {
             call: Some(Call::Put(PutRequest {

@@ -8,7 +8,8 @@
 //! frame header, before the message is buffered: a message over the service's largest is refused
 //! with the service's own status (the `Kv` service's names the limits, where tonic would answer a
 //! bare OUT_OF_RANGE). Memory spent on requests is then at most the permits times the largest
-//! message (times the decoding copies). The permit is held until the handler has answered.
+//! message (times the decoding copies). The permit is held until the answer has been sent (the
+//! response body is done), so a streamed answer keeps its call admitted until its last result.
 //!
 //! Calls over the bound are refused rather than queued: a queued call's body stays unread, and
 //! unread bodies hold the HTTP/2 connection's flow-control window, so on a connection shared by
@@ -141,10 +142,37 @@ impl Admission {
     }
 }
 
-/// What an admitted call holds until its handler has answered.
+/// What an admitted call holds until its answer has been sent: until its response body is done
+/// (so a streamed answer, a `Multi`'s, keeps its call admitted while results are still coming).
 struct Permits {
     _count: tokio::sync::OwnedSemaphorePermit,
     _bytes: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// A response body and the permits of its call, given back when the body is dropped.
+struct Answering {
+    body: Body,
+    _permits: Permits,
+}
+
+impl http_body::Body for Answering {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// What reading the start of a body found.
@@ -287,9 +315,8 @@ where
                 Err(status) => return Ok(status.into_http()),
             };
             poll_fn(|cx| inner.poll_ready(cx)).await?;
-            let response = inner.call(request).await;
-            drop(permit);
-            response
+            let response = inner.call(request).await?;
+            Ok(response.map(|body| Body::new(Answering { body, _permits: permit })))
         })
     }
 }

@@ -371,6 +371,20 @@ impl<B: Backend> KvService<B> {
     }
 }
 
+/// Records a `Multi` in the request metrics when its answer ends: "ok" if every call was answered,
+/// else "error" (refused, or the client went away first).
+struct MultiCounted {
+    started: Instant,
+    /// Calls not answered yet (`usize::MAX` until the request is accepted).
+    left: usize,
+}
+
+impl Drop for MultiCounted {
+    fn drop(&mut self) {
+        crate::metrics::record_request(PROTOCOL, "multi", self.left == 0, self.started.elapsed());
+    }
+}
+
 // By hand: a derive would ask `B: Clone`, and only the `Arc` is cloned.
 impl<B> Clone for KvService<B> {
     fn clone(&self) -> Self {
@@ -452,7 +466,9 @@ pub fn failed_node_status(failure: &str) -> Status {
 pub fn max_request_bytes(limits: &Limits) -> usize {
     let batch = limits.max_batch_bytes + 2 * limits.max_batch_ops * FRAMING_PER_ITEM;
     let cas = limits.max_key_bytes + 2 * limits.max_value_bytes + 3 * FRAMING_PER_ITEM;
-    batch.max(cas) + FRAMING_FIXED
+    // What a client coalesces into one `Multi`, whatever the limits (each call is checked alone).
+    let multi = onekv_client::coalesce::MAX_MULTI_BYTES + 2 * MAX_MULTI_CALLS * FRAMING_PER_ITEM;
+    batch.max(cas).max(multi) + FRAMING_FIXED
 }
 
 /// The refusal of a request of `length` bytes, over [`max_request_bytes`]: no field of it can be
@@ -628,7 +644,9 @@ impl<B: Backend> Kv for KvService<B> {
 
     async fn multi(&self, request: Request<MultiRequest>) -> Result<Response<Self::MultiStream>, Status> {
         use futures_util::StreamExt as _;
-        let started = Instant::now();
+        // Counted as a request of its own ("multi") besides each of its calls (under their ops):
+        // the two counts say how much clients coalesce. Recorded when its answer ends.
+        let mut counted = MultiCounted { started: Instant::now(), left: usize::MAX };
         let calls = request.into_inner().calls;
         if calls.len() > MAX_MULTI_CALLS {
             return Err(Status::invalid_argument(format!(
@@ -636,6 +654,7 @@ impl<B: Backend> Kv for KvService<B> {
                 calls.len()
             )));
         }
+        counted.left = calls.len();
         // Each call as if it came alone (its own checks, metrics and drain admission), all at
         // once, each answered as soon as it is done.
         let service = Arc::new(self.clone());
@@ -646,14 +665,11 @@ impl<B: Backend> Kv for KvService<B> {
                 async move { onekv_client::coalesce::answer_alone(&*service, at, call).await }
             })
             .collect();
-        let mut left = answers.len();
         let answers = answers.map(move |answer| {
-            left -= 1;
-            if left == 0 {
-                // Counted as a request of its own ("multi") besides each of its calls (under
-                // their ops): the two counts say how much clients coalesce.
-                crate::metrics::record_request(PROTOCOL, "multi", true, started.elapsed());
-            }
+            // The whole guard moves into the stream (not a copy of its field): it is dropped, and
+            // records the call, when the answer ends.
+            let counted = &mut counted;
+            counted.left -= 1;
             Ok(answer)
         });
         Ok(Response::new(answers.boxed()))

@@ -718,6 +718,48 @@ async fn serve_kv(backend: &Arc<FakeBackend>) -> String {
     address
 }
 
+/// Puts that never commit, coalesced into `Multi` calls that take every in-flight slot the client
+/// has for the node, do not hold back later reads to it beyond a slot's short hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_that_never_commit_do_not_hold_back_later_reads_to_the_node() {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let backend = Arc::new(FakeBackend::default());
+        backend.data.lock().unwrap().insert(b"k".to_vec(), b"v".to_vec());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let mut slow = config();
+        slow.request_timeout_ms = 20_000;
+        let service =
+            KvService::new(Arc::clone(&backend), &slow, Arc::new(slow.cluster_map().unwrap())).into_server();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+        let options = onekv_client::ClientOptions {
+            request_timeout: Duration::from_secs(25),
+            retry_budget: Duration::from_secs(25),
+            ..onekv_client::ClientOptions::default()
+        };
+        let client = onekv_client::Client::new(vec![address], options).unwrap();
+        assert_eq!(client.get(b"k").await.unwrap(), Some(b"v".to_vec()));
+
+        *backend.propose_answer.lock().unwrap() = Answer::Hold;
+        let mut writers = tokio::task::JoinSet::new();
+        for i in 0..16u8 {
+            let client = client.clone();
+            writers.spawn(async move { client.put(&[b'w', i], b"x").await });
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        for _ in 0..5 {
+            assert_eq!(client.get(b"k").await.unwrap(), Some(b"v".to_vec()));
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "reads took {:?}", started.elapsed());
+        assert!(writers.try_join_next().is_none(), "the puts are still waiting for their commit");
+        writers.abort_all();
+    })
+    .await
+    .expect("bounded");
+}
+
 /// Issue 13, finding 4: a leader whose storage failed kept every client, because its INTERNAL
 /// answer was final for the client. Now the real client, talking to the real service, moves on.
 #[tokio::test]
