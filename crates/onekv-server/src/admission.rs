@@ -363,6 +363,26 @@ mod tests {
         assert_eq!(read_all(replayed).await, b"\x00\x00\x00\x00\x05hello");
     }
 
+    /// A streamed answer (a `Multi`'s) keeps its call admitted until its body is done, not only
+    /// until the handler has returned the (lazy) stream.
+    #[tokio::test]
+    async fn a_call_stays_admitted_until_its_answer_has_been_sent() {
+        use tower::ServiceExt as _;
+        let inner = tower::service_fn(|_request: http::Request<Body>| async {
+            Ok::<_, Infallible>(http::Response::new(body(&[b"first", b"last"])))
+        });
+        let served = Admitted::new(
+            inner,
+            Admission::new(4, "limit", 1 << 20, |length| Status::invalid_argument(length.to_string())),
+        );
+        let counts = Arc::clone(served.admission());
+        let request = http::Request::new(body(&[b"\x00\x00\x00\x00\x02hi"]));
+        let response = served.oneshot(request).await.unwrap();
+        assert_eq!(counts.in_flight(), 1, "answered but not yet sent");
+        assert_eq!(read_all(response.into_body()).await, b"firstlast");
+        assert_eq!(counts.in_flight(), 0);
+    }
+
     #[tokio::test]
     async fn a_body_too_short_for_a_header_has_no_length_and_is_replayed_as_is() {
         let mut original = body(&[b"\x00\x01"]);

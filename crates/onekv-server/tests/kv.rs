@@ -863,6 +863,10 @@ fn grpc_message_limits_admit_what_the_limits_allow() {
     assert!(onekv_server::service::max_request_bytes(&limits) > limits.max_batch_bytes);
     assert!(onekv_server::service::max_request_bytes(&limits) < 2 * limits.max_batch_bytes);
     assert!(onekv_server::service::max_response_bytes(&limits) > limits.max_scan_bytes);
+    // However small the limits, the largest `Multi` a client coalesces gets in (each of its calls
+    // is checked alone).
+    let multi = onekv_client::coalesce::MAX_MULTI_BYTES + onekv_client::coalesce::MAX_MULTI_CALLS * 64;
+    assert!(onekv_server::service::max_request_bytes(&config().limits.to_limits()) > multi);
 }
 
 /// The real server over TCP: requests larger than tonic's 4 MiB default get through, and shutdown
