@@ -34,6 +34,7 @@ use onekv_log::Locator;
 use raft::eraftpb::{Entry, EntryType};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The result of applying one entry.
 pub(crate) struct Applied {
@@ -473,88 +474,106 @@ impl Applier {
         Ok(())
     }
 
-    /// Replaces the tree's contents with a snapshot's pairs (read from its durable chunk records)
-    /// and flushes the tree with the snapshot's index as its flag and `note` (the shard's recovery
-    /// point: never empty, since the log GC may have reclaimed the log's start) beside it.
-    ///
-    /// Memory stays bounded whatever the snapshot's size: whenever the memtable fills, it is
-    /// flushed without moving the flag (`Tree::flush_keeping_flag`). A crash part-way leaves those
-    /// writes on disk under the old flag and recovery point, and the snapshot's metadata is durable
-    /// before this runs, so recovery installs the snapshot again, above them.
+    /// Installs a snapshot inline ([`install_snapshot`]): recovery at open does, before the loop
+    /// starts, and so does a simulation.
     pub fn install_snapshot(
         &mut self,
         index: u64,
         chunk_locators: &[Locator],
         note: &[u8],
     ) -> Result<(), ReplicaError> {
-        let state = self.state.clone();
-        // Until its flagged flush ends, the log GC collects nothing for a census it overlapped.
-        let _installing = state::InstallGuard::begin(&state);
-        let (clear_at, write_at) = install_seqnos(index, state.tree.last_written_seqno())?;
-        let flushed = |e| storage(format!("flushing part of a snapshot's install: {e}"));
-        state.tree.clear(clear_at).map_err(|e| storage(format!("clearing the index: {e}")))?;
-        state.requests().reset();
-        for chunk in chunk_locators {
-            let (_, payload) = state
-                .raft_log
-                .read_record(*chunk)
-                .map_err(|e| storage(format!("reading a snapshot chunk: {e}")))?;
-            let pairs = &payload[records::SNAP_CHUNK_HEADER..];
-            let mut values = Vec::new();
-            let mut keys = Vec::new();
-            for pair in records::SnapshotPairs::new(pairs) {
-                let (key, span, expiry) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
-                if key.is_empty() {
-                    // Not a user key (those are never empty): part of the request-id window.
-                    state.requests().install_pair(span.value(pairs), write_at)?;
-                    continue;
-                }
-                keys.push((key, span, expiry));
-                if state.mode == StorageMode::Separated {
-                    values.push(records::encode_value(self.shard, span.value(pairs)));
-                }
+        install_snapshot(&self.state, self.shard, index, chunk_locators, note, &AtomicBool::new(false))
+    }
+}
+
+/// Replaces the tree's contents with a snapshot's pairs (read from its durable chunk records)
+/// and flushes the tree with the snapshot's index as its flag and `note` (the shard's recovery
+/// point: never empty, since the log GC may have reclaimed the log's start) beside it.
+///
+/// Memory stays bounded whatever the snapshot's size: whenever the memtable fills, it is
+/// flushed without moving the flag (`Tree::flush_keeping_flag`). A crash part-way leaves those
+/// writes on disk under the old flag and recovery point, and the snapshot's metadata is durable
+/// before this runs, so recovery installs the snapshot again, above them. `stop`, checked
+/// between chunks, ends the install early with [`ReplicaError::Stopping`] (the node is
+/// stopping; its next recovery installs the snapshot again).
+pub(crate) fn install_snapshot(
+    state: &State,
+    shard: u64,
+    index: u64,
+    chunk_locators: &[Locator],
+    note: &[u8],
+    stop: &AtomicBool,
+) -> Result<(), ReplicaError> {
+    // Until its flagged flush ends, the log GC collects nothing for a census it overlapped.
+    let _installing = state::InstallGuard::begin(state);
+    let (clear_at, write_at) = install_seqnos(index, state.tree.last_written_seqno())?;
+    let flushed = |e| storage(format!("flushing part of a snapshot's install: {e}"));
+    state.tree.clear(clear_at).map_err(|e| storage(format!("clearing the index: {e}")))?;
+    state.requests().reset();
+    for chunk in chunk_locators {
+        if stop.load(Ordering::Relaxed) {
+            // The metadata is durable: the node's next recovery installs the snapshot again.
+            return Err(ReplicaError::Stopping);
+        }
+        // Only ever delays (a test's callback): slows an install down to watch the node meanwhile.
+        let _ = crate::failpoints::hit("snapshot-install-chunk");
+        let (_, payload) = state
+            .raft_log
+            .read_record(*chunk)
+            .map_err(|e| storage(format!("reading a snapshot chunk: {e}")))?;
+        let pairs = &payload[records::SNAP_CHUNK_HEADER..];
+        let mut values = Vec::new();
+        let mut keys = Vec::new();
+        for pair in records::SnapshotPairs::new(pairs) {
+            let (key, span, expiry) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
+            if key.is_empty() {
+                // Not a user key (those are never empty): part of the request-id window.
+                state.requests().install_pair(span.value(pairs), write_at)?;
+                continue;
             }
-            let copied = if values.is_empty() {
-                Vec::new()
-            } else {
-                let value_log = state.second_log.as_ref().expect("separated mode has a value log");
-                value_log
-                    .append_in_parts(
-                        &values.iter().map(|v| (records::VALUE, v.as_slice())).collect::<Vec<_>>(),
-                    )
-                    .map_err(|e| storage(format!("writing the value log: {e}")))?
-            };
-            for (i, (key, span, expiry)) in keys.into_iter().enumerate() {
-                let stored = match state.mode {
-                    StorageMode::OneLog => IndexValue::Locator(
-                        chunk
-                            .slice((records::SNAP_CHUNK_HEADER + span.offset) as u64, span.len as u64)
-                            .expect("span inside chunk"),
-                    ),
-                    StorageMode::Separated => {
-                        let l = copied[i];
-                        IndexValue::Locator(
-                            l.slice(records::VALUE_HEADER as u64, l.len - records::VALUE_HEADER as u64)
-                                .expect("fits"),
-                        )
-                    }
-                    StorageMode::Classic => IndexValue::Inline(span.value(pairs).to_vec()),
-                };
-                state.tree.insert(key, &stored.encode_expiring(expiry), write_at);
-            }
-            if state.tree.memtable_full() {
-                state.tree.flush_keeping_flag().map_err(flushed)?;
-                crate::failpoint!("during-snapshot-install");
+            keys.push((key, span, expiry));
+            if state.mode == StorageMode::Separated {
+                values.push(records::encode_value(shard, span.value(pairs)));
             }
         }
-        state.observe_time(state.requests().clock_ms());
-        state.tree.publish(state::last_seqno(index));
-        state
-            .tree
-            .flush_with_note(index, state::last_seqno(index), note)
-            .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
-        Ok(())
+        let copied = if values.is_empty() {
+            Vec::new()
+        } else {
+            let value_log = state.second_log.as_ref().expect("separated mode has a value log");
+            value_log
+                .append_in_parts(&values.iter().map(|v| (records::VALUE, v.as_slice())).collect::<Vec<_>>())
+                .map_err(|e| storage(format!("writing the value log: {e}")))?
+        };
+        for (i, (key, span, expiry)) in keys.into_iter().enumerate() {
+            let stored = match state.mode {
+                StorageMode::OneLog => IndexValue::Locator(
+                    chunk
+                        .slice((records::SNAP_CHUNK_HEADER + span.offset) as u64, span.len as u64)
+                        .expect("span inside chunk"),
+                ),
+                StorageMode::Separated => {
+                    let l = copied[i];
+                    IndexValue::Locator(
+                        l.slice(records::VALUE_HEADER as u64, l.len - records::VALUE_HEADER as u64)
+                            .expect("fits"),
+                    )
+                }
+                StorageMode::Classic => IndexValue::Inline(span.value(pairs).to_vec()),
+            };
+            state.tree.insert(key, &stored.encode_expiring(expiry), write_at);
+        }
+        if state.tree.memtable_full() {
+            state.tree.flush_keeping_flag().map_err(flushed)?;
+            crate::failpoint!("during-snapshot-install");
+        }
     }
+    state.observe_time(state.requests().clock_ms());
+    state.tree.publish(state::last_seqno(index));
+    state
+        .tree
+        .flush_with_note(index, state::last_seqno(index), note)
+        .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
+    Ok(())
 }
 
 /// Whether `key` is present in the tree at all (expired or not).

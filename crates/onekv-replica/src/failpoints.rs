@@ -15,9 +15,10 @@
 //! arms the points before its join and `Node::open` arms them again: a counted action
 //! (`20*off->return`) restarts its count there, so count hits of the replica's points from the
 //! node's open. One point injects an error instead of a crash: `fail-raft-append` makes the Raft
-//! append fail as a failed write or fsync would. One only delays (action `sleep(ms)`):
+//! append fail as a failed write or fsync would. Two only delay (action `sleep(ms)`, or a callback):
 //! `value-log-sealed` holds a separated-mode apply whose value-log append sealed a segment holding
-//! some of its values between that append and its index publish.
+//! some of its values between that append and its index publish; `snapshot-install-chunk` holds a
+//! snapshot's install before each of its chunks (a test's callback watches the node meanwhile).
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;

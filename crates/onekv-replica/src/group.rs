@@ -88,6 +88,16 @@ pub(crate) struct Prepared {
     new_hs: Option<(HardStateRecord, raft::eraftpb::HardState)>,
 }
 
+/// A snapshot whose tree is being rebuilt off the loop, and the Ready that carried it, held until
+/// the rebuild ends (`snapshot::install`).
+pub(crate) struct Installing {
+    job: crate::snapshot::install::Install,
+    ready: raft::Ready,
+    /// The applied index readers see until the rebuild publishes the snapshot's (Raft's storage
+    /// already holds the snapshot).
+    applied_before: u64,
+}
+
 /// Repair requests proposed per turn at most (many damaged values are asked for a few at a time,
 /// so they cannot crowd out client writes).
 const REPAIRS_PER_TURN: usize = 16;
@@ -148,6 +158,9 @@ pub(crate) struct Group {
     pub leveling_since: Option<Instant>,
     /// How long the last such change took.
     pub last_leveling: Option<std::time::Duration>,
+    /// Set while a snapshot's tree is rebuilt off the loop: the group's Ready is held, it is neither
+    /// stepped nor ticked, and nothing else writes its tree (`snapshot::install`).
+    pub installing: Option<Installing>,
 }
 
 impl Group {
@@ -164,6 +177,11 @@ impl Group {
         match input {
             // A failed node takes no further part in Raft: its state may be inconsistent.
             GroupInput::Step(_) if ctx.failed.is_some() => {}
+            // While a snapshot is rebuilt the group's Ready is held, and raft-rs cannot take
+            // messages then (its answers would have to go out with a later Ready, which it
+            // refuses for a follower): they are lost, as a network may lose them, and the peers
+            // send again (`snapshot::install`).
+            GroupInput::Step(_) if self.installing.is_some() => {}
             GroupInput::Step(message) => {
                 let Some(message) = self.screen_membership(message, ctx) else { return };
                 let Some(message) = self.screen(message, ctx) else { return };
@@ -577,21 +595,44 @@ impl Group {
 
     /// The first half of handling a Ready: sends what may leave before persistence, installs a
     /// snapshot, and returns the records the node must append for this group (`None`: no Ready).
+    ///
+    /// A snapshot whose tree is rebuilt off the loop holds the Ready: until the rebuild ends this
+    /// returns `None`, then the Ready goes on as if the install had been inline.
     pub fn prepare(&mut self, ctx: &mut NodeCtx) -> Result<Option<Prepared>, ReplicaError> {
-        if !self.raw.has_ready() {
-            return Ok(None);
-        }
-        let mut ready = self.raw.ready();
-        if let Some(ss) = ready.ss()
-            && ss.raft_state != StateRole::Leader
-        {
-            self.lost_leadership(ctx);
-        }
-        let messages = self.mark_requested_transfer(ready.take_messages());
-        ctx.transport.send(self.shard, messages);
-        if !ready.snapshot().is_empty() {
-            self.install_snapshot(ready.snapshot().clone())?;
-        }
+        let mut ready = match self.installing.take() {
+            Some(installing) => match installing.job.poll() {
+                None => {
+                    self.installing = Some(installing);
+                    return Ok(None);
+                }
+                Some(result) => {
+                    result?;
+                    self.installed(installing.job.index, installing.job.chunks, installing.job.started);
+                    installing.ready
+                }
+            },
+            None => {
+                if !self.raw.has_ready() {
+                    return Ok(None);
+                }
+                let mut ready = self.raw.ready();
+                if let Some(ss) = ready.ss()
+                    && ss.raft_state != StateRole::Leader
+                {
+                    self.lost_leadership(ctx);
+                }
+                let messages = self.mark_requested_transfer(ready.take_messages());
+                ctx.transport.send(self.shard, messages);
+                let applied_before = self.raw.store().applied_index;
+                if !ready.snapshot().is_empty()
+                    && let Some(job) = self.install_snapshot(ready.snapshot().clone(), ctx)?
+                {
+                    self.installing = Some(Installing { job, ready, applied_before });
+                    return Ok(None);
+                }
+                ready
+            }
+        };
         let entries = ready.take_entries();
         let mut records: Vec<(onekv_log::RecordKind, Vec<u8>)> =
             entries.iter().map(|e| (records::ENTRY, records::encode_entry(self.shard, e))).collect();
@@ -658,6 +699,11 @@ impl Group {
     /// state), so a later flush may record that far. The node appends it without waiting and
     /// calls [`Group::commit_appended`].
     pub fn commit_to_persist(&self) -> Option<HardStateRecord> {
+        // The held Ready's hard state goes first, once the install ends: a newer one appended
+        // before it would be followed by an older term or vote.
+        if self.installing.is_some() {
+            return None;
+        }
         let commit = self.raw.raft.raft_log.committed;
         if commit <= self.persisted_hs.commit {
             return None;
@@ -855,6 +901,7 @@ impl Group {
         // entries at all (one waiting to be added), which the collector may need moved forward.
         let waiting = applied == 0 && self.raw.store().last() == 0 && self.gc_flush;
         if (applied == 0 && !waiting)
+            || self.installing.is_some()
             || (applied <= flagged && !self.gc_flush)
             || ctx.maintenance.busy()
             || ctx.failed.is_some()
@@ -982,6 +1029,9 @@ impl Group {
     /// every group had its chance to flush). Reads stay correct meanwhile, only slower. The
     /// change from runs to leveled is timed and logged.
     pub fn maybe_level(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        if self.installing.is_some() {
+            return;
+        }
         let layout = self.index_layout(ctx);
         if layout != self.layout {
             tracing::info!(
@@ -1039,6 +1089,12 @@ impl Group {
     /// every write so far and below the next entry's (`state::relocation_seqno`), published at
     /// once; the tree is flushed soon after, so the collector may delete the old copies.
     pub fn relocate(&mut self, moves: Vec<crate::gc::Move>) -> Result<crate::gc::Relocated, String> {
+        if let Some(installing) = &self.installing {
+            return Err(format!(
+                "shard {} is installing the snapshot at index {} (a later round moves its values)",
+                self.shard, installing.job.index
+            ));
+        }
         let tree = &self.state.tree;
         let still_there = |m: &crate::gc::Move| self.state.points_at(&m.key, &m.from);
         let pointing_at = |m: &crate::gc::Move| self.state.pointing_at(&m.key, &m.from);
@@ -1113,7 +1169,14 @@ impl Group {
         }
     }
 
-    fn install_snapshot(&mut self, snapshot: raft::eraftpb::Snapshot) -> Result<(), ReplicaError> {
+    /// Writes a snapshot's metadata (and, for one sent whole, its chunks), hands it to Raft's
+    /// storage, and rebuilds the tree from it: inline in a simulation (`None`), otherwise on an
+    /// install thread whose job is returned ([`crate::snapshot::install`]).
+    fn install_snapshot(
+        &mut self,
+        snapshot: raft::eraftpb::Snapshot,
+        ctx: &NodeCtx,
+    ) -> Result<Option<crate::snapshot::install::Install>, ReplicaError> {
         let meta = snapshot.get_metadata();
         let meta = SnapshotMeta {
             shard: self.shard,
@@ -1157,31 +1220,48 @@ impl Group {
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),
             members: meta.members.clone(),
         });
-        self.applier.install_snapshot(meta.index, &chunks, &note)?;
+        let Some(installs) = ctx.installs.clone() else {
+            self.applier.install_snapshot(meta.index, &chunks, &note)?;
+            self.installed(meta.index, chunks.len(), started);
+            return Ok(None);
+        };
+        let job = crate::snapshot::install::Install::start(
+            installs,
+            self.state.clone(),
+            self.shard,
+            meta.index,
+            chunks,
+            note,
+        )?;
+        Ok(Some(job))
+    }
+
+    /// The tree holds the snapshot at `index` (flushed with it as its flag): what was waiting for
+    /// entries at or below it can no longer be answered from them.
+    fn installed(&mut self, index: u64, chunks: usize, started: Instant) {
         tracing::info!(
             shard = self.shard,
-            index = meta.index,
-            chunks = chunks.len(),
+            index,
+            chunks,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "installed a snapshot"
         );
-        self.shared.durable_commit.fetch_max(meta.index, Ordering::SeqCst);
+        self.shared.durable_commit.fetch_max(index, Ordering::SeqCst);
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {
-            if *entry.key() > meta.index {
+            if *entry.key() > index {
                 break;
             }
             let (_, (_, done)) = entry.remove_entry();
             done(Err(ReplicaError::Dropped("superseded by a snapshot".into())));
         }
         while let Some(entry) = self.member_changes.first_entry() {
-            if *entry.key() > meta.index {
+            if *entry.key() > index {
                 break;
             }
             let (_, (_, done)) = entry.remove_entry();
             done(Err(ReplicaError::Dropped("superseded by a snapshot: read the shard's members".into())));
         }
-        Ok(())
     }
 
     /// Fails every proposal and read barrier the group holds.
@@ -1209,6 +1289,8 @@ impl Group {
 
     /// Stops the group's threads (the node is ending).
     pub fn stop(&mut self) {
+        // Cancels a rebuild and waits for its thread: the next recovery installs the snapshot.
+        self.installing = None;
         self.scrub.stop();
         self.raw.store().snapshots.lock().unwrap_or_else(|e| e.into_inner()).stop();
     }
@@ -1273,7 +1355,8 @@ impl Group {
             term: raft.term,
             role: role.to_string(),
             commit_index: raft.raft_log.committed,
-            applied_index: store.applied_index,
+            // What readers see: while a snapshot is rebuilt, the state before it.
+            applied_index: self.installing.as_ref().map_or(store.applied_index, |i| i.applied_before),
             first_index: store.first(),
             last_index: raft.raft_log.last_index(),
             flushed_index: self.state.tree.flush_flag().unwrap_or(0),
@@ -1301,10 +1384,9 @@ impl Group {
             snapshot: {
                 let serving = store.snapshots.lock().unwrap_or_else(|e| e.into_inner()).describe();
                 let fetching = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).describe();
-                match (serving, fetching) {
-                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-                    (a, b) => a.or(b),
-                }
+                let installing = self.installing.as_ref().map(|installing| installing.job.describe());
+                let parts: Vec<String> = [serving, fetching, installing].into_iter().flatten().collect();
+                (!parts.is_empty()).then(|| parts.join("; "))
             },
             request_ids: self.state.requests().len() as u64,
             disk: ctx.disk.status(),

@@ -267,6 +267,7 @@ impl GroupParts {
             layout: config.index_layout.for_role(primary == Some(config.node_id)),
             leveling_since: None,
             last_leveling: None,
+            installing: None,
             requested_transfer: None,
             gc_flush: false,
             rejoin: (rejoin_listed || stateless).then(crate::rejoin::Rejoin::default),

@@ -71,6 +71,9 @@ pub(crate) struct NodeCtx {
     /// Writes sealed memtables and compacts, off the loop (inline in a simulation); one job at a
     /// time for the whole node.
     pub maintenance: crate::maintenance::Maintenance,
+    /// Where snapshot installs rebuild their trees: on install threads, within these permits, or
+    /// inline (`None`) when a simulation drives the loop (`snapshot::install`).
+    pub installs: Option<Arc<crate::snapshot::install::Installs>>,
     /// Where a simulation may crash this node during a flush (driven mode only).
     pub crash_hook: Option<crate::maintenance::CrashHook>,
     /// Set once `crash_hook` crashed the node: the loop does nothing more.
@@ -261,7 +264,9 @@ impl NodeLoop {
         if self.ctx.failed.is_some() {
             return Turn::Continue;
         }
-        for group in self.groups.values_mut() {
+        // A group whose snapshot is being installed off the loop is only stepped meanwhile
+        // (`snapshot::install`).
+        for group in self.groups.values_mut().filter(|group| group.installing.is_none()) {
             if tick {
                 group.tick(now, &self.ctx);
                 group.sweep_expired(now, &mut self.ctx);

@@ -426,6 +426,7 @@ impl Node {
                 transport,
                 failed: None,
                 wait_for_submits: driven,
+                installs: (!driven).then(Default::default),
                 mutation: None,
                 maintenance,
                 crash_hook: None,

@@ -13,9 +13,11 @@
 //! the seed. A build that fails (the state is over the bound, or a value is damaged) is retried
 //! only after a backoff that doubles up to [`MAX_BACKOFF`].
 //!
-//! This module does not send snapshots (raft-rs and the transport do) or install them (`apply`).
+//! This module does not send snapshots (raft-rs and the transport do) or turn their pairs into
+//! index entries (`apply`); [`install`] runs that rebuild off the loop.
 
 pub(crate) mod fetch;
+pub(crate) mod install;
 pub(crate) mod stream;
 
 use crate::records;
