@@ -20,6 +20,8 @@ pub struct Router {
     chunk_calls: AtomicU64,
     /// One more than the number of chunk calls after which every call fails (0: none fail).
     fail_chunks_after: AtomicU64,
+    /// Microseconds each chunk call waits before it is answered, as a slow sender would.
+    chunk_delay_us: AtomicU64,
 }
 
 /// Decides whether the router loses a message (`true`: dropped).
@@ -58,6 +60,11 @@ impl Router {
         self.fail_chunks_after.store(calls.map_or(0, |calls| calls + 1), Ordering::SeqCst);
     }
 
+    /// Makes every snapshot chunk call wait `delay` before it is answered.
+    pub fn delay_chunk_calls(&self, delay: std::time::Duration) {
+        self.chunk_delay_us.store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
     /// A node that currently believes it is the leader of the added replicas' shard, if any.
     pub fn leader(&self) -> Option<u64> {
         let replicas = self.replicas.read().unwrap_or_else(|e| e.into_inner());
@@ -84,6 +91,7 @@ impl Transport for Router {
 
     fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
         let call = self.chunk_calls.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_micros(self.chunk_delay_us.load(Ordering::SeqCst)));
         let after = self.fail_chunks_after.load(Ordering::SeqCst);
         if after != 0 && call + 1 >= after {
             return Err(format!("chunk call {call} fails (the test's injected failure)"));

@@ -6,11 +6,14 @@
 //! has its own binary (failpoints are global to a process). Needs the `failpoints` feature
 //! (`scripts/test` turns it on).
 
+mod common;
+
+use common::shards::{put, wait_applied};
 use onekv_replica::local::Router;
-use onekv_replica::{Command, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp};
+use onekv_replica::{Node, ReplicaConfig, ShardConfig};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 /// The shard the lagging node gets a snapshot of.
@@ -42,46 +45,6 @@ fn open(root: &Path, router: &Arc<Router>, id: u64) -> Node {
     let node = Node::open(config(root, id), router.clone()).expect("open");
     router.add(id, node.replicas()[0].clone());
     node
-}
-
-/// Proposes `key = value` to `shard` through whichever node leads it, retrying while leadership
-/// settles; returns the entry's index.
-fn put(nodes: &[Option<Node>], shard: u64, seq: u64, key: &[u8], value: Vec<u8>) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let leader = nodes
-            .iter()
-            .flatten()
-            .filter_map(|node| node.replica(shard))
-            .find(|replica| replica.status().role == "leader");
-        if let Some(leader) = leader {
-            let (tx, rx) = mpsc::channel();
-            let command = Command::Write(vec![WriteOp {
-                key: key.to_vec(),
-                value: Some(value.clone()),
-                expiry: Default::default(),
-            }]);
-            leader.propose(RequestId { client: shard, seq }, command, Box::new(move |r| drop(tx.send(r))));
-            match rx.recv_timeout(Duration::from_secs(10)).unwrap_or(Err(ReplicaError::Stopping)) {
-                Ok(outcome) => return outcome.index,
-                Err(error) => assert!(Instant::now() < deadline, "shard {shard}: write failed: {error}"),
-            }
-        }
-        assert!(Instant::now() < deadline, "shard {shard}: no leader");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_applied(node: &Node, shard: u64, index: u64, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    let replica = node.replica(shard).expect("hosted");
-    while replica.status().applied_index < index {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    true
 }
 
 /// The lagging node (3) installs a snapshot of `BIG` slowly (`CHUNK_DELAY` per chunk); meanwhile

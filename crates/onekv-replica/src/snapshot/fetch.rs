@@ -16,6 +16,10 @@
 //! One fetch per shard at a time and [`MAX_FETCHES`] per node. A repeated message for the snapshot
 //! being fetched, or an older leader's, is dropped; a newer leader's snapshot (or a newer one of the
 //! same leader) cancels the fetch under way (whose sender may be dead) and starts once it stopped.
+//! A message that finds every fetch slot taken waits (the latest per shard, for at most
+//! [`WAIT_FOR_SLOT`]) and starts as soon as a fetch ends: a node catching up many shards fetches
+//! them back to back, instead of waiting for each leader to give its snapshot up as lost and send
+//! it again (`snapshot_timeout`, 30 s by default).
 
 use super::stream::{Resume, STAGED};
 use crate::records;
@@ -40,11 +44,30 @@ const FIRST_RETRY: Duration = Duration::from_millis(200);
 /// A fetch logs its progress this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
+/// How long a snapshot message waits for a fetch slot: well within the time a sender keeps an
+/// unfetched view ([`super::stream::KEEP_WHILE_FETCHED`]); a later message of the same leader
+/// replaces it anyway.
+pub(crate) const WAIT_FOR_SLOT: Duration = Duration::from_secs(30);
+
 /// The node's snapshot fetches.
 #[derive(Default)]
 pub(crate) struct Fetches {
-    active: Mutex<HashMap<u64, Active>>,
+    /// Fetches under way, and messages waiting for a slot (both by shard).
+    slots: Mutex<Slots>,
     stop: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Slots {
+    active: HashMap<u64, Active>,
+    waiting: HashMap<u64, Waiting>,
+}
+
+/// A snapshot message that found every fetch slot taken.
+struct Waiting {
+    message: Message,
+    state: Arc<State>,
+    since: Instant,
 }
 
 /// A shard's fetch under way.
@@ -54,20 +77,50 @@ struct Active {
     term: u64,
     index: u64,
     cancel: Arc<AtomicBool>,
+    /// Set by the fetch's thread as it ends (before it starts a waiting message in its place).
+    ended: Arc<AtomicBool>,
     thread: JoinHandle<()>,
+}
+
+impl Active {
+    fn running(&self) -> bool {
+        !self.ended.load(Ordering::SeqCst) && !self.thread.is_finished()
+    }
 }
 
 impl Fetches {
     /// Starts fetching the snapshot `message` announces for `shard`. A message for the snapshot
     /// this shard is fetching already is dropped; one from another sender or of another index (a
     /// new leader's) cancels that fetch and starts once it has stopped. Beyond [`MAX_FETCHES`]
-    /// shards at once, messages are dropped (the leader sends again).
+    /// shards at once, the message waits for a slot ([`WAIT_FOR_SLOT`] at most).
     pub fn offer(&self, node: &Node, shard: u64, message: Message, state: Arc<State>) {
-        let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
-        active.retain(|_, fetch| !fetch.thread.is_finished());
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.active.retain(|_, fetch| fetch.running());
         if self.stop.load(Ordering::SeqCst) {
             return;
         }
+        self.start(&mut slots, node, shard, message, state);
+    }
+
+    /// Starts the oldest message waiting for a slot, if one is free; messages that waited too
+    /// long are dropped (their sender sends again).
+    fn start_waiting(&self, node: &Node) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.active.retain(|_, fetch| fetch.running());
+        let now = Instant::now();
+        slots.waiting.retain(|_, waiting| now.duration_since(waiting.since) < WAIT_FOR_SLOT);
+        if self.stop.load(Ordering::SeqCst) || slots.active.len() >= MAX_FETCHES {
+            return;
+        }
+        let oldest = slots.waiting.iter().min_by_key(|(_, waiting)| waiting.since).map(|(shard, _)| *shard);
+        if let Some(shard) = oldest {
+            let waiting = slots.waiting.remove(&shard).expect("found above");
+            self.start(&mut slots, node, shard, waiting.message, waiting.state);
+        }
+    }
+
+    fn start(&self, slots: &mut Slots, node: &Node, shard: u64, message: Message, state: Arc<State>) {
+        let active = &mut slots.active;
         let (from, term, index) = (message.from, message.term, message.get_snapshot().get_metadata().index);
         let previous = match active.remove(&shard) {
             // The same snapshot again, or an older leader's (a delayed message): the fetch goes on.
@@ -91,16 +144,27 @@ impl Fetches {
                 Some(fetch.thread)
             }
             None if active.len() >= MAX_FETCHES => {
-                tracing::debug!(
-                    shard,
-                    from,
-                    "the node fetches its most snapshots; dropping a snapshot message"
-                );
+                // The latest leader's message waits (a delayed older one does not replace it).
+                let newer_waits = slots.waiting.get(&shard).is_some_and(|waiting| {
+                    let meta = waiting.message.get_snapshot().get_metadata();
+                    (waiting.message.term, meta.index) > (term, index)
+                });
+                if !newer_waits {
+                    tracing::debug!(
+                        shard,
+                        from,
+                        index,
+                        "the node fetches its most snapshots; this one waits"
+                    );
+                    slots.waiting.insert(shard, Waiting { message, state, since: Instant::now() });
+                }
                 return;
             }
             None => None,
         };
+        slots.waiting.remove(&shard);
         let cancel = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(AtomicBool::new(false));
         let fetch = Fetch {
             node: node.clone(),
             shard,
@@ -109,15 +173,21 @@ impl Fetches {
             stop: self.stop.clone(),
             cancel: cancel.clone(),
         };
-        let run = move || {
-            if let Some(previous) = previous {
-                let _ = previous.join();
+        let run = {
+            let ended = ended.clone();
+            move || {
+                if let Some(previous) = previous {
+                    let _ = previous.join();
+                }
+                let node = fetch.node.clone();
+                fetch.run();
+                ended.store(true, Ordering::SeqCst);
+                node.inner().fetches.start_waiting(&node);
             }
-            fetch.run()
         };
         match std::thread::Builder::new().name("onekv-fetch".into()).spawn(run) {
             Ok(thread) => {
-                active.insert(shard, Active { from, term, index, cancel, thread });
+                active.insert(shard, Active { from, term, index, cancel, ended, thread });
             }
             Err(error) => tracing::warn!(shard, %error, "cannot start a snapshot fetch"),
         }
@@ -126,7 +196,9 @@ impl Fetches {
     /// Cancels `shard`'s fetch, if one runs (its replica leaves the node), without waiting: the
     /// fetch ends at its next chunk and its result is never installed.
     pub fn cancel(&self, shard: u64) {
-        if let Some(fetch) = self.active.lock().unwrap_or_else(|e| e.into_inner()).remove(&shard) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.waiting.remove(&shard);
+        if let Some(fetch) = slots.active.remove(&shard) {
             fetch.cancel.store(true, Ordering::SeqCst);
         }
     }
@@ -134,13 +206,11 @@ impl Fetches {
     /// Stops every fetch and waits for their threads.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let threads: Vec<_> = self
-            .active
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain()
-            .map(|(_, fetch)| fetch.thread)
-            .collect();
+        let threads: Vec<_> = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.waiting.clear();
+            slots.active.drain().map(|(_, fetch)| fetch.thread).collect()
+        };
         for thread in threads {
             let _ = thread.join();
         }
