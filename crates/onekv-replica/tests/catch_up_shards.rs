@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::shards::{put, wait_applied};
+use common::shards::{self, put, wait_applied};
+use onekv_replica::Node;
 use onekv_replica::local::Router;
-use onekv_replica::{Node, ReplicaConfig, ShardConfig};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,25 +19,13 @@ fn value(i: usize) -> Vec<u8> {
     (0..8 << 10).map(|j| (i * 11 + j) as u8).collect()
 }
 
-fn config(root: &Path, id: u64) -> ReplicaConfig {
-    let mut config = ReplicaConfig::new(id, vec![1, 2, 3], root.join(format!("node{id}")));
-    config.shards =
-        (1..=SHARDS).map(|shard| ShardConfig { id: shard, voters: vec![1, 2, 3], primary: None }).collect();
-    config.tick = Duration::from_millis(20);
-    // Small memtables flush often, and Raft forgets its entries after each flush.
-    config.memtable_bytes = 4 << 10;
-    config.raft_log_keep_entries = 5;
-    config.snapshot_chunk_bytes = 64 << 10;
+fn open(root: &Path, router: &Arc<Router>, id: u64) -> Node {
+    let shards: Vec<u64> = (1..=SHARDS).collect();
+    let mut config = shards::small_log_config(root, id, &shards);
     // Far longer than the catch-up may take: a dropped snapshot message would not be sent again
     // in time.
     config.snapshot_timeout = Duration::from_secs(120);
-    config
-}
-
-fn open(root: &Path, router: &Arc<Router>, id: u64) -> Node {
-    let node = Node::open(config(root, id), router.clone()).expect("open");
-    router.add(id, node.replicas()[0].clone());
-    node
+    shards::open(router, config)
 }
 
 #[test]

@@ -8,9 +8,9 @@
 
 mod common;
 
-use common::shards::{put, wait_applied};
+use common::shards::{self, put, wait_applied};
+use onekv_replica::Node;
 use onekv_replica::local::Router;
-use onekv_replica::{Node, ReplicaConfig, ShardConfig};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,23 +28,10 @@ fn value(i: usize) -> Vec<u8> {
     (0..16 << 10).map(|j| (i * 7 + j) as u8).collect()
 }
 
-fn config(root: &Path, id: u64) -> ReplicaConfig {
-    let mut config = ReplicaConfig::new(id, vec![1, 2, 3], root.join(format!("node{id}")));
-    config.shards =
-        [BIG, SMALL].map(|shard| ShardConfig { id: shard, voters: vec![1, 2, 3], primary: None }).into();
-    config.tick = Duration::from_millis(20);
-    config.raft_log_keep_entries = 5;
-    // Small memtables flush often, and Raft forgets its entries after each flush.
-    config.memtable_bytes = 4 << 10;
-    config.snapshot_timeout = Duration::from_secs(1);
-    config.snapshot_chunk_bytes = 64 << 10;
-    config
-}
-
 fn open(root: &Path, router: &Arc<Router>, id: u64) -> Node {
-    let node = Node::open(config(root, id), router.clone()).expect("open");
-    router.add(id, node.replicas()[0].clone());
-    node
+    let mut config = shards::small_log_config(root, id, &[BIG, SMALL]);
+    config.snapshot_timeout = Duration::from_secs(1);
+    shards::open(router, config)
 }
 
 /// The lagging node (3) installs a snapshot of `BIG` slowly (`CHUNK_DELAY` per chunk); meanwhile

@@ -2,9 +2,33 @@
 //! a shared [`onekv_replica::local::Router`]): writing to a shard through whichever node leads it,
 //! and waiting for a node to apply an entry of one shard.
 
-use onekv_replica::{Command, Node, ReplicaError, RequestId, WriteOp};
-use std::sync::mpsc;
+use onekv_replica::local::Router;
+use onekv_replica::{Command, Node, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp};
+use std::path::Path;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
+
+/// Node `id` of three, hosting a replica of each of `shards`, with a log small enough that a node
+/// left behind needs snapshots: small memtables flush often, and Raft forgets its entries after
+/// each flush; snapshots stream in chunks of 64 KiB.
+pub fn small_log_config(root: &Path, id: u64, shards: &[u64]) -> ReplicaConfig {
+    let mut config = ReplicaConfig::new(id, vec![1, 2, 3], root.join(format!("node{id}")));
+    config.shards =
+        shards.iter().map(|&shard| ShardConfig { id: shard, voters: vec![1, 2, 3], primary: None }).collect();
+    config.tick = Duration::from_millis(20);
+    config.memtable_bytes = 4 << 10;
+    config.raft_log_keep_entries = 5;
+    config.snapshot_chunk_bytes = 64 << 10;
+    config
+}
+
+/// Opens a node with `config` and adds it to `router`.
+pub fn open(router: &Arc<Router>, config: ReplicaConfig) -> Node {
+    let id = config.node_id;
+    let node = Node::open(config, router.clone()).expect("open");
+    router.add(id, node.replicas()[0].clone());
+    node
+}
 
 /// Proposes `key = value` to `shard` through whichever node leads it, retrying while leadership
 /// settles; returns the entry's index.
