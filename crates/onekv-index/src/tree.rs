@@ -510,12 +510,21 @@ impl Tree {
     /// ([`Tree::memtable_full`]) they are flushed as [`Tree::flush_keeping_flag`] does, with the
     /// same consequence after a crash.
     pub fn clear(&self, seqno: u64) -> Result<(), IndexError> {
+        self.clear_until(seqno, &|| false).map(|_| ())
+    }
+
+    /// [`Tree::clear`], which gives up between two chunks of keys once `stop` returns true
+    /// (returns `false` then): the keys removed so far stay removed, as after a crash part-way.
+    pub fn clear_until(&self, seqno: u64, stop: &dyn Fn() -> bool) -> Result<bool, IndexError> {
         let inner = &*self.inner;
         self.check_seqno(seqno, true)?;
         self.flush_sealed()?;
         let mut maintenance = self.maintenance()?;
         let mut after: Option<Vec<u8>> = None;
         loop {
+            if stop() {
+                return Ok(false);
+            }
             let chunk = {
                 // Register the read so that a concurrent compaction keeps what it sees.
                 let read = inner.reads.begin_at(seqno + 1);
@@ -540,7 +549,7 @@ impl Tree {
             }
             match chunk.last() {
                 Some(last) if chunk.len() == CLEAR_CHUNK_KEYS => after = Some(last.to_vec()),
-                _ => return Ok(()),
+                _ => return Ok(true),
             }
         }
     }

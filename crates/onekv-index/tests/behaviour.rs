@@ -532,3 +532,29 @@ fn the_runs_layout_compacts_less_and_leveling_it_gives_the_leveled_form() {
     runs_tree.flush(1_000, 1_000_000).unwrap();
     assert!(!runs_tree.is_leveled());
 }
+
+/// A clear told to stop gives up between two chunks of keys: it reports so, the keys it reached
+/// are removed, the others are still there, and a clear asked again at a higher seqno finishes.
+#[test]
+fn a_clear_told_to_stop_gives_up_part_way_and_can_be_done_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = open(dir.path());
+    let tree = index.tree("t").unwrap();
+    let n = 5_000u32;
+    for i in 0..n {
+        tree.insert(&i.to_be_bytes(), b"v", 1);
+    }
+    tree.publish(1);
+    let chunks = std::cell::Cell::new(0);
+    let stop_after_one = || {
+        chunks.set(chunks.get() + 1);
+        chunks.get() > 1
+    };
+    assert!(!tree.clear_until(2, &stop_after_one).unwrap(), "the clear did not stop");
+    tree.publish(2);
+    let left = (0..n).filter(|i| get(&tree, &i.to_be_bytes()).is_some()).count();
+    assert!(left > 0 && left < n as usize, "{left} of {n} keys left after one chunk");
+    assert!(tree.clear_until(3, &|| false).unwrap());
+    tree.publish(3);
+    assert!((0..n).all(|i| get(&tree, &i.to_be_bytes()).is_none()));
+}

@@ -494,8 +494,9 @@ impl Applier {
 /// flushed without moving the flag (`Tree::flush_keeping_flag`). A crash part-way leaves those
 /// writes on disk under the old flag and recovery point, and the snapshot's metadata is durable
 /// before this runs, so recovery installs the snapshot again, above them. `stop`, checked
-/// between chunks, ends the install early with [`ReplicaError::Stopping`] (the node is
-/// stopping; its next recovery installs the snapshot again).
+/// between chunks of the old keys' removal and of the snapshot's pairs, ends the install early
+/// with [`ReplicaError::Stopping`] (the node is stopping or the replica leaves it; a recovery
+/// installs the snapshot again). The final flush is not cut short.
 pub(crate) fn install_snapshot(
     state: &State,
     shard: u64,
@@ -508,11 +509,21 @@ pub(crate) fn install_snapshot(
     let _installing = state::InstallGuard::begin(state);
     let (clear_at, write_at) = install_seqnos(index, state.tree.last_written_seqno())?;
     let flushed = |e| storage(format!("flushing part of a snapshot's install: {e}"));
-    state.tree.clear(clear_at).map_err(|e| storage(format!("clearing the index: {e}")))?;
+    let stopped = || stop.load(Ordering::Relaxed);
+    // The metadata is durable: a stop anywhere here leaves the next recovery to install again.
+    if stopped() {
+        return Err(ReplicaError::Stopping);
+    }
+    let cleared = state
+        .tree
+        .clear_until(clear_at, &stopped)
+        .map_err(|e| storage(format!("clearing the index: {e}")))?;
+    if !cleared {
+        return Err(ReplicaError::Stopping);
+    }
     state.requests().reset();
     for chunk in chunk_locators {
-        if stop.load(Ordering::Relaxed) {
-            // The metadata is durable: the node's next recovery installs the snapshot again.
+        if stopped() {
             return Err(ReplicaError::Stopping);
         }
         // Only ever delays (a test's callback): slows an install down to watch the node meanwhile.

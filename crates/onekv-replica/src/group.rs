@@ -70,6 +70,9 @@ pub(crate) struct GroupShared {
     pub status: Mutex<ReplicaStatus>,
     /// Commit index covered by a durable HARD_STATE record.
     pub durable_commit: AtomicU64,
+    /// The index of the snapshot being installed off the loop (0: none): a message of that
+    /// snapshot needs no fetch (`snapshot::install`).
+    pub installing: AtomicU64,
     /// Log records the recovery at open scanned for this shard.
     pub recovery_records: u64,
     /// Entries the recovery at open replayed into this shard's tree.
@@ -627,6 +630,7 @@ impl Group {
                 if !ready.snapshot().is_empty()
                     && let Some(job) = self.install_snapshot(ready.snapshot().clone(), ctx)?
                 {
+                    self.shared.installing.store(job.index, Ordering::SeqCst);
                     self.installing = Some(Installing { job, ready, applied_before });
                     return Ok(None);
                 }
@@ -1247,6 +1251,7 @@ impl Group {
             "installed a snapshot"
         );
         self.shared.durable_commit.fetch_max(index, Ordering::SeqCst);
+        self.shared.installing.store(0, Ordering::SeqCst);
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {
             if *entry.key() > index {

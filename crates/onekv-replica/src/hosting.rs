@@ -229,6 +229,7 @@ impl GroupParts {
                 ..Default::default()
             }),
             durable_commit: AtomicU64::new(hard_state.commit),
+            installing: AtomicU64::new(0),
             recovery_records: recovered.recovered.records,
             recovery_replayed: recovered.recovered.replayed,
             state: RwLock::new(Some(state.clone())),

@@ -264,8 +264,8 @@ impl NodeLoop {
         if self.ctx.failed.is_some() {
             return Turn::Continue;
         }
-        // A group whose snapshot is being installed off the loop is only stepped meanwhile
-        // (`snapshot::install`).
+        // A group whose snapshot is being installed off the loop is neither ticked nor stepped
+        // meanwhile; only `prepare` polls its install (`snapshot::install`).
         for group in self.groups.values_mut().filter(|group| group.installing.is_none()) {
             if tick {
                 group.tick(now, &self.ctx);

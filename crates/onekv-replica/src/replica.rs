@@ -523,9 +523,12 @@ impl Node {
             if data == crate::snapshot::stream::STREAMED {
                 let Some(group) = self.groups().get(&shard).cloned() else { return };
                 // A snapshot no newer than what this replica committed durably: Raft refuses it
-                // (and answers the leader) without anything to fetch.
+                // (and answers the leader) without anything to fetch. One being installed: the
+                // group drops the message until the install ends.
                 let index = message.get_snapshot().get_metadata().index;
-                if index <= group.durable_commit.load(Ordering::SeqCst) {
+                let have =
+                    group.durable_commit.load(Ordering::SeqCst).max(group.installing.load(Ordering::SeqCst));
+                if index <= have {
                     return self.deliver(shard, message);
                 }
                 if let Some(state) = self.state(shard) {

@@ -69,8 +69,8 @@ pub(crate) struct State {
     pub entry_tree: Option<Tree>,
     /// Key and value bytes applied since this process started.
     pub user_bytes: AtomicU64,
-    /// The window of recent request ids, kept in `tree` (used by the loop thread only; the lock is
-    /// uncontended).
+    /// The window of recent request ids, kept in `tree` (used by the loop thread, and by a
+    /// snapshot's install thread while the loop leaves the shard alone: the lock is uncontended).
     pub requests: Mutex<RequestWindow>,
     /// Damaged values found so far.
     pub corruption: Corruption,

@@ -8,8 +8,8 @@
 //! it in the shard's [`Stagings`](super::stream::Stagings), with where the next chunk starts, so a
 //! fetch that failed resumes there at the next snapshot message of the same index (from any
 //! sender: every replica's state at one index is the same). Once the last chunk is durable the
-//! message goes to the loop marked [`STAGED`](super::stream::STAGED), and the loop installs the
-//! stored chunks as it installed a whole snapshot before (`apply`). A broken stream or a crash
+//! message goes to the loop marked [`STAGED`](super::stream::STAGED), and the group installs the
+//! stored chunks, on an install thread (`super::install`). A broken stream or a crash
 //! leaves chunks nobody installs: the shard's state is unchanged, and recovery ignores chunks with
 //! no SNAP_META after them (after a crash the fetch starts over: stagings live in memory).
 //!
@@ -66,7 +66,6 @@ struct Slots {
 /// A snapshot message that found every fetch slot taken.
 struct Waiting {
     message: Message,
-    state: Arc<State>,
     since: Instant,
 }
 
@@ -102,20 +101,24 @@ impl Fetches {
         self.start(&mut slots, node, shard, message, state);
     }
 
-    /// Starts the oldest message waiting for a slot, if one is free; messages that waited too
-    /// long are dropped (their sender sends again).
+    /// Hands the oldest message waiting for a slot to the node again, if a slot is free: it is
+    /// checked as when it arrived (the shard may have caught up meanwhile) and offered again.
+    /// Messages that waited too long are dropped (their sender sends again).
     fn start_waiting(&self, node: &Node) {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.active.retain(|_, fetch| fetch.running());
-        let now = Instant::now();
-        slots.waiting.retain(|_, waiting| now.duration_since(waiting.since) < WAIT_FOR_SLOT);
-        if self.stop.load(Ordering::SeqCst) || slots.active.len() >= MAX_FETCHES {
-            return;
-        }
-        let oldest = slots.waiting.iter().min_by_key(|(_, waiting)| waiting.since).map(|(shard, _)| *shard);
-        if let Some(shard) = oldest {
-            let waiting = slots.waiting.remove(&shard).expect("found above");
-            self.start(&mut slots, node, shard, waiting.message, waiting.state);
+        let next = {
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            slots.active.retain(|_, fetch| fetch.running());
+            let now = Instant::now();
+            slots.waiting.retain(|_, waiting| now.duration_since(waiting.since) < WAIT_FOR_SLOT);
+            if self.stop.load(Ordering::SeqCst) || slots.active.len() >= MAX_FETCHES {
+                return;
+            }
+            let oldest =
+                slots.waiting.iter().min_by_key(|(_, waiting)| waiting.since).map(|(shard, _)| *shard);
+            oldest.and_then(|shard| Some((shard, slots.waiting.remove(&shard)?)))
+        };
+        if let Some((shard, waiting)) = next {
+            node.step(shard, waiting.message);
         }
     }
 
@@ -156,7 +159,7 @@ impl Fetches {
                         index,
                         "the node fetches its most snapshots; this one waits"
                     );
-                    slots.waiting.insert(shard, Waiting { message, state, since: Instant::now() });
+                    slots.waiting.insert(shard, Waiting { message, since: Instant::now() });
                 }
                 return;
             }
@@ -180,7 +183,8 @@ impl Fetches {
                     let _ = previous.join();
                 }
                 let node = fetch.node.clone();
-                fetch.run();
+                // A panic ends this fetch (its chunks stay for a resume), not the queue behind it.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fetch.run()));
                 ended.store(true, Ordering::SeqCst);
                 node.inner().fetches.start_waiting(&node);
             }

@@ -102,9 +102,17 @@ impl Install {
                 move || {
                     let result = match installs.acquire(&cancel) {
                         None => Err(ReplicaError::Stopping),
-                        Some(_permit) => {
+                        Some(_permit) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             crate::apply::install_snapshot(&state, shard, index, &chunks, &note, &cancel)
-                        }
+                        }))
+                        .unwrap_or_else(|panic| {
+                            let what = panic
+                                .downcast_ref::<String>()
+                                .cloned()
+                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                                .unwrap_or_else(|| "unknown panic".into());
+                            Err(storage(format!("installing a snapshot panicked: {what}")))
+                        }),
                     };
                     let _ = answer.send(result);
                 }
