@@ -159,6 +159,15 @@ impl NodeClock {
     }
 }
 
+/// What a caught panic said.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 impl NodeLoop {
     /// Runs the loop on the current thread until shutdown: waits for inputs until the next tick is
     /// due, then takes a turn.
@@ -210,12 +219,7 @@ impl NodeLoop {
         let turn = match outcome {
             Ok(turn) => turn,
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown panic".into());
-                self.fail(format!("the node loop panicked: {what}"));
+                self.fail(format!("the node loop panicked: {}", panic_message(panic.as_ref())));
                 Turn::Continue
             }
         };

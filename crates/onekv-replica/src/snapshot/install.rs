@@ -106,11 +106,7 @@ impl Install {
                             crate::apply::install_snapshot(&state, shard, index, &chunks, &note, &cancel)
                         }))
                         .unwrap_or_else(|panic| {
-                            let what = panic
-                                .downcast_ref::<String>()
-                                .cloned()
-                                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                                .unwrap_or_else(|| "unknown panic".into());
+                            let what = crate::node::panic_message(panic.as_ref());
                             Err(storage(format!("installing a snapshot panicked: {what}")))
                         }),
                     };
