@@ -126,6 +126,10 @@ pub struct ReplicaConfig {
     /// half the log's record limit: each chunk is stored as it arrives, in records of its own);
     /// between [`SNAPSHOT_CHUNK_BYTES_RANGE`]'s bounds.
     pub snapshot_chunk_bytes: usize,
+    /// Whether a follower fetches a streamed snapshot from another replica of its shard than the
+    /// leader when one is up to date (at the snapshot's index or later), sparing the leader,
+    /// which serves the clients, the reads and sends; the leader's snapshot is the fallback.
+    pub snapshot_from_followers: bool,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot).
     pub raft_log_keep_entries: u64,
@@ -193,6 +197,7 @@ impl ReplicaConfig {
             flush_every: Duration::from_secs(300),
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
             snapshot_chunk_bytes: 4 << 20,
+            snapshot_from_followers: true,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
             max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
@@ -605,7 +610,8 @@ pub struct ReplicaStatus {
     /// On a leader: each other member's replication progress (a follower that is catching up,
     /// waiting for a snapshot, or stuck shows here).
     pub followers: Vec<FollowerStatus>,
-    /// On a leader: what its snapshot builder is doing (building, ready, or failing and why).
+    /// The snapshots this replica serves (a leader its own, another replica in the leader's stead),
+    /// fetches or installs, and how they stand (building, ready, or failing and why).
     pub snapshot: Option<String>,
     /// Request ids in the window of recent requests.
     pub request_ids: u64,
@@ -752,8 +758,13 @@ pub struct ChunkRequest {
     pub from: u64,
     /// The shard whose snapshot it is.
     pub shard: u64,
-    /// The snapshot's index (a node serves at most one snapshot per shard at a time).
+    /// The snapshot's index (a node serves at most one snapshot per shard at a time), or with
+    /// `any_view` the lowest index the asker can use.
     pub index: u64,
+    /// Asks another replica than the leader for the first chunk of a view of its own, at
+    /// `index` or after (it makes one at its applied index if it serves none that fits): the
+    /// chunk says which view it is ([`SnapshotChunk::view`]), and the next requests name it.
+    pub any_view: bool,
     /// Where the chunk starts.
     pub cursor: ChunkCursor,
     /// About how many bytes of pairs to answer (a chunk holds at least one pair, so a large value
@@ -763,12 +774,14 @@ pub struct ChunkRequest {
 
 /// One chunk of a streamed snapshot: pairs in the snapshot-pairs format (values with their
 /// checksums; the request-id window's pairs under the empty key, after every user key).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SnapshotChunk {
     /// Whole pairs.
     pub pairs: Vec<u8>,
     /// Where the next chunk starts; `None` after the last one.
     pub next: Option<ChunkCursor>,
+    /// The served view's index, term and members, in the answer to an `any_view` request only.
+    pub view: Option<raft::eraftpb::SnapshotMetadata>,
 }
 
 /// The sizes a snapshot chunk may be asked for (inclusive): large enough that a chunk is not

@@ -49,6 +49,13 @@ pub(crate) enum GroupInput {
         to: u64,
         done: Done<()>,
     },
+    /// Serve follower `asked_by` a view of the shard at `at_least` or later, in the leader's
+    /// stead ([`crate::ChunkRequest::any_view`]).
+    ServeView {
+        at_least: u64,
+        asked_by: u64,
+        done: Done<Arc<crate::snapshot::stream::Served>>,
+    },
 }
 
 impl GroupInput {
@@ -59,6 +66,7 @@ impl GroupInput {
             GroupInput::ReadBarrier(done) => done(Err(error)),
             GroupInput::ChangeMembers { done, .. } => done(Err(error)),
             GroupInput::TransferLeader { done, .. } => done(Err(error)),
+            GroupInput::ServeView { done, .. } => done(Err(error)),
             GroupInput::Step(_) => {}
         }
     }
@@ -251,7 +259,32 @@ impl Group {
             }
             GroupInput::ChangeMembers { change, done } => self.propose_member_change(change, done, ctx),
             GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),
+            GroupInput::ServeView { at_least, asked_by, done } => {
+                done(self.serve_view(at_least, asked_by, ctx))
+            }
         }
+    }
+
+    /// A view for a follower that asked this replica for a snapshot instead of the leader.
+    fn serve_view(
+        &mut self,
+        at_least: u64,
+        asked_by: u64,
+        ctx: &NodeCtx,
+    ) -> Result<Arc<crate::snapshot::stream::Served>, ReplicaError> {
+        if let Some(failed) = &ctx.failed {
+            return Err(ReplicaError::Storage(failed.clone()));
+        }
+        if self.installing.is_some() {
+            return Err(ReplicaError::Dropped("this replica is installing a snapshot".into()));
+        }
+        let leader = self.role() == StateRole::Leader;
+        let store = self.raw.store();
+        let applied = (store.applied_index, store.applied_term);
+        let mut snapshots = store.snapshots.lock().unwrap_or_else(|e| e.into_inner());
+        snapshots
+            .serve_for(applied, &store.conf_state, at_least, asked_by, leader, Instant::now())
+            .map_err(|why| ReplicaError::Dropped(format!("shard {}: {why}", self.shard)))
     }
 
     /// What membership changes add before Raft steps a message from a peer (`None` drops it): a

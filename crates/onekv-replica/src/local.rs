@@ -7,8 +7,8 @@
 
 use crate::{ChunkRequest, Message, Replica, SnapshotChunk, Transport};
 use std::collections::HashMap;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 /// Delivers Raft messages between the replicas added to it; messages to or from a node that is
 /// not (or no longer) added are dropped, as a network drops them to a dead node.
@@ -22,6 +22,10 @@ pub struct Router {
     fail_chunks_after: AtomicU64,
     /// Microseconds each chunk call waits before it is answered, as a slow sender would.
     chunk_delay_us: AtomicU64,
+    /// Per node asked: chunk calls it answered and bytes of pairs it sent.
+    served: Mutex<HashMap<u64, (u64, u64)>>,
+    /// A node whose chunk calls fail after the given number of them (as a sender that dies).
+    failing_sender: Mutex<Option<(u64, u64)>>,
 }
 
 /// Decides whether the router loses a message (`true`: dropped).
@@ -58,6 +62,17 @@ impl Router {
     /// away mid-stream would (`None`: none fail).
     pub fn fail_chunk_calls_after(&self, calls: Option<u64>) {
         self.fail_chunks_after.store(calls.map_or(0, |calls| calls + 1), Ordering::SeqCst);
+    }
+
+    /// Fails the snapshot chunk calls to node `to` once it answered `calls` of them (`None`:
+    /// none fail).
+    pub fn fail_chunk_calls_to(&self, failing: Option<(u64, u64)>) {
+        *self.failing_sender.lock().unwrap_or_else(|e| e.into_inner()) = failing;
+    }
+
+    /// Snapshot chunk calls node `to` answered, and the bytes of pairs it sent in them.
+    pub fn chunks_served_by(&self, to: u64) -> (u64, u64) {
+        self.served.lock().unwrap_or_else(|e| e.into_inner()).get(&to).copied().unwrap_or_default()
     }
 
     /// Makes every snapshot chunk call wait `delay` before it is answered.
@@ -102,6 +117,18 @@ impl Transport for Router {
         }
         let replica = replicas.get(&to).ok_or_else(|| format!("node {to} is not added"))?.clone();
         drop(replicas);
-        replica.node().snapshot_chunk(request).map_err(|e| e.to_string())
+        let answered = self.chunks_served_by(to).0;
+        if let Some((failing, calls)) = *self.failing_sender.lock().unwrap_or_else(|e| e.into_inner())
+            && failing == to
+            && answered >= calls
+        {
+            return Err(format!("node {to} answered {answered} chunk calls and fails the rest (injected)"));
+        }
+        let chunk = replica.node().snapshot_chunk(request).map_err(|e| e.to_string())?;
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = served.entry(to).or_default();
+        entry.0 += 1;
+        entry.1 += chunk.pairs.len() as u64;
+        Ok(chunk)
     }
 }

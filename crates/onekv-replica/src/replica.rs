@@ -26,6 +26,10 @@ const SIMULATED_UNIX_MS: u64 = 1_600_000_000_000;
 /// Inputs queued for the loop before new ones are refused.
 const INBOX_CAPACITY: usize = 65_536;
 
+/// How long a chunk request for any view waits for the loop to make one (well within the
+/// transport's call timeout).
+const VIEW_WAIT: Duration = Duration::from_secs(10);
+
 /// The loop of a node opened with [`Node::open_driven`]: the caller takes its turns.
 /// Dropping it is a crash: nothing is failed or flushed, pending requests are never answered.
 pub struct DrivenLoop {
@@ -85,6 +89,11 @@ pub(crate) struct NodeInner {
     pub(crate) transport: Arc<dyn Transport>,
     /// `ReplicaConfig::snapshot_chunk_bytes`.
     pub(crate) snapshot_chunk_bytes: usize,
+    /// `ReplicaConfig::snapshot_from_followers`.
+    pub(crate) snapshot_from_followers: bool,
+    /// `ReplicaConfig::snapshot_timeout`: a fetch from a follower shows the leader it is alive
+    /// well within it.
+    pub(crate) snapshot_timeout: Duration,
     /// The snapshots this node is fetching (`snapshot::fetch`).
     pub(crate) fetches: crate::snapshot::fetch::Fetches,
     /// Where the shards this node removed replicas of went: the voters each last knew (from the
@@ -418,6 +427,8 @@ impl Node {
         let node_id = config.node_id;
         let limits = config.limits.clone();
         let snapshot_chunk_bytes = config.snapshot_chunk_bytes;
+        let (snapshot_from_followers, snapshot_timeout) =
+            (config.snapshot_from_followers, config.snapshot_timeout);
         let node_transport = transport.clone();
         let node_loop = NodeLoop {
             ctx: NodeCtx {
@@ -460,6 +471,8 @@ impl Node {
                 gc: Mutex::new(None),
                 transport: node_transport,
                 snapshot_chunk_bytes,
+                snapshot_from_followers,
+                snapshot_timeout,
                 fetches: Default::default(),
             }),
         };
@@ -561,6 +574,9 @@ impl Node {
         let state = self.state(request.shard).ok_or_else(|| {
             ReplicaError::InvalidArgument(format!("this node holds no replica of shard {}", request.shard))
         })?;
+        if request.any_view {
+            return self.serve_in_leaders_stead(request);
+        }
         let served = state.served.lock().unwrap_or_else(|e| e.into_inner()).clone();
         match served {
             Some(served) if served.index == request.index => served.chunk(request),
@@ -569,6 +585,32 @@ impl Node {
                 request.shard, request.index
             ))),
         }
+    }
+
+    /// The first chunk of a view this replica serves a follower in its leader's stead: the loop
+    /// makes (or finds) the view, this thread reads the chunk.
+    fn serve_in_leaders_stead(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
+        if request.cursor != crate::ChunkCursor::Start {
+            return Err(ReplicaError::InvalidArgument(
+                "a request for any view starts at the first key".into(),
+            ));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let done: Done<_> = Box::new(move |result| {
+            let _ = tx.send(result);
+        });
+        let (at_least, asked_by) = (request.index, request.from);
+        self.send(Input::Group(request.shard, GroupInput::ServeView { at_least, asked_by, done }));
+        let served = rx.recv_timeout(VIEW_WAIT).map_err(|_| {
+            ReplicaError::Dropped(format!(
+                "shard {}: the loop made no view within {VIEW_WAIT:?}",
+                request.shard
+            ))
+        })??;
+        let mut chunk =
+            served.chunk(&ChunkRequest { index: served.index, any_view: false, ..request.clone() })?;
+        chunk.view = Some(served.metadata.clone());
+        Ok(chunk)
     }
 
     /// Queues `input` for the loop; if it cannot be queued, fails its reply (if it has one).

@@ -29,6 +29,8 @@ struct Cluster {
     scrub_bytes_per_sec: u64,
     /// Log segment size (the default when `None`).
     segment_bytes: Option<u64>,
+    /// Whether a node opened from now on fetches snapshots from another follower than the leader.
+    snapshot_from_followers: bool,
     next_seq: u64,
 }
 
@@ -41,6 +43,7 @@ impl Cluster {
             mode,
             scrub_bytes_per_sec,
             segment_bytes: None,
+            snapshot_from_followers: true,
             next_seq: 1,
         };
         for id in cluster.ids.clone() {
@@ -64,6 +67,7 @@ impl Cluster {
         config.raft_log_keep_entries = 5;
         config.snapshot_timeout = Duration::from_secs(1);
         config.scrub_bytes_per_sec = self.scrub_bytes_per_sec;
+        config.snapshot_from_followers = self.snapshot_from_followers;
         if let Some(bytes) = self.segment_bytes {
             config.segment_bytes = bytes;
         }
@@ -357,8 +361,10 @@ fn a_leader_with_a_damaged_value_keeps_serving_and_builds_snapshots_once_it_is_r
     let lagging = (1..=3).find(|id| *id != leader).unwrap();
     cluster.stop(lagging);
     damage(&cluster.dir(leader).join("log"), &damaged_value);
-    // The lagging node falls behind the leader's Raft log: it can only catch up by a snapshot.
+    // The lagging node falls behind the leader's Raft log: it can only catch up by a snapshot,
+    // the leader's (the other follower's copy is whole and would serve it instead).
     fill(&mut cluster, "more", 100);
+    cluster.snapshot_from_followers = false;
     cluster.open(lagging);
 
     // The first build meets the damaged value and fails, saying why; the leader keeps leading

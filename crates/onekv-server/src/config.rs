@@ -225,6 +225,9 @@ pub struct RaftConfig {
     /// Bytes of keys and values a follower fetches per chunk of a streamed snapshot; 4 KiB to
     /// 64 MiB. Default 4 MiB.
     pub snapshot_chunk_bytes: u64,
+    /// Whether a follower that needs a snapshot fetches it from another up-to-date replica of
+    /// the shard rather than the leader (the leader's is the fallback). Default true.
+    pub snapshot_from_followers: bool,
 }
 
 /// `[limits]`: bounds on what one request may carry; requests over a bound are rejected with
@@ -455,6 +458,7 @@ impl Default for RaftConfig {
             heartbeat_ticks: defaults.heartbeat_ticks,
             raft_log_keep_entries: defaults.raft_log_keep_entries,
             snapshot_chunk_bytes: defaults.snapshot_chunk_bytes as u64,
+            snapshot_from_followers: defaults.snapshot_from_followers,
         }
     }
 }
@@ -957,6 +961,7 @@ impl ServerConfig {
         config.heartbeat_ticks = self.raft.heartbeat_ticks;
         config.raft_log_keep_entries = self.raft.raft_log_keep_entries;
         config.snapshot_chunk_bytes = self.raft.snapshot_chunk_bytes as usize;
+        config.snapshot_from_followers = self.raft.snapshot_from_followers;
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
         config.index_layout = match self.index.layout {

@@ -17,6 +17,7 @@ use onekv_proto::{
 };
 use onekv_replica::{ChunkCursor, ChunkRequest, Message, SnapshotChunk};
 use protobuf::Message as _;
+use raft::eraftpb::SnapshotMetadata;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
@@ -221,6 +222,7 @@ pub fn chunk_request_from_wire(wire: SnapshotChunkRequest) -> Result<ChunkReques
         from: wire.from,
         shard: wire.shard,
         index: wire.index,
+        any_view: wire.any_view,
         cursor,
         max_bytes: wire.max_bytes,
     })
@@ -237,6 +239,7 @@ pub fn chunk_request_to_wire(request: &ChunkRequest) -> SnapshotChunkRequest {
         after_key,
         window_pair,
         max_bytes: request.max_bytes,
+        any_view: request.any_view,
     }
 }
 
@@ -244,12 +247,14 @@ pub fn chunk_request_to_wire(request: &ChunkRequest) -> SnapshotChunkRequest {
 pub fn chunk_to_wire(chunk: SnapshotChunk) -> SnapshotChunkReply {
     let (next_cursor, next_after_key, next_window_pair) =
         chunk.next.as_ref().map(cursor_to_wire).unwrap_or_default();
+    let view = chunk.view.map(|view| view.write_to_bytes().unwrap_or_default()).unwrap_or_default();
     SnapshotChunkReply {
         pairs: chunk.pairs,
         more: chunk.next.is_some(),
         next_cursor,
         next_after_key,
         next_window_pair,
+        view,
     }
 }
 
@@ -262,7 +267,14 @@ pub fn chunk_from_wire(wire: SnapshotChunkReply) -> Result<SnapshotChunk, String
         ),
         false => None,
     };
-    Ok(SnapshotChunk { pairs: wire.pairs, next })
+    let view = match wire.view.is_empty() {
+        true => None,
+        false => Some(
+            SnapshotMetadata::parse_from_bytes(&wire.view)
+                .map_err(|error| format!("a snapshot chunk's view does not decode: {error}"))?,
+        ),
+    };
+    Ok(SnapshotChunk { pairs: wire.pairs, next, view })
 }
 
 fn cursor_from_wire(kind: u32, after_key: Vec<u8>, window_pair: u32) -> Result<ChunkCursor, Status> {

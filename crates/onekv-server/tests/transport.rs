@@ -41,12 +41,22 @@ impl Peer for FakePeer {
         Ok(Response::new(PeerAck {}))
     }
 
-    /// Answers with the request's fields in the pairs, and a cursor after the key "next".
+    /// Answers with the request's fields in the pairs, and a cursor after the key "next"; asked
+    /// for any view, names one at the next index, of term 3, with voters 1 and 2.
     async fn snapshot_chunk(
         &self,
         request: Request<onekv_proto::SnapshotChunkRequest>,
     ) -> Result<Response<onekv_proto::SnapshotChunkReply>, Status> {
         let r = request.into_inner();
+        let view = match r.any_view {
+            true => {
+                let mut view =
+                    raft::eraftpb::SnapshotMetadata { index: r.index + 1, term: 3, ..Default::default() };
+                view.mut_conf_state().voters = vec![1, 2];
+                view.write_to_bytes().unwrap()
+            }
+            false => Vec::new(),
+        };
         Ok(Response::new(onekv_proto::SnapshotChunkReply {
             pairs: format!(
                 "from {} shard {} index {} cursor {} max {}",
@@ -57,6 +67,7 @@ impl Peer for FakePeer {
             next_cursor: 1,
             next_after_key: b"next".to_vec(),
             next_window_pair: 0,
+            view,
         }))
     }
 }
@@ -398,19 +409,30 @@ async fn snapshot_chunks_are_fetched_from_a_thread_outside_the_runtime() {
         from: 1,
         shard: 7,
         index: 42,
+        any_view: false,
         cursor: ChunkCursor::AfterKey(b"k".to_vec()),
         max_bytes: 4096,
     };
+    let any_view = ChunkRequest { any_view: true, cursor: ChunkCursor::Start, ..request.clone() };
     let fetched = {
         let transport = Arc::clone(&transport);
         let request = request.clone();
         std::thread::spawn(move || {
-            (transport.fetch_snapshot_chunk(2, &request), transport.fetch_snapshot_chunk(9, &request))
+            (
+                transport.fetch_snapshot_chunk(2, &request),
+                transport.fetch_snapshot_chunk(9, &request),
+                transport.fetch_snapshot_chunk(2, &any_view),
+            )
         })
     };
-    let (chunk, unknown) = tokio::task::spawn_blocking(move || fetched.join().unwrap()).await.unwrap();
+    let (chunk, unknown, viewed) =
+        tokio::task::spawn_blocking(move || fetched.join().unwrap()).await.unwrap();
     let chunk = chunk.unwrap();
     assert_eq!(chunk.pairs, b"from 1 shard 7 index 42 cursor 1 max 4096");
     assert_eq!(chunk.next, Some(ChunkCursor::AfterKey(b"next".to_vec())));
+    assert_eq!(chunk.view, None);
     assert!(unknown.unwrap_err().contains("node 9"));
+    // A request for any view says so, and the view named in the answer arrives whole.
+    let view = viewed.unwrap().view.expect("a view");
+    assert_eq!((view.index, view.term, view.get_conf_state().voters.clone()), (43, 3, vec![1, 2]));
 }

@@ -7,7 +7,11 @@
 //! SNAP_CHUNK records (durable before the next is asked for: memory stays one chunk) and records
 //! it in the shard's [`Stagings`](super::stream::Stagings), with where the next chunk starts, so a
 //! fetch that failed resumes there at the next snapshot message of the same index (from any
-//! sender: every replica's state at one index is the same). Once the last chunk is durable the
+//! sender: every replica's state at one index is the same). The sender is, when it can, another
+//! replica than the leader, serving a view of its own at the message's index or later
+//! ([`crate::ChunkRequest::any_view`]); the message then goes to Raft with that view's metadata,
+//! and the leader is asked for a small chunk every few seconds, so it keeps its view, the entries
+//! after it and its patience (`Fetch::fetch_from_another_replica`). Once the last chunk is durable the
 //! message goes to the loop marked [`STAGED`](super::stream::STAGED), and the group installs the
 //! stored chunks, on an install thread (`super::install`). A broken stream or a crash
 //! leaves chunks nobody installs: the shard's state is unchanged, and recovery ignores chunks with
@@ -40,6 +44,11 @@ const MAX_FAILURES: u32 = 5;
 
 /// The first wait after a failed chunk request; doubles per failure.
 const FIRST_RETRY: Duration = Duration::from_millis(200);
+
+/// How often a fetch from another replica than the leader asks the leader for a small chunk of
+/// its view, at most and at least (a third of `snapshot_timeout` in between).
+const KEEP_ALIVE_MAX: Duration = Duration::from_secs(5);
+const KEEP_ALIVE_MIN: Duration = Duration::from_millis(100);
 
 /// A fetch logs its progress this often.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -243,35 +252,133 @@ impl Fetch {
             return;
         }
         if !stagings().is_complete(index) {
-            let first_position = self.state.raft_log.end_position();
-            let resume = stagings().begin(index, sender, first_position, Instant::now());
-            let started = Instant::now();
-            tracing::info!(shard, index, from = sender, resume_at_chunk = resume.1, "fetching a snapshot");
-            match self.fetch(index, sender, resume) {
-                Ok((chunks, bytes)) => {
-                    stagings().complete(index, Instant::now());
-                    let seconds = started.elapsed().as_secs_f64();
-                    tracing::info!(
-                        shard,
-                        index,
-                        from = sender,
-                        chunks,
-                        bytes,
-                        elapsed_ms = (seconds * 1000.0) as u64,
-                        mib_per_sec = bytes as f64 / (1 << 20) as f64 / seconds.max(1e-3),
-                        "fetched a snapshot"
-                    );
-                }
-                Err(error) => {
-                    // The chunks stored so far stay: the next snapshot message of this index
-                    // resumes after them.
-                    tracing::warn!(shard, index, from = sender, %error, "a snapshot fetch failed; the next snapshot message of this index resumes it");
-                    return;
+            let elsewhere = match self.node.inner().snapshot_from_followers {
+                true => self.fetch_from_another_replica(index),
+                false => None,
+            };
+            match elsewhere {
+                // Raft takes it as the leader's: a state at a later index of the same log.
+                Some(view) => self.message.mut_snapshot().set_metadata(view),
+                None => {
+                    if let Err(error) = self.fetch_staged(index, sender, None) {
+                        // The chunks stored so far stay: the next snapshot message of this index
+                        // resumes after them.
+                        tracing::warn!(shard, index, from = sender, %error, "a snapshot fetch failed; the next snapshot message of this index resumes it");
+                        return;
+                    }
                 }
             }
         }
         self.message.mut_snapshot().data = STAGED.to_vec().into();
         self.node.deliver(shard, self.message);
+    }
+
+    /// Fetches the view at `index` from `sender` into a staging (resumed where an earlier fetch
+    /// of it stopped); `first` is the view's first chunk when the caller has it already.
+    fn fetch_staged(&self, index: u64, sender: u64, first: Option<SnapshotChunk>) -> Result<(), String> {
+        let stagings = || self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
+        let first_position = self.state.raft_log.end_position();
+        let resume = stagings().begin(index, sender, first_position, Instant::now());
+        // Resumed after what an earlier fetch stored: the first chunk is not needed.
+        let first = first.filter(|_| resume.0 == ChunkCursor::Start);
+        let started = Instant::now();
+        let shard = self.shard;
+        tracing::info!(shard, index, from = sender, resume_at_chunk = resume.1, "fetching a snapshot");
+        let (chunks, bytes) = self.fetch(index, sender, resume, first)?;
+        stagings().complete(index, Instant::now());
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(
+            shard,
+            index,
+            from = sender,
+            chunks,
+            bytes,
+            elapsed_ms = (seconds * 1000.0) as u64,
+            mib_per_sec = bytes as f64 / (1 << 20) as f64 / seconds.max(1e-3),
+            "fetched a snapshot"
+        );
+        Ok(())
+    }
+
+    /// Fetches a view at `index` or later from a replica of the shard other than the leader
+    /// (the first that has one: a voter, else a learner), so the leader, which serves the
+    /// clients, neither reads nor sends the state. Meanwhile a small chunk of the leader's view is
+    /// asked for every few seconds: the leader keeps that view, the Raft entries after it (which
+    /// this replica takes next, after the later index) and its patience with this follower
+    /// (`snapshot_timeout`). Returns the view's metadata once every chunk is stored; `None`
+    /// when no other replica could serve it (behind, down, or a leader itself).
+    fn fetch_from_another_replica(&self, index: u64) -> Option<raft::eraftpb::SnapshotMetadata> {
+        let leader = self.message.from;
+        let me = self.node.inner().node_id;
+        let members = self.message.get_snapshot().get_metadata().get_conf_state();
+        let mut candidates: Vec<u64> = members.voters.iter().chain(&members.learners).copied().collect();
+        candidates.retain(|id| *id != leader && *id != me);
+        if candidates.is_empty() {
+            return None;
+        }
+        let keep_alive_done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.keep_leaders_view(index, &keep_alive_done));
+            let fetched = candidates.iter().find_map(|candidate| self.fetch_from(*candidate, index, me));
+            keep_alive_done.store(true, Ordering::SeqCst);
+            fetched
+        })
+    }
+
+    /// Fetches from `candidate` the view at `index` or later it serves in the leader's stead.
+    fn fetch_from(&self, candidate: u64, index: u64, me: u64) -> Option<raft::eraftpb::SnapshotMetadata> {
+        let shard = self.shard;
+        if self.stopped().is_some() {
+            return None;
+        }
+        let request = ChunkRequest { any_view: true, ..self.chunk_request(index, &ChunkCursor::Start) };
+        let first = match self.node.inner().transport.fetch_snapshot_chunk(candidate, &request) {
+            Ok(first) => first,
+            Err(error) => {
+                tracing::debug!(shard, index, candidate, %error, "another replica cannot serve the snapshot");
+                return None;
+            }
+        };
+        let view = match first.view.clone() {
+            Some(view) if view.index >= index && crate::membership::is_member(view.get_conf_state(), me) => {
+                view
+            }
+            view => {
+                tracing::warn!(
+                    shard,
+                    index,
+                    candidate,
+                    ?view,
+                    "another replica answered with a view this replica cannot use"
+                );
+                return None;
+            }
+        };
+        match self.fetch_staged(view.index, candidate, Some(first)) {
+            Ok(()) => Some(view),
+            Err(error) => {
+                tracing::warn!(shard, index = view.index, from = candidate, %error, "a snapshot fetch from another replica failed; trying elsewhere");
+                None
+            }
+        }
+    }
+
+    /// Asks the leader for a small chunk of its view at `index` every few seconds until `done`.
+    fn keep_leaders_view(&self, index: u64, done: &AtomicBool) {
+        let every = (self.node.inner().snapshot_timeout / 3).clamp(KEEP_ALIVE_MIN, KEEP_ALIVE_MAX);
+        let (low, _) = crate::SNAPSHOT_CHUNK_BYTES_RANGE;
+        let request =
+            ChunkRequest { max_bytes: low as u32, ..self.chunk_request(index, &ChunkCursor::Start) };
+        while !done.load(Ordering::SeqCst) && self.stopped().is_none() {
+            if let Err(error) = self.node.inner().transport.fetch_snapshot_chunk(self.message.from, &request)
+            {
+                tracing::debug!(shard = self.shard, index, %error, "the leader's view could not be kept");
+            }
+            let until = Instant::now() + every;
+            while Instant::now() < until && !done.load(Ordering::SeqCst) && self.stopped().is_none() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     fn stopped(&self) -> Option<&'static str> {
@@ -287,12 +394,21 @@ impl Fetch {
     /// Fetches and stores every chunk from `resume` on; returns how many chunk records and bytes
     /// this fetch stored. Each chunk is stored while the next is asked for, so the sender's reads
     /// and the network overlap this node's fsyncs (two chunks in memory at most).
-    fn fetch(&self, index: u64, sender: u64, resume: Resume) -> Result<(u32, u64), String> {
+    fn fetch(
+        &self,
+        index: u64,
+        sender: u64,
+        resume: Resume,
+        first: Option<SnapshotChunk>,
+    ) -> Result<(u32, u64), String> {
         let (mut cursor, mut number) = resume;
         let first_number = number;
         let mut bytes = 0u64;
         let mut reported = Instant::now();
-        let mut chunk = self.request(index, sender, &cursor)?;
+        let mut chunk = match first {
+            Some(chunk) => chunk,
+            None => self.request(index, sender, &cursor)?,
+        };
         loop {
             check_pairs(&chunk.pairs, &self.node.inner().limits)?;
             if let Some(next) = &chunk.next
@@ -338,14 +454,7 @@ impl Fetch {
     /// Asks `sender` for the chunk at `cursor`, retrying a failed call after a doubling wait.
     fn request(&self, index: u64, sender: u64, cursor: &ChunkCursor) -> Result<SnapshotChunk, String> {
         let inner = self.node.inner();
-        let record_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
-        let request = ChunkRequest {
-            from: inner.node_id,
-            shard: self.shard,
-            index,
-            cursor: cursor.clone(),
-            max_bytes: inner.snapshot_chunk_bytes.min(record_bytes) as u32,
-        };
+        let request = self.chunk_request(index, cursor);
         let mut failures = 0;
         loop {
             if let Some(why) = self.stopped() {
@@ -364,6 +473,20 @@ impl Fetch {
                     }
                 }
             }
+        }
+    }
+
+    /// A request for the chunk at `cursor` of the view at `index`, of the configured size.
+    fn chunk_request(&self, index: u64, cursor: &ChunkCursor) -> ChunkRequest {
+        let inner = self.node.inner();
+        let record_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
+        ChunkRequest {
+            from: inner.node_id,
+            shard: self.shard,
+            index,
+            any_view: false,
+            cursor: cursor.clone(),
+            max_bytes: inner.snapshot_chunk_bytes.min(record_bytes) as u32,
         }
     }
 

@@ -130,7 +130,7 @@ impl SnapshotBuilder {
             raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
         metadata.set_conf_state(conf_state.clone());
         if self.streamed {
-            let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, applied.0));
+            let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, metadata.clone(), None));
             *lock_served(&self.state) = Some(served.clone());
             let mut snapshot = Snapshot { data: stream::STREAMED.to_vec().into(), ..Default::default() };
             snapshot.set_metadata(metadata);
@@ -155,6 +155,51 @@ impl SnapshotBuilder {
             Slot::Ready(snapshot) => Ok(snapshot.clone()),
             _ => unavailable,
         }
+    }
+
+    /// The view this replica serves follower `asked_by`, which asked it rather than the leader
+    /// for a snapshot at `at_least` or later ([`crate::ChunkRequest::any_view`]): the view it
+    /// serves already if that is recent enough, otherwise a new one at `applied` (the loop calls
+    /// this between turns, when the tree holds exactly what is applied). Refused by a leader (it
+    /// serves the view its snapshot messages name, one at a time), by a replica behind
+    /// `at_least`, and while another follower still fetches an older view here.
+    pub fn serve_for(
+        &mut self,
+        applied: (u64, u64),
+        conf_state: &ConfState,
+        at_least: u64,
+        asked_by: u64,
+        leader: bool,
+        now: Instant,
+    ) -> Result<Arc<stream::Served>, String> {
+        let serving = lock_served(&self.state).clone();
+        if let Some(served) = serving.filter(|served| served.failure().is_none()) {
+            if served.index >= at_least {
+                return Ok(served);
+            }
+            if leader || self.fetch_floor(now).is_some() {
+                return Err(format!("this replica serves a snapshot at index {} already", served.index));
+            }
+        }
+        if leader {
+            return Err("the leader serves only the snapshots it sends".into());
+        }
+        if applied.0 < at_least {
+            return Err(format!("this replica has applied up to {}, not {at_least}", applied.0));
+        }
+        if !crate::membership::is_member(conf_state, asked_by) {
+            return Err(format!("node {asked_by} is not a member as of index {}", applied.0));
+        }
+        // Pinned before the view is taken (see `request`).
+        let pin = self.state.pins.pin();
+        let view = self.state.tree.snapshot();
+        let mut metadata =
+            raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
+        metadata.set_conf_state(conf_state.clone());
+        let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, metadata, Some(asked_by)));
+        *lock_served(&self.state) = Some(served.clone());
+        tracing::info!(index = applied.0, for_node = asked_by, "serving a snapshot in the leader's stead");
+        Ok(served)
     }
 
     /// Drops a snapshot nobody needs any more (an inline one's bytes are held in memory, a
@@ -202,7 +247,13 @@ impl SnapshotBuilder {
     /// What the builder is doing, for status: `None` when idle.
     pub fn describe(&self) -> Option<String> {
         match &*lock(&self.slot) {
-            Slot::Idle => None,
+            // A view made for a follower that asked this replica instead of the leader.
+            Slot::Idle => lock_served(&self.state).as_ref().map(|served| match served.failure() {
+                Some(error) => format!("serving a snapshot at index {} failed: {error}", served.index),
+                None => {
+                    format!("serving a snapshot at index {} in chunks, in the leader's stead", served.index)
+                }
+            }),
             Slot::Building { index } => Some(format!("building a snapshot at index {index}")),
             Slot::Serving { served, .. } => Some(match served.failure() {
                 Some(error) => format!("serving a snapshot at index {} failed: {error}", served.index),

@@ -9,6 +9,9 @@
 //! index, held (with a read pin, so the log GC keeps every value it points at) while any follower
 //! keeps fetching it.
 //!
+//! Another replica than the leader may serve a follower a view of its own instead (made by
+//! `SnapshotBuilder::serve_for`, served the same way).
+//!
 //! This module does not decide when a snapshot is needed (raft-rs) nor install one (`apply`).
 
 use crate::pins::Pin;
@@ -17,6 +20,7 @@ use crate::state::State;
 use crate::{ChunkCursor, ChunkRequest, ReplicaError, SnapshotChunk};
 use onekv_index::TreeSnapshot;
 use onekv_log::Locator;
+use raft::eraftpb::SnapshotMetadata;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -41,9 +45,13 @@ pub(crate) const KEEP_STAGED: Duration = Duration::from_secs(300);
 /// Keys read from the view per page while a chunk is filled.
 const PAGE: usize = 256;
 
-/// A view of one shard's state at one applied index, served in chunks to followers.
+/// A view of one shard's state at one applied index, served in chunks to followers: by the
+/// shard's leader (the view its snapshot message names) or by another replica a follower asked
+/// instead ([`ChunkRequest::any_view`]).
 pub(crate) struct Served {
     pub index: u64,
+    /// The view's index, the term of its entry and the members as of it.
+    pub metadata: SnapshotMetadata,
     state: Arc<State>,
     /// Held while the view is served: the log GC keeps every value the view points at.
     _pin: Pin,
@@ -63,16 +71,26 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Served {
-    pub fn new(state: Arc<State>, pin: Pin, view: TreeSnapshot, index: u64) -> Self {
+    /// A view to serve; `asked_by` is the follower it is made for (counted as fetching from it,
+    /// so it is kept until that follower's first chunk request).
+    pub fn new(
+        state: Arc<State>,
+        pin: Pin,
+        view: TreeSnapshot,
+        metadata: SnapshotMetadata,
+        asked_by: Option<u64>,
+    ) -> Self {
+        let now = Instant::now();
         Served {
-            index,
+            index: metadata.index,
+            metadata,
             state,
             _pin: pin,
             view,
             window: Mutex::new(None),
-            fetches: Mutex::new(HashMap::new()),
+            fetches: Mutex::new(asked_by.into_iter().map(|id| (id, now)).collect()),
             failure: Mutex::new(None),
-            created: Instant::now(),
+            created: now,
         }
     }
 
@@ -151,6 +169,7 @@ impl Served {
                             return Ok(SnapshotChunk {
                                 pairs,
                                 next: Some(ChunkCursor::AfterKey(key.clone())),
+                                view: None,
                             });
                         }
                     }
@@ -165,10 +184,11 @@ impl Served {
         for (at, pair) in window.iter().enumerate().skip(window_from) {
             records::push_snapshot_pair(&mut pairs, b"", pair);
             if pairs.len() >= max_bytes && at + 1 < window.len() {
-                return Ok(SnapshotChunk { pairs, next: Some(ChunkCursor::Window(at as u32 + 1)) });
+                let next = Some(ChunkCursor::Window(at as u32 + 1));
+                return Ok(SnapshotChunk { pairs, next, view: None });
             }
         }
-        Ok(SnapshotChunk { pairs, next: None })
+        Ok(SnapshotChunk { pairs, next: None, view: None })
     }
 
     fn window(&self) -> Result<Arc<Vec<Vec<u8>>>, ReplicaError> {
