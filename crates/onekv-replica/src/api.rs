@@ -130,6 +130,10 @@ pub struct ReplicaConfig {
     /// leader when one is up to date (at the snapshot's index or later), sparing the leader,
     /// which serves the clients, the reads and sends; the leader's snapshot is the fallback.
     pub snapshot_from_followers: bool,
+    /// Bytes per second this node's snapshot fetches store at most, all together (0: as fast as
+    /// they can): a node catching up leaves the rest of its disk, CPU and network, and its
+    /// senders', to the clients, at the cost of a longer catch-up.
+    pub snapshot_fetch_bytes_per_sec: u64,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot).
     pub raft_log_keep_entries: u64,
@@ -198,6 +202,7 @@ impl ReplicaConfig {
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
             snapshot_chunk_bytes: 4 << 20,
             snapshot_from_followers: true,
+            snapshot_fetch_bytes_per_sec: 0,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
             max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,

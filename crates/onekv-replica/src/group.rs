@@ -50,13 +50,21 @@ pub(crate) enum GroupInput {
         done: Done<()>,
     },
     /// Serve follower `asked_by` a view of the shard at `at_least` or later, in the leader's
-    /// stead ([`crate::ChunkRequest::any_view`]).
-    ServeView {
-        at_least: u64,
-        asked_by: u64,
-        done: Done<Arc<crate::snapshot::stream::Served>>,
-    },
+    /// stead ([`crate::ChunkRequest::any_view`]), unless `deadline` (when the asker stops
+    /// waiting) has passed.
+    ServeView(ViewRequest),
 }
+
+/// A follower's request for a view of the shard ([`GroupInput::ServeView`]).
+pub(crate) struct ViewRequest {
+    pub at_least: u64,
+    pub asked_by: u64,
+    pub deadline: Instant,
+    pub done: Done<Arc<crate::snapshot::stream::Served>>,
+}
+
+/// Requests for a view a replica holds while it applies up to their index.
+const MAX_WAITING_VIEWS: usize = 8;
 
 impl GroupInput {
     /// Answers the input's caller with `error` (a message has no caller).
@@ -66,7 +74,7 @@ impl GroupInput {
             GroupInput::ReadBarrier(done) => done(Err(error)),
             GroupInput::ChangeMembers { done, .. } => done(Err(error)),
             GroupInput::TransferLeader { done, .. } => done(Err(error)),
-            GroupInput::ServeView { done, .. } => done(Err(error)),
+            GroupInput::ServeView(request) => (request.done)(Err(error)),
             GroupInput::Step(_) => {}
         }
     }
@@ -139,6 +147,9 @@ pub(crate) struct Group {
     pub entry_tree_seqno: u64,
     /// Followers the leader is sending a snapshot to, and since when.
     pub snapshot_sends: BTreeMap<u64, Instant>,
+    /// Requests for a view of the shard waiting until this replica has applied up to their index
+    /// (at most [`MAX_WAITING_VIEWS`]).
+    pub waiting_views: Vec<ViewRequest>,
     /// When the index tree was last sealed for a flush.
     pub last_flush: Option<Instant>,
     /// The background scrub verifying this shard's stored values.
@@ -259,17 +270,43 @@ impl Group {
             }
             GroupInput::ChangeMembers { change, done } => self.propose_member_change(change, done, ctx),
             GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),
-            GroupInput::ServeView { at_least, asked_by, done } => {
-                done(self.serve_view(at_least, asked_by, ctx))
+            GroupInput::ServeView(request) => {
+                // A replica a turn or two behind the leader (the usual case under writes: the
+                // commit reaches it with the next append) waits until it has applied that far.
+                let behind = self.raw.store().applied_index < request.at_least;
+                if behind && self.waiting_views.len() < MAX_WAITING_VIEWS && now < request.deadline {
+                    self.waiting_views.push(request);
+                } else {
+                    let view = self.serve_view(&request, now, ctx);
+                    (request.done)(view);
+                }
             }
+        }
+    }
+
+    /// Answers the requests for a view that waited for this replica to apply up to their index,
+    /// once it has, or once their asker stopped waiting (the loop calls this every turn).
+    pub fn serve_waiting_views(&mut self, now: Instant, ctx: &NodeCtx) {
+        if self.waiting_views.is_empty() {
+            return;
+        }
+        let applied = self.raw.store().applied_index;
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.waiting_views).into_iter().partition(|request| {
+                applied >= request.at_least || now >= request.deadline || self.installing.is_some()
+            });
+        self.waiting_views = waiting;
+        for request in ready {
+            let view = self.serve_view(&request, now, ctx);
+            (request.done)(view);
         }
     }
 
     /// A view for a follower that asked this replica for a snapshot instead of the leader.
     fn serve_view(
         &mut self,
-        at_least: u64,
-        asked_by: u64,
+        request: &ViewRequest,
+        now: Instant,
         ctx: &NodeCtx,
     ) -> Result<Arc<crate::snapshot::stream::Served>, ReplicaError> {
         if let Some(failed) = &ctx.failed {
@@ -278,12 +315,16 @@ impl Group {
         if self.installing.is_some() {
             return Err(ReplicaError::Dropped("this replica is installing a snapshot".into()));
         }
+        // Its asker gave up: a view made now would pin the log for nobody.
+        if now >= request.deadline {
+            return Err(ReplicaError::Dropped("the request for a view waited too long".into()));
+        }
         let leader = self.role() == StateRole::Leader;
         let store = self.raw.store();
         let applied = (store.applied_index, store.applied_term);
         let mut snapshots = store.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         snapshots
-            .serve_for(applied, &store.conf_state, at_least, asked_by, leader, Instant::now())
+            .serve_for(applied, &store.conf_state, request.at_least, request.asked_by, leader, now)
             .map_err(|why| ReplicaError::Dropped(format!("shard {}: {why}", self.shard)))
     }
 
@@ -1259,6 +1300,14 @@ impl Group {
         });
         let Some(installs) = ctx.installs.clone() else {
             self.applier.install_snapshot(meta.index, &chunks, &note)?;
+            if ctx.install_hold_turns > 0 {
+                let job = crate::snapshot::install::Install::done_after(
+                    meta.index,
+                    chunks.len(),
+                    ctx.install_hold_turns,
+                );
+                return Ok(Some(job));
+            }
             self.installed(meta.index, chunks.len(), started);
             return Ok(None);
         };

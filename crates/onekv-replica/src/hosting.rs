@@ -259,6 +259,7 @@ impl GroupParts {
             persisted_hs: hard_state,
             entry_tree_seqno: recovered.entry_tree_seqno,
             snapshot_sends: BTreeMap::new(),
+            waiting_views: Vec::new(),
             last_flush: None,
             scrub,
             repairs: BTreeMap::new(),

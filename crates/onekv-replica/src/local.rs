@@ -24,8 +24,9 @@ pub struct Router {
     chunk_delay_us: AtomicU64,
     /// Per node asked: chunk calls it answered and bytes of pairs it sent.
     served: Mutex<HashMap<u64, (u64, u64)>>,
-    /// A node whose chunk calls fail after the given number of them (as a sender that dies).
-    failing_sender: Mutex<Option<(u64, u64)>>,
+    /// A node whose chunk calls fail once it answered some (as a sender that dies or is cut
+    /// off for a while): the node, the calls it answers first, and how many fail then.
+    failing_sender: Mutex<Option<(u64, u64, u64)>>,
 }
 
 /// Decides whether the router loses a message (`true`: dropped).
@@ -64,9 +65,9 @@ impl Router {
         self.fail_chunks_after.store(calls.map_or(0, |calls| calls + 1), Ordering::SeqCst);
     }
 
-    /// Fails the snapshot chunk calls to node `to` once it answered `calls` of them (`None`:
-    /// none fail).
-    pub fn fail_chunk_calls_to(&self, failing: Option<(u64, u64)>) {
+    /// `Some((to, answered, failing))`: once node `to` answered `answered` snapshot chunk calls,
+    /// the next `failing` calls to it fail (`u64::MAX`: all of them); `None`: none fail.
+    pub fn fail_chunk_calls_to(&self, failing: Option<(u64, u64, u64)>) {
         *self.failing_sender.lock().unwrap_or_else(|e| e.into_inner()) = failing;
     }
 
@@ -118,11 +119,14 @@ impl Transport for Router {
         let replica = replicas.get(&to).ok_or_else(|| format!("node {to} is not added"))?.clone();
         drop(replicas);
         let answered = self.chunks_served_by(to).0;
-        if let Some((failing, calls)) = *self.failing_sender.lock().unwrap_or_else(|e| e.into_inner())
-            && failing == to
-            && answered >= calls
+        if let Some((failing, calls, left)) =
+            &mut *self.failing_sender.lock().unwrap_or_else(|e| e.into_inner())
+            && *failing == to
+            && answered >= *calls
+            && *left > 0
         {
-            return Err(format!("node {to} answered {answered} chunk calls and fails the rest (injected)"));
+            *left -= 1;
+            return Err(format!("node {to} answered {answered} chunk calls and fails this one (injected)"));
         }
         let chunk = replica.node().snapshot_chunk(request).map_err(|e| e.to_string())?;
         let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());

@@ -74,6 +74,9 @@ pub(crate) struct NodeCtx {
     /// Where snapshot installs rebuild their trees: on install threads, within these permits, or
     /// inline (`None`) when a simulation drives the loop (`snapshot::install`).
     pub installs: Option<Arc<crate::snapshot::install::Installs>>,
+    /// After an inline install, turns the group's Ready is still held, as if a thread were still
+    /// rebuilding the tree (a simulation's choice: the held-Ready path then runs under its faults).
+    pub install_hold_turns: u32,
     /// Where a simulation may crash this node during a flush (driven mode only).
     pub crash_hook: Option<crate::maintenance::CrashHook>,
     /// Set once `crash_hook` crashed the node: the loop does nothing more.
@@ -384,6 +387,7 @@ impl NodeLoop {
             if self.ctx.crashed {
                 return Ok(());
             }
+            group.serve_waiting_views(now, &self.ctx);
         }
         // Leveling waits for flushes: it runs only when no group took the maintenance thread.
         for group in self.groups.values_mut() {

@@ -26,6 +26,9 @@ const SIMULATED_UNIX_MS: u64 = 1_600_000_000_000;
 /// Inputs queued for the loop before new ones are refused.
 const INBOX_CAPACITY: usize = 65_536;
 
+/// The slowest `snapshot_fetch_bytes_per_sec` but 0 (none).
+const MIN_FETCH_BYTES_PER_SEC: u64 = 1 << 20;
+
 /// How long a chunk request for any view waits for the loop to make one (well within the
 /// transport's call timeout).
 const VIEW_WAIT: Duration = Duration::from_secs(10);
@@ -59,6 +62,14 @@ impl DrivenLoop {
     /// Whether the crash hook crashed this node; it then does nothing more.
     pub fn crashed(&self) -> bool {
         self.node_loop.ctx.crashed
+    }
+
+    /// Holds a group's Ready for `turns` more turns after each snapshot install (which a driven
+    /// loop runs inline), as a running node does while its install thread rebuilds the tree:
+    /// meanwhile the group drops its messages, is not ticked and persists nothing of its own
+    /// (`snapshot::install`). 0, the default, releases it at once.
+    pub fn hold_installs(&mut self, turns: u32) {
+        self.node_loop.ctx.install_hold_turns = turns;
     }
 }
 
@@ -96,6 +107,8 @@ pub(crate) struct NodeInner {
     pub(crate) snapshot_timeout: Duration,
     /// The snapshots this node is fetching (`snapshot::fetch`).
     pub(crate) fetches: crate::snapshot::fetch::Fetches,
+    /// `ReplicaConfig::snapshot_fetch_bytes_per_sec`, shared by the fetches.
+    pub(crate) fetch_rate: crate::snapshot::fetch::Rate,
     /// Where the shards this node removed replicas of went: the voters each last knew (from the
     /// `REPLICAS` file; read on every request for a shard the node does not host).
     pub(crate) retired_hints: RwLock<BTreeMap<u64, Vec<u64>>>,
@@ -157,6 +170,14 @@ impl ReplicaConfig {
         let (low, high) = crate::SNAPSHOT_CHUNK_BYTES_RANGE;
         if !(low..=high).contains(&self.snapshot_chunk_bytes) {
             return bad("snapshot_chunk_bytes must be between 4 KiB and 64 MiB");
+        }
+        // A chunk must not wait longer than its sender keeps the view unfetched.
+        let slowest = (self.snapshot_chunk_bytes as u64 / 10).max(MIN_FETCH_BYTES_PER_SEC);
+        if self.snapshot_fetch_bytes_per_sec != 0 && self.snapshot_fetch_bytes_per_sec < slowest {
+            return Err(ReplicaError::Open(format!(
+                "invalid configuration: snapshot_fetch_bytes_per_sec must be 0 (no bound) or at least {slowest} \
+                 (1 MiB/s, and a tenth of snapshot_chunk_bytes: a chunk may wait 10 s at most)"
+            )));
         }
         if self.flush_every_entries == 0 || self.flush_every.is_zero() {
             return bad("flush_every_entries and flush_every must be positive");
@@ -429,6 +450,7 @@ impl Node {
         let snapshot_chunk_bytes = config.snapshot_chunk_bytes;
         let (snapshot_from_followers, snapshot_timeout) =
             (config.snapshot_from_followers, config.snapshot_timeout);
+        let fetch_rate = crate::snapshot::fetch::Rate::new(config.snapshot_fetch_bytes_per_sec);
         let node_transport = transport.clone();
         let node_loop = NodeLoop {
             ctx: NodeCtx {
@@ -438,6 +460,7 @@ impl Node {
                 failed: None,
                 wait_for_submits: driven,
                 installs: (!driven).then(Default::default),
+                install_hold_turns: 0,
                 mutation: None,
                 maintenance,
                 crash_hook: None,
@@ -474,6 +497,7 @@ impl Node {
                 snapshot_from_followers,
                 snapshot_timeout,
                 fetches: Default::default(),
+                fetch_rate,
             }),
         };
         // A replica found without Raft state is rejoining: say so on disk before it handles any
@@ -567,9 +591,10 @@ impl Node {
         group.state.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// A chunk of the snapshot this node serves for `request.shard` (its leader sent the
-    /// follower asking a snapshot whose state is streamed). Called by the peer service, on any
-    /// thread but the loop's; reads the view and the log, as a scan does.
+    /// A chunk of the snapshot this node serves for `request.shard`: as its leader, the one it
+    /// sent the follower asking (a snapshot whose state is streamed); as another replica, a view
+    /// of its own it makes for that follower ([`ChunkRequest::any_view`]). Called by the peer
+    /// service, on any thread but the loop's; reads the view and the log, as a scan does.
     pub fn snapshot_chunk(&self, request: &ChunkRequest) -> Result<SnapshotChunk, ReplicaError> {
         let state = self.state(request.shard).ok_or_else(|| {
             ReplicaError::InvalidArgument(format!("this node holds no replica of shard {}", request.shard))
@@ -599,8 +624,11 @@ impl Node {
         let done: Done<_> = Box::new(move |result| {
             let _ = tx.send(result);
         });
-        let (at_least, asked_by) = (request.index, request.from);
-        self.send(Input::Group(request.shard, GroupInput::ServeView { at_least, asked_by, done }));
+        // The loop answers by then (a replica behind `index` waits to apply up to it until then).
+        let deadline = Instant::now() + VIEW_WAIT / 2;
+        let view =
+            crate::group::ViewRequest { at_least: request.index, asked_by: request.from, deadline, done };
+        self.send(Input::Group(request.shard, GroupInput::ServeView(view)));
         let served = rx.recv_timeout(VIEW_WAIT).map_err(|_| {
             ReplicaError::Dropped(format!(
                 "shard {}: the loop made no view within {VIEW_WAIT:?}",

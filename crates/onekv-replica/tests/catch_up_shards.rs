@@ -147,10 +147,11 @@ fn a_lagging_node_fetches_its_snapshot_from_the_other_follower_not_the_leader() 
 
 #[test]
 fn a_fetch_from_a_follower_that_stops_answering_goes_on_from_the_leader() {
-    // The other follower dies after three chunks: the fetch gives up on it and fetches the
-    // leader's snapshot (from the start, or after the last key stored when both views are at the
-    // same index).
-    let served = catch_up_one_shard(|router, _, other| router.fail_chunk_calls_to(Some((other, 3))), |_| {});
+    // The other follower dies after three chunks: the fetch gives up on it and, in the same go,
+    // fetches the leader's snapshot (from the start, or after the last key stored when both views
+    // are at the same index).
+    let served =
+        catch_up_one_shard(|router, _, other| router.fail_chunk_calls_to(Some((other, 3, u64::MAX))), |_| {});
     assert!(served.by_other > 0, "the other follower was not asked");
     assert!(served.by_leader >= MISSED_BYTES / 4, "the leader sent {} bytes", served.by_leader);
     assert!(served.by_leader + served.by_other >= MISSED_BYTES);

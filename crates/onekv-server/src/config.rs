@@ -228,6 +228,9 @@ pub struct RaftConfig {
     /// Whether a follower that needs a snapshot fetches it from another up-to-date replica of
     /// the shard rather than the leader (the leader's is the fallback). Default true.
     pub snapshot_from_followers: bool,
+    /// Bytes per second a node's snapshot fetches store at most, all together; 0 (the default)
+    /// for no bound.
+    pub snapshot_fetch_bytes_per_sec: u64,
 }
 
 /// `[limits]`: bounds on what one request may carry; requests over a bound are rejected with
@@ -459,6 +462,7 @@ impl Default for RaftConfig {
             raft_log_keep_entries: defaults.raft_log_keep_entries,
             snapshot_chunk_bytes: defaults.snapshot_chunk_bytes as u64,
             snapshot_from_followers: defaults.snapshot_from_followers,
+            snapshot_fetch_bytes_per_sec: defaults.snapshot_fetch_bytes_per_sec,
         }
     }
 }
@@ -962,6 +966,7 @@ impl ServerConfig {
         config.raft_log_keep_entries = self.raft.raft_log_keep_entries;
         config.snapshot_chunk_bytes = self.raft.snapshot_chunk_bytes as usize;
         config.snapshot_from_followers = self.raft.snapshot_from_followers;
+        config.snapshot_fetch_bytes_per_sec = self.raft.snapshot_fetch_bytes_per_sec;
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
         config.index_layout = match self.index.layout {
@@ -1098,6 +1103,30 @@ mod tests {
         {
             assert!(check_address(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_fetch_rate_is_none_or_fast_enough_for_a_chunk_to_wait_10_s_at_most() {
+        let mut config = ServerConfig {
+            node_id: 1,
+            listen: "127.0.0.1:7001".into(),
+            data_dir: PathBuf::from("data"),
+            members: vec![MemberConfig { id: 1, address: "127.0.0.1:7001".into() }],
+            ..ServerConfig::default()
+        };
+        config.raft.snapshot_fetch_bytes_per_sec = 0;
+        config.validate().unwrap();
+        config.raft.snapshot_fetch_bytes_per_sec = 512 << 10;
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("snapshot_fetch_bytes_per_sec must be 0 (no bound) or at least"), "{error}");
+        // The default 4 MiB chunks need 1 MiB/s; 64 MiB chunks need a tenth of that per second.
+        config.raft.snapshot_fetch_bytes_per_sec = 1 << 20;
+        config.validate().unwrap();
+        config.raft.snapshot_chunk_bytes = 64 << 20;
+        assert!(config.validate().is_err());
+        config.raft.snapshot_fetch_bytes_per_sec = 64 << 20;
+        config.validate().unwrap();
+        assert_eq!(ServerConfig::parse(&config.to_toml()).unwrap(), config);
     }
 
     #[test]

@@ -98,6 +98,10 @@ struct Args {
     /// Leave out the workload's puts of keys that expire.
     #[arg(long)]
     no_expiring_puts: bool,
+    /// Release a group's Ready as soon as its snapshot is installed, instead of holding it for
+    /// some turns as an install thread would.
+    #[arg(long)]
+    no_held_installs: bool,
     /// Deduplicate values (a mode per node, short fingerprints on some) with a workload whose
     /// values often recur.
     #[arg(long)]
@@ -146,6 +150,7 @@ fn main() -> anyhow::Result<()> {
         storage,
         member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
         expiring_puts: !args.no_expiring_puts,
+        held_installs: !args.no_held_installs,
         dedup: args.dedup || args.bug_dedup_trusts_fingerprint || args.bug_gc_ignores_shared_values,
         range_deletes: args.range_deletes || args.bug_range_page_reads_batch_start,
         bug: if args.bug_ack_before_fsync {

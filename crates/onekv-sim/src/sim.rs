@@ -136,6 +136,12 @@ pub struct SimConfig {
     /// broken variants' calibrated seeds. Needs `keys` ≤ 1000 (stored keys `key-NNN` sort by
     /// number only that far).
     pub range_deletes: bool,
+    /// Whether a node holds a group's Ready for some turns after installing a snapshot (1 to 40,
+    /// varying with the node and the time, drawn from neither generator), as a running node does
+    /// while its install thread rebuilds the tree: the group drops its messages, is not ticked and
+    /// persists nothing of its own meanwhile, under every fault. Off by default, like
+    /// `expiring_puts`, for the broken variants' calibrated seeds.
+    pub held_installs: bool,
 }
 
 impl Default for SimConfig {
@@ -161,6 +167,7 @@ impl Default for SimConfig {
             expiring_puts: false,
             dedup: false,
             range_deletes: false,
+            held_installs: false,
         }
     }
 }
@@ -1071,7 +1078,11 @@ impl Sim {
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
-            Ok((replica, driven)) => {
+            Ok((replica, mut driven)) => {
+                if self.config.held_installs {
+                    driven
+                        .hold_installs(1 + ((self.now / 7 + node.id * 13 + self.recoveries * 5) % 40) as u32);
+                }
                 let faults = handles.into_inner();
                 if self.config.bug == Some(Bug::AckBeforeFsync) {
                     for handle in &faults {
@@ -1110,7 +1121,12 @@ impl Sim {
         up.driven.turn(at, tick);
         IN_NODE_TURN.with(|flag| flag.set(false));
         let crashed_in_flush = up.driven.crashed();
-        let failed = up.node.statuses().iter().any(|s| s.failure.is_some()) || crashed_in_flush;
+        let statuses = up.node.statuses();
+        let failed = statuses.iter().any(|s| s.failure.is_some()) || crashed_in_flush;
+        let held_installs = statuses
+            .iter()
+            .filter(|s| s.snapshot.as_deref().is_some_and(|s| s.contains("installing the snapshot")))
+            .count();
         let sent: Vec<(u64, Message)> =
             std::mem::take(&mut *node.outbox.lock().unwrap_or_else(|e| e.into_inner()));
         let from = node.id;
@@ -1120,6 +1136,9 @@ impl Sim {
         self.handle_completions();
         if crashed_in_flush {
             self.count("crash-in-flush");
+        }
+        for _ in 0..held_installs {
+            self.count("held-install-turn");
         }
         if failed {
             // A disk fault stopped the node: it is restarted as a crashed process would be.

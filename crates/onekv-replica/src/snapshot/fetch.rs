@@ -6,12 +6,13 @@
 //! checks every pair (each value against its checksum), appends the chunk to the node's log as
 //! SNAP_CHUNK records (durable before the next is asked for: memory stays one chunk) and records
 //! it in the shard's [`Stagings`](super::stream::Stagings), with where the next chunk starts, so a
-//! fetch that failed resumes there at the next snapshot message of the same index (from any
-//! sender: every replica's state at one index is the same). The sender is, when it can, another
-//! replica than the leader, serving a view of its own at the message's index or later
-//! ([`crate::ChunkRequest::any_view`]); the message then goes to Raft with that view's metadata,
-//! and the leader is asked for a small chunk every few seconds, so it keeps its view, the entries
-//! after it and its patience (`Fetch::fetch_from_another_replica`). Once the last chunk is durable the
+//! fetch of the leader's view that failed resumes there at the next snapshot message of the same
+//! index (from any sender: every replica's state at one index is the same). The sender is, when
+//! it can, another replica than the leader, serving a view of its own at the message's index or
+//! later ([`crate::ChunkRequest::any_view`]); the message then goes to Raft with that view's
+//! metadata, and the leader is asked for a small chunk every few seconds, so it keeps its view,
+//! the entries after it and its patience (`Fetch::fetch_from_another_replica`; if that other
+//! replica fails part of the way, the leader's view is fetched at once). Once the last chunk is durable the
 //! message goes to the loop marked [`STAGED`](super::stream::STAGED), and the group installs the
 //! stored chunks, on an install thread (`super::install`). A broken stream or a crash
 //! leaves chunks nobody installs: the shard's state is unchanged, and recovery ignores chunks with
@@ -57,6 +58,44 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// unfetched view ([`super::stream::KEEP_WHILE_FETCHED`]); a later message of the same leader
 /// replaces it anyway.
 pub(crate) const WAIT_FOR_SLOT: Duration = Duration::from_secs(30);
+
+/// The pace of a node's snapshot fetches: at most `bytes_per_sec` stored, all fetches together
+/// (0: no bound), with a burst of one chunk.
+pub(crate) struct Rate {
+    bytes_per_sec: u64,
+    /// When the chunks let through so far are paid for at that rate.
+    paid_until: Mutex<Instant>,
+}
+
+impl Rate {
+    pub fn new(bytes_per_sec: u64) -> Rate {
+        Rate { bytes_per_sec, paid_until: Mutex::new(Instant::now()) }
+    }
+
+    /// Waits until a chunk of `bytes` may go: once the chunks before it are paid for. False if
+    /// `stopped` turned true meanwhile.
+    pub fn take(&self, bytes: u64, stopped: impl Fn() -> bool) -> bool {
+        if self.bytes_per_sec == 0 {
+            return true;
+        }
+        let go_at = {
+            let mut paid_until = self.paid_until.lock().unwrap_or_else(|e| e.into_inner());
+            let go_at = (*paid_until).max(Instant::now());
+            *paid_until = go_at + Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
+            go_at
+        };
+        loop {
+            let now = Instant::now();
+            if now >= go_at {
+                return true;
+            }
+            if stopped() {
+                return false;
+            }
+            std::thread::sleep((go_at - now).min(Duration::from_millis(20)));
+        }
+    }
+}
 
 /// The node's snapshot fetches.
 #[derive(Default)]
@@ -230,8 +269,66 @@ impl Fetches {
     }
 }
 
+/// How a fetch from another replica than the leader went.
+enum Elsewhere {
+    /// The feature is off, or the leader's view was being fetched already.
+    NotTried,
+    /// Every chunk of this view is stored.
+    Fetched(raft::eraftpb::SnapshotMetadata),
+    /// No other replica served a whole view (behind, down, a leader itself, answering one this
+    /// replica cannot use, or failing part of the way).
+    Unavailable,
+    /// The fetch was stopped (the node stops, or a newer snapshot message replaces it).
+    Stopped,
+}
+
+/// Asks the leader for a small chunk of its view (its first pair: about 4 KiB, or one value)
+/// every few seconds while another replica serves this follower, on a thread of its own that is
+/// never waited for (a call to an unreachable leader may block for the transport's timeout); it
+/// ends once the guard is dropped (also by a panic) or the fetch is stopped.
+struct KeepAlive {
+    done: Arc<AtomicBool>,
+}
+
+impl KeepAlive {
+    fn start(fetch: &Fetch, index: u64) -> KeepAlive {
+        let done = Arc::new(AtomicBool::new(false));
+        let every = (fetch.node.inner().snapshot_timeout / 3).clamp(KEEP_ALIVE_MIN, KEEP_ALIVE_MAX);
+        let (low, _) = crate::SNAPSHOT_CHUNK_BYTES_RANGE;
+        let request =
+            ChunkRequest { max_bytes: low as u32, ..fetch.chunk_request(index, &ChunkCursor::Start) };
+        let (node, leader, shard) = (fetch.node.clone(), fetch.message.from, fetch.shard);
+        let ended = {
+            let (done, stop, cancel) = (done.clone(), fetch.stop.clone(), fetch.cancel.clone());
+            move || [&done, &stop, &cancel].iter().any(|flag| flag.load(Ordering::SeqCst))
+        };
+        let run = move || {
+            while !ended() {
+                if let Err(error) = node.inner().transport.fetch_snapshot_chunk(leader, &request) {
+                    tracing::debug!(shard, index, %error, "the leader's view could not be kept");
+                }
+                let until = Instant::now() + every;
+                while Instant::now() < until && !ended() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        if let Err(error) = std::thread::Builder::new().name("onekv-keepalive".into()).spawn(run) {
+            tracing::warn!(shard, %error, "cannot start keeping the leader's snapshot view");
+        }
+        KeepAlive { done }
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+}
+
 struct Fetch {
     node: Node,
+
     shard: u64,
     message: Message,
     state: Arc<State>,
@@ -252,15 +349,25 @@ impl Fetch {
             return;
         }
         if !stagings().is_complete(index) {
-            let elsewhere = match self.node.inner().snapshot_from_followers {
+            // A fetch of the leader's view that got somewhere goes on from there.
+            let elsewhere = match self.node.inner().snapshot_from_followers && !stagings().has_progress(index)
+            {
                 true => self.fetch_from_another_replica(index),
-                false => None,
+                false => Elsewhere::NotTried,
             };
             match elsewhere {
                 // Raft takes it as the leader's: a state at a later index of the same log.
-                Some(view) => self.message.mut_snapshot().set_metadata(view),
-                None => {
-                    if let Err(error) = self.fetch_staged(index, sender, None) {
+                Elsewhere::Fetched(view) => self.message.mut_snapshot().set_metadata(view),
+                // The fetch was stopped or replaced: what it stored stays for the one after it.
+                Elsewhere::Stopped => return,
+                // The leader's view, then. What another replica sent of its own is dropped, so
+                // at most one such attempt per snapshot index is wasted: once the leader's view
+                // has chunks, later messages resume it.
+                Elsewhere::NotTried | Elsewhere::Unavailable => {
+                    if self.stopped().is_some() {
+                        return;
+                    }
+                    if let Err(error) = self.fetch_staged(index, sender, None, None) {
                         // The chunks stored so far stay: the next snapshot message of this index
                         // resumes after them.
                         tracing::warn!(shard, index, from = sender, %error, "a snapshot fetch failed; the next snapshot message of this index resumes it");
@@ -274,11 +381,21 @@ impl Fetch {
     }
 
     /// Fetches the view at `index` from `sender` into a staging (resumed where an earlier fetch
-    /// of it stopped); `first` is the view's first chunk when the caller has it already.
-    fn fetch_staged(&self, index: u64, sender: u64, first: Option<SnapshotChunk>) -> Result<(), String> {
+    /// of it stopped; nothing to do if one is complete); `first` is the view's first chunk when
+    /// the caller has it already, `view` its metadata when another replica than the leader
+    /// serves it.
+    fn fetch_staged(
+        &self,
+        index: u64,
+        sender: u64,
+        first: Option<SnapshotChunk>,
+        view: Option<raft::eraftpb::SnapshotMetadata>,
+    ) -> Result<(), String> {
         let stagings = || self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
         let first_position = self.state.raft_log.end_position();
-        let resume = stagings().begin(index, sender, first_position, Instant::now());
+        let Some(resume) = stagings().begin(index, sender, first_position, Instant::now(), view) else {
+            return Ok(());
+        };
         // Resumed after what an earlier fetch stored: the first chunk is not needed.
         let first = first.filter(|_| resume.0 == ChunkCursor::Start);
         let started = Instant::now();
@@ -300,37 +417,51 @@ impl Fetch {
         Ok(())
     }
 
-    /// Fetches a view at `index` or later from a replica of the shard other than the leader
-    /// (the first that has one: a voter, else a learner), so the leader, which serves the
-    /// clients, neither reads nor sends the state. Meanwhile a small chunk of the leader's view is
-    /// asked for every few seconds: the leader keeps that view, the Raft entries after it (which
-    /// this replica takes next, after the later index) and its patience with this follower
-    /// (`snapshot_timeout`). Returns the view's metadata once every chunk is stored; `None`
-    /// when no other replica could serve it (behind, down, or a leader itself).
-    fn fetch_from_another_replica(&self, index: u64) -> Option<raft::eraftpb::SnapshotMetadata> {
+    /// Fetches a view at `index` or later from a replica of the shard other than the leader, so
+    /// the leader, which serves the clients, neither reads nor sends the state: first the one an
+    /// earlier fetch staged from (used as it is if complete, else resumed: a fetch stopped by a
+    /// newer snapshot message of the same leader), then the first other member that serves one
+    /// (a voter, else a learner). Meanwhile a small chunk of the leader's
+    /// view is asked for every few seconds ([`KeepAlive`]): the leader keeps that view, the Raft
+    /// entries after it (which this replica takes next, after the later index) and its patience
+    /// with this follower (`snapshot_timeout`).
+    fn fetch_from_another_replica(&self, index: u64) -> Elsewhere {
         let leader = self.message.from;
         let me = self.node.inner().node_id;
-        let members = self.message.get_snapshot().get_metadata().get_conf_state();
-        let mut candidates: Vec<u64> = members.voters.iter().chain(&members.learners).copied().collect();
-        candidates.retain(|id| *id != leader && *id != me);
-        if candidates.is_empty() {
-            return None;
+        let staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).with_view_at_least(index);
+        if let Some((view, _, true)) = &staged {
+            return Elsewhere::Fetched(view.clone());
         }
-        let keep_alive_done = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            scope.spawn(|| self.keep_leaders_view(index, &keep_alive_done));
-            let fetched = candidates.iter().find_map(|candidate| self.fetch_from(*candidate, index, me));
-            keep_alive_done.store(true, Ordering::SeqCst);
-            fetched
-        })
+        let _keep_alive = KeepAlive::start(self, index);
+        let mut tried = Vec::new();
+        if let Some((view, sender, _)) = staged {
+            tried.push(sender);
+            match self.fetch_staged(view.index, sender, None, Some(view.clone())) {
+                Ok(()) => return Elsewhere::Fetched(view),
+                Err(error) => {
+                    tracing::info!(shard = self.shard, index = view.index, from = sender, %error, "resuming a snapshot fetch from another replica failed; trying elsewhere");
+                }
+            }
+        }
+        let members = self.message.get_snapshot().get_metadata().get_conf_state();
+        let candidates = members.voters.iter().chain(&members.learners).copied();
+        for candidate in candidates.filter(|id| *id != leader && *id != me && !tried.contains(id)) {
+            if self.stopped().is_some() {
+                return Elsewhere::Stopped;
+            }
+            if let Some(view) = self.fetch_from(candidate, index, me) {
+                return Elsewhere::Fetched(view);
+            }
+        }
+        match self.stopped() {
+            Some(_) => Elsewhere::Stopped,
+            None => Elsewhere::Unavailable,
+        }
     }
 
     /// Fetches from `candidate` the view at `index` or later it serves in the leader's stead.
     fn fetch_from(&self, candidate: u64, index: u64, me: u64) -> Option<raft::eraftpb::SnapshotMetadata> {
         let shard = self.shard;
-        if self.stopped().is_some() {
-            return None;
-        }
         let request = ChunkRequest { any_view: true, ..self.chunk_request(index, &ChunkCursor::Start) };
         let first = match self.node.inner().transport.fetch_snapshot_chunk(candidate, &request) {
             Ok(first) => first,
@@ -339,10 +470,15 @@ impl Fetch {
                 return None;
             }
         };
+        // A view of a later term than the message's leader: this replica would take a term it
+        // has not seen from a message that does not carry it.
+        let usable = |view: &raft::eraftpb::SnapshotMetadata| {
+            view.index >= index
+                && view.term <= self.message.term
+                && crate::membership::is_member(view.get_conf_state(), me)
+        };
         let view = match first.view.clone() {
-            Some(view) if view.index >= index && crate::membership::is_member(view.get_conf_state(), me) => {
-                view
-            }
+            Some(view) if usable(&view) => view,
             view => {
                 tracing::warn!(
                     shard,
@@ -354,29 +490,11 @@ impl Fetch {
                 return None;
             }
         };
-        match self.fetch_staged(view.index, candidate, Some(first)) {
+        match self.fetch_staged(view.index, candidate, Some(first), Some(view.clone())) {
             Ok(()) => Some(view),
             Err(error) => {
                 tracing::warn!(shard, index = view.index, from = candidate, %error, "a snapshot fetch from another replica failed; trying elsewhere");
                 None
-            }
-        }
-    }
-
-    /// Asks the leader for a small chunk of its view at `index` every few seconds until `done`.
-    fn keep_leaders_view(&self, index: u64, done: &AtomicBool) {
-        let every = (self.node.inner().snapshot_timeout / 3).clamp(KEEP_ALIVE_MIN, KEEP_ALIVE_MAX);
-        let (low, _) = crate::SNAPSHOT_CHUNK_BYTES_RANGE;
-        let request =
-            ChunkRequest { max_bytes: low as u32, ..self.chunk_request(index, &ChunkCursor::Start) };
-        while !done.load(Ordering::SeqCst) && self.stopped().is_none() {
-            if let Err(error) = self.node.inner().transport.fetch_snapshot_chunk(self.message.from, &request)
-            {
-                tracing::debug!(shard = self.shard, index, %error, "the leader's view could not be kept");
-            }
-            let until = Instant::now() + every;
-            while Instant::now() < until && !done.load(Ordering::SeqCst) && self.stopped().is_none() {
-                std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
@@ -410,6 +528,10 @@ impl Fetch {
             None => self.request(index, sender, &cursor)?,
         };
         loop {
+            // Paced before the chunk is stored and the next one asked for.
+            if !self.node.inner().fetch_rate.take(chunk.pairs.len() as u64, || self.stopped().is_some()) {
+                return Err(self.stopped().unwrap_or("stopped").into());
+            }
             check_pairs(&chunk.pairs, &self.node.inner().limits)?;
             if let Some(next) = &chunk.next
                 && (!advances(&cursor, next) || chunk.pairs.is_empty())
@@ -611,6 +733,20 @@ mod tests {
                 .contains("after")
         );
         assert!(check_pairs(&pairs(&[(b"", b"junk")]), &limits(16)).unwrap_err().contains("window"));
+    }
+
+    #[test]
+    fn the_rate_spaces_chunks_by_their_size_and_a_stop_ends_the_wait() {
+        let rate = Rate::new(1 << 20);
+        let started = Instant::now();
+        for _ in 0..4 {
+            assert!(rate.take(128 << 10, || false));
+        }
+        // Three chunks of 128 KiB paid for at 1 MiB/s before the fourth goes: 375 ms.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(370) && took < Duration::from_secs(2), "{took:?}");
+        assert!(!rate.take(1 << 20, || true), "a stop ends the wait");
+        assert!(Rate::new(0).take(u64::MAX, || false), "0: no bound");
     }
 
     #[test]

@@ -25,7 +25,7 @@
 use crate::ReplicaError;
 use crate::state::{State, storage};
 use onekv_log::Locator;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -78,6 +78,8 @@ pub(crate) struct Install {
     cancel: Arc<AtomicBool>,
     done: Receiver<Result<(), ReplicaError>>,
     thread: Option<JoinHandle<()>>,
+    /// Polls still answered "running" although the rebuild is done (a simulation's held install).
+    hold: AtomicU32,
 }
 
 impl Install {
@@ -121,11 +123,33 @@ impl Install {
             cancel,
             done,
             thread: Some(thread),
+            hold: AtomicU32::new(0),
         })
+    }
+
+    /// A rebuild already done (inline, by a driven loop) that [`Install::poll`] reports running
+    /// for `polls` more polls, one per turn of the loop: a simulation holds the group's Ready as a
+    /// thread would, with the same seed always for the same turns.
+    pub fn done_after(index: u64, chunks: usize, polls: u32) -> Install {
+        let (answer, done) = mpsc::sync_channel(1);
+        let _ = answer.send(Ok(()));
+        Install {
+            index,
+            chunks,
+            started: Instant::now(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            done,
+            thread: None,
+            hold: AtomicU32::new(polls),
+        }
     }
 
     /// The rebuild's outcome once it has ended (`None` while it runs).
     pub fn poll(&self) -> Option<Result<(), ReplicaError>> {
+        if self.hold.load(Ordering::Relaxed) > 0 {
+            self.hold.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
         match self.done.try_recv() {
             Ok(result) => Some(result),
             Err(TryRecvError::Empty) => None,

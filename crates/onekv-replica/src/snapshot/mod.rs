@@ -1,4 +1,5 @@
-//! The snapshots a leader sends to followers that fell behind its Raft log.
+//! The snapshots a leader sends to followers that fell behind its Raft log, and the views another
+//! replica serves such a follower in the leader's stead (`SnapshotBuilder::serve_for`).
 //!
 //! raft-rs asks its storage for a snapshot synchronously, on the loop thread, every time it wants
 //! to send one (at every heartbeat answer of a follower that needs one). A running node answers at
@@ -96,6 +97,13 @@ impl SnapshotBuilder {
         let unavailable = Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         let mut failures = 0;
         let mut slot = lock(&self.slot);
+        // A view replaced since by one made for a follower in the leader's stead (`serve_for`,
+        // while this replica did not lead) is not served any more.
+        if let Slot::Serving { served, .. } = &*slot
+            && !lock_served(&self.state).as_ref().is_some_and(|current| Arc::ptr_eq(current, served))
+        {
+            *slot = Slot::Idle;
+        }
         // A view that met a damaged value is dropped; a new one is served after a backoff (by
         // then the damage is usually repaired from another replica).
         if let Slot::Serving { served, failures, .. } = &*slot
@@ -177,7 +185,11 @@ impl SnapshotBuilder {
             if served.index >= at_least {
                 return Ok(served);
             }
-            if leader || self.fetch_floor(now).is_some() {
+            // One view per shard: an older one goes only once no other follower fetches from it.
+            let in_use = now
+                .checked_sub(stream::KEEP_WHILE_FETCHED)
+                .is_some_and(|since| served.fetched_by_others_since(asked_by, since));
+            if leader || in_use {
                 return Err(format!("this replica serves a snapshot at index {} already", served.index));
             }
         }
@@ -198,6 +210,8 @@ impl SnapshotBuilder {
         metadata.set_conf_state(conf_state.clone());
         let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, metadata, Some(asked_by)));
         *lock_served(&self.state) = Some(served.clone());
+        // A view this replica served as leader is gone with it (`request` starts afresh).
+        *lock(&self.slot) = Slot::Idle;
         tracing::info!(index = applied.0, for_node = asked_by, "serving a snapshot in the leader's stead");
         Ok(served)
     }
@@ -216,9 +230,10 @@ impl SnapshotBuilder {
         *lock_served(&self.state) = None;
     }
 
-    /// Drops a served view nobody fetched from for [`stream::KEEP_WHILE_FETCHED`], even while
-    /// raft-rs still wants to send a snapshot (a follower that is down): the view's pin would hold
-    /// the log GC back for as long. The next request serves a new view.
+    /// On a leader: drops a served view nobody fetched from for [`stream::KEEP_WHILE_FETCHED`],
+    /// even while raft-rs still wants to send a snapshot (a follower that is down): the view's pin
+    /// would hold the log GC back for as long. The next request serves a new view. (On other
+    /// replicas `release` drops the views they made, once unfetched as long.)
     pub fn drop_idle(&mut self, now: Instant) {
         let mut slot = lock(&self.slot);
         if let Slot::Serving { served, .. } = &*slot

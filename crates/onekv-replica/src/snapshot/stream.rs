@@ -33,7 +33,7 @@ pub(crate) const STREAMED: &[u8] = b"\xff\xff\xff\xffONEKV-STREAMED";
 /// one to its own loop; one arriving from a peer, or naming no complete staging, is dropped.
 pub(crate) const STAGED: &[u8] = b"\xff\xff\xff\xffONEKV-STAGED";
 
-/// A leader keeps serving a view this long after a follower last fetched a chunk from it (and
+/// A replica keeps serving a view this long after a follower last fetched a chunk from it (and
 /// keeps the Raft entries that follow it), so a follower part-way through a long stream can finish:
 /// longer than a chunk call may take (the transport's call timeout, 30 s).
 pub(crate) const KEEP_WHILE_FETCHED: Duration = Duration::from_secs(60);
@@ -101,6 +101,11 @@ impl Served {
             Some(id) => fetches.get(&id).is_some_and(|at| *at >= since),
             None => fetches.values().any(|at| *at >= since),
         }
+    }
+
+    /// Whether a follower other than `asker` fetched a chunk at or after `since`.
+    pub fn fetched_by_others_since(&self, asker: u64, since: Instant) -> bool {
+        lock(&self.fetches).iter().any(|(id, at)| *id != asker && *at >= since)
     }
 
     /// Whether nobody fetched from this view for [`KEEP_WHILE_FETCHED`] before `now` (nor was it
@@ -223,6 +228,9 @@ struct Staged {
     /// Where the next chunk starts, and who sent the last one.
     next: ChunkCursor,
     sender: u64,
+    /// The view's metadata when another replica than the leader serves it (the leader's
+    /// snapshot message names another index).
+    view: Option<SnapshotMetadata>,
     /// When a fetch last worked on it.
     touched: Instant,
     complete_at: Option<Instant>,
@@ -236,15 +244,26 @@ impl Stagings {
     /// unfinished staging of the same index is resumed where it stopped (every replica's state
     /// at one index is the same, so a chunk after a key follows on whoever sends it; a position
     /// in the request-id window only with the same sender, whose cut of the window it is). Any
-    /// other unfinished one is dropped: a shard fetches one snapshot at a time.
-    pub fn begin(&mut self, index: u64, sender: u64, first_position: u64, now: Instant) -> Resume {
-        if let Some(staged) = self.by_index.get_mut(&index)
-            && staged.complete_at.is_none()
-            && (staged.sender == sender || !matches!(staged.next, ChunkCursor::Window(_)))
-        {
-            staged.touched = now;
-            staged.sender = sender;
-            return (staged.next.clone(), staged.chunks.len() as u32);
+    /// other unfinished one is dropped: a shard fetches one snapshot at a time. `None` if the
+    /// staging of `index` is complete already (nothing to fetch; it is kept as it is).
+    pub fn begin(
+        &mut self,
+        index: u64,
+        sender: u64,
+        first_position: u64,
+        now: Instant,
+        view: Option<SnapshotMetadata>,
+    ) -> Option<Resume> {
+        if let Some(staged) = self.by_index.get_mut(&index) {
+            if staged.complete_at.is_some() {
+                return None;
+            }
+            if staged.sender == sender || !matches!(staged.next, ChunkCursor::Window(_)) {
+                staged.touched = now;
+                staged.sender = sender;
+                staged.view = staged.view.take().or(view);
+                return Some((staged.next.clone(), staged.chunks.len() as u32));
+            }
         }
         self.by_index.retain(|_, staged| staged.complete_at.is_some());
         let staged = Staged {
@@ -253,11 +272,29 @@ impl Stagings {
             bytes: 0,
             next: ChunkCursor::Start,
             sender,
+            view,
             touched: now,
             complete_at: None,
         };
         self.by_index.insert(index, staged);
-        (ChunkCursor::Start, 0)
+        Some((ChunkCursor::Start, 0))
+    }
+
+    /// Whether an unfinished staging of `index` holds chunks already (a fetch of it resumes
+    /// there).
+    pub fn has_progress(&self, index: u64) -> bool {
+        self.by_index
+            .get(&index)
+            .is_some_and(|staged| staged.complete_at.is_none() && !staged.chunks.is_empty())
+    }
+
+    /// The latest staging at `index` or later of a view another replica than the leader served:
+    /// its metadata, its sender and whether it is complete.
+    pub fn with_view_at_least(&self, index: u64) -> Option<(SnapshotMetadata, u64, bool)> {
+        self.by_index
+            .range(index..)
+            .rev()
+            .find_map(|(_, staged)| Some((staged.view.clone()?, staged.sender, staged.complete_at.is_some())))
     }
 
     /// Records the stored records of one chunk (all of them: a chunk cut into several records is
@@ -364,13 +401,15 @@ mod tests {
         let now = Instant::now();
         let key = |k: &[u8]| ChunkCursor::AfterKey(k.to_vec());
         let mut s = Stagings::default();
-        assert_eq!(s.begin(10, 1, 100, now), (ChunkCursor::Start, 0));
+        assert_eq!(s.begin(10, 1, 100, now, None), Some((ChunkCursor::Start, 0)));
         assert!(s.push(10, &[locator(100, 5)], key(b"a"), now));
         assert!(s.complete(10, now));
         assert!(!s.push(10, &[locator(200, 5)], key(b"b"), now), "a complete staging takes no more chunks");
-        s.begin(20, 1, 300, now);
+        assert_eq!(s.begin(10, 2, 999, now, None), None, "a complete staging is not fetched again");
+        assert!(s.is_complete(10));
+        s.begin(20, 1, 300, now, None);
         assert!(s.push(20, &[locator(300, 5), locator(310, 5)], key(b"a"), now));
-        s.begin(30, 1, 400, now);
+        s.begin(30, 1, 400, now, None);
         assert!(!s.push(20, &[locator(350, 5)], key(b"b"), now), "the unfinished staging was dropped");
         assert!(s.is_complete(10));
         assert_eq!(s.hold_back(), Some(100));
@@ -384,15 +423,15 @@ mod tests {
     fn a_fetch_of_the_same_index_resumes_where_the_last_one_stopped() {
         let now = Instant::now();
         let mut s = Stagings::default();
-        s.begin(10, 1, 100, now);
+        s.begin(10, 1, 100, now, None);
         assert!(s.push(10, &[locator(100, 5), locator(105, 5)], ChunkCursor::AfterKey(b"k".to_vec()), now));
         // Another sender of the same index goes on after the same key, numbering on.
-        assert_eq!(s.begin(10, 2, 999, now), (ChunkCursor::AfterKey(b"k".to_vec()), 2));
+        assert_eq!(s.begin(10, 2, 999, now, None), Some((ChunkCursor::AfterKey(b"k".to_vec()), 2)));
         assert_eq!(s.hold_back(), Some(100), "the first chunk's position still holds");
         assert!(s.push(10, &[locator(110, 5)], ChunkCursor::Window(3), now));
         // Inside the request-id window, only the same sender's cut goes on.
-        assert_eq!(s.begin(10, 2, 999, now), (ChunkCursor::Window(3), 3));
-        assert_eq!(s.begin(10, 1, 500, now), (ChunkCursor::Start, 0));
+        assert_eq!(s.begin(10, 2, 999, now, None), Some((ChunkCursor::Window(3), 3)));
+        assert_eq!(s.begin(10, 1, 500, now, None), Some((ChunkCursor::Start, 0)));
         assert_eq!(s.hold_back(), Some(500));
     }
 
@@ -400,13 +439,13 @@ mod tests {
     fn installing_drops_older_complete_stagings_and_expiry_drops_forgotten_ones() {
         let now = Instant::now();
         let mut s = Stagings::default();
-        s.begin(10, 1, 100, now);
+        s.begin(10, 1, 100, now, None);
         s.complete(10, now);
-        s.begin(20, 1, 200, now);
+        s.begin(20, 1, 200, now, None);
         s.complete(20, now);
         assert!(s.take_complete(20).is_some());
         assert!(!s.is_complete(10));
-        s.begin(30, 1, 300, now);
+        s.begin(30, 1, 300, now, None);
         s.complete(30, now);
         s.expire(now + Duration::from_secs(1), Duration::from_secs(2), None);
         assert!(s.is_complete(30));
@@ -415,5 +454,24 @@ mod tests {
         s.expire(now + Duration::from_secs(3), Duration::from_secs(2), None);
         assert!(!s.is_complete(30));
         assert_eq!(s.hold_back(), None);
+    }
+
+    #[test]
+    fn a_view_served_by_another_replica_is_found_again_by_the_leaders_lower_index() {
+        let now = Instant::now();
+        let view = |index| SnapshotMetadata { index, term: 2, ..Default::default() };
+        let mut s = Stagings::default();
+        s.begin(10, 1, 100, now, None);
+        assert!(!s.has_progress(10));
+        assert!(s.push(10, &[locator(100, 5)], ChunkCursor::AfterKey(b"a".to_vec()), now));
+        assert!(s.has_progress(10));
+        assert_eq!(s.with_view_at_least(10), None, "the leader's own view has no metadata of its own");
+        // Another replica's view at 12 replaces the unfinished one at 10.
+        s.begin(12, 3, 200, now, Some(view(12)));
+        assert!(!s.has_progress(10));
+        assert_eq!(s.with_view_at_least(10), Some((view(12), 3, false)));
+        assert_eq!(s.with_view_at_least(13), None);
+        s.complete(12, now);
+        assert_eq!(s.with_view_at_least(11), Some((view(12), 3, true)));
     }
 }
