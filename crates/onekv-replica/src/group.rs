@@ -271,10 +271,18 @@ impl Group {
             GroupInput::ChangeMembers { change, done } => self.propose_member_change(change, done, ctx),
             GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),
             GroupInput::ServeView(request) => {
-                // A replica a turn or two behind the leader (the usual case under writes: the
-                // commit reaches it with the next append) waits until it has applied that far.
+                // A replica a turn or two behind the leader (the usual case under writes: it
+                // holds the entries, and the commit reaches it with the next append) waits until
+                // it has applied that far; one further behind refuses at once.
                 let behind = self.raw.store().applied_index < request.at_least;
-                if behind && self.waiting_views.len() < MAX_WAITING_VIEWS && now < request.deadline {
+                let holds_entries = self.raw.raft.raft_log.last_index() >= request.at_least;
+                if behind
+                    && holds_entries
+                    && ctx.failed.is_none()
+                    && self.installing.is_none()
+                    && self.waiting_views.len() < MAX_WAITING_VIEWS
+                    && now < request.deadline
+                {
                     self.waiting_views.push(request);
                 } else {
                     let view = self.serve_view(&request, now, ctx);
@@ -1299,15 +1307,19 @@ impl Group {
             members: meta.members.clone(),
         });
         let Some(installs) = ctx.installs.clone() else {
-            self.applier.install_snapshot(meta.index, &chunks, &note)?;
             if ctx.install_hold_turns > 0 {
-                let job = crate::snapshot::install::Install::done_after(
+                // As a thread would: the tree is rebuilt once the hold ends.
+                let job = crate::snapshot::install::Install::inline_after(
+                    self.state.clone(),
+                    self.shard,
                     meta.index,
-                    chunks.len(),
+                    chunks,
+                    note,
                     ctx.install_hold_turns,
                 );
                 return Ok(Some(job));
             }
+            self.applier.install_snapshot(meta.index, &chunks, &note)?;
             self.installed(meta.index, chunks.len(), started);
             return Ok(None);
         };
@@ -1371,6 +1383,9 @@ impl Group {
             for done in dones {
                 done(Err(error()));
             }
+        }
+        for request in self.waiting_views.drain(..) {
+            (request.done)(Err(error()));
         }
     }
 

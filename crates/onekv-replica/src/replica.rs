@@ -171,12 +171,14 @@ impl ReplicaConfig {
         if !(low..=high).contains(&self.snapshot_chunk_bytes) {
             return bad("snapshot_chunk_bytes must be between 4 KiB and 64 MiB");
         }
-        // A chunk must not wait longer than its sender keeps the view unfetched.
-        let slowest = (self.snapshot_chunk_bytes as u64 / 10).max(MIN_FETCH_BYTES_PER_SEC);
+        // A chunk must not wait anywhere near as long as its sender keeps a view unfetched, even
+        // with every fetch slot busy.
+        let fetches = crate::snapshot::fetch::MAX_FETCHES as u64;
+        let slowest = (self.snapshot_chunk_bytes as u64 * fetches / 10).max(MIN_FETCH_BYTES_PER_SEC);
         if self.snapshot_fetch_bytes_per_sec != 0 && self.snapshot_fetch_bytes_per_sec < slowest {
             return Err(ReplicaError::Open(format!(
                 "invalid configuration: snapshot_fetch_bytes_per_sec must be 0 (no bound) or at least {slowest} \
-                 (1 MiB/s, and a tenth of snapshot_chunk_bytes: a chunk may wait 10 s at most)"
+                 (1 MiB/s, and snapshot_chunk_bytes x {fetches} fetches per 10 s: a chunk may wait about 10 s at most)"
             )));
         }
         if self.flush_every_entries == 0 || self.flush_every.is_zero() {
@@ -629,11 +631,13 @@ impl Node {
         let view =
             crate::group::ViewRequest { at_least: request.index, asked_by: request.from, deadline, done };
         self.send(Input::Group(request.shard, GroupInput::ServeView(view)));
-        let served = rx.recv_timeout(VIEW_WAIT).map_err(|_| {
-            ReplicaError::Dropped(format!(
+        let served = rx.recv_timeout(VIEW_WAIT).map_err(|error| match error {
+            std::sync::mpsc::RecvTimeoutError::Timeout => ReplicaError::Dropped(format!(
                 "shard {}: the loop made no view within {VIEW_WAIT:?}",
                 request.shard
-            ))
+            )),
+            // Dropped unanswered: the replica left the node, or the node stopped.
+            std::sync::mpsc::RecvTimeoutError::Disconnected => ReplicaError::Stopping,
         })??;
         let mut chunk =
             served.chunk(&ChunkRequest { index: served.index, any_view: false, ..request.clone() })?;

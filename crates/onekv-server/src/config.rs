@@ -1105,21 +1105,26 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_snapshot_fetch_rate_is_none_or_fast_enough_for_a_chunk_to_wait_10_s_at_most() {
-        let mut config = ServerConfig {
+    /// A valid configuration of a one-node cluster.
+    fn one_node_config() -> ServerConfig {
+        ServerConfig {
             node_id: 1,
             listen: "127.0.0.1:7001".into(),
             data_dir: PathBuf::from("data"),
             members: vec![MemberConfig { id: 1, address: "127.0.0.1:7001".into() }],
             ..ServerConfig::default()
-        };
+        }
+    }
+
+    #[test]
+    fn a_snapshot_fetch_rate_is_none_or_fast_enough_for_a_chunk_to_wait_10_s_at_most() {
+        let mut config = one_node_config();
         config.raft.snapshot_fetch_bytes_per_sec = 0;
         config.validate().unwrap();
         config.raft.snapshot_fetch_bytes_per_sec = 512 << 10;
         let error = config.validate().unwrap_err().to_string();
         assert!(error.contains("snapshot_fetch_bytes_per_sec must be 0 (no bound) or at least"), "{error}");
-        // The default 4 MiB chunks need 1 MiB/s; 64 MiB chunks need a tenth of that per second.
+        // The default 4 MiB chunks need 1 MiB/s; 64 MiB chunks need two of them per 10 s.
         config.raft.snapshot_fetch_bytes_per_sec = 1 << 20;
         config.validate().unwrap();
         config.raft.snapshot_chunk_bytes = 64 << 20;
@@ -1131,13 +1136,7 @@ mod tests {
 
     #[test]
     fn resp_listen_needs_its_own_valid_address() {
-        let mut config = ServerConfig {
-            node_id: 1,
-            listen: "127.0.0.1:7001".into(),
-            data_dir: PathBuf::from("data"),
-            members: vec![MemberConfig { id: 1, address: "127.0.0.1:7001".into() }],
-            ..ServerConfig::default()
-        };
+        let mut config = one_node_config();
         config.validate().unwrap();
         config.resp_listen = Some("127.0.0.1:6379".into());
         config.validate().unwrap();

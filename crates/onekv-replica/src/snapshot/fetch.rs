@@ -78,10 +78,11 @@ impl Rate {
         if self.bytes_per_sec == 0 {
             return true;
         }
+        let cost = Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
         let go_at = {
             let mut paid_until = self.paid_until.lock().unwrap_or_else(|e| e.into_inner());
             let go_at = (*paid_until).max(Instant::now());
-            *paid_until = go_at + Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
+            *paid_until = go_at + cost;
             go_at
         };
         loop {
@@ -90,6 +91,9 @@ impl Rate {
                 return true;
             }
             if stopped() {
+                // Not taken: the next fetch does not pay for it.
+                let mut paid_until = self.paid_until.lock().unwrap_or_else(|e| e.into_inner());
+                *paid_until = paid_until.checked_sub(cost).unwrap_or(*paid_until);
                 return false;
             }
             std::thread::sleep((go_at - now).min(Duration::from_millis(20)));
@@ -429,8 +433,14 @@ impl Fetch {
         let leader = self.message.from;
         let me = self.node.inner().node_id;
         let staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).with_view_at_least(index);
+        let staged = staged.filter(|(view, _, _)| self.usable(view, index));
         if let Some((view, _, true)) = &staged {
             return Elsewhere::Fetched(view.clone());
+        }
+        let members = self.message.get_snapshot().get_metadata().get_conf_state();
+        let others: Vec<u64> = members.voters.iter().chain(&members.learners).copied().collect();
+        if staged.is_none() && others.iter().all(|id| *id == leader || *id == me) {
+            return Elsewhere::Unavailable;
         }
         let _keep_alive = KeepAlive::start(self, index);
         let mut tried = Vec::new();
@@ -443,13 +453,11 @@ impl Fetch {
                 }
             }
         }
-        let members = self.message.get_snapshot().get_metadata().get_conf_state();
-        let candidates = members.voters.iter().chain(&members.learners).copied();
-        for candidate in candidates.filter(|id| *id != leader && *id != me && !tried.contains(id)) {
+        for candidate in others.into_iter().filter(|id| *id != leader && *id != me && !tried.contains(id)) {
             if self.stopped().is_some() {
                 return Elsewhere::Stopped;
             }
-            if let Some(view) = self.fetch_from(candidate, index, me) {
+            if let Some(view) = self.fetch_from(candidate, index) {
                 return Elsewhere::Fetched(view);
             }
         }
@@ -460,7 +468,7 @@ impl Fetch {
     }
 
     /// Fetches from `candidate` the view at `index` or later it serves in the leader's stead.
-    fn fetch_from(&self, candidate: u64, index: u64, me: u64) -> Option<raft::eraftpb::SnapshotMetadata> {
+    fn fetch_from(&self, candidate: u64, index: u64) -> Option<raft::eraftpb::SnapshotMetadata> {
         let shard = self.shard;
         let request = ChunkRequest { any_view: true, ..self.chunk_request(index, &ChunkCursor::Start) };
         let first = match self.node.inner().transport.fetch_snapshot_chunk(candidate, &request) {
@@ -470,15 +478,8 @@ impl Fetch {
                 return None;
             }
         };
-        // A view of a later term than the message's leader: this replica would take a term it
-        // has not seen from a message that does not carry it.
-        let usable = |view: &raft::eraftpb::SnapshotMetadata| {
-            view.index >= index
-                && view.term <= self.message.term
-                && crate::membership::is_member(view.get_conf_state(), me)
-        };
         let view = match first.view.clone() {
-            Some(view) if usable(&view) => view,
+            Some(view) if self.usable(&view, index) => view,
             view => {
                 tracing::warn!(
                     shard,
@@ -497,6 +498,15 @@ impl Fetch {
                 None
             }
         }
+    }
+
+    /// Whether another replica's view may stand in for the leader's snapshot at `index`: at it
+    /// or later, naming this replica a member, and of no later term than the leader's message
+    /// (this replica would take a term it has not seen from a message that does not carry it).
+    fn usable(&self, view: &raft::eraftpb::SnapshotMetadata, index: u64) -> bool {
+        view.index >= index
+            && view.term <= self.message.term
+            && crate::membership::is_member(view.get_conf_state(), self.node.inner().node_id)
     }
 
     fn stopped(&self) -> Option<&'static str> {
@@ -528,11 +538,11 @@ impl Fetch {
             None => self.request(index, sender, &cursor)?,
         };
         loop {
+            check_pairs(&chunk.pairs, &self.node.inner().limits)?;
             // Paced before the chunk is stored and the next one asked for.
             if !self.node.inner().fetch_rate.take(chunk.pairs.len() as u64, || self.stopped().is_some()) {
                 return Err(self.stopped().unwrap_or("stopped").into());
             }
-            check_pairs(&chunk.pairs, &self.node.inner().limits)?;
             if let Some(next) = &chunk.next
                 && (!advances(&cursor, next) || chunk.pairs.is_empty())
             {

@@ -25,7 +25,7 @@
 use crate::ReplicaError;
 use crate::state::{State, storage};
 use onekv_log::Locator;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -78,9 +78,12 @@ pub(crate) struct Install {
     cancel: Arc<AtomicBool>,
     done: Receiver<Result<(), ReplicaError>>,
     thread: Option<JoinHandle<()>>,
-    /// Polls still answered "running" although the rebuild is done (a simulation's held install).
-    hold: AtomicU32,
+    /// A driven loop's rebuild, run inline once this many more polls answered "running".
+    held: Mutex<Option<(u32, HeldRebuild)>>,
 }
+
+/// The inline rebuild of [`Install::inline_after`].
+type HeldRebuild = Box<dyn FnOnce() + Send>;
 
 impl Install {
     /// Starts rebuilding `state`'s tree from the snapshot at `index` whose pairs are in the chunk
@@ -123,32 +126,51 @@ impl Install {
             cancel,
             done,
             thread: Some(thread),
-            hold: AtomicU32::new(0),
+            held: Mutex::new(None),
         })
     }
 
-    /// A rebuild already done (inline, by a driven loop) that [`Install::poll`] reports running
-    /// for `polls` more polls, one per turn of the loop: a simulation holds the group's Ready as a
-    /// thread would, with the same seed always for the same turns.
-    pub fn done_after(index: u64, chunks: usize, polls: u32) -> Install {
+    /// A rebuild a driven loop runs inline, on the poll after `polls` more polls (one per turn of
+    /// the loop) reported it running: a simulation holds the group's Ready, and the state before
+    /// the snapshot, as a thread would, the same turns for the same seed.
+    pub fn inline_after(
+        state: Arc<State>,
+        shard: u64,
+        index: u64,
+        chunks: Vec<Locator>,
+        note: Vec<u8>,
+        polls: u32,
+    ) -> Install {
         let (answer, done) = mpsc::sync_channel(1);
-        let _ = answer.send(Ok(()));
+        let chunk_count = chunks.len();
+        let rebuild: HeldRebuild = Box::new(move || {
+            let result =
+                crate::apply::install_snapshot(&state, shard, index, &chunks, &note, &AtomicBool::new(false));
+            let _ = answer.send(result);
+        });
         Install {
             index,
-            chunks,
+            chunks: chunk_count,
             started: Instant::now(),
             cancel: Arc::new(AtomicBool::new(false)),
             done,
             thread: None,
-            hold: AtomicU32::new(polls),
+            held: Mutex::new(Some((polls, rebuild))),
         }
     }
 
     /// The rebuild's outcome once it has ended (`None` while it runs).
     pub fn poll(&self) -> Option<Result<(), ReplicaError>> {
-        if self.hold.load(Ordering::Relaxed) > 0 {
-            self.hold.fetch_sub(1, Ordering::Relaxed);
-            return None;
+        {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            match held.take() {
+                Some((0, rebuild)) => rebuild(),
+                Some((polls, rebuild)) => {
+                    *held = Some((polls - 1, rebuild));
+                    return None;
+                }
+                None => {}
+            }
         }
         match self.done.try_recv() {
             Ok(result) => Some(result),
