@@ -332,7 +332,6 @@ impl Drop for KeepAlive {
 
 struct Fetch {
     node: Node,
-
     shard: u64,
     message: Message,
     state: Arc<State>,

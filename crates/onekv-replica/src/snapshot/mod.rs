@@ -130,13 +130,7 @@ impl SnapshotBuilder {
             }
             Slot::Ready(_) | Slot::Serving { .. } | Slot::Idle => {}
         }
-        // Pinned before the view is taken, for as long as the view is used: the log GC keeps every
-        // value the view points at.
-        let pin = self.state.pins.pin();
-        let view = self.state.tree.snapshot();
-        let mut metadata =
-            raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
-        metadata.set_conf_state(conf_state.clone());
+        let (pin, view, metadata) = self.view_at(applied, conf_state);
         if self.streamed {
             let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, metadata.clone(), None));
             *lock_served(&self.state) = Some(served.clone());
@@ -168,9 +162,9 @@ impl SnapshotBuilder {
     /// The view this replica serves follower `asked_by`, which asked it rather than the leader
     /// for a snapshot at `at_least` or later ([`crate::ChunkRequest::any_view`]): the view it
     /// serves already if that is recent enough, otherwise a new one at `applied` (the loop calls
-    /// this between turns, when the tree holds exactly what is applied). Refused by a leader (it
-    /// serves the view its snapshot messages name, one at a time), by a replica behind
-    /// `at_least`, and while another follower still fetches an older view here.
+    /// this between turns, when the tree holds exactly what is applied). A leader answers only
+    /// with the view it serves already (the one its snapshot messages name); refused by a replica
+    /// behind `at_least`, and while another follower still fetches an older view here.
     pub fn serve_for(
         &mut self,
         applied: (u64, u64),
@@ -202,18 +196,29 @@ impl SnapshotBuilder {
         if !crate::membership::is_member(conf_state, asked_by) {
             return Err(format!("node {asked_by} is not a member as of index {}", applied.0));
         }
-        // Pinned before the view is taken (see `request`).
-        let pin = self.state.pins.pin();
-        let view = self.state.tree.snapshot();
-        let mut metadata =
-            raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
-        metadata.set_conf_state(conf_state.clone());
+        let (pin, view, metadata) = self.view_at(applied, conf_state);
         let served = Arc::new(stream::Served::new(self.state.clone(), pin, view, metadata, Some(asked_by)));
         *lock_served(&self.state) = Some(served.clone());
         // A view this replica served as leader is gone with it (`request` starts afresh).
         *lock(&self.slot) = Slot::Idle;
         tracing::info!(index = applied.0, for_node = asked_by, "serving a snapshot in the leader's stead");
         Ok(served)
+    }
+
+    /// A consistent view of the tree at `applied` (the loop's caller is between turns) and its
+    /// snapshot metadata, under a read pin taken first and held as long as the view is used: the
+    /// log GC keeps every value the view points at.
+    fn view_at(
+        &self,
+        applied: (u64, u64),
+        conf_state: &ConfState,
+    ) -> (crate::pins::Pin, TreeSnapshot, raft::eraftpb::SnapshotMetadata) {
+        let pin = self.state.pins.pin();
+        let view = self.state.tree.snapshot();
+        let mut metadata =
+            raft::eraftpb::SnapshotMetadata { index: applied.0, term: applied.1, ..Default::default() };
+        metadata.set_conf_state(conf_state.clone());
+        (pin, view, metadata)
     }
 
     /// Drops a snapshot nobody needs any more (an inline one's bytes are held in memory, a
