@@ -817,10 +817,14 @@ async fn the_retry_budget_bounds_a_call_in_time() {
         let took = started.elapsed();
         match result {
             Err(ClientError::Unavailable { attempts, elapsed, last }) => {
+                // Every attempt reached the node, except perhaps a last one that the budget cut
+                // short before its request arrived (and then the error says so).
+                let calls = node.calls();
+                let last_cut_short = last.contains("cut short by the retry budget");
                 assert!(
-                    attempts > 8 && attempts == node.calls(),
-                    "{attempts} attempts, {} calls",
-                    node.calls()
+                    attempts > 8
+                        && (attempts == calls || (attempts == calls + 1 && last_cut_short)),
+                    "{attempts} attempts, {calls} calls, last: {last}"
                 );
                 assert!(elapsed <= took && last.contains("no leader yet"), "{elapsed:?} {last}");
             }
