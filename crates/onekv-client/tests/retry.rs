@@ -822,8 +822,7 @@ async fn the_retry_budget_bounds_a_call_in_time() {
                 let calls = node.calls();
                 let last_cut_short = last.contains("cut short by the retry budget");
                 assert!(
-                    attempts > 8
-                        && (attempts == calls || (attempts == calls + 1 && last_cut_short)),
+                    attempts > 8 && (attempts == calls || (attempts == calls + 1 && last_cut_short)),
                     "{attempts} attempts, {calls} calls, last: {last}"
                 );
                 assert!(elapsed <= took && last.contains("no leader yet"), "{elapsed:?} {last}");

@@ -203,6 +203,13 @@ impl Tree {
         self.get_at(Space::User, key, read.seqno())
     }
 
+    /// The value of `key` as written at or below `seqno`, published or not: a writer reading back
+    /// what it wrote before publishing it (a snapshot install pointing a key at the copy an earlier
+    /// key of the snapshot got).
+    pub fn get_written(&self, key: &[u8], seqno: u64) -> Result<Option<Vec<u8>>, IndexError> {
+        self.get_at(Space::User, key, seqno + 1)
+    }
+
     /// Up to `limit` pairs with `start <= key < end` (`end` `None`: no upper bound) at the published
     /// seqno, ascending, or descending when `reverse` (then the pairs nearest `end` come first).
     /// The flag says whether more pairs remain in the range beyond those returned.

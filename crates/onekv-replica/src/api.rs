@@ -476,6 +476,10 @@ pub enum Mutation {
     /// being applied began, missing the keys written by earlier entries of the same batch: replicas
     /// that apply the log in different batches delete different keys.
     RangePageReadsBatchStart,
+    /// A snapshot install resolves a key sent as a reference to an earlier key's value by reading
+    /// that key as published (the state before the snapshot) instead of as the install wrote it:
+    /// the key gets the earlier key's old value, or the install fails.
+    InstallResolvesReferencesAsPublished,
 }
 
 /// Why a request failed.
@@ -770,6 +774,9 @@ pub struct ChunkRequest {
     /// `index` or after (it makes one at its applied index if it serves none that fits): the
     /// chunk says which view it is ([`SnapshotChunk::view`]), and the next requests name it.
     pub any_view: bool,
+    /// The asker takes references in the pairs (a key sent as "the same value as this earlier
+    /// key"; `records::PairValue::SameAs`), so a copy several keys share is sent once.
+    pub references: bool,
     /// Where the chunk starts.
     pub cursor: ChunkCursor,
     /// About how many bytes of pairs to answer (a chunk holds at least one pair, so a large value
@@ -778,7 +785,8 @@ pub struct ChunkRequest {
 }
 
 /// One chunk of a streamed snapshot: pairs in the snapshot-pairs format (values with their
-/// checksums; the request-id window's pairs under the empty key, after every user key).
+/// checksums, or references to earlier keys when asked for; the request-id window's pairs under
+/// the empty key, after every user key).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SnapshotChunk {
     /// Whole pairs.

@@ -426,14 +426,25 @@ impl Applier {
         let chunk_bytes = records::chunk_bytes(self.state.raft_log.config().max_record_bytes);
         let mut chunks: Vec<Vec<u8>> = Vec::new();
         let mut current = Vec::new();
-        for pair in records::SnapshotPairs::new(data) {
-            let (key, span, expiry) = pair.map_err(|e| storage(format!("snapshot data: {e}")))?;
-            if !current.is_empty() && current.len() + key.len() + span.len + 16 > chunk_bytes {
+        for pair in records::SnapshotItems::new(data) {
+            let (key, value, expiry) = pair.map_err(|e| storage(format!("snapshot data: {e}")))?;
+            let len = match value {
+                records::PairValue::Stored(span) => span.len,
+                records::PairValue::SameAs(same_as) => same_as.len(),
+            };
+            if !current.is_empty() && current.len() + key.len() + len + 16 > chunk_bytes {
                 chunks.push(std::mem::take(&mut current));
             }
-            let value = codec::verify_stored_value(&data[span.offset..span.offset + span.len])
-                .map_err(|e| storage(format!("snapshot data: {e}")))?;
-            records::push_expiring_pair(&mut current, key, expiry, value);
+            match value {
+                records::PairValue::Stored(span) => {
+                    let value = codec::verify_stored_value(&data[span.offset..span.offset + span.len])
+                        .map_err(|e| storage(format!("snapshot data: {e}")))?;
+                    records::push_expiring_pair(&mut current, key, expiry, value);
+                }
+                records::PairValue::SameAs(same_as) => {
+                    records::push_reference_pair(&mut current, key, expiry, same_as)
+                }
+            }
         }
         if !current.is_empty() {
             chunks.push(current);
@@ -535,14 +546,29 @@ pub(crate) fn install_snapshot(
         let pairs = &payload[records::SNAP_CHUNK_HEADER..];
         let mut values = Vec::new();
         let mut keys = Vec::new();
-        for pair in records::SnapshotPairs::new(pairs) {
-            let (key, span, expiry) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
+        for pair in records::SnapshotItems::new(pairs) {
+            let (key, value, expiry) = pair.map_err(|e| storage(format!("snapshot chunk: {e}")))?;
+            let span = match value {
+                records::PairValue::Stored(span) => span,
+                // Resolved below, in order: the key it names is written by then.
+                records::PairValue::SameAs(_) if state.mode == StorageMode::OneLog && !key.is_empty() => {
+                    keys.push((key, value, expiry));
+                    continue;
+                }
+                records::PairValue::SameAs(_) => {
+                    return Err(storage(format!(
+                        "a snapshot chunk holds a reference to another key's value where a {} replica \
+                         cannot take one (only one-log replicas ask for references, for user keys)",
+                        state.mode.name()
+                    )));
+                }
+            };
             if key.is_empty() {
                 // Not a user key (those are never empty): part of the request-id window.
                 state.requests().install_pair(span.value(pairs), write_at)?;
                 continue;
             }
-            keys.push((key, span, expiry));
+            keys.push((key, value, expiry));
             if state.mode == StorageMode::Separated {
                 values.push(records::encode_value(shard, span.value(pairs)));
             }
@@ -555,7 +581,19 @@ pub(crate) fn install_snapshot(
                 .append_in_parts(&values.iter().map(|v| (records::VALUE, v.as_slice())).collect::<Vec<_>>())
                 .map_err(|e| storage(format!("writing the value log: {e}")))?
         };
-        for (i, (key, span, expiry)) in keys.into_iter().enumerate() {
+        let mut copied = copied.into_iter();
+        for (key, value, expiry) in keys {
+            let span = match value {
+                records::PairValue::Stored(span) => span,
+                records::PairValue::SameAs(same_as) => {
+                    let shared = copy_written_under(state, same_as, write_at)?;
+                    if let Some(dedup) = &state.dedup {
+                        dedup.count_snapshot_hit(shared.len);
+                    }
+                    state.tree.insert(key, &IndexValue::Shared(shared).encode_expiring(expiry), write_at);
+                    continue;
+                }
+            };
             let stored = match state.mode {
                 StorageMode::OneLog => IndexValue::Locator(
                     chunk
@@ -563,7 +601,7 @@ pub(crate) fn install_snapshot(
                         .expect("span inside chunk"),
                 ),
                 StorageMode::Separated => {
-                    let l = copied[i];
+                    let l = copied.next().expect("a copy per value");
                     IndexValue::Locator(
                         l.slice(records::VALUE_HEADER as u64, l.len - records::VALUE_HEADER as u64)
                             .expect("fits"),
@@ -585,6 +623,31 @@ pub(crate) fn install_snapshot(
         .flush_with_note(index, state::last_seqno(index), note)
         .map_err(|e| storage(format!("flushing the index after a snapshot: {e}")))?;
     Ok(())
+}
+
+/// The copy of its value the install of a snapshot at seqno `write_at` pointed `key` at: what a
+/// later key of the snapshot referring to it ([`records::PairValue::SameAs`]) shares. The sender
+/// names only keys before the referring one and without expiry, and the fetch checked the order,
+/// so a key missing here means a damaged or wrong snapshot.
+fn copy_written_under(state: &State, key: &[u8], write_at: u64) -> Result<Locator, ReplicaError> {
+    let stored = match state.references_as_published {
+        true => state.tree.get(key),
+        false => state.tree.get_written(key, write_at),
+    }
+    .map_err(|e| storage(format!("index lookup during a snapshot install: {e}")))?;
+    let value = stored.as_deref().map(IndexValue::decode).transpose().map_err(|e| {
+        storage(format!(
+            "a snapshot's key {} has an unreadable index value: {e}",
+            String::from_utf8_lossy(key)
+        ))
+    })?;
+    match value {
+        Some(IndexValue::Locator(copy) | IndexValue::Shared(copy)) => Ok(copy),
+        _ => Err(storage(format!(
+            "a snapshot refers to the value of key {}, which it did not hold before",
+            String::from_utf8_lossy(key)
+        ))),
+    }
 }
 
 /// Whether `key` is present in the tree at all (expired or not).

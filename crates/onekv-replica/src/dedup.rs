@@ -162,6 +162,9 @@ pub struct DedupStatus {
     pub inline_hits: u64,
     /// Values the log GC pointed at an existing copy instead of moving them.
     pub offline_hits: u64,
+    /// Keys a snapshot install pointed at a copy another key of the snapshot brought (the
+    /// snapshot sent that copy once, `snapshot::copies`).
+    pub snapshot_hits: u64,
     /// Fingerprint matches whose bytes differed (a collision, or a damaged copy).
     pub mismatches: u64,
     /// Value bytes not stored again (inline) or not moved again (offline).
@@ -196,6 +199,7 @@ struct Counters {
     candidates: AtomicU64,
     inline_hits: AtomicU64,
     offline_hits: AtomicU64,
+    snapshot_hits: AtomicU64,
     mismatches: AtomicU64,
     bytes_saved: AtomicU64,
     switches: AtomicU64,
@@ -309,6 +313,13 @@ impl Dedup {
     pub fn count_offline_hit(&self, stored_len: usize) {
         self.counters.offline_hits.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes_saved.fetch_add(stored_len as u64, Ordering::Relaxed);
+    }
+
+    /// Counts a key a snapshot install pointed at a copy of `stored_len` bytes another key of the
+    /// snapshot brought.
+    pub fn count_snapshot_hit(&self, stored_len: u64) {
+        self.counters.snapshot_hits.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_saved.fetch_add(stored_len, Ordering::Relaxed);
     }
 
     /// Records `at` as the canonical copy of `stored` (a copy the GC just wrote).
@@ -429,6 +440,7 @@ impl Dedup {
             candidates: c.candidates.load(Ordering::Relaxed),
             inline_hits: c.inline_hits.load(Ordering::Relaxed),
             offline_hits: c.offline_hits.load(Ordering::Relaxed),
+            snapshot_hits: c.snapshot_hits.load(Ordering::Relaxed),
             mismatches: c.mismatches.load(Ordering::Relaxed),
             bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
             entries: self.table().places.len() as u64,

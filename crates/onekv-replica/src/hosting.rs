@@ -141,6 +141,8 @@ impl GroupParts {
             expiring_writes: AtomicU64::new(0),
             expired_deleted: AtomicU64::new(0),
             dedup: self.dedup.clone(),
+            references_as_published: self.mutation
+                == Some(crate::Mutation::InstallResolvesReferencesAsPublished),
         });
         let snapshots = crate::snapshot::SnapshotBuilder::new(
             state.clone(),

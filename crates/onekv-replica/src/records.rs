@@ -165,24 +165,75 @@ pub fn decode_hard_state(payload: &[u8]) -> Result<HardStateRecord, CodecError> 
 /// the command codec's stored value layout, so the index can point into a chunk record exactly as
 /// into an entry. Bit 31 of `key_len` ([`PAIR_EXPIRES`]) says the key expires, at the time that
 /// follows it (a key's length never comes near 2^31).
+///
+/// Bit 30 ([`PAIR_SAME_AS`]) makes the pair a reference instead: `(key_len:u32 key
+/// [expires_at_ms:u64] same_as_len:u32 same_as)`, "this key's value is the value key `same_as` has
+/// in this same snapshot", where `same_as` is an earlier user key of the snapshot (a snapshot
+/// sends a copy that several keys share once, `snapshot::copies`). Only snapshots carry
+/// references; [`SnapshotPairs`] refuses them, [`SnapshotItems`] yields them.
 pub struct SnapshotPairs<'a> {
-    reader: Reader<'a>,
+    items: SnapshotItems<'a>,
 }
 
 impl<'a> SnapshotPairs<'a> {
     /// Iterates over the pairs in `data`.
     pub fn new(data: &'a [u8]) -> Self {
-        SnapshotPairs { reader: Reader { data, at: 0 } }
+        SnapshotPairs { items: SnapshotItems::new(data) }
     }
 }
 
 /// Bit 31 of a snapshot pair's key length: an expiry time follows the key.
 pub const PAIR_EXPIRES: u32 = 1 << 31;
 
+/// Bit 30 of a snapshot pair's key length: the pair is a reference to an earlier key's value.
+pub const PAIR_SAME_AS: u32 = 1 << 30;
+
+/// What a snapshot pair holds for its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PairValue<'a> {
+    /// The value itself: its span in the data (covering the CRC).
+    Stored(ValueSpan),
+    /// The value an earlier key of the same snapshot has.
+    SameAs(&'a [u8]),
+}
+
 impl<'a> Iterator for SnapshotPairs<'a> {
     /// A key, its value's span in the data (covering the CRC) and its expiry time, or a decoding
-    /// error.
+    /// error (a reference is one).
     type Item = Result<(&'a [u8], ValueSpan, Option<u64>), CodecError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.items.next()?;
+        Some(item.and_then(|(key, value, expiry)| match value {
+            PairValue::Stored(span) => Ok((key, span, expiry)),
+            PairValue::SameAs(_) => {
+                self.items.reader.at = self.items.reader.data.len();
+                Err(CodecError("a value reference where only values may be"))
+            }
+        }))
+    }
+}
+
+/// The pairs of snapshot data, references included ([`SnapshotPairs`]).
+pub struct SnapshotItems<'a> {
+    reader: Reader<'a>,
+}
+
+impl<'a> SnapshotItems<'a> {
+    /// Iterates over the pairs and references in `data`.
+    pub fn new(data: &'a [u8]) -> Self {
+        SnapshotItems { reader: Reader { data, at: 0 } }
+    }
+
+    /// Bytes of the data read so far: the end of the last pair yielded.
+    pub fn position(&self) -> usize {
+        self.reader.at
+    }
+}
+
+impl<'a> Iterator for SnapshotItems<'a> {
+    /// A key, its value or reference, and its expiry time, or a decoding error.
+    type Item = Result<(&'a [u8], PairValue<'a>, Option<u64>), CodecError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.reader.remaining() == 0 {
@@ -190,15 +241,35 @@ impl<'a> Iterator for SnapshotPairs<'a> {
         }
         let reader = &mut self.reader;
         let pair = reader.u32().and_then(|len| {
-            let key = reader.take((len & !PAIR_EXPIRES) as usize)?;
+            let key = reader.take((len & !(PAIR_EXPIRES | PAIR_SAME_AS)) as usize)?;
             let expiry = if len & PAIR_EXPIRES != 0 { Some(reader.u64()?) } else { None };
-            Ok((key, reader.value()?, expiry))
+            let value = if len & PAIR_SAME_AS != 0 {
+                let same_as_len = reader.u32()?;
+                PairValue::SameAs(reader.take(same_as_len as usize)?)
+            } else {
+                PairValue::Stored(reader.value()?)
+            };
+            Ok((key, value, expiry))
         });
         if pair.is_err() {
             self.reader.at = self.reader.data.len();
         }
         Some(pair)
     }
+}
+
+/// Appends a reference to snapshot data: `key` (expiring at `expiry`, if any) has the value the
+/// earlier key `same_as` has in the same snapshot.
+pub fn push_reference_pair(out: &mut Vec<u8>, key: &[u8], expiry: Option<u64>, same_as: &[u8]) {
+    debug_assert!((key.len() as u32) < PAIR_SAME_AS, "a key of 1 GiB");
+    let flag = PAIR_SAME_AS | if expiry.is_some() { PAIR_EXPIRES } else { 0 };
+    out.extend_from_slice(&(key.len() as u32 | flag).to_le_bytes());
+    out.extend_from_slice(key);
+    if let Some(at) = expiry {
+        out.extend_from_slice(&at.to_le_bytes());
+    }
+    out.extend_from_slice(&(same_as.len() as u32).to_le_bytes());
+    out.extend_from_slice(same_as);
 }
 
 /// Appends one pair to snapshot data.
@@ -208,7 +279,7 @@ pub fn push_snapshot_pair(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 
 /// Appends one pair whose key expires at `expiry` (if any) to snapshot data.
 pub fn push_expiring_pair(out: &mut Vec<u8>, key: &[u8], expiry: Option<u64>, value: &[u8]) {
-    debug_assert!((key.len() as u32) < PAIR_EXPIRES, "a key of 2 GiB");
+    debug_assert!((key.len() as u32) < PAIR_SAME_AS, "a key of 1 GiB");
     let flag = if expiry.is_some() { PAIR_EXPIRES } else { 0 };
     out.extend_from_slice(&(key.len() as u32 | flag).to_le_bytes());
     out.extend_from_slice(key);
@@ -599,5 +670,35 @@ mod tests {
         let (shard, index, ops) = decode_applied(&payload).unwrap();
         assert_eq!((shard, index), (1, 5));
         assert_eq!(ops, vec![(&b"k"[..], Some(&b"v"[..])), (&b"d"[..], None)]);
+    }
+    #[test]
+    fn references_are_items_and_not_values() {
+        let mut data = Vec::new();
+        push_snapshot_pair(&mut data, b"a", b"shared");
+        push_reference_pair(&mut data, b"b", None, b"a");
+        push_reference_pair(&mut data, b"c", Some(7), b"a");
+        push_snapshot_pair(&mut data, b"d", b"own");
+        let mut items = SnapshotItems::new(&data);
+        let mut ends = Vec::new();
+        let mut read = Vec::new();
+        while let Some(item) = items.next() {
+            read.push(item.unwrap());
+            ends.push(items.position());
+        }
+        assert_eq!(read.len(), 4);
+        assert!(matches!(read[0], (b"a", PairValue::Stored(span), None) if span.value(&data) == b"shared"));
+        assert_eq!(read[1], (&b"b"[..], PairValue::SameAs(b"a"), None));
+        assert_eq!(read[2], (&b"c"[..], PairValue::SameAs(b"a"), Some(7)));
+        assert!(matches!(read[3], (b"d", PairValue::Stored(span), None) if span.value(&data) == b"own"));
+        assert_eq!(*ends.last().unwrap(), data.len());
+        // Cut anywhere but between items, the data does not decode.
+        for cut in 0..data.len() {
+            let whole = SnapshotItems::new(&data[..cut]).all(|p| p.is_ok());
+            assert!(!whole || cut == 0 || ends.contains(&cut), "cut at {cut} decoded");
+        }
+        // Where only values may be (the log GC's records), a reference is an error, and ends it.
+        let values: Vec<_> = SnapshotPairs::new(&data).collect();
+        assert_eq!(values.len(), 2);
+        assert!(values[0].is_ok() && values[1].is_err());
     }
 }

@@ -99,6 +99,9 @@ pub(crate) struct State {
     /// The node's deduplication, when on: applying asks it where a large value's bytes already
     /// are (`dedup`).
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
+    /// The broken variant [`crate::Mutation::InstallResolvesReferencesAsPublished`] (a
+    /// simulation only).
+    pub references_as_published: bool,
 }
 
 /// Marks a snapshot install in [`State::installs`] from its creation to its drop, whatever way

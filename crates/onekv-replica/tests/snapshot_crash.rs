@@ -7,13 +7,17 @@
 //! nodes from the same directories and checks that the follower recovers without error, catches
 //! up, and serves every acknowledged key from its own copy.
 //!
+//! Every node deduplicates, and half the keys share three values: the snapshot sends each of those
+//! once and the other keys as references to it, which the install (and an install again after a
+//! crash part-way) points at that copy.
+//!
 //! The child is this test binary run again with `ONEKV_CRASH_CHILD` set. Needs the `failpoints`
 //! feature (`scripts/test` turns it on).
 
 mod common;
 
 use onekv_replica::local::Router;
-use onekv_replica::{Command, Node, ReplicaConfig, ReplicaError, RequestId, WriteOp};
+use onekv_replica::{Command, DedupConfig, DedupMode, Node, ReplicaConfig, ReplicaError, RequestId, WriteOp};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, mpsc};
@@ -28,8 +32,10 @@ fn key(n: usize) -> Vec<u8> {
     format!("k{n:05}").into_bytes()
 }
 
+/// Odd keys share three values; even keys have their own.
 fn value(n: usize) -> Vec<u8> {
-    (0..(8 << 10) + n).map(|i| (i * 31 + n) as u8).collect()
+    let seed = if n % 2 == 1 { 1_000 + n % 3 } else { n };
+    (0..(8 << 10) + seed % 97).map(|i| (i * 31 + seed) as u8).collect()
 }
 
 fn config(root: &Path, id: u64) -> ReplicaConfig {
@@ -39,6 +45,7 @@ fn config(root: &Path, id: u64) -> ReplicaConfig {
     config.raft_log_keep_entries = 5;
     config.snapshot_timeout = Duration::from_secs(1);
     config.snapshot_chunk_bytes = 16 << 10;
+    config.dedup = DedupConfig { mode: DedupMode::Inline, ..DedupConfig::default() };
     config
 }
 
@@ -132,6 +139,8 @@ fn crash_and_recover(point: &str, skip: usize) {
     for n in 0..=KEYS {
         assert_eq!(follower.get(&key(n)).unwrap(), Some(value(n)), "{point}: key {n} on the follower");
     }
+    let dedup = follower.status().dedup;
+    assert!(dedup.snapshot_hits >= 40, "{point}: the snapshot sent shared copies once: {dedup:?}");
     for node in nodes {
         node.shutdown();
     }
@@ -139,9 +148,9 @@ fn crash_and_recover(point: &str, skip: usize) {
 
 #[test]
 fn crash_during_a_snapshot_fetch() {
-    // After the 3rd and the 40th stored chunk (of about 60).
+    // After the 3rd and the 25th stored chunk (of about 35).
     crash_and_recover("during-snapshot-fetch", 2);
-    crash_and_recover("during-snapshot-fetch", 39);
+    crash_and_recover("during-snapshot-fetch", 24);
 }
 
 #[test]

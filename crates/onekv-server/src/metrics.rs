@@ -351,6 +351,7 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_dedup_candidates_total").absolute(dedup.candidates);
     counter!("onekv_dedup_hits_total", "path" => "inline").absolute(dedup.inline_hits);
     counter!("onekv_dedup_hits_total", "path" => "offline").absolute(dedup.offline_hits);
+    counter!("onekv_dedup_hits_total", "path" => "snapshot").absolute(dedup.snapshot_hits);
     counter!("onekv_dedup_mismatches_total").absolute(dedup.mismatches);
     counter!("onekv_dedup_bytes_saved_total").absolute(dedup.bytes_saved);
     gauge!("onekv_dedup_entries").set(count(dedup.entries));

@@ -223,6 +223,7 @@ pub fn chunk_request_from_wire(wire: SnapshotChunkRequest) -> Result<ChunkReques
         shard: wire.shard,
         index: wire.index,
         any_view: wire.any_view,
+        references: wire.references,
         cursor,
         max_bytes: wire.max_bytes,
     })
@@ -240,6 +241,7 @@ pub fn chunk_request_to_wire(request: &ChunkRequest) -> SnapshotChunkRequest {
         window_pair,
         max_bytes: request.max_bytes,
         any_view: request.any_view,
+        references: request.references,
     }
 }
 

@@ -1175,6 +1175,7 @@ impl<B: Backend> Kv for KvService<B> {
                     candidates: status.dedup.candidates,
                     inline_hits: status.dedup.inline_hits,
                     offline_hits: status.dedup.offline_hits,
+                    snapshot_hits: status.dedup.snapshot_hits,
                     mismatches: status.dedup.mismatches,
                     bytes_saved: status.dedup.bytes_saved,
                     entries: status.dedup.entries,

@@ -59,8 +59,8 @@ impl Peer for FakePeer {
         };
         Ok(Response::new(onekv_proto::SnapshotChunkReply {
             pairs: format!(
-                "from {} shard {} index {} cursor {} max {}",
-                r.from, r.shard, r.index, r.cursor, r.max_bytes
+                "from {} shard {} index {} cursor {} max {} references {}",
+                r.from, r.shard, r.index, r.cursor, r.max_bytes, r.references
             )
             .into_bytes(),
             more: true,
@@ -410,6 +410,7 @@ async fn snapshot_chunks_are_fetched_from_a_thread_outside_the_runtime() {
         shard: 7,
         index: 42,
         any_view: false,
+        references: true,
         cursor: ChunkCursor::AfterKey(b"k".to_vec()),
         max_bytes: 4096,
     };
@@ -428,7 +429,7 @@ async fn snapshot_chunks_are_fetched_from_a_thread_outside_the_runtime() {
     let (chunk, unknown, viewed) =
         tokio::task::spawn_blocking(move || fetched.join().unwrap()).await.unwrap();
     let chunk = chunk.unwrap();
-    assert_eq!(chunk.pairs, b"from 1 shard 7 index 42 cursor 1 max 4096");
+    assert_eq!(chunk.pairs, b"from 1 shard 7 index 42 cursor 1 max 4096 references true");
     assert_eq!(chunk.next, Some(ChunkCursor::AfterKey(b"next".to_vec())));
     assert_eq!(chunk.view, None);
     assert!(unknown.unwrap_err().contains("node 9"));

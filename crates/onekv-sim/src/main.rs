@@ -92,6 +92,10 @@ struct Args {
     /// being applied began (implies --range-deletes).
     #[arg(long)]
     bug_range_page_reads_batch_start: bool,
+    /// Run the broken variant whose snapshot installs resolve a key sent as a reference to an
+    /// earlier key's copy by reading that key as it was before the snapshot (implies --dedup).
+    #[arg(long)]
+    bug_install_references_as_published: bool,
     /// Make half the workload's deletes range deletions of up to 4 consecutive keys.
     #[arg(long)]
     range_deletes: bool,
@@ -151,7 +155,10 @@ fn main() -> anyhow::Result<()> {
         member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
         expiring_puts: !args.no_expiring_puts,
         held_installs: !args.no_held_installs,
-        dedup: args.dedup || args.bug_dedup_trusts_fingerprint || args.bug_gc_ignores_shared_values,
+        dedup: args.dedup
+            || args.bug_dedup_trusts_fingerprint
+            || args.bug_gc_ignores_shared_values
+            || args.bug_install_references_as_published,
         range_deletes: args.range_deletes || args.bug_range_page_reads_batch_start,
         bug: if args.bug_ack_before_fsync {
             Some(Bug::AckBeforeFsync)
@@ -173,6 +180,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::GcIgnoresSharedValues)
         } else if args.bug_range_page_reads_batch_start {
             Some(Bug::RangePageReadsBatchStart)
+        } else if args.bug_install_references_as_published {
+            Some(Bug::InstallResolvesReferencesAsPublished)
         } else {
             None
         },

@@ -75,6 +75,9 @@ pub enum Bug {
     /// A range deletion's page finds its keys in the index as the batch being applied began, so
     /// replicas that apply different batches delete different keys (implies `range_deletes`).
     RangePageReadsBatchStart,
+    /// A snapshot install resolves a key sent as a reference to an earlier key's copy by reading
+    /// that key as it was before the snapshot (implies `dedup`).
+    InstallResolvesReferencesAsPublished,
 }
 
 /// How many recurring values the workload draws from when `dedup` is on.
@@ -1075,6 +1078,9 @@ impl Sim {
             Some(Bug::DedupTrustsFingerprint) => Some(Mutation::DedupTrustsFingerprint),
             Some(Bug::GcIgnoresSharedValues) => Some(Mutation::GcIgnoresSharedValues),
             Some(Bug::RangePageReadsBatchStart) => Some(Mutation::RangePageReadsBatchStart),
+            Some(Bug::InstallResolvesReferencesAsPublished) => {
+                Some(Mutation::InstallResolvesReferencesAsPublished)
+            }
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1522,6 +1528,7 @@ fn count_gc(faults: &mut BTreeMap<&'static str, u64>, node: &onekv_replica::Node
     if !dedup.mode.is_empty() {
         *faults.entry("dedup-inline-hits").or_default() += dedup.inline_hits;
         *faults.entry("dedup-offline-hits").or_default() += dedup.offline_hits;
+        *faults.entry("dedup-snapshot-hits").or_default() += dedup.snapshot_hits;
         *faults.entry("dedup-mismatches").or_default() += dedup.mismatches;
     }
 }

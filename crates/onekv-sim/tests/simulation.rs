@@ -306,7 +306,9 @@ fn no_violations_with_deduplication() {
     // segments whole (few kept keys): shared values must survive every collection and crash.
     // With 64 keys instead of 8, segments that more keys point into than the census keeps (16
     // here) hold shared values: the collector moves their shared keys out first.
-    let (mut hits, mut mismatches) = (0, 0);
+    // Snapshots send a copy several keys share once: the receiving node points the other keys
+    // at it (snapshot hits), and they must read their own values through everything after.
+    let (mut hits, mut mismatches, mut snapshot_hits) = (0, 0, 0);
     for seed in 4_000..4_000 + seeds().div_ceil(2) {
         let keys = if seed % 2 == 0 { 8 } else { 64 };
         let config = SimConfig { dedup: true, keys, ..SimConfig::default() };
@@ -319,8 +321,10 @@ fn no_violations_with_deduplication() {
         hits += report.faults.get("dedup-inline-hits").copied().unwrap_or(0)
             + report.faults.get("dedup-offline-hits").copied().unwrap_or(0);
         mismatches += report.faults.get("dedup-mismatches").copied().unwrap_or(0);
+        snapshot_hits += report.faults.get("dedup-snapshot-hits").copied().unwrap_or(0);
     }
     assert!(hits > 100, "only {hits} values were deduplicated");
+    assert!(snapshot_hits > 0, "no snapshot sent a shared copy once");
     assert!(mismatches > 5, "only {mismatches} fingerprint matches of different values were refused");
 }
 
@@ -333,6 +337,26 @@ fn a_dedup_that_trusts_fingerprints_is_caught() {
     // Deterministic: 8 of these seeds (1, 9, 10, 17, 22, 23, 24, 27) catch it with this code
     // (`onekv-sim --seeds 30 --bug-dedup-trusts-fingerprint --no-expiring-puts --verbose | grep ^FAILED`).
     assert!(caught >= 4, "a dedup trusting fingerprints was caught in only {caught} of 30 seeds");
+}
+
+#[test]
+fn a_snapshot_install_that_resolves_references_as_published_is_caught() {
+    let config = SimConfig {
+        bug: Some(Bug::InstallResolvesReferencesAsPublished),
+        dedup: true,
+        keys: 64,
+        ..SimConfig::default()
+    };
+    let caught =
+        (0..8).filter(|seed| !run(*seed, &config).expect("a temporary directory").violations.is_empty());
+    let caught = caught.count();
+    // Deterministic: 5 of these seeds (2, 3, 4, 5, 7) catch it with this code, as a replica that
+    // cannot reopen or as replicas that differ (`onekv-sim --seeds 8 --keys 64
+    // --bug-install-references-as-published --no-expiring-puts --verbose | grep ^FAILED`).
+    assert!(
+        caught >= 3,
+        "an install resolving references as published was caught in only {caught} of 8 seeds"
+    );
 }
 
 #[test]

@@ -22,19 +22,27 @@ pub(crate) fn values_in_record(
     kind: RecordKind,
     payload: &[u8],
 ) -> Result<Vec<ValueInRecord<'_>>, codec::CodecError> {
-    let pairs_at = |shard: u64, start: usize| -> Result<Vec<ValueInRecord<'_>>, codec::CodecError> {
-        let pairs = payload.get(start..).ok_or(codec::CodecError("record too short"))?;
-        records::SnapshotPairs::new(pairs)
-            .filter(|pair| !matches!(pair, Ok((key, ..)) if key.is_empty()))
-            .map(|pair| {
-                pair.map(|(key, span, _)| ValueInRecord {
-                    shard,
-                    key,
-                    span: ValueSpan { offset: start + span.offset, len: span.len },
+    let pairs_at =
+        |shard: u64, start: usize, may_refer: bool| -> Result<Vec<ValueInRecord<'_>>, codec::CodecError> {
+            let pairs = payload.get(start..).ok_or(codec::CodecError("record too short"))?;
+            // A snapshot chunk's references hold no value: the keys they name point at an earlier
+            // pair's copy (shared, as a deduplicated key does).
+            records::SnapshotItems::new(pairs)
+                .filter_map(|pair| match pair {
+                    Ok(([], _, _)) => None,
+                    Ok((_, records::PairValue::SameAs(_), _)) if may_refer => None,
+                    Ok((_, records::PairValue::SameAs(_), _)) => {
+                        Some(Err(codec::CodecError("a value reference outside a snapshot chunk")))
+                    }
+                    Ok((key, records::PairValue::Stored(span), _)) => Some(Ok(ValueInRecord {
+                        shard,
+                        key,
+                        span: ValueSpan { offset: start + span.offset, len: span.len },
+                    })),
+                    Err(error) => Some(Err(error)),
                 })
-            })
-            .collect()
-    };
+                .collect()
+        };
     match kind {
         records::ENTRY => {
             let entry = records::decode_entry(payload)?;
@@ -64,11 +72,11 @@ pub(crate) fn values_in_record(
         }
         records::SNAP_CHUNK => {
             let (shard, ..) = records::decode_snapshot_chunk(payload)?;
-            pairs_at(shard, records::SNAP_CHUNK_HEADER)
+            pairs_at(shard, records::SNAP_CHUNK_HEADER, true)
         }
         records::RELOCATED => {
             let shard = records::record_shard(kind, payload)?;
-            pairs_at(shard, records::RELOCATED_HEADER)
+            pairs_at(shard, records::RELOCATED_HEADER, false)
         }
         _ => Ok(Vec::new()),
     }
@@ -140,12 +148,16 @@ mod tests {
         assert_eq!(&payload[span.offset..span.offset + span.len], &stored[..]);
         codec::verify_stored_value(&payload[span.offset..span.offset + span.len]).unwrap();
 
+        // A snapshot chunk's reference names a key but holds no value of it.
+        records::push_reference_pair(&mut pairs, b"n", None, b"m");
         let chunk = records::encode_snapshot_chunk(5, 40, 0, &pairs);
         let found = values_in_record(records::SNAP_CHUNK, &chunk).unwrap();
         assert_eq!(
             found.iter().map(|v| (v.shard, v.key)).collect::<Vec<_>>(),
             vec![(5, &b"k"[..]), (5, &b"m"[..])]
         );
+        let relocated = records::encode_relocated(3, &pairs);
+        assert!(values_in_record(records::RELOCATED, &relocated).is_err(), "no reference is relocated");
         assert!(values_in_record(records::HARD_STATE, &[0; 32]).unwrap().is_empty());
         assert!(values_in_record(records::ENTRY, &payload[..3]).is_err());
     }

@@ -537,7 +537,11 @@ impl Fetch {
             None => self.request(index, sender, &cursor)?,
         };
         loop {
-            check_pairs(&chunk.pairs, &self.node.inner().limits)?;
+            let after = match &cursor {
+                ChunkCursor::AfterKey(key) => Some(key.as_slice()),
+                ChunkCursor::Start | ChunkCursor::Window(_) => None,
+            };
+            check_pairs(&chunk.pairs, &self.node.inner().limits, self.takes_references(), after)?;
             // Paced before the chunk is stored and the next one asked for.
             if !self.node.inner().fetch_rate.take(chunk.pairs.len() as u64, || self.stopped().is_some()) {
                 return Err(self.stopped().unwrap_or("stopped").into());
@@ -607,6 +611,12 @@ impl Fetch {
         }
     }
 
+    /// Whether chunks may send a copy several keys share once (references to earlier keys): only
+    /// the one log can point several keys at one copy.
+    fn takes_references(&self) -> bool {
+        self.state.mode == crate::StorageMode::OneLog
+    }
+
     /// A request for the chunk at `cursor` of the view at `index`, of the configured size.
     fn chunk_request(&self, index: u64, cursor: &ChunkCursor) -> ChunkRequest {
         let inner = self.node.inner();
@@ -616,6 +626,7 @@ impl Fetch {
             shard: self.shard,
             index,
             any_view: false,
+            references: self.takes_references(),
             cursor: cursor.clone(),
             max_bytes: inner.snapshot_chunk_bytes.min(record_bytes) as u32,
         }
@@ -654,11 +665,43 @@ fn advances(cursor: &ChunkCursor, next: &ChunkCursor) -> bool {
 /// Checks a chunk from a peer before any of it is stored (a stored chunk that cannot be installed
 /// would fail the install, and every recovery after it): whole pairs, every value matching its
 /// checksum, user keys and values within the limits, the request-id window's pairs (the empty
-/// key) well formed and after every user key.
-pub(crate) fn check_pairs(pairs: &[u8], limits: &crate::Limits) -> Result<(), String> {
+/// key) well formed and after every user key, references (only if `references` were asked for)
+/// naming a user key before their own, and user keys ascending after `after` (the request's
+/// cursor), so every reference names a key the follower holds by the time it installs it.
+pub(crate) fn check_pairs(
+    pairs: &[u8],
+    limits: &crate::Limits,
+    references: bool,
+    after: Option<&[u8]>,
+) -> Result<(), String> {
     let mut in_window = false;
-    for pair in records::SnapshotPairs::new(pairs) {
-        let (key, span, _) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+    let mut previous = after;
+    for pair in records::SnapshotItems::new(pairs) {
+        let (key, value, _) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+        if !key.is_empty() {
+            if previous.is_some_and(|previous| key <= previous) {
+                return Err("a snapshot chunk's keys are not in ascending order after its cursor".into());
+            }
+            previous = Some(key);
+        }
+        let span = match value {
+            records::PairValue::Stored(span) => span,
+            records::PairValue::SameAs(same_as) => {
+                if !references {
+                    return Err("a snapshot chunk holds a reference nobody asked for".into());
+                }
+                if key.is_empty() || same_as.is_empty() || same_as >= key {
+                    return Err("a snapshot chunk's reference names no earlier user key".into());
+                }
+                if key.len() > limits.max_key_bytes {
+                    return Err(format!(
+                        "a snapshot chunk holds a key of {} bytes, over the limit",
+                        key.len()
+                    ));
+                }
+                continue;
+            }
+        };
         let value = crate::codec::verify_stored_value(&pairs[span.offset..span.offset + span.len])
             .map_err(|e| format!("a snapshot chunk's value: {e}"))?;
         if key.is_empty() {
@@ -685,9 +728,10 @@ pub(crate) fn check_pairs(pairs: &[u8], limits: &crate::Limits) -> Result<(), St
 pub(crate) fn split_pairs(pairs: &[u8], limit: usize) -> Result<Vec<&[u8]>, String> {
     let mut parts = Vec::new();
     let (mut start, mut end) = (0, 0);
-    for pair in records::SnapshotPairs::new(pairs) {
-        let (_, span, _) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
-        let pair_end = span.offset + span.len;
+    let mut items = records::SnapshotItems::new(pairs);
+    while let Some(pair) = items.next() {
+        pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
+        let pair_end = items.position();
         if end > start && pair_end - start > limit {
             parts.push(&pairs[start..end]);
             start = end;
@@ -722,26 +766,55 @@ mod tests {
             assert!(records::SnapshotPairs::new(part).all(|p| p.is_ok()));
         }
         assert!(split_pairs(&[], 50).unwrap().is_empty());
+        // A reference is a pair like any other: cut before or after it, never inside.
+        let mut data = pairs(&[(b"a", &[1; 40])]);
+        records::push_reference_pair(&mut data, b"b", None, b"a");
+        data.extend_from_slice(&pairs(&[(b"c", &[3; 20])]));
+        let parts = split_pairs(&data, 60).unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts.concat(), data);
+        assert!(parts.iter().all(|part| records::SnapshotItems::new(part).all(|p| p.is_ok())));
     }
 
     #[test]
     fn damaged_oversized_or_misplaced_pairs_are_refused() {
         let limits = |max_key_bytes| crate::Limits { max_key_bytes, ..Default::default() };
         let mut data = pairs(&[(b"key", b"value")]);
-        check_pairs(&data, &limits(16)).unwrap();
-        assert!(check_pairs(&data, &limits(2)).unwrap_err().contains("key of 3 bytes"));
+        check_pairs(&data, &limits(16), false, None).unwrap();
+        assert!(check_pairs(&data, &limits(2), false, None).unwrap_err().contains("key of 3 bytes"));
         *data.last_mut().unwrap() ^= 1;
-        assert!(check_pairs(&data, &limits(16)).unwrap_err().contains("checksum"));
-        assert!(check_pairs(&data[..5], &limits(16)).is_err());
+        assert!(check_pairs(&data, &limits(16), false, None).unwrap_err().contains("checksum"));
+        assert!(check_pairs(&data[..5], &limits(16), false, None).is_err());
         // The request window: well-formed pairs under the empty key, after every user key.
         let window = 0u32.to_le_bytes();
-        check_pairs(&pairs(&[(b"key", b"v"), (b"", &window)]), &limits(16)).unwrap();
+        check_pairs(&pairs(&[(b"key", b"v"), (b"", &window)]), &limits(16), false, None).unwrap();
         assert!(
-            check_pairs(&pairs(&[(b"", &window), (b"key", b"v")]), &limits(16))
+            check_pairs(&pairs(&[(b"", &window), (b"key", b"v")]), &limits(16), false, None)
                 .unwrap_err()
                 .contains("after")
         );
-        assert!(check_pairs(&pairs(&[(b"", b"junk")]), &limits(16)).unwrap_err().contains("window"));
+        assert!(
+            check_pairs(&pairs(&[(b"", b"junk")]), &limits(16), false, None).unwrap_err().contains("window")
+        );
+        // Keys ascend after the cursor.
+        let two = pairs(&[(b"a", b"v"), (b"b", b"v")]);
+        check_pairs(&two, &limits(16), false, Some(b"0")).unwrap();
+        assert!(check_pairs(&two, &limits(16), false, Some(b"a")).unwrap_err().contains("ascending"));
+        let swapped = pairs(&[(b"b", b"v"), (b"a", b"v")]);
+        assert!(check_pairs(&swapped, &limits(16), false, None).unwrap_err().contains("ascending"));
+        // References: only when asked for, and only to an earlier user key.
+        let mut referring = pairs(&[(b"a", b"shared value")]);
+        records::push_reference_pair(&mut referring, b"b", None, b"a");
+        check_pairs(&referring, &limits(16), true, None).unwrap();
+        assert!(check_pairs(&referring, &limits(16), false, None).unwrap_err().contains("nobody asked"));
+        for (key, same_as) in [(&b"b"[..], &b"c"[..]), (b"b", b"b"), (b"b", b""), (b"", b"a")] {
+            let mut bad = pairs(&[(b"a", b"shared value")]);
+            records::push_reference_pair(&mut bad, key, None, same_as);
+            assert!(check_pairs(&bad, &limits(16), true, None).is_err(), "{key:?} -> {same_as:?}");
+        }
+        let mut long = pairs(&[(b"a", b"shared value")]);
+        records::push_reference_pair(&mut long, &[b'z'; 17], None, b"a");
+        assert!(check_pairs(&long, &limits(16), true, None).unwrap_err().contains("over the limit"));
     }
 
     #[test]

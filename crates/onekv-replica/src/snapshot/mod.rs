@@ -17,6 +17,7 @@
 //! This module does not send snapshots (raft-rs and the transport do) or turn their pairs into
 //! index entries (`apply`); [`install`] runs that rebuild off the loop.
 
+mod copies;
 pub(crate) mod fetch;
 pub(crate) mod install;
 pub(crate) mod stream;
@@ -354,7 +355,12 @@ impl Build {
     }
 
     /// Every key and value of the view, then the request-id window, in the snapshot-pairs format.
+    /// A copy several keys share is sent once (the others refer to the first key), as a streamed
+    /// snapshot's chunks do for a follower that asks, when this replica (so, in a simulation,
+    /// every replica) keeps its values in the one log.
     fn pairs(&self) -> Result<Vec<u8>, String> {
+        let copies = (self.state.mode == crate::StorageMode::OneLog)
+            .then(|| copies::SentCopies::new(self.state.dedup.clone()));
         let mut out = Vec::new();
         let mut start: Vec<u8> = Vec::new();
         let mut first = true;
@@ -366,8 +372,16 @@ impl Build {
                 self.view.range(&start, None, PAGE + 1, false).map_err(|e| format!("index scan: {e}"))?;
             let mut last_key = None;
             for (key, stored) in page.iter().skip(usize::from(!first)).take(PAGE) {
-                let value = self.state.resolve(key, stored).map_err(|e| e.to_string())?;
-                records::push_expiring_pair(&mut out, key, onekv_index::stored_expiry(stored), &value);
+                let value = || self.state.resolve(key, stored).map_err(|e| e.to_string());
+                match &copies {
+                    Some(copies) => copies::push_pair(&mut out, copies, key, stored, value)?,
+                    None => records::push_expiring_pair(
+                        &mut out,
+                        key,
+                        onekv_index::stored_expiry(stored),
+                        &value()?,
+                    ),
+                }
                 if out.len() > self.max_bytes {
                     return Err(format!(
                         "the state exceeds max_snapshot_bytes = {} (a simulation sends snapshots whole)",

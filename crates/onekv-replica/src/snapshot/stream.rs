@@ -14,6 +14,7 @@
 //!
 //! This module does not decide when a snapshot is needed (raft-rs) nor install one (`apply`).
 
+use super::copies::{self, SentCopies};
 use crate::pins::Pin;
 use crate::records;
 use crate::state::State;
@@ -59,6 +60,9 @@ pub(crate) struct Served {
     /// The request-id window as of the view, as snapshot pairs' values (computed once, shared by
     /// the chunk requests that read it).
     window: Mutex<Option<Arc<Vec<Vec<u8>>>>>,
+    /// The copies of values sent so far under which keys, so that keys sharing a copy are sent as
+    /// references to the first (to followers that take them).
+    copies: SentCopies,
     /// When each follower last fetched a chunk.
     fetches: Mutex<HashMap<u64, Instant>>,
     /// Why a chunk could not be read (a damaged value): the view is not served again.
@@ -82,6 +86,7 @@ impl Served {
     ) -> Self {
         let now = Instant::now();
         Served {
+            copies: SentCopies::new(state.dedup.clone()),
             index: metadata.index,
             metadata,
             state,
@@ -166,9 +171,15 @@ impl Served {
                     let mut last = None;
                     for (key, stored) in page.iter().filter(|(key, _)| after.as_ref().is_none_or(|a| key > a))
                     {
-                        let value = self.state.resolve(key, stored)?;
-                        let expiry = onekv_index::stored_expiry(stored);
-                        records::push_expiring_pair(&mut pairs, key, expiry, &value);
+                        if request.references {
+                            copies::push_pair(&mut pairs, &self.copies, key, stored, || {
+                                self.state.resolve(key, stored)
+                            })?;
+                        } else {
+                            let value = self.state.resolve(key, stored)?;
+                            let expiry = onekv_index::stored_expiry(stored);
+                            records::push_expiring_pair(&mut pairs, key, expiry, &value);
+                        }
                         last = Some(key.clone());
                         if pairs.len() >= max_bytes {
                             return Ok(SnapshotChunk {
