@@ -108,6 +108,11 @@ pub struct ReplicaConfig {
     pub election_ticks: usize,
     /// Ticks between leader heartbeats.
     pub heartbeat_ticks: usize,
+    /// Whether a leader a quorum confirmed within the last `election_ticks - 2` ticks answers
+    /// linearizable reads without a ReadIndex round (`lease`). Assumes clocks whose rates differ
+    /// by far less than a tick in `election_ticks`, and that a follower does not restart and vote
+    /// within that time of its last heartbeat. Needs `election_ticks` of at least 3.
+    pub lease_reads: bool,
     /// Request bounds.
     pub limits: Limits,
     /// Flush an index tree's memtable once it holds this many bytes.
@@ -195,6 +200,7 @@ impl ReplicaConfig {
             tick: Duration::from_millis(100),
             election_ticks: 10,
             heartbeat_ticks: 2,
+            lease_reads: false,
             limits: Limits::default(),
             memtable_bytes: 16 << 20,
             flush_every_entries: 100_000,
@@ -480,6 +486,10 @@ pub enum Mutation {
     /// that key as published (the state before the snapshot) instead of as the install wrote it:
     /// the key gets the earlier key's old value, or the install fails.
     InstallResolvesReferencesAsPublished,
+    /// A read lease, once a round confirmed it, lasts as long as the node leads (raft-rs's
+    /// `LeaseBased` reads): a leader whose Raft clock stalls never notices it lost its quorum and
+    /// keeps answering reads after a new leader was elected and took writes.
+    LeaseIgnoresTime,
 }
 
 /// Why a request failed.
@@ -639,6 +649,11 @@ pub struct ReplicaStatus {
     pub gc: crate::GcStatus,
     /// The node's value deduplication (the same for every shard of the node; mode empty when off).
     pub dedup: crate::DedupStatus,
+    /// Read barriers this replica answered as leader since it started by its read lease
+    /// (`ReplicaConfig::lease_reads`), without a ReadIndex round.
+    pub reads_by_lease: u64,
+    /// Read barriers this replica sent through a ReadIndex round since it started.
+    pub reads_by_read_index: u64,
 }
 
 impl ReplicaStatus {
@@ -655,6 +670,8 @@ impl ReplicaStatus {
         node.corrupt_values = statuses.iter().map(|s| s.corrupt_values).sum();
         node.repaired_values = statuses.iter().map(|s| s.repaired_values).sum();
         node.expired_keys_deleted = statuses.iter().map(|s| s.expired_keys_deleted).sum();
+        node.reads_by_lease = statuses.iter().map(|s| s.reads_by_lease).sum();
+        node.reads_by_read_index = statuses.iter().map(|s| s.reads_by_read_index).sum();
         node.recovery_records = statuses.iter().map(|s| s.recovery_records).sum();
         node.recovery_replayed = statuses.iter().map(|s| s.recovery_replayed).sum();
         node.flushed_index = statuses.iter().map(|s| s.flushed_index).min().unwrap_or(0);

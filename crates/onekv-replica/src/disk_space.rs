@@ -398,7 +398,7 @@ pub(crate) fn on_tick<'a>(ctx: &mut NodeCtx, groups: impl Iterator<Item = &'a mu
             handing_off = true;
         }
         tracing::warn!(shard = group.shard, to = target, "disk full: handing leadership to another node");
-        group.raw.transfer_leader(target);
+        group.hand_leadership_to(target);
     }
 }
 

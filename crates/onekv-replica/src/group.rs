@@ -17,6 +17,7 @@
 //! `codec`).
 
 use crate::apply::Applier;
+use crate::lease::ReadLease;
 use crate::membership;
 use crate::node::NodeCtx;
 use crate::raft_store::RaftStore;
@@ -141,6 +142,13 @@ pub(crate) struct Group {
     /// Read barriers confirmed, waiting for the applied index to reach theirs.
     pub reads_waiting: VecDeque<(u64, Vec<Done<()>>)>,
     pub next_read_ctx: u64,
+    /// With lease reads on ([`crate::ReplicaConfig::lease_reads`]): how long this leader may
+    /// answer read barriers without a ReadIndex round.
+    pub lease: Option<ReadLease>,
+    /// Read barriers answered by the lease, and through a ReadIndex round, since the replica
+    /// started.
+    pub reads_by_lease: u64,
+    pub reads_by_read_index: u64,
     /// The hard state last appended to the log.
     pub persisted_hs: HardStateRecord,
     /// Classic mode: sequence numbers of the entry tree (entries can be overwritten at an index).
@@ -449,7 +457,7 @@ impl Group {
         self.primary = Some(to);
         self.requested_transfer = Some(to);
         self.leader_since = None;
-        self.raw.transfer_leader(to);
+        self.hand_leadership_to(to);
         Ok(())
     }
 
@@ -516,7 +524,7 @@ impl Group {
             return;
         }
         tracing::info!(shard = self.shard, to = primary, "handing leadership to the shard's primary");
-        self.raw.transfer_leader(primary);
+        self.hand_leadership_to(primary);
         self.leader_since = Some(now);
     }
 
@@ -665,17 +673,53 @@ impl Group {
     /// (etcd queues it instead), which left the barrier waiting until its caller gave up (a 5 s
     /// client timeout after each leader change); so barriers wait here, unsent, for the new
     /// leader's first commit (its empty entry, one round), or fail if leadership is lost.
+    ///
+    /// With a usable read lease ([`crate::lease`]) the barriers are answered at the commit index
+    /// instead, without a round; a round without barriers renews a lease half spent.
     pub fn send_read_index(&mut self) {
-        if self.reads_unsent.is_empty() {
+        let now = self.raw.store().now;
+        let leader = self.role() == StateRole::Leader;
+        let renew = leader && self.lease.as_ref().is_some_and(|lease| lease.wants_renewal(now));
+        if self.reads_unsent.is_empty() && !renew {
             return;
         }
-        if self.role() == StateRole::Leader && !self.raw.raft.commit_to_current_term() {
+        if leader && !self.raw.raft.commit_to_current_term() {
             return;
+        }
+        if leader && let Some(lease) = &mut self.lease {
+            // A hand-off started outside `hand_leadership_to` still ends the lease.
+            if self.raw.raft.lead_transferee.is_some() {
+                lease.suspend(now);
+            }
+            if lease.usable(now) && !self.reads_unsent.is_empty() {
+                // No other leader can have committed anything: the commit index is the read index.
+                let barriers = std::mem::take(&mut self.reads_unsent);
+                self.reads_by_lease += barriers.len() as u64;
+                self.reads_waiting.push_back((self.raw.raft.raft_log.committed, barriers));
+                self.resolve_reads();
+                if !renew {
+                    return;
+                }
+            }
         }
         let ctx = self.next_read_ctx;
         self.next_read_ctx += 1;
+        self.reads_by_read_index += self.reads_unsent.len() as u64;
         self.reads_in_flight.insert(ctx, std::mem::take(&mut self.reads_unsent));
+        if leader && let Some(lease) = &mut self.lease {
+            lease.sent(ctx, now);
+        }
         self.raw.read_index(ctx.to_le_bytes().to_vec());
+    }
+
+    /// Starts handing this shard's leadership to voter `to`; no read lease is used meanwhile (the
+    /// target campaigns at once, and the followers vote for it whatever they heard from this
+    /// leader).
+    pub fn hand_leadership_to(&mut self, to: u64) {
+        if let Some(lease) = &mut self.lease {
+            lease.suspend(self.raw.store().now);
+        }
+        self.raw.transfer_leader(to);
     }
 
     /// The first half of handling a Ready: sends what may leave before persistence, installs a
@@ -767,6 +811,9 @@ impl Group {
         ctx.transport.send(self.shard, ready.take_persisted_messages());
         for read in ready.take_read_states() {
             let id = u64::from_le_bytes(read.request_ctx.as_slice().try_into().unwrap_or_default());
+            if let Some(lease) = &mut self.lease {
+                lease.confirmed(id);
+            }
             if let Some(dones) = self.reads_in_flight.remove(&id) {
                 self.reads_waiting.push_back((read.index, dones));
             }
@@ -956,6 +1003,9 @@ impl Group {
                 "leadership lost while the membership change at entry {index} of term {term} was pending; \
                  it may still commit: read the shard's members before asking again"
             ))));
+        }
+        if let Some(lease) = &mut self.lease {
+            lease.end();
         }
         let leader = self.not_leader(ctx);
         for done in self.reads_unsent.drain(..) {
@@ -1498,6 +1548,8 @@ impl Group {
             scrub: self.scrub.status(),
             gc: ctx.gc_status.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             dedup: ctx.dedup.as_ref().map(|dedup| dedup.status()).unwrap_or_default(),
+            reads_by_lease: self.reads_by_lease,
+            reads_by_read_index: self.reads_by_read_index,
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }

@@ -21,6 +21,7 @@
 
 use crate::apply::Applier;
 use crate::group::{Group, GroupShared};
+use crate::lease::ReadLease;
 use crate::node::Input;
 use crate::raft_store::RaftStore;
 use crate::recovery::Recovering;
@@ -258,6 +259,15 @@ impl GroupParts {
             reads_in_flight: Default::default(),
             reads_waiting: Default::default(),
             next_read_ctx: 1,
+            lease: config.lease_reads.then(|| {
+                ReadLease::new(
+                    config.tick,
+                    config.election_ticks,
+                    self.mutation == Some(crate::Mutation::LeaseIgnoresTime),
+                )
+            }),
+            reads_by_lease: 0,
+            reads_by_read_index: 0,
             persisted_hs: hard_state,
             entry_tree_seqno: recovered.entry_tree_seqno,
             snapshot_sends: BTreeMap::new(),

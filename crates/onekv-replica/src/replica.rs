@@ -156,6 +156,9 @@ impl ReplicaConfig {
         if self.heartbeat_ticks == 0 || self.election_ticks <= self.heartbeat_ticks {
             return bad("election_ticks must be greater than heartbeat_ticks, which must be at least 1");
         }
+        if self.lease_reads && self.election_ticks < crate::MIN_LEASE_ELECTION_TICKS {
+            return bad("lease_reads needs election_ticks of at least 3 (a lease of at least one tick)");
+        }
         if self.memtable_bytes == 0 {
             return bad("memtable_bytes must be positive");
         }

@@ -59,3 +59,77 @@ fn barriers_sent_as_leadership_arrives_are_answered_promptly() {
     }
     cluster.shutdown();
 }
+
+/// Sends one barrier to `replica` and waits up to `within` for its answer (`None`: none came).
+fn barrier(replica: &onekv_replica::Replica, within: Duration) -> Option<Result<(), ReplicaError>> {
+    let (tx, rx) = mpsc::channel();
+    replica.read_barrier(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    rx.recv_timeout(within).ok()
+}
+
+/// With lease reads, a leader answers most barriers without a ReadIndex round; cut off from the
+/// others, it stops answering once the lease of its last confirmed round runs out, and never
+/// answers one after the others elected a new leader and took a write.
+#[test]
+fn a_lease_answers_reads_at_once_and_ends_before_another_leader_can_take_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |config| config.lease_reads = true);
+    cluster.put("k", b"v1");
+    let leader = cluster.leader();
+    let old = cluster.replica(leader);
+    for _ in 0..300 {
+        assert!(matches!(barrier(&old, Duration::from_secs(3)), Some(Ok(()))));
+    }
+    let status = old.status();
+    assert!(
+        status.reads_by_lease > 10 * status.reads_by_read_index,
+        "most barriers were answered by the lease: {} by lease, {} by rounds",
+        status.reads_by_lease,
+        status.reads_by_read_index
+    );
+
+    // Cut the leader off. The last round it sent was confirmed at most now: its lease ends within
+    // election_ticks - 2 = 8 ticks of 20 ms from here.
+    let cut = Instant::now();
+    cluster.router.set_drop_filter(Some(Box::new(move |m| m.from == leader || m.to == leader)));
+    let lease = Duration::from_millis(8 * 20);
+    let mut last_answered = None;
+    while cut.elapsed() < lease * 3 {
+        match barrier(&old, Duration::from_millis(20)) {
+            Some(Ok(())) => last_answered = Some(cut.elapsed()),
+            Some(Err(_)) | None => {}
+        }
+    }
+    assert!(
+        last_answered.is_none_or(|at| at < lease),
+        "the cut-off leader answered a read {last_answered:?} after it was cut off, past its lease of {lease:?}"
+    );
+    // The others elect a new leader and take a write; the old one answers no read meanwhile.
+    let others: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let new_leader = loop {
+        if let Some(&id) = others.iter().find(|&&id| cluster.replica(id).status().role == "leader") {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "no new leader among {others:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let (tx, rx) = mpsc::channel();
+    let command = onekv_replica::Command::Write(vec![onekv_replica::WriteOp {
+        key: b"k".to_vec(),
+        value: Some(b"v2".to_vec()),
+        expiry: Default::default(),
+    }]);
+    let id = onekv_replica::RequestId { client: 9, seq: 1 };
+    cluster.replica(new_leader).propose(id, command, Box::new(move |r| drop(tx.send(r))));
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().expect("the new leader takes the write");
+    for _ in 0..5 {
+        if let Some(Ok(())) = barrier(&old, Duration::from_millis(50)) {
+            panic!("the old leader answered a read after a new leader took a write: it would read v1");
+        }
+    }
+    cluster.router.set_drop_filter(None);
+    cluster.shutdown();
+}

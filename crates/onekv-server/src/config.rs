@@ -219,6 +219,10 @@ pub struct RaftConfig {
     pub election_ticks: usize,
     /// Ticks between leader heartbeats; at least 1. Default 2.
     pub heartbeat_ticks: usize,
+    /// Whether a shard leader that a quorum confirmed within the last `election_ticks - 2` ticks
+    /// answers linearizable reads without asking the followers again (a lease); needs
+    /// `election_ticks` of at least 3. Default false. See docs/config.md for what it assumes.
+    pub lease_reads: bool,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot). Default 10000.
     pub raft_log_keep_entries: u64,
@@ -458,6 +462,7 @@ impl Default for RaftConfig {
         RaftConfig {
             tick_ms: u64::try_from(defaults.tick.as_millis()).unwrap_or(u64::MAX),
             election_ticks: defaults.election_ticks,
+            lease_reads: defaults.lease_reads,
             heartbeat_ticks: defaults.heartbeat_ticks,
             raft_log_keep_entries: defaults.raft_log_keep_entries,
             snapshot_chunk_bytes: defaults.snapshot_chunk_bytes as u64,
@@ -750,6 +755,16 @@ impl ServerConfig {
                 ),
             );
         }
+        if raft.lease_reads && raft.election_ticks < onekv_replica::MIN_LEASE_ELECTION_TICKS {
+            problem(
+                "raft.lease_reads",
+                format!(
+                    "needs raft.election_ticks of at least {} (it is {}): the lease lasts election_ticks - 2 ticks",
+                    onekv_replica::MIN_LEASE_ELECTION_TICKS,
+                    raft.election_ticks
+                ),
+            );
+        }
         check_range(
             &mut problem,
             "raft.raft_log_keep_entries",
@@ -963,6 +978,7 @@ impl ServerConfig {
         config.tick = Duration::from_millis(self.raft.tick_ms);
         config.election_ticks = self.raft.election_ticks;
         config.heartbeat_ticks = self.raft.heartbeat_ticks;
+        config.lease_reads = self.raft.lease_reads;
         config.raft_log_keep_entries = self.raft.raft_log_keep_entries;
         config.snapshot_chunk_bytes = self.raft.snapshot_chunk_bytes as usize;
         config.snapshot_from_followers = self.raft.snapshot_from_followers;

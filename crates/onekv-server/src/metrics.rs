@@ -342,6 +342,8 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     counter!("onekv_corrupt_values_total").absolute(status.corrupt_values);
     counter!("onekv_repaired_values_total").absolute(status.repaired_values);
     counter!("onekv_expired_keys_deleted_total").absolute(status.expired_keys_deleted);
+    counter!("onekv_read_barriers_total", "by" => "lease").absolute(status.reads_by_lease);
+    counter!("onekv_read_barriers_total", "by" => "read_index").absolute(status.reads_by_read_index);
     counter!("onekv_scrub_passes_total").absolute(status.scrub.passes);
     counter!("onekv_scrub_values_checked_total").absolute(status.scrub.values_checked);
     gauge!("onekv_scrub_last_pass_timestamp_seconds")

@@ -96,6 +96,13 @@ struct Args {
     /// earlier key's copy by reading that key as it was before the snapshot (implies --dedup).
     #[arg(long)]
     bug_install_references_as_published: bool,
+    /// The odd nodes answer reads they lead by a read lease (raft.lease_reads).
+    #[arg(long)]
+    lease_reads: bool,
+    /// Run the broken variant whose read leases last as long as the node leads, whatever the
+    /// time (implies --lease-reads).
+    #[arg(long)]
+    bug_lease_ignores_time: bool,
     /// Make half the workload's deletes range deletions of up to 4 consecutive keys.
     #[arg(long)]
     range_deletes: bool,
@@ -155,6 +162,7 @@ fn main() -> anyhow::Result<()> {
         member_changes: args.member_changes || args.bug_members_from_config || args.bug_reused_trees,
         expiring_puts: !args.no_expiring_puts,
         held_installs: !args.no_held_installs,
+        lease_reads: args.lease_reads || args.bug_lease_ignores_time,
         dedup: args.dedup
             || args.bug_dedup_trusts_fingerprint
             || args.bug_gc_ignores_shared_values
@@ -182,6 +190,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::RangePageReadsBatchStart)
         } else if args.bug_install_references_as_published {
             Some(Bug::InstallResolvesReferencesAsPublished)
+        } else if args.bug_lease_ignores_time {
+            Some(Bug::LeaseIgnoresTime)
         } else {
             None
         },

@@ -78,6 +78,8 @@ pub enum Bug {
     /// A snapshot install resolves a key sent as a reference to an earlier key's copy by reading
     /// that key as it was before the snapshot (implies `dedup`).
     InstallResolvesReferencesAsPublished,
+    /// A read lease lasts as long as the node leads, whatever the time (implies `lease_reads`).
+    LeaseIgnoresTime,
 }
 
 /// How many recurring values the workload draws from when `dedup` is on.
@@ -145,6 +147,9 @@ pub struct SimConfig {
     /// persists nothing of its own meanwhile, under every fault. Off by default, like
     /// `expiring_puts`, for the broken variants' calibrated seeds.
     pub held_installs: bool,
+    /// Whether the odd nodes answer linearizable reads they lead by a read lease
+    /// (`ReplicaConfig::lease_reads`; the even nodes confirm every read with a ReadIndex round).
+    pub lease_reads: bool,
 }
 
 impl Default for SimConfig {
@@ -171,6 +176,7 @@ impl Default for SimConfig {
             dedup: false,
             range_deletes: false,
             held_installs: false,
+            lease_reads: false,
         }
     }
 }
@@ -303,6 +309,8 @@ struct Node {
     restart_at: Option<u64>,
     /// A paused node takes no turns until then (its inbox still fills).
     paused_until: u64,
+    /// A stalled node takes turns but its Raft clock does not tick until then (a starved timer).
+    stalled_until: u64,
     /// Some replica of it may lack its shard's log and it has not caught up since: its disks were
     /// wiped, or (with membership changes) it was rejoining a group it is a member of when last
     /// seen up (see `Sim::refresh_behind`).
@@ -419,6 +427,7 @@ impl Sim {
                 next_tick: rng.random_range(0..config.tick_ms),
                 restart_at: Some(0),
                 paused_until: 0,
+                stalled_until: 0,
                 behind: config.member_changes,
             })
             .collect();
@@ -575,6 +584,7 @@ impl Sim {
                     }
                     let node = &mut self.nodes[index];
                     node.paused_until = 0;
+                    node.stalled_until = 0;
                     if node.up.is_none() {
                         node.restart_at = Some(self.now);
                     }
@@ -711,6 +721,10 @@ impl Sim {
         }
         let (low, high) = self.config.fault_interval_ms;
         self.next_fault = self.now + self.rng.random_range(low..=high);
+        // A stalled node stays cut off, and the others connected, until the stall ends.
+        if self.nodes.iter().any(|node| node.stalled_until > self.now) {
+            return;
+        }
         if self.config.member_changes {
             self.drop_removed_replicas();
         }
@@ -720,7 +734,9 @@ impl Sim {
         }
         let victim = up[self.rng.random_range(0..up.len())];
         let may_go_down = self.down_count() < self.config.max_down;
-        match self.rng.random_range(0..if self.config.member_changes { 10 } else { 9 }) {
+        // Fault kinds that only some configurations use come last, so the others' seeds replay.
+        let kinds = 9 + u32::from(self.config.member_changes) + 3 * u32::from(self.config.lease_reads);
+        match self.rng.random_range(0..kinds) {
             0 | 1 if may_go_down => {
                 let downtime = self.rng.random_range(20..1_000);
                 // What the victim holds is judged while it is still up.
@@ -776,6 +792,36 @@ impl Sim {
                 self.nodes[victim].paused_until = self.now + self.rng.random_range(50..1_500);
             }
             8 | 9 if self.config.member_changes => self.change_members(),
+            kind if self.config.lease_reads && kind + 3 >= kinds => {
+                // A node cut off whose Raft clock stops meanwhile (its timer starved): as a leader
+                // it never notices it lost its quorum, and keeps taking reads; only a lease that
+                // runs on real time stops answering them before the others elect a new leader.
+                self.count("stall-isolated");
+                // The lease-reading node leading the most shards (a leader is what a stall can
+                // mislead, and only a lease answers reads without its followers).
+                let leads = |node: &Node| {
+                    node.up
+                        .as_ref()
+                        .map_or(0, |up| up.node.statuses().iter().filter(|s| s.role == "leader").count())
+                };
+                let victim = up
+                    .iter()
+                    .copied()
+                    .max_by_key(|&i| (self.nodes[i].id % 2 == 1, leads(&self.nodes[i]), i == victim))
+                    .unwrap_or(victim);
+                // Only this node is cut off: the others can elect a new leader meanwhile.
+                self.network.heal();
+                let id = self.nodes[victim].id;
+                for other in 1..=self.config.nodes {
+                    if other != id {
+                        self.network.cut(id, other);
+                        self.network.cut(other, id);
+                    }
+                }
+                let until = self.now + self.rng.random_range(500..2_500);
+                self.nodes[victim].stalled_until = until;
+                self.heal_at = Some(until);
+            }
             _ => {
                 if self.network.partitioned() {
                     self.count("heal");
@@ -1003,6 +1049,7 @@ impl Sim {
         config.tick = Duration::from_millis(self.config.tick_ms);
         config.election_ticks = 10;
         config.heartbeat_ticks = 2;
+        config.lease_reads = self.config.lease_reads && node.id % 2 == 1;
         // Small enough that index flushes, Raft log compaction and snapshots all happen.
         config.memtable_bytes = 4 << 10;
         config.raft_log_keep_entries = 8;
@@ -1081,6 +1128,7 @@ impl Sim {
             Some(Bug::InstallResolvesReferencesAsPublished) => {
                 Some(Mutation::InstallResolvesReferencesAsPublished)
             }
+            Some(Bug::LeaseIgnoresTime) => Some(Mutation::LeaseIgnoresTime),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1118,7 +1166,7 @@ impl Sim {
         if node.paused_until > now {
             return;
         }
-        let tick = now >= node.next_tick;
+        let tick = now >= node.next_tick && now >= node.stalled_until;
         if tick {
             let jitter = self.rng.random_range(0..=self.config.tick_ms / 2);
             node.next_tick = now + self.config.tick_ms + jitter;
@@ -1520,7 +1568,12 @@ impl Sim {
 /// Adds what `node`'s log GC did since it started (segments deleted, values moved, values moved
 /// into compressed blocks) and what its deduplication did to `faults`.
 fn count_gc(faults: &mut BTreeMap<&'static str, u64>, node: &onekv_replica::Node) {
-    let Some(status) = node.statuses().first().cloned() else { return };
+    let statuses = node.statuses();
+    let lease_reads: u64 = statuses.iter().map(|status| status.reads_by_lease).sum();
+    if lease_reads > 0 {
+        *faults.entry("reads-by-lease").or_default() += lease_reads;
+    }
+    let Some(status) = statuses.first().cloned() else { return };
     let (gc, dedup) = (status.gc, status.dedup);
     *faults.entry("gc-segments-reclaimed").or_default() += gc.segments_reclaimed;
     *faults.entry("gc-values-relocated").or_default() += gc.values_relocated;
