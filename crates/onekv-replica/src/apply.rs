@@ -627,8 +627,9 @@ pub(crate) fn install_snapshot(
 
 /// The copy of its value the install of a snapshot at seqno `write_at` pointed `key` at: what a
 /// later key of the snapshot referring to it ([`records::PairValue::SameAs`]) shares. The sender
-/// names only keys before the referring one and without expiry, and the fetch checked the order,
-/// so a key missing here means a damaged or wrong snapshot.
+/// names only keys it sent before with a value, and the fetch checked that (`snapshot::fetch::
+/// check_pairs`), so a key missing here means a damaged or wrong snapshot. The install has the tree
+/// to itself, so reading past the published seqno sees only its own writes.
 fn copy_written_under(state: &State, key: &[u8], write_at: u64) -> Result<Locator, ReplicaError> {
     let stored = match state.references_as_published {
         true => state.tree.get(key),

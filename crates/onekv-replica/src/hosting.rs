@@ -67,6 +67,8 @@ pub(crate) struct GroupParts {
     pub scrub_rate: u64,
     /// The states of the hosted replicas, as the log collector sees them.
     pub hosted_states: HostedStates,
+    /// What the snapshot views this node serves may remember of the copies they sent.
+    pub copies_budget: Arc<crate::snapshot::CopiesBudget>,
     /// A deliberately broken behaviour (simulation only).
     pub mutation: Option<crate::Mutation>,
 }
@@ -142,6 +144,7 @@ impl GroupParts {
             expiring_writes: AtomicU64::new(0),
             expired_deleted: AtomicU64::new(0),
             dedup: self.dedup.clone(),
+            copies_budget: self.copies_budget.clone(),
             references_as_published: self.mutation
                 == Some(crate::Mutation::InstallResolvesReferencesAsPublished),
         });

@@ -403,6 +403,7 @@ impl Node {
             clock: (!driven).then_some(clock),
             scrub_rate,
             hosted_states: Default::default(),
+            copies_budget: Default::default(),
             mutation,
         };
         let mut trees = hosted

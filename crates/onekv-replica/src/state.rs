@@ -99,6 +99,8 @@ pub(crate) struct State {
     /// The node's deduplication, when on: applying asks it where a large value's bytes already
     /// are (`dedup`).
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
+    /// The node's bound on what its served snapshot views remember of the copies they sent.
+    pub copies_budget: Arc<crate::snapshot::CopiesBudget>,
     /// The broken variant [`crate::Mutation::InstallResolvesReferencesAsPublished`] (a
     /// simulation only).
     pub references_as_published: bool,

@@ -537,11 +537,16 @@ impl Fetch {
             None => self.request(index, sender, &cursor)?,
         };
         loop {
-            let after = match &cursor {
-                ChunkCursor::AfterKey(key) => Some(key.as_slice()),
-                ChunkCursor::Start | ChunkCursor::Window(_) => None,
+            let sent_before = |key: &[u8]| {
+                self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).holds_value_of(index, key)
             };
-            check_pairs(&chunk.pairs, &self.node.inner().limits, self.takes_references(), after)?;
+            let check = ChunkCheck {
+                limits: &self.node.inner().limits,
+                cursor: &cursor,
+                next: chunk.next.as_ref(),
+                references: self.takes_references().then_some(&sent_before as &SentBefore<'_>),
+            };
+            let referable = check_pairs(&chunk.pairs, &check)?;
             // Paced before the chunk is stored and the next one asked for.
             if !self.node.inner().fetch_rate.take(chunk.pairs.len() as u64, || self.stopped().is_some()) {
                 return Err(self.stopped().unwrap_or("stopped").into());
@@ -568,6 +573,7 @@ impl Fetch {
                 &stored,
                 next.clone(),
                 Instant::now(),
+                &referable,
             );
             if !recorded {
                 return Err("superseded by another fetch".into());
@@ -589,7 +595,10 @@ impl Fetch {
     /// Asks `sender` for the chunk at `cursor`, retrying a failed call after a doubling wait.
     fn request(&self, index: u64, sender: u64, cursor: &ChunkCursor) -> Result<SnapshotChunk, String> {
         let inner = self.node.inner();
-        let request = self.chunk_request(index, cursor);
+        let mut request = self.chunk_request(index, cursor);
+        // Past the keys a staging remembers for checking references, the rest comes whole.
+        request.references &=
+            self.state.staged.lock().unwrap_or_else(|e| e.into_inner()).takes_references(index);
         let mut failures = 0;
         loop {
             if let Some(why) = self.stopped() {
@@ -662,42 +671,61 @@ fn advances(cursor: &ChunkCursor, next: &ChunkCursor) -> bool {
     }
 }
 
+/// What a chunk from a peer is checked against ([`check_pairs`]).
+pub(crate) struct ChunkCheck<'a> {
+    pub limits: &'a crate::Limits,
+    /// Where the chunk was asked from, and where the sender says the next one starts.
+    pub cursor: &'a ChunkCursor,
+    pub next: Option<&'a ChunkCursor>,
+    /// `None`: references were not asked for. Otherwise whether a key before the chunk came with
+    /// a value a reference may name (the staging's [`super::stream::Stagings::holds_value_of`]).
+    pub references: Option<&'a SentBefore<'a>>,
+}
+
+/// Whether a key before a chunk came with a value a reference may name.
+pub(crate) type SentBefore<'a> = dyn Fn(&[u8]) -> bool + 'a;
+
 /// Checks a chunk from a peer before any of it is stored (a stored chunk that cannot be installed
 /// would fail the install, and every recovery after it): whole pairs, every value matching its
-/// checksum, user keys and values within the limits, the request-id window's pairs (the empty
-/// key) well formed and after every user key, references (only if `references` were asked for)
-/// naming a user key before their own, and user keys ascending after `after` (the request's
-/// cursor), so every reference names a key the follower holds by the time it installs it.
-pub(crate) fn check_pairs(
-    pairs: &[u8],
-    limits: &crate::Limits,
-    references: bool,
-    after: Option<&[u8]>,
-) -> Result<(), String> {
-    let mut in_window = false;
-    let mut previous = after;
+/// checksum, user keys and values within the limits and ascending after the cursor, the next
+/// chunk starting right after the last key, the request-id window's pairs (the empty key) well
+/// formed and after every user key, and references (only if asked for) naming a user key that
+/// came with a value, earlier in this chunk or before it. Returns the keys of this chunk a later
+/// reference may name (those whose values are large enough to be shared).
+pub(crate) fn check_pairs<'p>(pairs: &'p [u8], check: &ChunkCheck<'_>) -> Result<Vec<&'p [u8]>, String> {
+    let mut previous = match check.cursor {
+        ChunkCursor::AfterKey(key) => Some(key.as_slice()),
+        ChunkCursor::Start | ChunkCursor::Window(_) => None,
+    };
+    let mut in_window = matches!(check.cursor, ChunkCursor::Window(_));
+    let mut referable = Vec::new();
+    let mut referable_here = std::collections::HashSet::new();
     for pair in records::SnapshotItems::new(pairs) {
         let (key, value, _) = pair.map_err(|e| format!("a snapshot chunk does not decode: {e}"))?;
-        if !key.is_empty() {
+        if key.is_empty() {
+            in_window = true;
+        } else {
+            if in_window {
+                return Err("a snapshot chunk holds a key after the request window".into());
+            }
             if previous.is_some_and(|previous| key <= previous) {
                 return Err("a snapshot chunk's keys are not in ascending order after its cursor".into());
             }
             previous = Some(key);
+            if key.len() > check.limits.max_key_bytes {
+                return Err(format!("a snapshot chunk holds a key of {} bytes, over the limit", key.len()));
+            }
         }
         let span = match value {
             records::PairValue::Stored(span) => span,
             records::PairValue::SameAs(same_as) => {
-                if !references {
+                let Some(sent_before) = check.references else {
                     return Err("a snapshot chunk holds a reference nobody asked for".into());
-                }
-                if key.is_empty() || same_as.is_empty() || same_as >= key {
-                    return Err("a snapshot chunk's reference names no earlier user key".into());
-                }
-                if key.len() > limits.max_key_bytes {
-                    return Err(format!(
-                        "a snapshot chunk holds a key of {} bytes, over the limit",
-                        key.len()
-                    ));
+                };
+                if key.is_empty() || !(referable_here.contains(same_as) || sent_before(same_as)) {
+                    return Err(
+                        "a snapshot chunk's reference names no earlier key that came with a value".into()
+                    );
                 }
                 continue;
             }
@@ -705,23 +733,28 @@ pub(crate) fn check_pairs(
         let value = crate::codec::verify_stored_value(&pairs[span.offset..span.offset + span.len])
             .map_err(|e| format!("a snapshot chunk's value: {e}"))?;
         if key.is_empty() {
-            in_window = true;
             crate::requests::RequestWindow::check_pair(value)
                 .map_err(|e| format!("a snapshot chunk's request window: {e}"))?;
             continue;
         }
-        if in_window {
-            return Err("a snapshot chunk holds a key after the request window".into());
-        }
-        if key.len() > limits.max_key_bytes || value.len() > limits.max_value_bytes {
+        if value.len() > check.limits.max_value_bytes {
             return Err(format!(
                 "a snapshot chunk holds a key of {} bytes with a value of {} bytes, over the limits",
                 key.len(),
                 value.len()
             ));
         }
+        if super::copies::may_be_referred_to(span.len) {
+            referable_here.insert(key);
+            referable.push(key);
+        }
     }
-    Ok(())
+    if let Some(ChunkCursor::AfterKey(next)) = check.next
+        && previous != Some(next.as_slice())
+    {
+        return Err("a snapshot chunk's next cursor is not its last key".into());
+    }
+    Ok(referable)
 }
 
 /// Cuts whole pairs into parts of at most `limit` bytes each (a pair larger than that alone).
@@ -779,42 +812,66 @@ mod tests {
     #[test]
     fn damaged_oversized_or_misplaced_pairs_are_refused() {
         let limits = |max_key_bytes| crate::Limits { max_key_bytes, ..Default::default() };
+        let (l16, l2) = (limits(16), limits(2));
+        let start = ChunkCursor::Start;
+        let plain = |limits| ChunkCheck { limits, cursor: &start, next: None, references: None };
         let mut data = pairs(&[(b"key", b"value")]);
-        check_pairs(&data, &limits(16), false, None).unwrap();
-        assert!(check_pairs(&data, &limits(2), false, None).unwrap_err().contains("key of 3 bytes"));
+        check_pairs(&data, &plain(&l16)).unwrap();
+        assert!(check_pairs(&data, &plain(&l2)).unwrap_err().contains("key of 3 bytes"));
         *data.last_mut().unwrap() ^= 1;
-        assert!(check_pairs(&data, &limits(16), false, None).unwrap_err().contains("checksum"));
-        assert!(check_pairs(&data[..5], &limits(16), false, None).is_err());
-        // The request window: well-formed pairs under the empty key, after every user key.
+        assert!(check_pairs(&data, &plain(&l16)).unwrap_err().contains("checksum"));
+        assert!(check_pairs(&data[..5], &plain(&l16)).is_err());
+        // The request window: well-formed pairs under the empty key, after every user key, and
+        // nothing but the window from a cursor inside it.
         let window = 0u32.to_le_bytes();
-        check_pairs(&pairs(&[(b"key", b"v"), (b"", &window)]), &limits(16), false, None).unwrap();
-        assert!(
-            check_pairs(&pairs(&[(b"", &window), (b"key", b"v")]), &limits(16), false, None)
-                .unwrap_err()
-                .contains("after")
-        );
-        assert!(
-            check_pairs(&pairs(&[(b"", b"junk")]), &limits(16), false, None).unwrap_err().contains("window")
-        );
-        // Keys ascend after the cursor.
+        check_pairs(&pairs(&[(b"key", b"v"), (b"", &window)]), &plain(&l16)).unwrap();
+        let misplaced = pairs(&[(b"", &window), (b"key", b"v")]);
+        assert!(check_pairs(&misplaced, &plain(&l16)).unwrap_err().contains("after"));
+        assert!(check_pairs(&pairs(&[(b"", b"junk")]), &plain(&l16)).unwrap_err().contains("window"));
+        let in_window = ChunkCursor::Window(3);
+        let from_window = ChunkCheck { cursor: &in_window, ..plain(&l16) };
+        check_pairs(&pairs(&[(b"", &window)]), &from_window).unwrap();
+        assert!(check_pairs(&pairs(&[(b"key", b"v")]), &from_window).unwrap_err().contains("after"));
+        // Keys ascend after the cursor, and the next chunk starts right after the last one.
         let two = pairs(&[(b"a", b"v"), (b"b", b"v")]);
-        check_pairs(&two, &limits(16), false, Some(b"0")).unwrap();
-        assert!(check_pairs(&two, &limits(16), false, Some(b"a")).unwrap_err().contains("ascending"));
+        let (zero, a, b) = (
+            ChunkCursor::AfterKey(b"0".to_vec()),
+            ChunkCursor::AfterKey(b"a".to_vec()),
+            ChunkCursor::AfterKey(b"b".to_vec()),
+        );
+        check_pairs(&two, &ChunkCheck { cursor: &zero, next: Some(&b), ..plain(&l16) }).unwrap();
+        let after_a = ChunkCheck { cursor: &a, ..plain(&l16) };
+        assert!(check_pairs(&two, &after_a).unwrap_err().contains("ascending"));
         let swapped = pairs(&[(b"b", b"v"), (b"a", b"v")]);
-        assert!(check_pairs(&swapped, &limits(16), false, None).unwrap_err().contains("ascending"));
-        // References: only when asked for, and only to an earlier user key.
-        let mut referring = pairs(&[(b"a", b"shared value")]);
+        assert!(check_pairs(&swapped, &plain(&l16)).unwrap_err().contains("ascending"));
+        let skipping = ChunkCheck { next: Some(&a), ..plain(&l16) };
+        assert!(check_pairs(&two, &skipping).unwrap_err().contains("next cursor"));
+        // References: only when asked for, and only to a key that came with a value, earlier in
+        // the chunk or before it.
+        let shared = [7u8; 100];
+        let sent_before = |key: &[u8]| key == b"0";
+        let taking = ChunkCheck { references: Some(&sent_before), ..plain(&l16) };
+        let mut referring = pairs(&[(b"a", &shared)]);
         records::push_reference_pair(&mut referring, b"b", None, b"a");
-        check_pairs(&referring, &limits(16), true, None).unwrap();
-        assert!(check_pairs(&referring, &limits(16), false, None).unwrap_err().contains("nobody asked"));
-        for (key, same_as) in [(&b"b"[..], &b"c"[..]), (b"b", b"b"), (b"b", b""), (b"", b"a")] {
-            let mut bad = pairs(&[(b"a", b"shared value")]);
+        records::push_reference_pair(&mut referring, b"c", None, b"0");
+        assert_eq!(check_pairs(&referring, &taking).unwrap(), vec![&b"a"[..]], "a may be referred to");
+        assert!(check_pairs(&referring, &plain(&l16)).unwrap_err().contains("nobody asked"));
+        for (key, same_as) in [(&b"b"[..], &b"c"[..]), (b"b", b"b"), (b"b", b""), (b"", b"a"), (b"b", b"1")] {
+            let mut bad = pairs(&[(b"a", &shared)]);
             records::push_reference_pair(&mut bad, key, None, same_as);
-            assert!(check_pairs(&bad, &limits(16), true, None).is_err(), "{key:?} -> {same_as:?}");
+            assert!(check_pairs(&bad, &taking).is_err(), "{key:?} -> {same_as:?}");
         }
-        let mut long = pairs(&[(b"a", b"shared value")]);
+        // A small value is never referred to (the sender sends it whole).
+        let mut small = pairs(&[(b"a", b"v")]);
+        records::push_reference_pair(&mut small, b"b", None, b"a");
+        assert!(check_pairs(&small, &taking).is_err());
+        // Nor a reference after the window.
+        let mut after_window = pairs(&[(b"a", &shared), (b"", &window)]);
+        records::push_reference_pair(&mut after_window, b"b", None, b"a");
+        assert!(check_pairs(&after_window, &taking).unwrap_err().contains("after the request window"));
+        let mut long = pairs(&[(b"a", &shared)]);
         records::push_reference_pair(&mut long, &[b'z'; 17], None, b"a");
-        assert!(check_pairs(&long, &limits(16), true, None).unwrap_err().contains("over the limit"));
+        assert!(check_pairs(&long, &taking).unwrap_err().contains("over the limit"));
     }
 
     #[test]

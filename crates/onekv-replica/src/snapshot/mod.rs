@@ -18,6 +18,7 @@
 //! index entries (`apply`); [`install`] runs that rebuild off the loop.
 
 mod copies;
+pub(crate) use copies::CopiesBudget;
 pub(crate) mod fetch;
 pub(crate) mod install;
 pub(crate) mod stream;
@@ -360,7 +361,7 @@ impl Build {
     /// every replica) keeps its values in the one log.
     fn pairs(&self) -> Result<Vec<u8>, String> {
         let copies = (self.state.mode == crate::StorageMode::OneLog)
-            .then(|| copies::SentCopies::new(self.state.dedup.clone()));
+            .then(|| copies::SentCopies::new(self.state.dedup.clone(), self.state.copies_budget.clone()));
         let mut out = Vec::new();
         let mut start: Vec<u8> = Vec::new();
         let mut first = true;

@@ -22,7 +22,7 @@ use crate::{ChunkCursor, ChunkRequest, ReplicaError, SnapshotChunk};
 use onekv_index::TreeSnapshot;
 use onekv_log::Locator;
 use raft::eraftpb::SnapshotMetadata;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,7 @@ impl Served {
     ) -> Self {
         let now = Instant::now();
         Served {
-            copies: SentCopies::new(state.dedup.clone()),
+            copies: SentCopies::new(state.dedup.clone(), state.copies_budget.clone()),
             index: metadata.index,
             metadata,
             state,
@@ -245,6 +245,24 @@ struct Staged {
     /// When a fetch last worked on it.
     touched: Instant,
     complete_at: Option<Instant>,
+    /// The keys stored so far with a value a reference may name, to check references against.
+    referable: Referable,
+}
+
+/// Fingerprints of the keys a staging stored with values a later reference may name, bounded by
+/// [`MAX_REFERABLE_KEYS`]; past it, the rest of the snapshot is asked for without references.
+/// (A fingerprint only checks a peer's references: an honest sender names only keys it sent.)
+#[derive(Default)]
+struct Referable {
+    keys: HashSet<u128>,
+    full: bool,
+}
+
+/// Keys a staging remembers for checking references (about 20 bytes each).
+pub(crate) const MAX_REFERABLE_KEYS: usize = 1 << 20;
+
+fn key_fingerprint(key: &[u8]) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(key)
 }
 
 /// Where a fetch starts: the cursor to ask from and the number of its first chunk record.
@@ -286,6 +304,7 @@ impl Stagings {
             view,
             touched: now,
             complete_at: None,
+            referable: Referable::default(),
         };
         self.by_index.insert(index, staged);
         Some((ChunkCursor::Start, 0))
@@ -309,19 +328,46 @@ impl Stagings {
     }
 
     /// Records the stored records of one chunk (all of them: a chunk cut into several records is
-    /// recorded whole or not at all) and where the next chunk starts; false if that staging is
-    /// gone.
-    pub fn push(&mut self, index: u64, records: &[Locator], next: ChunkCursor, now: Instant) -> bool {
+    /// recorded whole or not at all), where the next chunk starts, and the chunk's keys a later
+    /// reference may name; false if that staging is gone.
+    pub fn push(
+        &mut self,
+        index: u64,
+        records: &[Locator],
+        next: ChunkCursor,
+        now: Instant,
+        referable: &[&[u8]],
+    ) -> bool {
         match self.by_index.get_mut(&index) {
             Some(staged) if staged.complete_at.is_none() => {
                 staged.bytes += records.iter().map(|l| l.len).sum::<u64>();
                 staged.chunks.extend_from_slice(records);
                 staged.next = next;
                 staged.touched = now;
+                for key in referable {
+                    if staged.referable.keys.len() >= MAX_REFERABLE_KEYS {
+                        staged.referable.full = true;
+                        break;
+                    }
+                    staged.referable.keys.insert(key_fingerprint(key));
+                }
                 true
             }
             _ => false,
         }
+    }
+
+    /// Whether the unfinished staging at `index` stored `key` with a value a reference may name.
+    pub fn holds_value_of(&self, index: u64, key: &[u8]) -> bool {
+        self.by_index.get(&index).is_some_and(|staged| {
+            staged.complete_at.is_none() && staged.referable.keys.contains(&key_fingerprint(key))
+        })
+    }
+
+    /// Whether the next chunks of the staging at `index` may carry references: until it stops
+    /// remembering keys.
+    pub fn takes_references(&self, index: u64) -> bool {
+        self.by_index.get(&index).is_none_or(|staged| !staged.referable.full)
     }
 
     /// Marks the staging at `index` complete: every chunk is durable.
@@ -329,6 +375,7 @@ impl Stagings {
         match self.by_index.get_mut(&index) {
             Some(staged) if staged.complete_at.is_none() => {
                 staged.complete_at = Some(now);
+                staged.referable = Referable::default();
                 true
             }
             _ => false,
@@ -413,15 +460,18 @@ mod tests {
         let key = |k: &[u8]| ChunkCursor::AfterKey(k.to_vec());
         let mut s = Stagings::default();
         assert_eq!(s.begin(10, 1, 100, now, None), Some((ChunkCursor::Start, 0)));
-        assert!(s.push(10, &[locator(100, 5)], key(b"a"), now));
+        assert!(s.push(10, &[locator(100, 5)], key(b"a"), now, &[]));
         assert!(s.complete(10, now));
-        assert!(!s.push(10, &[locator(200, 5)], key(b"b"), now), "a complete staging takes no more chunks");
+        assert!(
+            !s.push(10, &[locator(200, 5)], key(b"b"), now, &[]),
+            "a complete staging takes no more chunks"
+        );
         assert_eq!(s.begin(10, 2, 999, now, None), None, "a complete staging is not fetched again");
         assert!(s.is_complete(10));
         s.begin(20, 1, 300, now, None);
-        assert!(s.push(20, &[locator(300, 5), locator(310, 5)], key(b"a"), now));
+        assert!(s.push(20, &[locator(300, 5), locator(310, 5)], key(b"a"), now, &[]));
         s.begin(30, 1, 400, now, None);
-        assert!(!s.push(20, &[locator(350, 5)], key(b"b"), now), "the unfinished staging was dropped");
+        assert!(!s.push(20, &[locator(350, 5)], key(b"b"), now, &[]), "the unfinished staging was dropped");
         assert!(s.is_complete(10));
         assert_eq!(s.hold_back(), Some(100));
         assert_eq!(s.take_complete(10), Some(vec![locator(100, 5)]));
@@ -435,11 +485,17 @@ mod tests {
         let now = Instant::now();
         let mut s = Stagings::default();
         s.begin(10, 1, 100, now, None);
-        assert!(s.push(10, &[locator(100, 5), locator(105, 5)], ChunkCursor::AfterKey(b"k".to_vec()), now));
+        assert!(s.push(
+            10,
+            &[locator(100, 5), locator(105, 5)],
+            ChunkCursor::AfterKey(b"k".to_vec()),
+            now,
+            &[]
+        ));
         // Another sender of the same index goes on after the same key, numbering on.
         assert_eq!(s.begin(10, 2, 999, now, None), Some((ChunkCursor::AfterKey(b"k".to_vec()), 2)));
         assert_eq!(s.hold_back(), Some(100), "the first chunk's position still holds");
-        assert!(s.push(10, &[locator(110, 5)], ChunkCursor::Window(3), now));
+        assert!(s.push(10, &[locator(110, 5)], ChunkCursor::Window(3), now, &[]));
         // Inside the request-id window, only the same sender's cut goes on.
         assert_eq!(s.begin(10, 2, 999, now, None), Some((ChunkCursor::Window(3), 3)));
         assert_eq!(s.begin(10, 1, 500, now, None), Some((ChunkCursor::Start, 0)));
@@ -474,7 +530,7 @@ mod tests {
         let mut s = Stagings::default();
         s.begin(10, 1, 100, now, None);
         assert!(!s.has_progress(10));
-        assert!(s.push(10, &[locator(100, 5)], ChunkCursor::AfterKey(b"a".to_vec()), now));
+        assert!(s.push(10, &[locator(100, 5)], ChunkCursor::AfterKey(b"a".to_vec()), now, &[]));
         assert!(s.has_progress(10));
         assert_eq!(s.with_view_at_least(10), None, "the leader's own view has no metadata of its own");
         // Another replica's view at 12 replaces the unfinished one at 10.
@@ -484,5 +540,26 @@ mod tests {
         assert_eq!(s.with_view_at_least(13), None);
         s.complete(12, now);
         assert_eq!(s.with_view_at_least(11), Some((view(12), 3, true)));
+    }
+
+    #[test]
+    fn a_staging_remembers_the_keys_references_may_name_up_to_a_bound() {
+        let now = Instant::now();
+        let key = |k: &[u8]| ChunkCursor::AfterKey(k.to_vec());
+        let mut s = Stagings::default();
+        s.begin(10, 1, 100, now, None);
+        assert!(s.takes_references(10));
+        assert!(s.push(10, &[locator(100, 5)], key(b"b"), now, &[b"a", b"b"]));
+        assert!(s.holds_value_of(10, b"a") && s.holds_value_of(10, b"b"));
+        assert!(!s.holds_value_of(10, b"c") && !s.holds_value_of(11, b"a"));
+        // Past the bound, the rest of the snapshot comes without references.
+        let many: Vec<Vec<u8>> = (0..MAX_REFERABLE_KEYS as u64).map(|n| n.to_be_bytes().to_vec()).collect();
+        let many: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+        assert!(s.push(10, &[locator(105, 5)], key(b"c"), now, &many));
+        assert!(!s.takes_references(10));
+        assert!(s.takes_references(11), "a staging not begun takes them");
+        // Once complete, nothing is remembered (the install does not check again).
+        s.complete(10, now);
+        assert!(!s.holds_value_of(10, b"a"));
     }
 }
