@@ -363,6 +363,15 @@ fn every_rule_is_enforced_and_names_its_field() {
         "raft.election_ticks",
         "greater than raft.heartbeat_ticks",
     );
+    assert_rejected(
+        |c| {
+            c.raft.lease_reads = true;
+            c.raft.heartbeat_ticks = 1;
+            c.raft.election_ticks = 2;
+        },
+        "raft.lease_reads",
+        "election_ticks of at least 3",
+    );
     assert_rejected(|c| c.raft.raft_log_keep_entries = 0, "raft.raft_log_keep_entries", "range");
     assert_rejected(|c| c.limits.max_key_bytes = 0, "limits.max_key_bytes", "range");
     assert_rejected(|c| c.limits.max_key_bytes = 1 << 20, "limits.max_key_bytes", "range");
