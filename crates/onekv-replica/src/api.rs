@@ -109,9 +109,10 @@ pub struct ReplicaConfig {
     /// Ticks between leader heartbeats.
     pub heartbeat_ticks: usize,
     /// Whether a leader a quorum confirmed within the last `election_ticks - 2` ticks answers
-    /// linearizable reads without a ReadIndex round (`lease`). Assumes clocks whose rates differ
-    /// by far less than a tick in `election_ticks`, and that a follower does not restart and vote
-    /// within that time of its last heartbeat. Needs `election_ticks` of at least 3.
+    /// linearizable reads without a ReadIndex round (`lease`); a replica that opens then refuses
+    /// votes for `election_ticks` ticks. Assumes clocks whose rates differ by far less than a tick
+    /// in `election_ticks`, and the same `tick` and `election_ticks` on every node. Needs
+    /// `election_ticks` of at least 3.
     pub lease_reads: bool,
     /// Request bounds.
     pub limits: Limits,

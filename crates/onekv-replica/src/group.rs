@@ -149,6 +149,8 @@ pub(crate) struct Group {
     /// started.
     pub reads_by_lease: u64,
     pub reads_by_read_index: u64,
+    /// Raft ticks since this replica opened (saturating).
+    pub ticks_since_open: usize,
     /// The hard state last appended to the log.
     pub persisted_hs: HardStateRecord,
     /// Classic mode: sequence numbers of the entry tree (entries can be overwritten at an index).
@@ -213,6 +215,9 @@ impl Group {
             // send again (`snapshot::install`).
             GroupInput::Step(_) if self.installing.is_some() => {}
             GroupInput::Step(message) => {
+                if self.refuses_votes_after_opening(&message, ctx) {
+                    return;
+                }
                 let Some(message) = self.screen_membership(message, ctx) else { return };
                 let Some(message) = self.screen(message, ctx) else { return };
                 if message.get_msg_type() == MessageType::MsgSnapshot {
@@ -347,6 +352,17 @@ impl Group {
     /// What membership changes add before Raft steps a message from a peer (`None` drops it): a
     /// replica with no members asks for a snapshot instead of taking entries, and the voter a
     /// leader hands leadership to on request takes itself as the preferred leader.
+    /// With lease reads, a replica that just opened may have heard from a leader before it
+    /// stopped, and that leader's lease counts on it refusing votes for an election timeout after
+    /// (raft-rs forgets, having forgotten the leader): it votes for no one but a transfer's target
+    /// until `election_ticks` ticks have passed (`lease`).
+    fn refuses_votes_after_opening(&self, message: &Message, ctx: &NodeCtx) -> bool {
+        matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote)
+            && ctx.config.lease_reads
+            && self.ticks_since_open < ctx.config.election_ticks
+            && message.context[..] != *raft::CAMPAIGN_TRANSFER
+    }
+
     fn screen_membership(&mut self, message: Message, ctx: &NodeCtx) -> Option<Message> {
         match message.get_msg_type() {
             // Leadership handed over on request: this node is the shard's preferred leader now.
@@ -483,6 +499,7 @@ impl Group {
     /// shard's primary when it is due.
     pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
         self.raw.tick();
+        self.ticks_since_open = self.ticks_since_open.saturating_add(1);
         if let Some(rejoin) = &mut self.rejoin {
             rejoin.ticks = rejoin.ticks.saturating_add(1);
         }
@@ -677,7 +694,9 @@ impl Group {
     /// With a usable read lease ([`crate::lease`]) the barriers are answered at the commit index
     /// instead, without a round; a round without barriers renews a lease half spent.
     pub fn send_read_index(&mut self) {
-        let now = self.raw.store().now;
+        let turn = self.raw.store().now;
+        // The lease is judged at this moment, not at the turn's start: a turn may take a while.
+        let now = self.lease.as_ref().map_or(turn, |lease| lease.clock(turn));
         let leader = self.role() == StateRole::Leader;
         let renew = leader && self.lease.as_ref().is_some_and(|lease| lease.wants_renewal(now));
         if self.reads_unsent.is_empty() && !renew {
@@ -689,10 +708,11 @@ impl Group {
         if leader && let Some(lease) = &mut self.lease {
             // A hand-off started outside `hand_leadership_to` still ends the lease.
             if self.raw.raft.lead_transferee.is_some() {
-                lease.suspend(now);
+                lease.suspend();
             }
             if lease.usable(now) && !self.reads_unsent.is_empty() {
                 // No other leader can have committed anything: the commit index is the read index.
+                lease.answered();
                 let barriers = std::mem::take(&mut self.reads_unsent);
                 self.reads_by_lease += barriers.len() as u64;
                 self.reads_waiting.push_back((self.raw.raft.raft_log.committed, barriers));
@@ -707,17 +727,18 @@ impl Group {
         self.reads_by_read_index += self.reads_unsent.len() as u64;
         self.reads_in_flight.insert(ctx, std::mem::take(&mut self.reads_unsent));
         if leader && let Some(lease) = &mut self.lease {
-            lease.sent(ctx, now);
+            // The turn's start: no later than the round leaves.
+            lease.sent(ctx, turn);
         }
-        self.raw.read_index(ctx.to_le_bytes().to_vec());
+        self.raw.read_index(read_context(ctx, self.raw.raft.id));
     }
 
-    /// Starts handing this shard's leadership to voter `to`; no read lease is used meanwhile (the
-    /// target campaigns at once, and the followers vote for it whatever they heard from this
-    /// leader).
+    /// Starts handing this shard's leadership to voter `to`; no read lease is used for the rest of
+    /// this term (the target campaigns at once, and the followers vote for it whatever they heard
+    /// from this leader).
     pub fn hand_leadership_to(&mut self, to: u64) {
         if let Some(lease) = &mut self.lease {
-            lease.suspend(self.raw.store().now);
+            lease.suspend();
         }
         self.raw.transfer_leader(to);
     }
@@ -810,7 +831,7 @@ impl Group {
         self.apply(committed)?;
         ctx.transport.send(self.shard, ready.take_persisted_messages());
         for read in ready.take_read_states() {
-            let id = u64::from_le_bytes(read.request_ctx.as_slice().try_into().unwrap_or_default());
+            let Some(id) = read_context_id(&read.request_ctx, self.raw.raft.id) else { continue };
             if let Some(lease) = &mut self.lease {
                 lease.confirmed(id);
             }
@@ -1553,4 +1574,17 @@ impl Group {
         };
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
     }
+}
+
+/// The context of a ReadIndex request: its number and this node's id, so that a request a
+/// follower forwards to the leader never shares a context with one of the leader's own (raft-rs
+/// keeps one pending request per context).
+fn read_context(id: u64, node: u64) -> Vec<u8> {
+    [id.to_le_bytes(), node.to_le_bytes()].concat()
+}
+
+/// The number of a ReadIndex request this node made ([`read_context`]), if it is one.
+fn read_context_id(context: &[u8], node: u64) -> Option<u64> {
+    let (id, from) = context.split_at_checked(8)?;
+    (from == node.to_le_bytes()).then(|| u64::from_le_bytes(id.try_into().expect("8 bytes")))
 }

@@ -266,11 +266,13 @@ impl GroupParts {
                 ReadLease::new(
                     config.tick,
                     config.election_ticks,
+                    !self.driven,
                     self.mutation == Some(crate::Mutation::LeaseIgnoresTime),
                 )
             }),
             reads_by_lease: 0,
             reads_by_read_index: 0,
+            ticks_since_open: 0,
             persisted_hs: hard_state,
             entry_tree_seqno: recovered.entry_tree_seqno,
             snapshot_sends: BTreeMap::new(),

@@ -187,10 +187,11 @@ impl NodeLoop {
             let now = Instant::now();
             let tick_due = now >= next_tick;
             if tick_due {
-                next_tick += tick;
-                if next_tick < now {
-                    next_tick = now + tick;
-                }
+                // Ticks stay at least a tick apart however late one comes (no catching up), so a
+                // follower never counts its election timeout down faster than real time: what
+                // a leader's read lease counts on (`lease`). A busy loop's Raft clock runs a
+                // little slow instead, which only delays elections.
+                next_tick = now + tick;
             }
             if self.turn(first, now, tick_due) == Turn::Shutdown {
                 break;

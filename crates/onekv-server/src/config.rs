@@ -221,7 +221,8 @@ pub struct RaftConfig {
     pub heartbeat_ticks: usize,
     /// Whether a shard leader that a quorum confirmed within the last `election_ticks - 2` ticks
     /// answers linearizable reads without asking the followers again (a lease); needs
-    /// `election_ticks` of at least 3. Default false. See docs/config.md for what it assumes.
+    /// `election_ticks` of at least 3, and the same `tick_ms` and `election_ticks` on every node.
+    /// Default false. See docs/config.md for what it assumes.
     pub lease_reads: bool,
     /// Raft entries kept below the applied index for lagging followers before the Raft log is
     /// compacted (older entries are sent as a snapshot). Default 10000.
