@@ -52,12 +52,7 @@ fn catch_up(root: &Path, router: &Arc<Router>, mode: DedupMode) -> (u64, Vec<Opt
     nodes[2] = Some(open(3));
     let last = put(&nodes, 1, 1_000, b"last", b"2".to_vec());
     let lagging = nodes[2].as_ref().unwrap();
-    assert!(
-        wait_applied(lagging, 1, last, Duration::from_secs(30)),
-        "node 3 did not catch up within 30 s: {:?}",
-        lagging.replica(1).unwrap().status()
-    );
-    assert!(lagging.replica(1).unwrap().status().first_index > 5, "caught up without a snapshot");
+    shards::wait_caught_up_by_snapshot(lagging, 1, last);
     check(lagging, 0..KEYS, "after the install");
     (served(router) - before, nodes)
 }

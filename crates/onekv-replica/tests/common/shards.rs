@@ -69,3 +69,15 @@ pub fn wait_applied(node: &Node, shard: u64, index: u64, within: Duration) -> bo
     }
     true
 }
+
+/// Waits up to 30 s for `node` to apply entry `last` of `shard`, and checks it got there by a
+/// snapshot (its Raft log starts past the first entries).
+pub fn wait_caught_up_by_snapshot(node: &Node, shard: u64, last: u64) {
+    assert!(
+        wait_applied(node, shard, last, Duration::from_secs(30)),
+        "node {} did not catch up on shard {shard} within 30 s: {:?}",
+        node.statuses()[0].node_id,
+        node.replica(shard).unwrap().status()
+    );
+    assert!(node.replica(shard).unwrap().status().first_index > 5, "caught up without a snapshot");
+}
