@@ -349,13 +349,10 @@ impl Group {
             .map_err(|why| ReplicaError::Dropped(format!("shard {}: {why}", self.shard)))
     }
 
-    /// What membership changes add before Raft steps a message from a peer (`None` drops it): a
-    /// replica with no members asks for a snapshot instead of taking entries, and the voter a
-    /// leader hands leadership to on request takes itself as the preferred leader.
     /// With lease reads, a replica that just opened may have heard from a leader before it
     /// stopped, and that leader's lease counts on it refusing votes for an election timeout after
-    /// (raft-rs forgets, having forgotten the leader): it votes for no one but a transfer's target
-    /// until `election_ticks` ticks have passed (`lease`).
+    /// (which raft-rs, having forgotten the leader, would not): it votes for no one but a
+    /// transfer's target until `election_ticks` ticks have passed (`lease`).
     fn refuses_votes_after_opening(&self, message: &Message, ctx: &NodeCtx) -> bool {
         matches!(message.get_msg_type(), MessageType::MsgRequestVote | MessageType::MsgRequestPreVote)
             && ctx.config.lease_reads
@@ -363,6 +360,9 @@ impl Group {
             && message.context[..] != *raft::CAMPAIGN_TRANSFER
     }
 
+    /// What membership changes add before Raft steps a message from a peer (`None` drops it): a
+    /// replica with no members asks for a snapshot instead of taking entries, and the voter a
+    /// leader hands leadership to on request takes itself as the preferred leader.
     fn screen_membership(&mut self, message: Message, ctx: &NodeCtx) -> Option<Message> {
         match message.get_msg_type() {
             // Leadership handed over on request: this node is the shard's preferred leader now.
