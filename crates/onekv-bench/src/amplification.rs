@@ -123,6 +123,31 @@ pub async fn snapshot(client: &Client, probes: &[NodeProbe]) -> Vec<NodeSnapshot
     snapshots
 }
 
+/// Bytes written to the block device holding `dir` since boot (`/sys/dev/block/MAJ:MIN/stat`,
+/// sectors written × 512): what reached the disk from every process, unlike `/proc/<pid>/io`'s
+/// `write_bytes`, which counts a whole page-cache folio each time a write dirties it. On kernels
+/// with large folios (ext4 since Linux 6.16) a small write into a cached 64 KiB folio counts 64 KiB
+/// there while only the dirty blocks are written: measured on this VM's 6.18, 10 KB appends into
+/// a file read before counted 15× their bytes in `write_bytes` and 1.4× on the device.
+pub fn device_write_bytes(dir: &Path) -> io::Result<u64> {
+    let dev = fs::metadata(dir)?.dev();
+    // Linux's encoding of a dev_t (glibc `gnu_dev_major`/`gnu_dev_minor`).
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let stat = fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat"))?;
+    parse_sectors_written(&stat).map(|sectors| sectors * 512).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("no sectors written in /sys/dev/block/{major}:{minor}/stat"),
+        )
+    })
+}
+
+/// The seventh field of a block device's `stat` file: sectors written.
+fn parse_sectors_written(stat: &str) -> Option<u64> {
+    stat.split_whitespace().nth(6)?.parse().ok()
+}
+
 /// The `write_bytes` line of `/proc/<pid>/io`: bytes this process caused to be sent to storage.
 pub fn proc_write_bytes(pid: u32) -> io::Result<u64> {
     let text = fs::read_to_string(format!("/proc/{pid}/io"))?;
@@ -282,6 +307,31 @@ pub fn markdown(nodes: &[NodeAmplification]) -> String {
             writeln!(out, "\nnode {}: status failed: {}", node.endpoint, node.error.as_deref().unwrap_or(""));
     }
     out
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    #[test]
+    fn sectors_written_is_the_seventh_field() {
+        let stat = "  1411280    70815 137397882  3810944 29567002  2831183 1993681192  3496295        0";
+        assert_eq!(parse_sectors_written(stat), Some(1_993_681_192));
+        assert_eq!(parse_sectors_written("1 2 3"), None);
+    }
+
+    #[test]
+    fn the_device_of_a_directory_counts_what_reaches_it() {
+        let dir = tempfile::tempdir_in(".").unwrap();
+        // Containers may hide /sys/dev/block: nothing to check there.
+        let Ok(before) = device_write_bytes(dir.path()) else { return };
+        let path = dir.path().join("data");
+        let mut file = fs::File::create(&path).unwrap();
+        std::io::Write::write_all(&mut file, &vec![7u8; 4 << 20]).unwrap();
+        file.sync_all().unwrap();
+        let after = device_write_bytes(dir.path()).unwrap();
+        assert!(after - before >= 4 << 20, "{before} -> {after}");
+    }
 }
 
 #[cfg(test)]

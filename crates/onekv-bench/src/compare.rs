@@ -277,6 +277,10 @@ pub struct CompareRun {
     /// What the nodes' log garbage collectors did, summed over the nodes (onekv only).
     #[serde(default)]
     pub gc: Option<GcTotals>,
+    /// Bytes written to the block device holding the cluster's directories over the same window
+    /// as the nodes' amplification, by every process ([`amplification::device_write_bytes`]).
+    #[serde(default)]
+    pub device_write_bytes: Option<u64>,
 }
 
 /// The log garbage collectors' counters at the end of a run, summed over the nodes that answered.
@@ -434,6 +438,7 @@ async fn run_onekv(
     let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sampler =
         config.sample_disk.map(|every| tokio::spawn(sample_disk(probes.clone(), every, samples.clone())));
+    let device_before = device_write_bytes(&probes);
     let cpu = CpuProbe { server_pids: probes.iter().filter_map(|probe| probe.pid).collect() };
     let phases = run_phases(target, &config.run, true, &cpu).await;
     if let Some(sampler) = sampler {
@@ -443,10 +448,11 @@ async fn run_onekv(
     let phases = phases?;
     tokio::time::sleep(config.settle).await;
     let after = amplification::snapshot(&client, &probes).await;
+    let device_written = written_since(device_before, device_write_bytes(&probes));
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
     let gc = Some(gc_totals(&client).await);
     cluster.stop();
-    Ok(CompareRun { mode: name, round, phases, nodes, disk_samples, gc })
+    Ok(CompareRun { mode: name, round, phases, nodes, disk_samples, gc, device_write_bytes: device_written })
 }
 
 async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, CompareError> {
@@ -457,16 +463,37 @@ async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, Comp
     cluster.wait_ready(config.leader_timeout).await.map_err(cluster_error)?;
     let probes = cluster.probes();
     let before = process_snapshots(&probes);
+    let device_before = device_write_bytes(&probes);
     let target = Arc::new(cluster.target());
     let cpu = CpuProbe { server_pids: probes.iter().filter_map(|probe| probe.pid).collect() };
     let phases = run_phases(target, &config.run, true, &cpu).await?;
     let after = process_snapshots(&probes);
+    let device_written = written_since(device_before, device_write_bytes(&probes));
     // etcd reports no applied-bytes counter: every member applies every acknowledged write, so
     // the user bytes are what the harness wrote.
     let user_bytes = phases.iter().map(|phase| phase.payload_bytes_written).sum();
     let nodes = etcd_amplification(&before, &after, user_bytes, live_bytes(config.run.records, &phases));
     cluster.stop();
-    Ok(CompareRun { mode: "etcd".into(), round, phases, nodes, disk_samples: Vec::new(), gc: None })
+    Ok(CompareRun {
+        mode: "etcd".into(),
+        round,
+        phases,
+        nodes,
+        disk_samples: Vec::new(),
+        gc: None,
+        device_write_bytes: device_written,
+    })
+}
+
+/// Bytes written so far to the device holding the first node's directory (every node's is on it
+/// in the local clusters), if it can be read.
+fn device_write_bytes(probes: &[NodeProbe]) -> Option<u64> {
+    let dir = probes.iter().find_map(|probe| probe.data_dir.as_deref())?;
+    amplification::device_write_bytes(dir).ok()
+}
+
+fn written_since(before: Option<u64>, after: Option<u64>) -> Option<u64> {
+    Some(after?.saturating_sub(before?))
 }
 
 /// Adds every node's data-directory size to `samples` every `every`, until aborted.
@@ -579,6 +606,16 @@ pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
     figures.push((
         "mean kernel WA".into(),
         mean(run.nodes.iter().map(|n| n.kernel_wa.unwrap_or(f64::NAN)).collect()),
+    ));
+    // What reached the disk, over what every node applied (etcd: each member applies all): the
+    // figure `write_bytes` overstates where the kernel dirties whole large folios.
+    let user_bytes: u64 = run.nodes.iter().map(|n| n.user_bytes).sum();
+    figures.push((
+        "device WA (whole disk)".into(),
+        match run.device_write_bytes {
+            Some(written) if user_bytes > 0 => written as f64 / user_bytes as f64,
+            _ => f64::NAN,
+        },
     ));
     figures.push((
         "mean disk ÷ live".into(),
@@ -843,6 +880,7 @@ mod tests {
             nodes: vec![node],
             disk_samples: Vec::new(),
             gc: None,
+            device_write_bytes: Some(3720),
         }
     }
 
@@ -871,5 +909,10 @@ mod tests {
         );
         // No kernel figure anywhere: dashes, not NaN.
         assert_eq!(row("node 1: kernel WA"), "| node 1: kernel WA | - | - | - | - | - | - | - |");
+        // 3 720 bytes reached the disk for 1 240 user bytes applied.
+        assert_eq!(
+            row("device WA (whole disk)"),
+            "| device WA (whole disk) | 3 | 3 | 3 | 3 | 3 | 3 | 1.00 |"
+        );
     }
 }

@@ -8,6 +8,8 @@ use crate::segment::SEGMENT_HEADER_LEN;
 pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
 /// Smallest segment at all, whatever the record limit.
 pub const MIN_SEGMENT_BYTES: u64 = 4096;
+/// Most reclaimed segment files [`LogConfig::recycled_segments`] may keep.
+pub const MAX_RECYCLED_SEGMENTS: u32 = 64;
 /// The default [`LogConfig::max_record_bytes`].
 pub const DEFAULT_MAX_RECORD_BYTES: u32 = 16 << 20;
 
@@ -25,6 +27,11 @@ pub struct LogConfig {
     /// Appenders wait while this many bytes are queued and not yet written. Default 64 MiB; must
     /// hold the largest record.
     pub max_queued_bytes: u64,
+    /// Reclaimed segment files kept to become later segments instead of being deleted, at most
+    /// [`MAX_RECYCLED_SEGMENTS`]; 0 deletes them. Overwriting a file's existing blocks makes each
+    /// group commit's fsync cheaper than growing a file (`recycle`), at the price of up to this
+    /// many segments of disk held while the log is not growing. Default 2.
+    pub recycled_segments: u32,
 }
 
 impl Default for LogConfig {
@@ -34,6 +41,7 @@ impl Default for LogConfig {
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             max_write_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
+            recycled_segments: 2,
         }
     }
 }
@@ -66,6 +74,12 @@ impl LogConfig {
                 self.max_record_bytes,
                 SEGMENT_HEADER_LEN + RECORD_HEADER_LEN,
                 self.segment_size_bytes
+            ));
+        }
+        if self.recycled_segments > MAX_RECYCLED_SEGMENTS {
+            return bad(format!(
+                "recycled_segments = {} is above {MAX_RECYCLED_SEGMENTS}",
+                self.recycled_segments
             ));
         }
         if self.max_write_bytes == 0 {

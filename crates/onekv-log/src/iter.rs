@@ -117,7 +117,11 @@ impl LogIter {
             }
             self.fill(&segment, framed, end)?;
             let at = (self.position - self.buf_start) as usize;
-            match record::decode(self.position, &self.buf[at..], self.shared.config.max_record_bytes) {
+            match record::decode(
+                segment.place(self.position),
+                &self.buf[at..],
+                self.shared.config.max_record_bytes,
+            ) {
                 Decoded::Record { kind, payload, total_len, .. } => {
                     let entry = LogEntry {
                         position: self.position,

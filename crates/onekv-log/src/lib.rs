@@ -22,11 +22,15 @@ mod locator;
 mod log;
 pub mod record;
 mod recovery;
+mod recycle;
 pub mod segment;
 mod stats;
 mod writer;
 
-pub use config::{DEFAULT_MAX_RECORD_BYTES, LogConfig, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES, OpenOptions};
+pub use config::{
+    DEFAULT_MAX_RECORD_BYTES, LogConfig, MAX_RECYCLED_SEGMENTS, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES,
+    OpenOptions,
+};
 pub use error::{LogError, Result};
 pub use iter::{LogEntry, LogIter};
 pub use locator::Locator;

@@ -7,8 +7,9 @@
 use crate::config::{LogConfig, OpenOptions};
 use crate::io::{Dir, File, FsDir};
 use crate::iter::LogIter;
-use crate::record::{self, Decoded, RECORD_HEADER_LEN, RecordKind};
+use crate::record::{self, Decoded, Place, RECORD_HEADER_LEN, RecordKind};
 use crate::recovery::{self, RecoveryReport};
+use crate::recycle::FreeFiles;
 use crate::segment::{self, SEGMENT_HEADER_LEN};
 use crate::stats::{Counters, LogStats};
 use crate::writer::{self, Queue, Request};
@@ -24,12 +25,19 @@ use std::thread::JoinHandle;
 pub(crate) struct Segment {
     pub base: u64,
     pub file: Arc<dyn File>,
+    /// The salt its records carry (`segment`).
+    pub salt: u16,
     durable_len: AtomicU64,
 }
 
 impl Segment {
-    pub fn new(base: u64, file: Arc<dyn File>, durable_len: u64) -> Self {
-        Self { base, file, durable_len: AtomicU64::new(durable_len) }
+    pub fn new(base: u64, file: Arc<dyn File>, durable_len: u64, salt: u16) -> Self {
+        Self { base, file, salt, durable_len: AtomicU64::new(durable_len) }
+    }
+
+    /// Where the record starting at `position` (in this segment) is, as its checksum binds it.
+    pub fn place(&self, position: u64) -> Place {
+        Place { position, salt: self.salt }
     }
 
     pub fn durable_len(&self) -> u64 {
@@ -54,6 +62,8 @@ pub(crate) struct Shared {
     pub dir: Arc<dyn Dir>,
     pub config: LogConfig,
     pub counters: Counters,
+    /// Reclaimed segment files kept for reuse.
+    pub free: FreeFiles,
     segments: RwLock<BTreeMap<u64, Arc<Segment>>>,
     queue: Mutex<Queue>,
     /// Wakes the writer: work queued, or closing.
@@ -116,9 +126,9 @@ impl SegmentInfo {
 /// The result of [`Log::reclaim_below`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Reclaimed {
-    /// Segment files deleted.
+    /// Segments taken out of the log (their files deleted, or kept for reuse).
     pub segments: u64,
-    /// Bytes those files held.
+    /// Bytes of log those segments held.
     pub bytes: u64,
 }
 
@@ -161,14 +171,22 @@ impl Log {
     pub fn open(dir: Arc<dyn Dir>, config: LogConfig, options: OpenOptions) -> Result<(Log, RecoveryReport)> {
         config.validate()?;
         let counters = Counters::default();
-        let (found, report) = recovery::recover(&*dir, &options, config.max_record_bytes, &counters)?;
-        let segments: BTreeMap<u64, Arc<Segment>> =
-            found.into_iter().map(|s| (s.base, Arc::new(Segment::new(s.base, s.file, s.len)))).collect();
+        let keep_free = config.recycled_segments as usize;
+        let (found, report) =
+            recovery::recover(&*dir, &options, config.max_record_bytes, keep_free, &counters)?;
+        let segments: BTreeMap<u64, Arc<Segment>> = found
+            .segments
+            .into_iter()
+            .map(|s| (s.base, Arc::new(Segment::new(s.base, s.file, s.len, s.salt))))
+            .collect();
         let active = segments.values().next_back().expect("recovery returns at least one segment").clone();
+        // A kept file is held by a handle of its old segment, as a reclaimed one is (`recycle`).
+        let free = found.free.into_iter().map(|f| Arc::new(Segment::new(f.old_base, f.file, 0, 0))).collect();
         let shared = Arc::new(Shared {
             dir,
             config,
             counters,
+            free: FreeFiles::new(keep_free, free),
             segments: RwLock::new(segments),
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
@@ -295,7 +313,7 @@ impl Log {
         if bytes[..4] != record::RECORD_MAGIC || u64::from(claimed_len) != locator.len {
             return Err(LogError::NotARecord(locator));
         }
-        match record::decode(start, &bytes, self.shared.config.max_record_bytes) {
+        match record::decode(segment.place(start), &bytes, self.shared.config.max_record_bytes) {
             Decoded::Record { kind, .. } => Ok((kind, bytes[RECORD_HEADER_LEN..].to_vec())),
             Decoded::Incomplete | Decoded::Invalid(_) => Err(LogError::Corruption {
                 segment: segment.name(),
@@ -324,10 +342,12 @@ impl Log {
         Ok(records)
     }
 
-    /// Deletes every whole segment that ends at or below `position` (never the segment being
-    /// appended to). Positions are never renumbered: locators into the remaining segments stay
-    /// valid; reads below the new first position fail with [`LogError::OutOfRange`]. If the
-    /// directory sync fails, the log stops taking appends, as after a failed write.
+    /// Takes every whole segment that ends at or below `position` out of the log (never the segment
+    /// being appended to): its file is deleted, or kept to become a later segment
+    /// (`LogConfig::recycled_segments`). Positions are never renumbered: locators into the
+    /// remaining segments stay valid; reads below the new first position fail with
+    /// [`LogError::OutOfRange`]. If the directory sync fails, the log stops taking appends, as after
+    /// a failed write.
     pub fn reclaim_below(&self, position: u64) -> Result<Reclaimed> {
         let mut reclaimed = Reclaimed::default();
         loop {
@@ -344,8 +364,17 @@ impl Log {
                 segments.remove(&base).expect("first exists")
             };
             let name = doomed.name();
+            let keep = self.shared.free.wants_more();
             // Oldest first, one directory sync each, so a crash leaves a prefix removed, never a hole.
-            self.shared.dir.remove(&name).map_err(|e| LogError::io(format!("removing {name}"), e))?;
+            if keep {
+                let free_name = segment::free_file_name(doomed.base);
+                self.shared
+                    .dir
+                    .rename(&name, &free_name)
+                    .map_err(|e| LogError::io(format!("renaming {name} to {free_name}"), e))?;
+            } else {
+                self.shared.dir.remove(&name).map_err(|e| LogError::io(format!("removing {name}"), e))?;
+            }
             if let Err(err) = recovery::sync_dir(&*self.shared.dir, &self.shared.counters) {
                 // The directory's state is unknown now and a later sync (a segment roll) must not
                 // pass for a retry: the log stops taking appends, as after a failed write.
@@ -357,7 +386,23 @@ impl Log {
             self.shared.counters.segment_reclaimed();
             reclaimed.segments += 1;
             reclaimed.bytes += doomed.durable_len();
+            if keep {
+                self.shared.free.keep(doomed);
+            }
         }
+    }
+
+    /// Turns the reuse of reclaimed segment files on or off (it is on when
+    /// `LogConfig::recycled_segments` is above 0). Off, the kept files are deleted (any a reader
+    /// still holds, at a later call) and reclaimed files are deleted again; returns the bytes
+    /// deleted. For a node whose disk is nearly full: kept files hold space.
+    pub fn set_recycling(&self, on: bool) -> Result<u64> {
+        self.shared.free.set_enabled(on, &*self.shared.dir, &self.shared.counters)
+    }
+
+    /// Reclaimed segment files kept for reuse now.
+    pub fn free_files(&self) -> usize {
+        self.shared.free.len()
     }
 
     /// Every segment now in the log, oldest first: its base position and durable length. The last

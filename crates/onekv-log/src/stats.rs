@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     fsync_buckets: [AtomicU64; FSYNC_BUCKETS],
     segments_created: AtomicU64,
     segments_reclaimed: AtomicU64,
+    segments_reused: AtomicU64,
 }
 
 /// A snapshot of a log's counters since it was opened.
@@ -46,8 +47,10 @@ pub struct LogStats {
     pub fsync_buckets: [u64; FSYNC_BUCKETS],
     /// Segment files created.
     pub segments_created: u64,
-    /// Segment files deleted by reclamation.
+    /// Segments taken out of the log by reclamation (files deleted or kept for reuse).
     pub segments_reclaimed: u64,
+    /// Segments that reused a reclaimed segment's file instead of creating one.
+    pub segments_reused: u64,
 }
 
 impl LogStats {
@@ -99,6 +102,10 @@ impl Counters {
         self.segments_created.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn segment_reused(&self) {
+        self.segments_reused.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn segment_reclaimed(&self) {
         self.segments_reclaimed.fetch_add(1, Ordering::Relaxed);
     }
@@ -117,6 +124,7 @@ impl Counters {
             fsync_buckets: std::array::from_fn(|i| get(&self.fsync_buckets[i])),
             segments_created: get(&self.segments_created),
             segments_reclaimed: get(&self.segments_reclaimed),
+            segments_reused: get(&self.segments_reused),
         }
     }
 }

@@ -7,8 +7,9 @@
 //! pile up and go out together in the next round: the more appenders, the more records per fsync.
 //!
 //! A segment is rolled inside a round when the next record would not fit: what is buffered for the
-//! old segment is written and fsynced first, then the new segment is created (its header fsynced,
-//! its name fsynced into the directory). So a segment is complete on disk before its successor
+//! old segment is written and fsynced first (and the file cut to it, if it was a recycled one), then
+//! the new segment is created or a kept file reused (its header fsynced, its name fsynced into the
+//! directory). So a segment is complete on disk before its successor
 //! exists, which is what lets recovery treat every segment but the last as sealed.
 //!
 //! On any write or fsync error the writer stops: the failed round and everything queued are
@@ -19,7 +20,8 @@
 use crate::log::{Segment, Shared};
 use crate::record::{self, RECORD_HEADER_LEN, RecordKind};
 use crate::recovery::create_segment;
-use crate::segment::SEGMENT_HEADER_LEN;
+use crate::recycle::seal;
+use crate::segment::{self, SEGMENT_HEADER_LEN};
 use crate::{Locator, LogError, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -132,9 +134,14 @@ fn write_round(
                     return Err(LogError::Failed { cause });
                 }
                 flush(shared, active, write_start, buf)?;
+                seal(active, &shared.counters)?;
                 let base = active.base + end;
-                let file = create_segment(&*shared.dir, base, &shared.counters)?;
-                let next = Arc::new(Segment::new(base, file, SEGMENT_HEADER_LEN as u64));
+                let file = match shared.free.reuse(&*shared.dir, base, &shared.counters)? {
+                    Some(file) => file,
+                    None => create_segment(&*shared.dir, base, &shared.counters)?,
+                };
+                let next =
+                    Arc::new(Segment::new(base, file, SEGMENT_HEADER_LEN as u64, segment::salt_for(base)));
                 shared.add_segment(next.clone());
                 *active = next;
                 write_start = SEGMENT_HEADER_LEN as u64;
@@ -142,7 +149,7 @@ fn write_round(
             let position = active.base + write_start + buf.len() as u64;
             // Offsets within a segment fit in u32: segment_size_bytes is at most 1 GiB.
             let batch_offset = u32::try_from(buf.len()).expect("a write stays within one segment");
-            record::encode(buf, position, batch_offset, *kind, payload);
+            record::encode(buf, active.place(position), batch_offset, *kind, payload);
             locators.push(Locator::new(position + RECORD_HEADER_LEN as u64, payload.len() as u64));
             records += 1;
             payload_bytes += payload.len() as u64;

@@ -17,6 +17,13 @@ fn open(dir: &MemDir, config: LogConfig) -> Log {
     Log::open(Arc::new(dir.clone()), config, OpenOptions::default()).expect("open").0
 }
 
+/// Names in `dir` ending in `suffix` (".seg": segments; ".free": kept files), sorted.
+fn files(dir: &MemDir, suffix: &str) -> Vec<String> {
+    let mut names: Vec<_> = dir.list().unwrap().into_iter().filter(|n| n.ends_with(suffix)).collect();
+    names.sort();
+    names
+}
+
 #[test]
 fn append_returns_payload_locators_and_reads_return_exact_bytes() {
     let dir = MemDir::new();
@@ -76,11 +83,14 @@ fn reclaim_deletes_whole_segments_below_a_position_and_keeps_the_rest_addressabl
     let dir = MemDir::new();
     let log = open(&dir, small());
     let locs: Vec<_> = (0..100u8).map(|i| log.append(&[(K, &[i; 200])]).unwrap()[0]).collect();
-    let files_before = dir.list().unwrap().len();
+    let files_before = files(&dir, ".seg").len();
     let cut = locs[50].position;
     let reclaimed = log.reclaim_below(cut).unwrap();
-    assert!(reclaimed.segments > 0);
-    assert_eq!(dir.list().unwrap().len(), files_before - reclaimed.segments as usize);
+    assert!(reclaimed.segments >= 2);
+    assert_eq!(files(&dir, ".seg").len(), files_before - reclaimed.segments as usize);
+    // Two files kept for reuse (the default), the others deleted.
+    assert_eq!(files(&dir, ".free").len(), 2);
+    assert_eq!(dir.list().unwrap().len(), files_before - reclaimed.segments as usize + 2);
     assert!(log.first_position() <= cut);
     for (i, loc) in locs.iter().enumerate() {
         match log.read(*loc) {
@@ -92,7 +102,7 @@ fn reclaim_deletes_whole_segments_below_a_position_and_keeps_the_rest_addressabl
     assert!(log.read(locs[50]).is_ok());
     // Reclaiming everything never deletes the segment being appended to.
     log.reclaim_below(u64::MAX).unwrap();
-    assert_eq!(dir.list().unwrap().len(), 1);
+    assert_eq!(files(&dir, ".seg").len(), 1);
     assert_eq!(log.read(locs[99]).unwrap(), vec![99u8; 200]);
     let next = log.append(&[(K, b"after")]).unwrap()[0];
     assert!(next.position > locs[99].position, "positions are never reused");
@@ -102,6 +112,125 @@ fn reclaim_deletes_whole_segments_below_a_position_and_keeps_the_rest_addressabl
     assert_eq!(log.first_position(), first, "reopening keeps the reclaimed prefix gone");
     assert!(matches!(log.read(locs[0]), Err(LogError::OutOfRange { .. })));
     assert_eq!(log.read(next).unwrap(), b"after");
+}
+
+#[test]
+fn reclaimed_files_become_later_segments_and_their_old_records_never_come_back() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let old: Vec<_> = (0..60u8).map(|i| log.append(&[(K, &[i; 200])]).unwrap()[0]).collect();
+    log.reclaim_below(old[40].position).unwrap();
+    let kept = files(&dir, ".free");
+    assert_eq!((kept.len(), log.free_files()), (2, 2));
+    let kept_bytes: Vec<_> = kept.iter().map(|name| dir.read_file(name).unwrap()).collect();
+
+    // New segments take the kept files: no new file is created until they are used up.
+    let created = log.stats().segments_created;
+    let new: Vec<_> = (0..45u8).map(|i| log.append(&[(K, &[100 + i; 300])]).unwrap()[0]).collect();
+    let stats = log.stats();
+    assert_eq!(stats.segments_reused, 2, "{stats:?}");
+    assert!(stats.segments_created > created, "a third roll creates a file");
+    assert!(files(&dir, ".free").is_empty());
+    // A sealed recycled segment was cut to its data; the active one still holds old bytes.
+    let segments = log.segments();
+    for (info, name) in segments.iter().zip(files(&dir, ".seg")) {
+        let len = dir.read_file(&name).unwrap().len() as u64;
+        if info.base != log.segments().last().unwrap().base {
+            assert_eq!(len, info.len, "sealed segment {name} ends at its data");
+        }
+    }
+    assert!(kept_bytes.iter().all(|b| b.len() as u64 > SEGMENT_HEADER_LEN as u64));
+    let check = |log: &Log| {
+        for (i, loc) in new.iter().enumerate() {
+            assert_eq!(log.read_record(*loc).unwrap().1, vec![100 + i as u8; 300]);
+        }
+        let entries: Vec<_> = log.iter_from(log.first_position()).map(|e| e.unwrap()).collect();
+        assert!(entries.iter().all(|e| e.payload.len() == 200 || e.payload.len() == 300));
+        assert_eq!(entries.iter().filter(|e| e.payload.len() == 300).count(), new.len());
+    };
+    check(&log);
+
+    // Make the active segment a recycled one with old records after its data, then reopen.
+    log.reclaim_below(new[0].position).unwrap();
+    while log.stats().segments_reused < 3 {
+        log.append(&[(K, &[7; 300])]).unwrap();
+    }
+    let last = log.append(&[(K, b"last")]).unwrap()[0];
+    let active = log.segments().last().copied().unwrap();
+    let active_file = dir.read_file(&files(&dir, ".seg").pop().unwrap()).unwrap();
+    assert!(active_file.len() as u64 > active.len, "the active recycled segment holds old bytes");
+    drop(log);
+    for crash in [false, true] {
+        if crash {
+            dir.crash(onekv_log::io::CrashMode::LoseUnsynced, 1);
+        }
+        let (log, report) = Log::open(Arc::new(dir.clone()), small(), OpenOptions::default()).unwrap();
+        assert_eq!(log.end_position(), last.end(), "{report:?}");
+        assert_eq!(log.read_record(last).unwrap().1, b"last");
+        if !crash {
+            assert_eq!(report.stale_tail.map(|(at, _)| at), Some(active.end()), "{report:?}");
+            assert_eq!(report.torn_tail, None);
+        }
+        assert!(log.verify().is_ok());
+        log.close().unwrap();
+    }
+}
+
+#[test]
+fn a_kept_file_a_reader_still_holds_is_not_reused() {
+    let dir = MemDir::new();
+    let config = LogConfig { recycled_segments: 1, ..small() };
+    let log = open(&dir, config);
+    let locs: Vec<_> = (0..40u8).map(|i| log.append(&[(K, &[i; 200])]).unwrap()[0]).collect();
+    // An iterator parked on the first segment holds it.
+    let mut iter = log.iter_from(log.first_position());
+    assert_eq!(iter.next().unwrap().unwrap().payload, vec![0u8; 200]);
+    let first_end = log.segments()[0].end();
+    log.reclaim_below(first_end).unwrap();
+    assert_eq!(log.free_files(), 1);
+    while log.segments().len() < 4 {
+        log.append(&[(K, &[9; 300])]).unwrap();
+    }
+    assert_eq!(log.stats().segments_reused, 0, "the held file was not reused");
+    // The iterator still reads the old segment's records, unchanged.
+    let rest: Vec<_> = iter.by_ref().take(3).map(|e| e.unwrap().payload).collect();
+    assert_eq!(rest, vec![vec![1u8; 200], vec![2u8; 200], vec![3u8; 200]]);
+    drop(iter);
+    let before = log.segments().len();
+    while log.segments().len() == before {
+        log.append(&[(K, &[9; 300])]).unwrap();
+    }
+    assert_eq!(log.stats().segments_reused, 1, "reused once nobody held it");
+    assert!(log.read(locs[39]).is_ok());
+}
+
+#[test]
+fn turning_recycling_off_deletes_kept_files() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let locs: Vec<_> = (0..60u8).map(|i| log.append(&[(K, &[i; 200])]).unwrap()[0]).collect();
+    log.reclaim_below(locs[40].position).unwrap();
+    assert_eq!(files(&dir, ".free").len(), 2);
+    let freed = log.set_recycling(false).unwrap();
+    assert!(freed > 2 * 3000, "{freed}");
+    assert!(files(&dir, ".free").is_empty());
+    log.reclaim_below(locs[59].position).unwrap();
+    assert!(files(&dir, ".free").is_empty(), "reclaimed files are deleted while recycling is off");
+    log.set_recycling(true).unwrap();
+    drop(log);
+    // A lower limit on reopening deletes the surplus.
+    let log = open(&dir, small());
+    let more: Vec<_> = (0..60u8).map(|i| log.append(&[(K, &[i; 200])]).unwrap()[0]).collect();
+    log.reclaim_below(more[50].position).unwrap();
+    assert_eq!(files(&dir, ".free").len(), 2);
+    drop(log);
+    let (_log, report) = Log::open(
+        Arc::new(dir.clone()),
+        LogConfig { recycled_segments: 1, ..small() },
+        OpenOptions::default(),
+    )
+    .unwrap();
+    assert_eq!((report.free_files, files(&dir, ".free").len()), (1, 1));
 }
 
 #[test]

@@ -127,17 +127,18 @@ fn a_segment_from_a_newer_format_is_refused_by_name() {
     build(&dir);
     let first = segment_names(&dir).remove(0);
     let mut bytes = dir.read_file(&first).unwrap();
-    bytes[4] = 2; // version 2
+    bytes[4] = 3; // version 3
     let crc = crc32c::crc32c(&bytes[..28]);
     bytes[28..32].copy_from_slice(&crc.to_le_bytes());
     dir.write_file(&first, bytes);
     let err = Log::open(Arc::new(dir.clone()), config(), OpenOptions::default()).unwrap_err();
-    assert!(matches!(err, LogError::UnsupportedFormat { version: 2, .. }), "{err}");
+    assert!(matches!(err, LogError::UnsupportedFormat { version: 3, .. }), "{err}");
 }
 
 mod arbitrary_bytes {
     use super::*;
-    use onekv_log::segment::{encode_header, file_name};
+    use onekv_log::record::Place;
+    use onekv_log::segment::{encode_header, file_name, salt_for};
     use proptest::prelude::*;
 
     proptest! {
@@ -157,7 +158,8 @@ mod arbitrary_bytes {
                 let mut out = Vec::new();
                 for i in 0..valid_prefix {
                     let position = (bytes.len() + out.len()) as u64;
-                    onekv_log::record::encode(&mut out, position, 0, K, &[i as u8; 40]);
+                    let at = Place { position, salt: salt_for(0) };
+                    onekv_log::record::encode(&mut out, at, 0, K, &[i as u8; 40]);
                 }
                 bytes.extend_from_slice(&out);
             }
@@ -179,12 +181,19 @@ fn a_record_claiming_its_write_began_before_its_segment_is_no_evidence() {
     // Regression: the tail scan computed `offset - batch_offset` and underflowed for a checksum-valid
     // record whose batch offset reaches before the segment (possible only for crafted bytes, and a
     // segment with a base above 0, as after reclamation).
-    use onekv_log::segment::{encode_header, file_name};
+    use onekv_log::record::Place;
+    use onekv_log::segment::{encode_header, file_name, salt_for};
     let base = 8192;
     let mut bytes = encode_header(base).to_vec();
     bytes.extend_from_slice(&[0xAB; 30]);
     let q = bytes.len() as u64;
-    onekv_log::record::encode(&mut bytes, base + q, 5000, K, b"crafted");
+    onekv_log::record::encode(
+        &mut bytes,
+        Place { position: base + q, salt: salt_for(base) },
+        5000,
+        K,
+        b"crafted",
+    );
     let dir = MemDir::new();
     dir.write_file(&file_name(base), bytes);
     let (log, report) = Log::open(Arc::new(dir), config(), OpenOptions::default()).unwrap();

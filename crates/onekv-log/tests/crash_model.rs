@@ -55,6 +55,8 @@ fn config(rng: &mut StdRng) -> LogConfig {
         max_record_bytes: 1000,
         max_write_bytes: rng.random_range(1..8192),
         max_queued_bytes: 64 << 10,
+        // Reclaimed files reused as later segments, holding stale records after the new ones.
+        recycled_segments: rng.random_range(0..=3),
     }
 }
 
@@ -151,6 +153,10 @@ fn run(seed: u64) {
             4..=5 => {
                 let n = rng.random_range(2..10);
                 assert_eq!(burst(&log, &mut model, &mut rng, n), n, "seed {seed} step {step}");
+            }
+            6 if rng.random_bool(0.2) => {
+                // A disk-full alarm raised or cleared: kept files deleted, or kept again.
+                log.set_recycling(rng.random_bool(0.5)).unwrap();
             }
             6 => {
                 if let Some(loc) = model.durable.keys().nth(rng.random_range(0..model.durable.len().max(1))) {

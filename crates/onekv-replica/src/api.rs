@@ -145,6 +145,11 @@ pub struct ReplicaConfig {
     pub raft_log_keep_entries: u64,
     /// Size of one log segment file.
     pub segment_bytes: u64,
+    /// Reclaimed segment files each log keeps to reuse as later segments (cheaper group-commit
+    /// fsyncs; `onekv_log::LogConfig::recycled_segments`), at most
+    /// [`onekv_log::MAX_RECYCLED_SEGMENTS`]; 0 deletes them. None are kept while the disk-full
+    /// alarm is raised.
+    pub recycled_segments: u32,
     /// Largest log record (default the log's, 16 MiB): a Raft entry must fit in one, so it bounds
     /// `limits.max_batch_bytes`, and snapshot chunks and relocated batches are cut to half of it
     /// ([`crate::records::chunk_bytes`]). Smaller only where small segments are wanted (the
@@ -212,6 +217,7 @@ impl ReplicaConfig {
             snapshot_fetch_bytes_per_sec: 0,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
+            recycled_segments: 2,
             max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
             index_compaction: true,
             snapshot_timeout: Duration::from_secs(30),

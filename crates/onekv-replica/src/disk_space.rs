@@ -15,6 +15,10 @@
 //!   half of `min_free_bytes` (the hard floor) and whenever the replica fails, so that the index
 //!   flush, the final hard state and a later recovery still find room; it comes back at the next
 //!   open when space allows.
+//! - **Kept log files.** The logs keep a few reclaimed segment files to reuse (cheaper fsyncs,
+//!   `onekv_log::LogConfig::recycled_segments`). While the alarm is raised they keep none: the kept
+//!   files are deleted when it is raised (one a reader still holds, at a later check), since the
+//!   space they hold is what the alarm waits for, and keeping resumes when it clears.
 //! - **Leadership.** A leader in alarm hands leadership to its most caught-up, recently active
 //!   follower (raft-rs `transfer_leader`), at most once per election timeout, so the cluster keeps
 //!   taking writes through a node that has room. A follower in alarm keeps appending what the
@@ -35,8 +39,8 @@ use raft::StateRole;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The reserve file, in the data directory.
@@ -85,6 +89,8 @@ pub(crate) struct DiskSpace {
     /// Mirrors `watch.alarm.is_some()`, so the write path reads one atomic while all is well.
     alarmed: AtomicBool,
     watch: Mutex<Watch>,
+    /// The node's logs, told to stop keeping reclaimed files while the alarm is raised.
+    logs: Mutex<Vec<Arc<onekv_log::Log>>>,
 }
 
 #[derive(Default)]
@@ -119,6 +125,7 @@ impl DiskSpace {
             probe: Some(probe),
             alarmed: AtomicBool::new(false),
             watch: Mutex::new(Watch::default()),
+            logs: Mutex::default(),
         };
         let held = disk.set_up_reserve();
         disk.lock().reserve_held = held;
@@ -136,6 +143,29 @@ impl DiskSpace {
             probe: None,
             alarmed: AtomicBool::new(false),
             watch: Mutex::new(Watch::default()),
+            logs: Mutex::default(),
+        }
+    }
+
+    /// Makes the alarm also govern whether `logs` keep reclaimed segment files (see the module
+    /// docs); applies the alarm's current state at once.
+    pub fn govern_recycling(&self, logs: Vec<Arc<onekv_log::Log>>) {
+        let alarmed = self.alarmed.load(Ordering::SeqCst);
+        *self.logs.lock().unwrap_or_else(|e| e.into_inner()) = logs;
+        if alarmed {
+            self.set_recycling(false);
+        }
+    }
+
+    fn set_recycling(&self, on: bool) {
+        for log in self.logs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            match log.set_recycling(on) {
+                Ok(0) => {}
+                Ok(freed) => tracing::warn!(freed, "disk full: deleted the log's kept segment files"),
+                // The log stops taking appends after a failed directory sync; the replica fails
+                // at its next write, as on any storage failure.
+                Err(error) => tracing::error!(%error, "disk full: deleting the log's kept segment files"),
+            }
         }
     }
 
@@ -192,9 +222,17 @@ impl DiskSpace {
             )
         });
         match (&watch.alarm, &alarm) {
-            (None, Some(alarm)) => tracing::error!(%alarm, "disk full: alarm raised"),
-            (Some(_), None) => tracing::warn!(usable, "disk space freed: alarm cleared"),
-            _ => {}
+            (None, Some(alarm)) => {
+                tracing::error!(%alarm, "disk full: alarm raised");
+                self.set_recycling(false);
+            }
+            (Some(_), None) => {
+                tracing::warn!(usable, "disk space freed: alarm cleared");
+                self.set_recycling(true);
+            }
+            // Kept files a reader held when the alarm was raised go once it lets them go.
+            (Some(_), Some(_)) => self.set_recycling(false),
+            (None, None) => {}
         }
         self.alarmed.store(alarm.is_some(), Ordering::SeqCst);
         watch.alarm = alarm;
@@ -405,7 +443,7 @@ pub(crate) fn on_tick<'a>(ctx: &mut NodeCtx, groups: impl Iterator<Item = &'a mu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+
     use std::sync::atomic::AtomicU64;
 
     const MIB: u64 = 1 << 20;
@@ -440,6 +478,42 @@ mod tests {
         disk.refresh(start);
         assert_eq!(disk.alarm(), None);
         assert_eq!(disk.status().alarm, None);
+    }
+
+    #[test]
+    fn the_logs_keep_no_reclaimed_files_while_the_alarm_is_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = onekv_log::LogConfig {
+            segment_size_bytes: 64 << 10,
+            max_record_bytes: 8 << 10,
+            ..onekv_log::LogConfig::default()
+        };
+        let (log, _) = onekv_log::Log::open_path(dir.path().join("log"), config, Default::default()).unwrap();
+        let log = Arc::new(log);
+        let record = [(onekv_log::RecordKind::new(1).unwrap(), &[7u8; 4096][..])];
+        let fill_and_reclaim = |log: &onekv_log::Log| {
+            for _ in 0..64 {
+                log.append(&record).unwrap();
+            }
+            log.reclaim_below(log.segments().last().unwrap().base).unwrap();
+        };
+        fill_and_reclaim(&log);
+        assert_eq!(log.free_files(), 2);
+        let available = Arc::new(AtomicU64::new(500 * MIB));
+        let calls = Arc::new(AtomicU64::new(0));
+        let disk = DiskSpace::open(dir.path(), 100 * MIB, 0, Duration::ZERO, fake(available.clone(), calls));
+        disk.govern_recycling(vec![log.clone()]);
+        available.store(MIB, Ordering::SeqCst);
+        disk.refresh(Instant::now());
+        assert!(disk.alarm().is_some());
+        assert_eq!(log.free_files(), 0, "kept files deleted when the alarm is raised");
+        fill_and_reclaim(&log);
+        assert_eq!(log.free_files(), 0, "none kept while it is raised");
+        available.store(500 * MIB, Ordering::SeqCst);
+        disk.refresh(Instant::now());
+        assert_eq!(disk.alarm(), None);
+        fill_and_reclaim(&log);
+        assert_eq!(log.free_files(), 2, "kept again once it clears");
     }
 
     #[test]

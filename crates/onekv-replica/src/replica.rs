@@ -213,6 +213,7 @@ impl ReplicaConfig {
         LogConfig {
             segment_size_bytes: self.segment_bytes,
             max_record_bytes: self.max_record_bytes,
+            recycled_segments: self.recycled_segments,
             ..LogConfig::default()
         }
     }
@@ -348,6 +349,7 @@ impl Node {
         let names = config.storage.log_names();
         let raft_log = open_log(names[0])?;
         let second_log = names.get(1).map(|name| open_log(name)).transpose()?;
+        disk.govern_recycling(std::iter::once(&raft_log).chain(&second_log).cloned().collect());
         let index_dir = dir.join("index");
         let index = Arc::new(
             // Every tree's flush threshold (`Tree::memtable_full`) is the replica's.

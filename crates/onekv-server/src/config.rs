@@ -42,6 +42,8 @@ pub mod bounds {
     /// Size of one log segment file: the log's own rule (a segment holds the largest record, at
     /// most 1 GiB), 16 MiB + 52 bytes..=1 GiB.
     pub const SEGMENT_BYTES: (u64, u64) = onekv_replica::ReplicaConfig::SEGMENT_BYTES_RANGE;
+    /// Reclaimed segment files a log keeps for reuse: the log's own bound.
+    pub const RECYCLED_SEGMENTS: (u64, u64) = (0, onekv_log::MAX_RECYCLED_SEGMENTS as u64);
     /// Raft's logical clock.
     pub const TICK_MS: (u64, u64) = (1, 10_000);
     /// A client request's budget.
@@ -306,6 +308,11 @@ pub struct LogConfig {
     /// its framing) ..= 1073741824 (1 GiB), and at least twice `limits.max_batch_bytes` so the
     /// largest write's Raft entry fits in one segment. Default 67108864 (64 MiB).
     pub segment_bytes: u64,
+    /// Reclaimed segment files the log keeps to become later segments, 0..=64; 0 deletes them.
+    /// Overwriting a file's blocks makes each group commit's fsync cheaper than growing a file
+    /// (no size or allocation to write); the kept files hold up to this many segments of disk,
+    /// and are deleted while the disk-full alarm is raised. Default 2.
+    pub recycled_segments: u32,
     /// Bytes per second the background scrub reads to verify stored values' checksums; 0 turns
     /// it off. Default 8388608 (8 MiB/s).
     pub scrub_bytes_per_sec: u64,
@@ -534,6 +541,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             segment_bytes: replica_defaults().segment_bytes,
+            recycled_segments: replica_defaults().recycled_segments,
             scrub_bytes_per_sec: replica_defaults().scrub_bytes_per_sec,
         }
     }
@@ -846,6 +854,12 @@ impl ServerConfig {
             bounds::FOLLOWER_RUNS,
         );
         check_range(&mut problem, "log.segment_bytes", self.log.segment_bytes, bounds::SEGMENT_BYTES);
+        check_range(
+            &mut problem,
+            "log.recycled_segments",
+            u64::from(self.log.recycled_segments),
+            bounds::RECYCLED_SEGMENTS,
+        );
         check_range(&mut problem, "disk.min_free_bytes", self.disk.min_free_bytes, bounds::MIN_FREE_BYTES);
         check_range(&mut problem, "disk.reserve_bytes", self.disk.reserve_bytes, bounds::RESERVE_BYTES);
         check_range(&mut problem, "gc.interval_ms", self.gc.interval_ms, bounds::GC_INTERVAL_MS);
@@ -993,6 +1007,7 @@ impl ServerConfig {
             IndexLayoutName::Uniform => onekv_replica::IndexLayout::Uniform,
         };
         config.segment_bytes = self.log.segment_bytes;
+        config.recycled_segments = self.log.recycled_segments;
         config.min_free_bytes = self.disk.min_free_bytes;
         config.reserve_bytes = self.disk.reserve_bytes;
         config.scrub_bytes_per_sec = self.log.scrub_bytes_per_sec;

@@ -177,7 +177,16 @@ fn describe_state_metrics() {
     describe_counter!("onekv_log_fsyncs_total", Count, "Successful fsyncs of log files and directories.");
     describe_gauge!("onekv_log_fsync_max_seconds", Seconds, "Slowest fsync since the node started.");
     describe_counter!("onekv_log_segments_created_total", Count, "Log segment files created.");
-    describe_counter!("onekv_log_segments_reclaimed_total", Count, "Log segment files deleted.");
+    describe_counter!(
+        "onekv_log_segments_reclaimed_total",
+        Count,
+        "Log segments reclaimed (files deleted or kept for reuse)."
+    );
+    describe_counter!(
+        "onekv_log_segments_reused_total",
+        Count,
+        "Log segments that reused a reclaimed segment's file."
+    );
     describe_gauge!(
         "onekv_log_size_bytes",
         Bytes,
@@ -319,6 +328,7 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
         counter!("onekv_log_segments_created_total", "log" => name.clone()).absolute(stats.segments_created);
         counter!("onekv_log_segments_reclaimed_total", "log" => name.clone())
             .absolute(stats.segments_reclaimed);
+        counter!("onekv_log_segments_reused_total", "log" => name.clone()).absolute(stats.segments_reused);
         gauge!("onekv_log_size_bytes", "log" => name).set(count(log.bytes));
     }
     counter!("onekv_index_flushes_total").absolute(status.index_flushes);

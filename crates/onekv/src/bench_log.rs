@@ -23,19 +23,26 @@
 //! reverse order), and the mean of the two is reported (their spread is printed too), so slow drift
 //! on a shared machine hits both sides alike. Everything runs in one temporary directory, deleted at the end.
 //!
-//! What it does **not** measure: reads, recovery, segment reclamation, batches of several records
+//! With `--recycled`, every cell also runs the log twice more in a steady state of reclamation: a
+//! thread reclaims every sealed segment as soon as it is sealed (as a log GC keeping up would), once
+//! with the reclaimed files deleted (`recycled_segments = 0`: every new segment is a growing file)
+//! and once with them kept and reused (`recycled_segments = 2`, the pool filled before the timed
+//! run), in alternating order. Reported side by side with the process's CPU per record.
+//!
+//! What it does **not** measure: reads, recovery, batches of several records
 //! per `append`, the asynchronous [`Log::submit`] path, or anything beyond one file system and one
 //! process. It does not drop the page cache or pin threads; on a busy machine expect noise of
 //! several percent and run it more than once.
 
 use anyhow::{Context, Result, bail, ensure};
 use hdrhistogram::Histogram;
-use onekv_log::{FSYNC_BUCKETS, Log, LogConfig, LogStats, OpenOptions, RecordKind};
+use onekv_log::{FSYNC_BUCKETS, Log, LogConfig, LogStats, MAX_SEGMENT_BYTES, OpenOptions, RecordKind};
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Largest record size accepted: the log's default `max_record_bytes`.
@@ -69,6 +76,14 @@ pub struct Args {
     /// Bytes the plain_bandwidth baseline writes between two fdatasyncs (same syntax as --sizes).
     #[arg(long, value_parser = parse_size, default_value = "1MiB")]
     pub bandwidth_chunk: usize,
+    /// Also measure the log on recycled segment files against growing ones, both while every
+    /// sealed segment is reclaimed at once (see the module docs).
+    #[arg(long)]
+    pub recycled: bool,
+    /// Size of the log's segments in MiB for every log run (1 ..= 1024); it must hold the largest
+    /// record size with its framing. Smaller segments roll (and recycle) more often.
+    #[arg(long, value_parser = parse_segment_mib, default_value = "64")]
+    pub segment_mib: u64,
     /// Existing directory in which to create the temporary benchmark directory [default:
     /// ./target if it exists, else the system temporary directory].
     #[arg(long)]
@@ -89,6 +104,14 @@ fn parse_size(s: &str) -> Result<usize, String> {
     let n: usize = digits.parse().map_err(|_| format!("{s:?} is not a size such as 128, 1KiB or 16KiB"))?;
     let size = n.checked_mul(unit).filter(|&b| (1..=MAX_SIZE).contains(&b));
     size.ok_or_else(|| format!("record size {s:?} is outside 1 B ..= 16 MiB"))
+}
+
+fn parse_segment_mib(s: &str) -> Result<u64, String> {
+    let n: u64 = s.trim().parse().map_err(|_| format!("{s:?} is not a whole number of MiB"))?;
+    if !(1..=MAX_SEGMENT_BYTES >> 20).contains(&n) {
+        return Err(format!("segment size {n} MiB is outside 1 ..= {}", MAX_SEGMENT_BYTES >> 20));
+    }
+    Ok(n)
 }
 
 fn parse_appenders(s: &str) -> Result<usize, String> {
@@ -127,7 +150,37 @@ struct LogRun {
     latency_us: Histogram<u64>,
     /// The log's counters accumulated during the run.
     stats: LogStats,
+    /// CPU seconds this process spent in the run (appenders, writer, reclaimer), if readable.
+    cpu_s: Option<f64>,
 }
+
+impl LogRun {
+    fn records_per_s(&self) -> f64 {
+        self.records as f64 / self.rate.elapsed.as_secs_f64()
+    }
+
+    fn mean_fsync_us(&self) -> f64 {
+        self.stats.fsync_us_total as f64 / self.stats.fsyncs.max(1) as f64
+    }
+
+    fn cpu_us_per_record(&self) -> Option<f64> {
+        Some(self.cpu_s? * 1e6 / self.records.max(1) as f64)
+    }
+}
+
+/// How a log run treats segments.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Segments {
+    /// A fresh log; nothing reclaimed.
+    Fresh,
+    /// Every sealed segment reclaimed at once, its file deleted: each new segment grows a file.
+    ReclaimedDeleted,
+    /// Every sealed segment reclaimed at once, its file kept and reused.
+    ReclaimedReused,
+}
+
+/// Files the recycled runs keep (the log's default).
+const KEPT_FILES: u32 = 2;
 
 /// One cell of the table: a record size and appender count, with its baselines.
 struct Cell {
@@ -137,6 +190,14 @@ struct Cell {
     sync_each: [Rate; 2],
     bandwidth: [Rate; 2],
     grouped: [Rate; 2],
+    /// With `--recycled`: two runs each of growing and of recycled files, in alternating order.
+    recycled: Option<RecycledRuns>,
+}
+
+/// The `--recycled` runs of one cell.
+struct RecycledRuns {
+    growing: [LogRun; 2],
+    reused: [LogRun; 2],
 }
 
 /// Runs the benchmark and prints its tables on stdout (progress goes to stderr).
@@ -170,8 +231,15 @@ pub fn run(args: &Args) -> Result<()> {
                 baselines(root.path(), &payload, appenders, args, duration, false)?;
             progress(&format!("{label}: log"));
             let log_dir = root.path().join(format!("log-{size}-{appenders}"));
-            let log = log_run(&log_dir, &payload, appenders, duration)?;
+            let log = log_run(&log_dir, &payload, appenders, duration, args, Segments::Fresh)?;
             fs::remove_dir_all(&log_dir).with_context(|| format!("removing {}", log_dir.display()))?;
+            let recycled = match args.recycled {
+                false => None,
+                true => {
+                    progress(&format!("{label}: log on growing and on recycled segment files"));
+                    Some(recycled_runs(&log_dir, &payload, appenders, duration, args)?)
+                }
+            };
             progress(&format!("{label}: baselines (2/2)"));
             let [sync_each_b, bandwidth_b, grouped_b] =
                 baselines(root.path(), &payload, appenders, args, duration, true)?;
@@ -190,6 +258,7 @@ pub fn run(args: &Args) -> Result<()> {
                 sync_each: [sync_each_a, sync_each_b],
                 bandwidth: [bandwidth_a, bandwidth_b],
                 grouped: [grouped_a, grouped_b],
+                recycled,
             });
         }
     }
@@ -291,14 +360,85 @@ fn plain_bandwidth(dir: &Path, payload: &[u8], chunk_len: usize, duration: Durat
     })
 }
 
+/// Growing against recycled segment files, twice each in alternating order (a run is slowed by
+/// the file deletions of the run before it, so neither always goes first).
+fn recycled_runs(
+    dir: &Path,
+    payload: &[u8],
+    appenders: usize,
+    duration: Duration,
+    args: &Args,
+) -> Result<RecycledRuns> {
+    let one = |segments| -> Result<LogRun> {
+        let run = log_run(dir, payload, appenders, duration, args, segments)?;
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        Ok(run)
+    };
+    let growing_a = one(Segments::ReclaimedDeleted)?;
+    let reused_a = one(Segments::ReclaimedReused)?;
+    let reused_b = one(Segments::ReclaimedReused)?;
+    let growing_b = one(Segments::ReclaimedDeleted)?;
+    Ok(RecycledRuns { growing: [growing_a, growing_b], reused: [reused_a, reused_b] })
+}
+
+/// The log configuration of every run: the defaults but for the segment size (and a record limit
+/// that fits it) and the files kept.
+fn run_config(args: &Args, segments: Segments) -> LogConfig {
+    let segment_size_bytes = args.segment_mib << 20;
+    let framing = (onekv_log::SEGMENT_HEADER_LEN + onekv_log::RECORD_HEADER_LEN) as u64;
+    LogConfig {
+        segment_size_bytes,
+        max_record_bytes: u32::try_from((segment_size_bytes - framing).min(MAX_SIZE as u64))
+            .expect("<= 16 MiB"),
+        recycled_segments: if segments == Segments::ReclaimedReused { KEPT_FILES } else { 0 },
+        ..LogConfig::default()
+    }
+}
+
+/// Fills and reclaims segments until the segment being appended to reuses a file and the log
+/// keeps another for the next roll: the steady state of a log whose reclamation keeps up (each
+/// roll takes the file the reclamation after the previous roll gave back).
+fn fill_kept_files(log: &Log) -> Result<()> {
+    let filler = vec![0x5a; (1 << 20).min(log.config().max_record_bytes as usize)];
+    while log.stats().segments_reused == 0 || log.free_files() == 0 {
+        log.append(&[(KIND, &filler)])?;
+        let active = log.segments().last().map_or(0, |s| s.base);
+        log.reclaim_below(active)?;
+    }
+    Ok(())
+}
+
 /// `appenders` threads appending one record per call to a fresh log in `dir` until `duration` is
 /// over. The run is timed from the moment all threads are released until the last one returns.
-fn log_run(dir: &Path, payload: &[u8], appenders: usize, duration: Duration) -> Result<LogRun> {
-    let (log, _) = Log::open_path(dir, LogConfig::default(), OpenOptions::default())
+fn log_run(
+    dir: &Path,
+    payload: &[u8],
+    appenders: usize,
+    duration: Duration,
+    args: &Args,
+    segments: Segments,
+) -> Result<LogRun> {
+    let (log, _) = Log::open_path(dir, run_config(args, segments), OpenOptions::default())
         .with_context(|| format!("opening a log in {}", dir.display()))?;
+    if segments == Segments::ReclaimedReused {
+        fill_kept_files(&log).context("filling the kept files before the run")?;
+    }
     let before = log.stats();
+    let cpu_before = onekv_bench::CpuProbe::default().read();
     let barrier = Barrier::new(appenders + 1);
-    let (results, elapsed) = std::thread::scope(|scope| {
+    let stop = AtomicBool::new(false);
+    let (results, elapsed, reclaimed) = std::thread::scope(|scope| {
+        // Reclaims each sealed segment as soon as it is sealed, as a log GC keeping up would.
+        let reclaimer = (segments != Segments::Fresh).then(|| {
+            scope.spawn(|| -> Result<()> {
+                while !stop.load(Ordering::Relaxed) {
+                    let active = log.segments().last().map_or(0, |s| s.base);
+                    log.reclaim_below(active)?;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            })
+        });
         let threads: Vec<_> = (0..appenders)
             .map(|_| {
                 scope.spawn(|| -> Result<(u64, Histogram<u64>)> {
@@ -320,10 +460,15 @@ fn log_run(dir: &Path, payload: &[u8], appenders: usize, duration: Duration) -> 
         let start = Instant::now();
         let results: Vec<_> =
             threads.into_iter().map(|t| t.join().expect("appender thread panicked")).collect();
-        (results, start.elapsed())
+        let elapsed = start.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        let reclaimed = reclaimer.map_or(Ok(()), |t| t.join().expect("reclaimer thread panicked"));
+        (results, elapsed, reclaimed)
     });
     let after = log.stats();
+    let (_, cpu_s) = onekv_bench::CpuProbe::default().read().since(&cpu_before);
     log.close().context("closing the log")?;
+    reclaimed.context("reclaiming")?;
 
     let mut records = 0;
     let mut latency_us = latency_histogram();
@@ -336,7 +481,13 @@ fn log_run(dir: &Path, payload: &[u8], appenders: usize, duration: Duration) -> 
     if stats.records != records {
         bail!("the log counted {} records, the appenders {records}", stats.records);
     }
-    Ok(LogRun { rate: Rate { bytes: records * payload.len() as u64, elapsed }, records, latency_us, stats })
+    Ok(LogRun {
+        rate: Rate { bytes: records * payload.len() as u64, elapsed },
+        records,
+        latency_us,
+        stats,
+        cpu_s,
+    })
 }
 
 /// A histogram of append latencies in µs, 1 µs ..= one hour, three significant digits. Fixed
@@ -361,6 +512,7 @@ fn stats_delta(before: &LogStats, after: &LogStats) -> LogStats {
         }),
         segments_created: after.segments_created - before.segments_created,
         segments_reclaimed: after.segments_reclaimed - before.segments_reclaimed,
+        segments_reused: after.segments_reused - before.segments_reused,
     }
 }
 
@@ -390,7 +542,7 @@ fn fmt_ratio(r: f64) -> String {
 fn render(args: &Args, root: &str, cells: &[Cell]) -> String {
     let mut out = String::new();
     let w = &mut out;
-    let config = LogConfig::default();
+    let config = run_config(args, Segments::Fresh);
     let _ = writeln!(w, "## onekv bench-log\n");
     let _ = writeln!(
         w,
@@ -463,7 +615,52 @@ fn render(args: &Args, root: &str, cells: &[Cell]) -> String {
             c.grouped[1].mb_per_s(),
         );
     }
+    if cells.iter().any(|c| c.recycled.is_some()) {
+        render_recycled(w, cells);
+    }
     out
+}
+
+/// The `--recycled` table: means of two runs each, ratios recycled ÷ growing.
+fn render_recycled(w: &mut String, cells: &[Cell]) {
+    let _ = writeln!(
+        w,
+        "\nEvery sealed segment reclaimed at once; growing: its file deleted (each new segment grows \
+         a new file); recycled: its file kept and reused ({KEPT_FILES} kept). Means of two runs each, \
+         alternating; CPU is this process's (appenders, writer, reclaimer) per record:\n"
+    );
+    let _ = writeln!(
+        w,
+        "| size | appenders | growing records/s | recycled records/s | ratio | mean fsync µs growing / \
+         recycled | p99 µs growing / recycled | CPU µs/record growing / recycled | ratio | segments \
+         reused |"
+    );
+    let _ = writeln!(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mean = |runs: &[LogRun; 2], f: &dyn Fn(&LogRun) -> f64| (f(&runs[0]) + f(&runs[1])) / 2.0;
+    for c in cells {
+        let Some(r) = &c.recycled else { continue };
+        let rate = |runs| mean(runs, &|run: &LogRun| run.records_per_s());
+        let fsync = |runs| mean(runs, &|run: &LogRun| run.mean_fsync_us());
+        let p99 = |runs| mean(runs, &|run: &LogRun| run.latency_us.value_at_quantile(0.99) as f64);
+        let cpu = |runs| mean(runs, &|run: &LogRun| run.cpu_us_per_record().unwrap_or(f64::NAN));
+        let _ = writeln!(
+            w,
+            "| {} | {} | {:.0} | {:.0} | {} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} / {:.1} | {} | {} |",
+            fmt_size(c.size),
+            c.appenders,
+            rate(&r.growing),
+            rate(&r.reused),
+            fmt_ratio(rate(&r.reused) / rate(&r.growing)),
+            fsync(&r.growing),
+            fsync(&r.reused),
+            p99(&r.growing),
+            p99(&r.reused),
+            cpu(&r.growing),
+            cpu(&r.reused),
+            fmt_ratio(cpu(&r.reused) / cpu(&r.growing)),
+            r.reused[0].stats.segments_reused + r.reused[1].stats.segments_reused,
+        );
+    }
 }
 
 #[cfg(test)]

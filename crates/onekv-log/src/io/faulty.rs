@@ -155,6 +155,11 @@ impl Dir for FaultyDir {
         self.inner.remove(name)
     }
 
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.faults.op()?;
+        self.inner.rename(from, to)
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.faults.sync()?;
         self.inner.sync()

@@ -61,6 +61,17 @@ impl Dir for FsDir {
         fs::remove_file(self.path.join(name))
     }
 
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let target = self.path.join(to);
+        // POSIX rename would replace `to`; the trait promises never to, so a caller's bug cannot
+        // destroy a segment. (Not atomic with the rename, but the log is the directory's only
+        // writer.)
+        if fs::symlink_metadata(&target).is_ok() {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, to.to_string()));
+        }
+        fs::rename(self.path.join(from), target)
+    }
+
     fn sync(&self) -> io::Result<()> {
         fs::File::open(&self.path)?.sync_all()
     }

@@ -192,6 +192,19 @@ impl Dir for MemDir {
         }
     }
 
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        if state.names.contains_key(to) {
+            return Err(io::Error::new(io::ErrorKind::AlreadyExists, to.to_string()));
+        }
+        let file = state
+            .names
+            .remove(from)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, from.to_string()))?;
+        state.names.insert(to.to_string(), file);
+        Ok(())
+    }
+
     fn sync(&self) -> io::Result<()> {
         let mut state = lock(&self.state);
         state.durable_names = state.names.clone();

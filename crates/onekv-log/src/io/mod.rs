@@ -8,7 +8,7 @@
 //!
 //! The traits promise no more than POSIX does: a write is durable only after `sync_data` on its
 //! file returned `Ok`, and a created or removed name only after `sync` on the directory returned
-//! `Ok`. This module knows nothing of records or segments.
+//! `Ok`; likewise a rename. This module knows nothing of records or segments.
 
 mod faulty;
 mod fs;
@@ -32,6 +32,10 @@ pub trait Dir: Send + Sync + std::fmt::Debug {
     fn open(&self, name: &str) -> io::Result<Arc<dyn File>>;
     /// Removes a file's name. Durable only after [`Dir::sync`].
     fn remove(&self, name: &str) -> io::Result<()>;
+    /// Gives the file named `from` the name `to` instead, keeping its contents and open handles
+    /// (the log reuses a reclaimed segment's file this way). `to` must not exist: callers never
+    /// rely on a rename replacing a file. Durable only after [`Dir::sync`].
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
     /// Makes creations and removals so far durable.
     fn sync(&self) -> io::Result<()>;
 }
