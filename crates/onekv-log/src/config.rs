@@ -30,7 +30,8 @@ pub struct LogConfig {
     /// Reclaimed segment files kept to become later segments instead of being deleted, at most
     /// [`MAX_RECYCLED_SEGMENTS`]; 0 deletes them. Overwriting a file's existing blocks makes each
     /// group commit's fsync cheaper than growing a file (`recycle`), at the price of up to this
-    /// many segments of disk held while the log is not growing. Default 2.
+    /// many segments of disk held while the log is not growing. Default 1: while reclamation keeps
+    /// up, each roll takes the file the previous reclamation gave back.
     pub recycled_segments: u32,
 }
 
@@ -41,7 +42,7 @@ impl Default for LogConfig {
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             max_write_bytes: 8 << 20,
             max_queued_bytes: 64 << 20,
-            recycled_segments: 2,
+            recycled_segments: 1,
         }
     }
 }

@@ -366,22 +366,23 @@ impl Log {
             let name = doomed.name();
             let keep = self.shared.free.wants_more();
             // Oldest first, one directory sync each, so a crash leaves a prefix removed, never a hole.
-            if keep {
+            let unnamed = if keep {
                 let free_name = segment::free_file_name(doomed.base);
                 self.shared
                     .dir
                     .rename(&name, &free_name)
-                    .map_err(|e| LogError::io(format!("renaming {name} to {free_name}"), e))?;
+                    .map_err(|e| LogError::io(format!("renaming {name} to {free_name}"), e))
             } else {
-                self.shared.dir.remove(&name).map_err(|e| LogError::io(format!("removing {name}"), e))?;
+                self.shared.dir.remove(&name).map_err(|e| LogError::io(format!("removing {name}"), e))
+            };
+            if let Err(err) = unnamed {
+                // The file is still there under its name (a rename or unlink fails whole): it goes
+                // back into the log, or a later reclamation would leave a hole before it.
+                self.shared.add_segment(doomed);
+                return Err(err);
             }
             if let Err(err) = recovery::sync_dir(&*self.shared.dir, &self.shared.counters) {
-                // The directory's state is unknown now and a later sync (a segment roll) must not
-                // pass for a retry: the log stops taking appends, as after a failed write.
-                self.shared.lock_queue().failed.get_or_insert_with(|| Arc::new(err.clone()));
-                self.shared.work.notify_all();
-                self.shared.space.notify_all();
-                return Err(err);
+                return Err(self.stop_appends(err));
             }
             self.shared.counters.segment_reclaimed();
             reclaimed.segments += 1;
@@ -396,8 +397,23 @@ impl Log {
     /// `LogConfig::recycled_segments` is above 0). Off, the kept files are deleted (any a reader
     /// still holds, at a later call) and reclaimed files are deleted again; returns the bytes
     /// deleted. For a node whose disk is nearly full: kept files hold space.
+    /// If deleting fails, the log stops taking appends, as after a failed write (the directory's
+    /// state is unknown).
     pub fn set_recycling(&self, on: bool) -> Result<u64> {
-        self.shared.free.set_enabled(on, &*self.shared.dir, &self.shared.counters)
+        self.shared
+            .free
+            .set_enabled(on, &*self.shared.dir, &self.shared.counters)
+            .map_err(|err| self.stop_appends(err))
+    }
+
+    /// Records `err` as the log's failure after a failed directory operation: the directory's state
+    /// is unknown and a later sync (a segment roll) must not pass for a retry, so the log stops
+    /// taking appends, as after a failed write. Returns `err`.
+    fn stop_appends(&self, err: LogError) -> LogError {
+        self.shared.lock_queue().failed.get_or_insert_with(|| Arc::new(err.clone()));
+        self.shared.work.notify_all();
+        self.shared.space.notify_all();
+        err
     }
 
     /// Reclaimed segment files kept for reuse now.

@@ -74,12 +74,15 @@ impl FreeFiles {
         // The pool's own reference is the only one left: no reader can reach the segment again,
         // since it left the segment table when it was reclaimed.
         let i = kept.iter().position(|old| Arc::strong_count(old) == 1)?;
+        // Pairs with the release of the last reader's drop: its reads happened before the reuse.
+        std::sync::atomic::fence(Ordering::Acquire);
         Some(kept.remove(i))
     }
 
     /// Turns recycling on or off. Off, every kept file nobody reads is deleted at once (the rest
     /// as soon as a later call finds them unread) and reclaimed files are deleted again. Returns
-    /// the bytes of the files deleted.
+    /// the bytes of the files deleted; on an error the caller stops the log (a file may be gone
+    /// from the pool but not from the directory, and the directory is not synced).
     pub fn set_enabled(&self, on: bool, dir: &dyn Dir, counters: &Counters) -> Result<u64> {
         self.enabled.store(on && self.limit > 0, Ordering::Release);
         if on {

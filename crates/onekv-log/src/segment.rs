@@ -22,7 +22,7 @@
 //! fails the salt check before its checksum is even computed (and its checksum, seeded with its old
 //! position, would fail too). The salt is derived from the base, so two uses of one file differ in
 //! salt unless two 16-bit hashes collide, and then the position-seeded checksum still tells them
-//! apart.
+//! apart (the salt's hash is not a CRC, so the two checks fail independently).
 //!
 //! This module is pure: it encodes and checks headers and names, and does no I/O.
 
@@ -66,10 +66,15 @@ fn parse_digits(digits: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// The salt of the segment starting at `base`: 16 bits of a hash of the base, never 0.
+/// The salt of the segment starting at `base`: 16 bits of the base mixed with splitmix64's
+/// finalizer, never 0. Not a CRC: the record checksum is CRC-32C, linear in the position, and a
+/// salt from the same family could collide exactly where the checksums also agree.
 pub fn salt_for(base: u64) -> u16 {
-    let hash = crc32c::crc32c(&base.to_le_bytes());
-    match (hash ^ (hash >> 16)) as u16 {
+    let mut z = base.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    match (z ^ (z >> 16) ^ (z >> 32) ^ (z >> 48)) as u16 {
         0 => 1,
         salt => salt,
     }
@@ -98,7 +103,9 @@ pub enum HeaderError {
     #[error("segment header is damaged")]
     Damaged,
     /// A well-formed header from a format this code does not know.
-    #[error("segment format version {0} is not supported (this build reads {FORMAT_VERSION})")]
+    #[error(
+        "segment format version {0} is not supported (this build reads {UNSALTED_VERSION} and {FORMAT_VERSION})"
+    )]
     UnsupportedVersion(u16),
     /// The header names a different base than the file name.
     #[error("segment header says base {found}, file name says {expected}")]

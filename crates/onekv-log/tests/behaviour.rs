@@ -10,7 +10,12 @@ use std::sync::Arc;
 const K: RecordKind = RecordKind::new(1).unwrap();
 
 fn small() -> LogConfig {
-    LogConfig { segment_size_bytes: 4096, max_record_bytes: 1000, ..LogConfig::default() }
+    LogConfig {
+        segment_size_bytes: 4096,
+        max_record_bytes: 1000,
+        recycled_segments: 2,
+        ..LogConfig::default()
+    }
 }
 
 fn open(dir: &MemDir, config: LogConfig) -> Log {
@@ -374,4 +379,40 @@ fn a_failed_directory_sync_while_reclaiming_stops_appends() {
     assert!(matches!(log.append(&[(K, b"after")]), Err(LogError::Failed { .. })));
     assert_eq!(faults.ops(), ops, "no I/O after the failure");
     assert_eq!(log.read(locs[39]).unwrap(), vec![39u8; 300], "reads still work");
+}
+
+#[test]
+fn a_failed_directory_sync_while_deleting_kept_files_stops_appends() {
+    let faulty = FaultyDir::new(Arc::new(MemDir::new()));
+    let faults = faulty.faults();
+    let (log, _) = Log::open(Arc::new(faulty), small(), OpenOptions::default()).unwrap();
+    let locs: Vec<_> = (0..40u8).map(|i| log.append(&[(K, &[i; 300])]).unwrap()[0]).collect();
+    log.reclaim_below(locs[30].position).unwrap();
+    assert!(log.free_files() > 0);
+    faults.fail_sync_after(0);
+    assert!(matches!(log.set_recycling(false), Err(LogError::Io { .. })));
+    let ops = faults.ops();
+    assert!(matches!(log.append(&[(K, b"after")]), Err(LogError::Failed { .. })));
+    assert_eq!(faults.ops(), ops, "no I/O after the failure");
+}
+
+#[test]
+fn a_segment_whose_file_cannot_be_renamed_stays_in_the_log() {
+    let dir = MemDir::new();
+    let log = open(&dir, small());
+    let locs: Vec<_> = (0..40u8).map(|i| log.append(&[(K, &[i; 300])]).unwrap()[0]).collect();
+    let first = log.segments()[0];
+    // A stray file under the first segment's free name makes the rename fail.
+    dir.create(&onekv_log::segment::free_file_name(first.base)).unwrap();
+    dir.sync().unwrap();
+    assert!(matches!(log.reclaim_below(locs[39].position), Err(LogError::Io { .. })));
+    assert_eq!(log.segments()[0], first, "the segment is still the log's first");
+    assert_eq!(log.read(locs[0]).unwrap(), vec![0u8; 300]);
+    let next = log.append(&[(K, b"after")]).unwrap()[0];
+    drop(log);
+    // No hole: the log opens (the stray file is kept as a free one) with every record.
+    let log = open(&dir, small());
+    assert_eq!(log.first_position(), first.base);
+    assert_eq!(log.read(next).unwrap(), b"after");
+    assert_eq!(log.verify().unwrap(), 41);
 }

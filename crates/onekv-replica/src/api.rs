@@ -217,7 +217,7 @@ impl ReplicaConfig {
             snapshot_fetch_bytes_per_sec: 0,
             raft_log_keep_entries: 10_000,
             segment_bytes: 64 << 20,
-            recycled_segments: 2,
+            recycled_segments: 1,
             max_record_bytes: onekv_log::DEFAULT_MAX_RECORD_BYTES,
             index_compaction: true,
             snapshot_timeout: Duration::from_secs(30),

@@ -486,6 +486,7 @@ mod tests {
         let config = onekv_log::LogConfig {
             segment_size_bytes: 64 << 10,
             max_record_bytes: 8 << 10,
+            recycled_segments: 2,
             ..onekv_log::LogConfig::default()
         };
         let (log, _) = onekv_log::Log::open_path(dir.path().join("log"), config, Default::default()).unwrap();

@@ -273,13 +273,20 @@ fn small_values_are_compressed_when_moved_and_read_back() {
     // open): the read fails as damage (a single node has no copy to repair from), never with
     // wrong bytes.
     let log = dir.path().join("log");
-    let newest = || std::fs::read_dir(&log).unwrap().map(|e| e.unwrap().path()).max().unwrap();
-    while marker_copies(&log).iter().any(|(path, _)| *path == newest()) {
+    let newest = || segment_files(&log).into_iter().max().unwrap();
+    let mut node = node;
+    loop {
+        node.shutdown();
+        drop(node);
+        // Checked with the node stopped: while it runs, its collector may move the marked block
+        // into the newest segment at any moment.
+        if !marker_copies(&log).iter().any(|(path, _)| *path == newest()) {
+            break;
+        }
+        node = open(dir.path(), StorageMode::OneLog);
         round += 1;
         overwrite_all(&node, &mut seq, round);
     }
-    node.shutdown();
-    drop(node);
     let damaged = damage_marker(&log);
     assert!(damaged > 0, "the marked value is on disk");
     let node = open(dir.path(), StorageMode::OneLog);
@@ -311,10 +318,15 @@ fn marked_value() -> Vec<u8> {
 }
 
 /// Every copy of [`MARKER`] in the log's segment files: file and offset.
+/// The log's segment files (not the reclaimed files it keeps for reuse, `*.free`).
+fn segment_files(log: &Path) -> Vec<std::path::PathBuf> {
+    let paths = std::fs::read_dir(log).unwrap().map(|entry| entry.unwrap().path());
+    paths.filter(|path| path.extension().is_some_and(|ext| ext == "seg")).collect()
+}
+
 fn marker_copies(log: &Path) -> Vec<(std::path::PathBuf, usize)> {
     let mut copies = Vec::new();
-    for entry in std::fs::read_dir(log).unwrap() {
-        let path = entry.unwrap().path();
+    for path in segment_files(log) {
         let Ok(bytes) = std::fs::read(&path) else { continue }; // deleted meanwhile
         for (at, _) in bytes.windows(MARKER.len()).enumerate().filter(|(_, w)| *w == MARKER) {
             copies.push((path.clone(), at));

@@ -311,7 +311,7 @@ pub struct LogConfig {
     /// Reclaimed segment files the log keeps to become later segments, 0..=64; 0 deletes them.
     /// Overwriting a file's blocks makes each group commit's fsync cheaper than growing a file
     /// (no size or allocation to write); the kept files hold up to this many segments of disk,
-    /// and are deleted while the disk-full alarm is raised. Default 2.
+    /// and are deleted while the disk-full alarm is raised. Default 1.
     pub recycled_segments: u32,
     /// Bytes per second the background scrub reads to verify stored values' checksums; 0 turns
     /// it off. Default 8388608 (8 MiB/s).

@@ -204,6 +204,14 @@ struct RecycledRuns {
 pub fn run(args: &Args) -> Result<()> {
     ensure!(!args.sizes.is_empty(), "--sizes needs at least one size");
     ensure!(!args.appenders.is_empty(), "--appenders needs at least one count");
+    let max_record = run_config(args, Segments::Fresh).max_record_bytes as usize;
+    if let Some(&size) = args.sizes.iter().find(|&&size| size > max_record) {
+        bail!(
+            "record size {} does not fit a segment of {} MiB with its framing (--segment-mib)",
+            fmt_size(size),
+            args.segment_mib
+        );
+    }
     let duration = Duration::from_secs_f64(args.seconds);
     let parent = match &args.dir {
         Some(dir) => {
