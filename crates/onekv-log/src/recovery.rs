@@ -133,7 +133,8 @@ fn header_error(name: &str, base: u64, err: HeaderError) -> LogError {
     }
 }
 
-fn truncate(file: &dyn File, name: &str, len: u64, counters: &Counters) -> Result<()> {
+/// Cuts `file` (named `name`) to `len` bytes, durably.
+pub(crate) fn truncate(file: &dyn File, name: &str, len: u64, counters: &Counters) -> Result<()> {
     file.set_len(len).map_err(|e| LogError::io(format!("truncating {name}"), e))?;
     sync_file(file, name, 0, counters)
 }

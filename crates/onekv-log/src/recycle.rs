@@ -27,7 +27,7 @@
 
 use crate::io::{Dir, File};
 use crate::log::Segment;
-use crate::recovery::{sync_dir, write_header};
+use crate::recovery::{sync_dir, truncate, write_header};
 use crate::segment;
 use crate::stats::Counters;
 use crate::{LogError, Result};
@@ -128,10 +128,7 @@ pub(crate) fn seal(sealed: &Segment, counters: &Counters) -> Result<()> {
     let len = sealed.durable_len();
     let size = sealed.file.size().map_err(|e| LogError::io(format!("reading the length of {name}"), e))?;
     if size > len {
-        sealed.file.set_len(len).map_err(|e| LogError::io(format!("cutting {name} to its data"), e))?;
-        let start = std::time::Instant::now();
-        sealed.file.sync_data().map_err(|e| LogError::io(format!("syncing {name}"), e))?;
-        counters.synced(0, start.elapsed());
+        truncate(&*sealed.file, &name, len, counters)?;
     }
     Ok(())
 }
