@@ -87,8 +87,12 @@ pub enum IndexVariant {
     Default,
     /// `:uniform`: every tree leveled.
     Uniform,
-    /// `:sN`: decoupled, followed shards' trees with at most N sorted runs.
+    /// `:sN`: decoupled, followed shards' trees with at most N sorted runs (sharing the followers'
+    /// memtable budget, as by default).
     Runs(u8),
+    /// `:sNown`: as `:sN`, but each followed shard's tree flushes at `memtable_bytes` on its own
+    /// (`index.follower_memtable_bytes = 0`).
+    RunsOwnMemtables(u8),
 }
 
 impl IndexVariant {
@@ -98,6 +102,7 @@ impl IndexVariant {
             IndexVariant::Default => None,
             IndexVariant::Uniform => Some("uniform".into()),
             IndexVariant::Runs(runs) => Some(format!("s{runs}")),
+            IndexVariant::RunsOwnMemtables(runs) => Some(format!("s{runs}own")),
         }
     }
 
@@ -105,18 +110,29 @@ impl IndexVariant {
         if suffix == "uniform" {
             return Some(IndexVariant::Uniform);
         }
-        let runs: u8 = suffix.strip_prefix('s')?.parse().ok()?;
+        let runs = suffix.strip_prefix('s')?;
+        let (runs, own) = match runs.strip_suffix("own") {
+            Some(runs) => (runs, true),
+            None => (runs, false),
+        };
+        let runs: u8 = runs.parse().ok()?;
         let (low, high) = onekv_server::config::bounds::FOLLOWER_RUNS;
-        (low..=high).contains(&u64::from(runs)).then_some(IndexVariant::Runs(runs))
+        if !(low..=high).contains(&u64::from(runs)) {
+            return None;
+        }
+        Some(if own { IndexVariant::RunsOwnMemtables(runs) } else { IndexVariant::Runs(runs) })
     }
 
     /// The `[index]` section of a node's configuration for this variant, with `memtable_bytes`
-    /// when given.
+    /// when given (and then a followers' budget of the same multiple of it as the defaults').
     pub fn config(self, memtable_bytes: Option<u64>) -> onekv_server::config::IndexConfig {
         use onekv_server::config::{IndexConfig, IndexLayoutName};
         let mut config = IndexConfig::default();
         if let Some(bytes) = memtable_bytes {
+            let defaults = IndexConfig::default();
             config.memtable_bytes = bytes;
+            config.follower_memtable_bytes =
+                bytes.saturating_mul(defaults.follower_memtable_bytes / defaults.memtable_bytes);
         }
         match self {
             IndexVariant::Default => {}
@@ -124,6 +140,11 @@ impl IndexVariant {
             IndexVariant::Runs(follower_runs) => {
                 config.layout = IndexLayoutName::Decoupled;
                 config.follower_runs = follower_runs;
+            }
+            IndexVariant::RunsOwnMemtables(follower_runs) => {
+                config.layout = IndexLayoutName::Decoupled;
+                config.follower_runs = follower_runs;
+                config.follower_memtable_bytes = 0;
             }
         }
         config
@@ -770,6 +791,7 @@ mod tests {
             ("onelog:uniform", IndexVariant::Uniform),
             ("onelog:3:s4:nogc", IndexVariant::Runs(4)),
             ("onelog:s64", IndexVariant::Runs(64)),
+            ("onelog:s8own", IndexVariant::RunsOwnMemtables(8)),
         ] {
             let contender = Contender::parse(name).unwrap();
             assert!(matches!(contender, Contender::Onekv { index: parsed, .. } if parsed == index), "{name}");

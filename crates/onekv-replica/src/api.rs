@@ -116,8 +116,16 @@ pub struct ReplicaConfig {
     pub lease_reads: bool,
     /// Request bounds.
     pub limits: Limits,
-    /// Flush an index tree's memtable once it holds this many bytes.
+    /// Flush an index tree's memtable once it holds this many bytes (the trees of the shards this
+    /// node leads or is the primary of; and every tree under [`IndexLayout::Uniform`] or when
+    /// `follower_memtable_bytes` is 0).
     pub memtable_bytes: u64,
+    /// Under [`IndexLayout::Decoupled`]: bytes the memtables of all the shards this node only
+    /// follows may hold together; once they do, the largest is flushed (DEPART's memtable shared by
+    /// the redundant copies). So their memory is bounded whatever the number of shards, and a busy
+    /// followed shard gets more of it than an idle one (larger, fewer runs). 0: each followed
+    /// shard's tree flushes at `memtable_bytes` on its own, as a leader's does.
+    pub follower_memtable_bytes: u64,
     /// Flush the index once this many entries were applied since the last flush, however few
     /// bytes they wrote (bounds the replay after a crash and Raft's in-memory metadata).
     pub flush_every_entries: u64,
@@ -209,6 +217,7 @@ impl ReplicaConfig {
             lease_reads: false,
             limits: Limits::default(),
             memtable_bytes: 16 << 20,
+            follower_memtable_bytes: 64 << 20,
             flush_every_entries: 100_000,
             flush_every: Duration::from_secs(300),
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,
@@ -629,6 +638,9 @@ pub struct ReplicaStatus {
     /// How long the last change of this shard's tree from runs to leveled took (it began when this
     /// node started serving the shard), in milliseconds.
     pub last_leveling_ms: Option<u64>,
+    /// Memtable flushes of followed shards' trees started because their memtables together held
+    /// `ReplicaConfig::follower_memtable_bytes`, node-wide, since the replica started.
+    pub index_budget_flushes: u64,
     /// Bytes written by compactions of leveled trees, node-wide, since the replica started.
     pub index_leveled_compaction_bytes: u64,
     /// Bytes written by compactions of runs-layout trees, node-wide, since the replica started.

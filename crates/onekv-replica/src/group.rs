@@ -1067,7 +1067,7 @@ impl Group {
         }
         let last_flush = *self.last_flush.get_or_insert(now);
         let due = self.gc_flush
-            || self.state.tree.memtable_full()
+            || self.memtable_due(ctx)
             || applied - flagged >= ctx.config.flush_every_entries
             || now.saturating_duration_since(last_flush) >= ctx.config.flush_every;
         if !due {
@@ -1141,6 +1141,10 @@ impl Group {
             }),
         };
         self.gc_flush = false;
+        if ctx.budget_flush == Some(self.shard) {
+            ctx.budget_flush = None;
+            ctx.budget_flushes += 1;
+        }
         crate::failpoint!("before-index-flush");
         // The data and the request-id window share the tree, so one flag covers both.
         self.state
@@ -1170,6 +1174,33 @@ impl Group {
             return Err(storage(failure));
         }
         Ok(())
+    }
+
+    /// Whether the memtable holds enough to flush: a tree that shares the followers' budget
+    /// (`ReplicaConfig::follower_memtable_bytes`) when the node chose it ([`NodeCtx::budget_flush`]),
+    /// or once it alone holds the whole budget; any other tree at `memtable_bytes`.
+    fn memtable_due(&self, ctx: &NodeCtx) -> bool {
+        if self.shares_follower_budget(ctx) {
+            ctx.budget_flush == Some(self.shard)
+                || self.state.tree.memtable_bytes() >= ctx.config.follower_memtable_bytes
+        } else {
+            self.state.tree.memtable_full()
+        }
+    }
+
+    /// Whether this shard's memtable counts against the budget the node's followed shards share:
+    /// its tree is kept as runs (this node only follows the shard) and the budget is on.
+    pub fn shares_follower_budget(&self, ctx: &NodeCtx) -> bool {
+        ctx.config.follower_memtable_bytes > 0
+            && matches!(self.index_layout(ctx), onekv_index::Layout::Runs(_))
+    }
+
+    /// Bytes in the active memtable of this shard's tree, and whether a flush could start now if
+    /// it were due (no snapshot install holds the tree, and something applied is unflushed).
+    pub fn memtable_for_budget(&self) -> (u64, bool) {
+        let applied = self.raw.store().applied_index;
+        let flagged = self.state.tree.flush_flag().unwrap_or(0);
+        (self.state.tree.memtable_bytes(), self.installing.is_none() && applied > flagged)
     }
 
     /// The layout this shard's tree should have now: leveled while this node leads the shard or is
@@ -1552,6 +1583,7 @@ impl Group {
             index_leveled: self.state.tree.is_leveled(),
             last_leveling_ms: self.last_leveling.map(|took| took.as_millis() as u64),
             index_leveled_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Leveled),
+            index_budget_flushes: ctx.budget_flushes,
             index_runs_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Runs(1)),
             followers: self.follower_status(ctx),
             snapshot: {

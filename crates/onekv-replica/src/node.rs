@@ -91,6 +91,12 @@ pub(crate) struct NodeCtx {
     pub gc_status: Arc<std::sync::Mutex<crate::GcStatus>>,
     /// The node's deduplication, when on (`dedup`).
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
+    /// The followed shard whose tree the loop chose this turn to flush because the followed
+    /// shards' memtables together hold `ReplicaConfig::follower_memtable_bytes`
+    /// ([`Node::choose_budget_flush`]); cleared when its flush starts.
+    pub budget_flush: Option<u64>,
+    /// Flushes started because of that budget since the node started.
+    pub budget_flushes: u64,
 }
 
 impl NodeCtx {
@@ -383,6 +389,7 @@ impl NodeLoop {
         }
         self.persist_commits()?;
         self.persist_rejoining()?;
+        self.choose_budget_flush();
         for group in self.groups.values_mut() {
             group.maybe_flush(now, &mut self.ctx)?;
             if self.ctx.crashed {
@@ -398,6 +405,32 @@ impl NodeLoop {
             }
         }
         Ok(())
+    }
+
+    /// DEPART's memtable shared by the redundant copies: once the memtables of the shards this
+    /// node only follows hold `follower_memtable_bytes` together, the largest one that can flush
+    /// is chosen to flush (one at a time: the node runs one flush at a time anyway). So those
+    /// memtables' memory is bounded whatever the number of shards, and a busy followed shard
+    /// flushes fewer, larger runs than an idle one would. Leaders' trees are not counted: each
+    /// flushes at `memtable_bytes` (it serves reads, and its flushes are not deferred).
+    fn choose_budget_flush(&mut self) {
+        let budget = self.ctx.config.follower_memtable_bytes;
+        if budget == 0 || self.ctx.maintenance.busy() {
+            return;
+        }
+        let mut total = 0u64;
+        let mut largest: Option<(u64, u64)> = None;
+        for (shard, group) in &self.groups {
+            if !group.shares_follower_budget(&self.ctx) {
+                continue;
+            }
+            let (bytes, may_flush) = group.memtable_for_budget();
+            total = total.saturating_add(bytes);
+            if may_flush && largest.is_none_or(|(_, most)| bytes > most) {
+                largest = Some((*shard, bytes));
+            }
+        }
+        self.ctx.budget_flush = if total >= budget { largest.map(|(shard, _)| shard) } else { None };
     }
 
     /// Rewrites the data directory's rejoining file if a replica started or ended rejoining its

@@ -478,6 +478,8 @@ impl Node {
                 pins,
                 gc_status: Default::default(),
                 dedup,
+                budget_flush: None,
+                budget_flushes: 0,
             },
             groups,
             inbox,

@@ -37,6 +37,8 @@ pub mod bounds {
     pub const MAX_SCAN_PAIRS: usize = 1_000_000;
     /// Memtable budget of one index tree.
     pub const MEMTABLE_BYTES: (u64, u64) = (64 << 10, 16 << 30);
+    /// `index.follower_memtable_bytes` when not 0 (off): the bounds of one tree's memtable.
+    pub const FOLLOWER_MEMTABLE_BYTES: (u64, u64) = MEMTABLE_BYTES;
     /// `index.follower_runs`: the index's own bound on sorted runs.
     pub const FOLLOWER_RUNS: (u64, u64) = (1, onekv_replica::IndexLayout::MAX_FOLLOWER_RUNS as u64);
     /// Size of one log segment file: the log's own rule (a segment holds the largest record, at
@@ -288,6 +290,10 @@ pub struct IndexConfig {
     /// DEPART's `S`: flushed sorted runs a followed shard's tree keeps before merging them, 1..=64.
     /// Default 8.
     pub follower_runs: u8,
+    /// Under `decoupled`: bytes the memtables of all the shards this node only follows may hold
+    /// together; once they do, the largest is flushed. 0, or 65536..=17179869184. Default 67108864
+    /// (64 MiB). 0: each followed shard's tree flushes at `memtable_bytes` on its own.
+    pub follower_memtable_bytes: u64,
 }
 
 /// `index.layout`.
@@ -526,6 +532,7 @@ impl Default for IndexConfig {
             memtable_bytes: replica_defaults().memtable_bytes,
             layout: IndexLayoutName::Decoupled,
             follower_runs,
+            follower_memtable_bytes: replica_defaults().follower_memtable_bytes,
         }
     }
 }
@@ -847,6 +854,14 @@ impl ServerConfig {
         }
 
         check_range(&mut problem, "index.memtable_bytes", self.index.memtable_bytes, bounds::MEMTABLE_BYTES);
+        if self.index.follower_memtable_bytes != 0 {
+            check_range(
+                &mut problem,
+                "index.follower_memtable_bytes",
+                self.index.follower_memtable_bytes,
+                bounds::FOLLOWER_MEMTABLE_BYTES,
+            );
+        }
         check_range(
             &mut problem,
             "index.follower_runs",
@@ -1000,6 +1015,7 @@ impl ServerConfig {
         config.snapshot_fetch_bytes_per_sec = self.raft.snapshot_fetch_bytes_per_sec;
         config.limits = self.limits.to_limits();
         config.memtable_bytes = self.index.memtable_bytes;
+        config.follower_memtable_bytes = self.index.follower_memtable_bytes;
         config.index_layout = match self.index.layout {
             IndexLayoutName::Decoupled => {
                 onekv_replica::IndexLayout::Decoupled { follower_runs: self.index.follower_runs }

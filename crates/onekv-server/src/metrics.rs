@@ -193,6 +193,11 @@ fn describe_state_metrics() {
         "Bytes between the log's first retained and end position."
     );
     describe_counter!("onekv_index_flushes_total", Count, "Index memtable flushes.");
+    describe_counter!(
+        "onekv_index_budget_flushes_total",
+        Count,
+        "Flushes of followed shards' memtables because together they held index.follower_memtable_bytes."
+    );
     describe_counter!("onekv_index_compactions_total", Count, "Index compaction steps that changed a tree.");
     describe_counter!(
         "onekv_index_bytes_written_total",
@@ -332,6 +337,7 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
         gauge!("onekv_log_size_bytes", "log" => name).set(count(log.bytes));
     }
     counter!("onekv_index_flushes_total").absolute(status.index_flushes);
+    counter!("onekv_index_budget_flushes_total").absolute(status.index_budget_flushes);
     counter!("onekv_index_compactions_total").absolute(status.index_compactions);
     counter!("onekv_index_bytes_written_total").absolute(status.index_bytes_written);
     counter!("onekv_index_compaction_bytes_total", "layout" => "leveled")

@@ -1085,6 +1085,9 @@ impl Sim {
             2 => onekv_replica::IndexLayout::Decoupled { follower_runs: 2 },
             _ => onekv_replica::IndexLayout::Decoupled { follower_runs: 3 },
         };
+        // Nodes 2 and 5 flush their followed shards' trees by a shared budget of less than two
+        // memtables (the largest first); node 3 flushes each at its own memtable size.
+        config.follower_memtable_bytes = if node.id % 3 == 2 { 6 << 10 } else { 0 };
         // Deduplication is onelog's (the other modes keep no value in the Raft log).
         if self.config.dedup && self.config.storage == StorageMode::OneLog {
             config.dedup = onekv_replica::DedupConfig {

@@ -121,7 +121,8 @@ pub struct CompareArgs {
     /// `MODE:SHARDS` (`onelog:1` is a single Raft group), and `:nogc` to run it with its log
     /// garbage collector off (`onelog:nogc`, `onelog:1:nogc`) or `:nocompress` with a collector
     /// that moves small values uncompressed, `:uniform` to keep every index tree leveled or `:sN`
-    /// to keep followed shards' trees in at most N sorted runs (`index.layout`; before any `:nogc`),
+    /// to keep followed shards' trees in at most N sorted runs (`index.layout`; before any `:nogc`;
+    /// `:sNown` has each of them flush at its own memtable size instead of sharing the budget),
     /// `:dedup-inline`, `:dedup-offline` or `:dedup-elastic` to deduplicate values (`dedup.mode`;
     /// after the layout, before any `:nogc`),
     /// then `@base` to run it with --baseline-exe; `etcd` adds a local etcd cluster (same number
@@ -151,7 +152,7 @@ pub struct CompareArgs {
     sample_disk_ms: u64,
     /// `index.memtable_bytes` of every onekv node, in KiB (at least 64) [default: the node's
     /// default, 16 MiB]: a small memtable makes a short run flush and compact its index as a long
-    /// one with the default would.
+    /// one with the default would. `index.follower_memtable_bytes` is scaled with it (4 ×).
     #[arg(long, value_name = "KIB")]
     index_memtable_kib: Option<u64>,
     /// Seconds to leave each onekv cluster idle after its last phase before its disk use and write
