@@ -217,7 +217,7 @@ impl ReplicaConfig {
             lease_reads: false,
             limits: Limits::default(),
             memtable_bytes: 16 << 20,
-            follower_memtable_bytes: 64 << 20,
+            follower_memtable_bytes: 256 << 20,
             flush_every_entries: 100_000,
             flush_every: Duration::from_secs(300),
             max_snapshot_bytes: MAX_SNAPSHOT_BYTES,

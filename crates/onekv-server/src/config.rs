@@ -291,8 +291,8 @@ pub struct IndexConfig {
     /// Default 8.
     pub follower_runs: u8,
     /// Under `decoupled`: bytes the memtables of all the shards this node only follows may hold
-    /// together; once they do, the largest is flushed. 0, or 65536..=17179869184. Default 67108864
-    /// (64 MiB). 0: each followed shard's tree flushes at `memtable_bytes` on its own.
+    /// together; once they do, the largest is flushed. 0, or 65536..=17179869184. Default 268435456
+    /// (256 MiB). 0: each followed shard's tree flushes at `memtable_bytes` on its own.
     pub follower_memtable_bytes: u64,
 }
 

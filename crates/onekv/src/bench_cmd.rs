@@ -152,7 +152,7 @@ pub struct CompareArgs {
     sample_disk_ms: u64,
     /// `index.memtable_bytes` of every onekv node, in KiB (at least 64) [default: the node's
     /// default, 16 MiB]: a small memtable makes a short run flush and compact its index as a long
-    /// one with the default would. `index.follower_memtable_bytes` is scaled with it (4 ×).
+    /// one with the default would. `index.follower_memtable_bytes` is scaled with it (16 ×, as the defaults).
     #[arg(long, value_name = "KIB")]
     index_memtable_kib: Option<u64>,
     /// Seconds to leave each onekv cluster idle after its last phase before its disk use and write
