@@ -31,6 +31,7 @@ pub mod codec;
 mod dedup;
 mod disk_space;
 mod expiry;
+mod fast;
 pub mod failpoints;
 mod gc;
 mod group;

@@ -14,6 +14,8 @@
 //! RELOCATED   shard:u64 pairs                                 (values the log GC moved; `gc`)
 //! PACKED      shard:u64 block*                                (small values it moved, compressed;
 //!                                                              blocks: see `packed`)
+//! DURABILITY  shard:u64 term:u64 command                      (a fast write, `fast`: its encoded
+//!                                                              write command, with its request id)
 //! ```
 //!
 //! A snapshot is written as chunk records followed by one meta record; it counts only if the meta
@@ -39,6 +41,12 @@ pub const APPLIED: RecordKind = kind(6);
 pub const RELOCATED: RecordKind = kind(7);
 /// Small live values the log garbage collector moved, in compressed blocks (`packed`).
 pub const PACKED: RecordKind = kind(8);
+/// A fast write a replica made durable before it was ordered (`fast`); its values are the
+/// replica's one copy once an ORDER command applies it.
+pub const DURABILITY: RecordKind = kind(9);
+
+/// Bytes of a DURABILITY payload before its command.
+pub const DURABILITY_HEADER: usize = 8 + 8;
 
 const fn kind(n: u8) -> RecordKind {
     match RecordKind::new(n) {
@@ -92,10 +100,30 @@ pub fn encode_entry(shard: u64, entry: &raft::eraftpb::Entry) -> Vec<u8> {
 /// The shard a record of any kind belongs to (every kind starts with it), so recovery can split
 /// one scan of the log by shard before decoding the rest.
 pub fn record_shard(kind: RecordKind, payload: &[u8]) -> Result<u64, CodecError> {
-    if !matches!(kind, ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED | PACKED) {
+    if !matches!(
+        kind,
+        ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED | PACKED | DURABILITY
+    ) {
         return Err(CodecError("unknown record kind"));
     }
     Reader { data: payload, at: 0 }.u64()
+}
+
+/// Encodes a DURABILITY payload: the fast write's encoded write `command`, accepted in `term`.
+pub fn encode_durability(shard: u64, term: u64, command: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DURABILITY_HEADER + command.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(&term.to_le_bytes());
+    out.extend_from_slice(command);
+    out
+}
+
+/// Decodes a DURABILITY payload: `(shard, term, command)`; the command starts at
+/// [`DURABILITY_HEADER`] in the payload.
+pub fn decode_durability(payload: &[u8]) -> Result<(u64, u64, &[u8]), CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    let (shard, term) = (r.u64()?, r.u64()?);
+    Ok((shard, term, &payload[DURABILITY_HEADER..]))
 }
 
 /// Decodes an ENTRY payload.
