@@ -59,6 +59,10 @@ pub(crate) struct Applier {
     /// The fast writes made durable here and not applied yet (`fast`): an ORDER applies them from
     /// here, and a write of the Raft path under the same id takes one out.
     pub fast: crate::fast::Pending,
+    /// Fast writes applied from this replica's own DURABILITY record (the value's one copy), and
+    /// from the copy an ORDER carried, since the replica opened.
+    pub fast_from_record: u64,
+    pub fast_from_inline: u64,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -77,6 +81,8 @@ impl Applier {
             range_reads_at_batch_start: false,
             batch_start: None,
             fast: crate::fast::Pending::default(),
+            fast_from_record: 0,
+            fast_from_inline: 0,
         }
     }
 
@@ -173,9 +179,23 @@ impl Applier {
             }
             // Repairs may be proposed by followers, on their own clocks: only leaders' times count.
             state.observe_time(decoded.time_ms);
-            if let DecodedCommand::Order { items } = &decoded.command {
+            if let DecodedCommand::Order { drop_below, items } = &decoded.command {
+                // The window's writes go at the entry's last sequence number: after the data's.
+                let applied = self.apply_order(entry, *locator, decoded.time_ms, items)?;
                 state.requests().on_entry(entry.index, decoded.time_ms, None);
-                self.apply_order(entry, *locator, decoded.time_ms, items)?;
+                for id in applied {
+                    state.requests().on_entry(entry.index, decoded.time_ms, Some((id, Effect::Write)));
+                }
+                // A new leader's first order named every write that may have completed before it.
+                let dropped = self.fast.drop_terms_below(*drop_below);
+                if dropped > 0 {
+                    tracing::info!(
+                        shard = self.shard,
+                        index = entry.index,
+                        dropped,
+                        "dropped fast writes of older terms that never completed"
+                    );
+                }
                 state.tree.publish(state::last_seqno(entry.index));
                 results.push(Applied { index: entry.index, term: entry.term, outcome: None });
                 continue;
@@ -306,24 +326,36 @@ impl Applier {
         locator: Locator,
         time_ms: u64,
         items: &[codec::DecodedOrderItem<'_>],
-    ) -> Result<(), ReplicaError> {
+    ) -> Result<Vec<crate::RequestId>, ReplicaError> {
         let state = self.state.clone();
+        let mut applied = Vec::with_capacity(items.len());
         if state.mode != StorageMode::OneLog {
-            return Err(storage(format!("entry {} orders fast writes, which only onelog mode takes", entry.index)));
+            return Err(storage(format!(
+                "entry {} orders fast writes, which only onelog mode takes",
+                entry.index
+            )));
         }
         let data_offset = records::entry_data_offset(entry.context.len()) as u64;
         let mut op_base = 0usize;
         for item in items {
             let local = self.fast.remove(item.id);
-            if state.requests().lookup(item.id).is_some() {
+            if state.requests().lookup(item.id).is_some() || applied.contains(&item.id) {
                 continue;
             }
             let (command, at): (Vec<u8>, Locator) = match (local, item.inline) {
-                (Some(record), _) if record.digest == item.digest => (record.command.to_vec(), record.at),
+                (Some(record), _) if record.digest == item.digest => {
+                    self.fast_from_record += 1;
+                    (record.command.to_vec(), record.at)
+                }
                 (_, Some((offset, bytes))) => {
-                    let at = locator.slice(data_offset + offset as u64, bytes.len() as u64).ok_or_else(|| {
-                        storage(format!("entry {}: an inline fast write lies outside the entry", entry.index))
-                    })?;
+                    self.fast_from_inline += 1;
+                    let at =
+                        locator.slice(data_offset + offset as u64, bytes.len() as u64).ok_or_else(|| {
+                            storage(format!(
+                                "entry {}: an inline fast write lies outside the entry",
+                                entry.index
+                            ))
+                        })?;
                     (bytes.to_vec(), at)
                 }
                 (local, None) => {
@@ -339,10 +371,14 @@ impl Applier {
                     )));
                 }
             };
-            let decoded = codec::decode(&command)
-                .map_err(|e| storage(format!("entry {}: fast write {:?} does not decode: {e}", entry.index, item.id)))?;
+            let decoded = codec::decode(&command).map_err(|e| {
+                storage(format!("entry {}: fast write {:?} does not decode: {e}", entry.index, item.id))
+            })?;
             let DecodedCommand::Write(ops) = &decoded.command else {
-                return Err(storage(format!("entry {}: fast write {:?} is not a write", entry.index, item.id)));
+                return Err(storage(format!(
+                    "entry {}: fast write {:?} is not a write",
+                    entry.index, item.id
+                )));
             };
             if decoded.request_id != item.id || op_base + ops.len() > state::MAX_OP {
                 return Err(storage(format!(
@@ -355,14 +391,21 @@ impl Applier {
             }
             let placements = value_spans(&decoded.command)
                 .into_iter()
-                .map(|span| Placement::Locator(at.slice(span.offset as u64, span.len as u64).expect("span inside")))
+                .map(|span| {
+                    Placement::Locator(at.slice(span.offset as u64, span.len as u64).expect("span inside"))
+                })
                 .collect();
-            let written = Entry { index: entry.index, term: entry.term, data: command.clone().into(), ..Default::default() };
+            let written = Entry {
+                index: entry.index,
+                term: entry.term,
+                data: command.clone().into(),
+                ..Default::default()
+            };
             self.apply_command(&written, time_ms, &decoded.command, placements, None, op_base)?;
             op_base += ops.len();
-            state.requests().on_entry(entry.index, time_ms, Some((item.id, Effect::Write)));
+            applied.push(item.id);
         }
-        Ok(())
+        Ok(applied)
     }
 
     /// Applies one command at `entry`'s sequence numbers, its ops numbered from `op_base`.

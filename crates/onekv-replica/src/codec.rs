@@ -27,7 +27,8 @@
 //! tag 6 (delete expired) body = count:u32 (key_len:u32 key)*count   (client and seq are 0)
 //! tag 7 (delete range) body = start_len:u32 start has_end:u8 [end_len:u32 end] limit:u32
 //!                             spare_len:u32 spare
-//! tag 8 (order) body = count:u32 item*count             (client and seq are 0)
+//! tag 8 (order) body = drop_below:u64 count:u32 item*count      (client and seq are 0)
+//!            drop_below: a new leader's term (its recovery order), or 0
 //!     item = client:u64 seq:u64 digest:u32 has_inline:u8 [inline_len:u32 inline]
 //!            inline: the fast write's own encoded write command (tag 1), for replicas that do
 //!            not hold its durability record; digest: CRC-32C of that command (`fast`)
@@ -156,6 +157,9 @@ pub enum DecodedCommand<'a> {
     /// the replica's own durability record (or the inline copy, for a replica without one).
     /// Proposed by a shard's leader, never by clients.
     Order {
+        /// Not 0 in a new leader's first order (its term): applying it drops every pending fast
+        /// write of a lower term it does not name.
+        drop_below: u64,
         /// The fast writes, in their order.
         items: Vec<DecodedOrderItem<'a>>,
     },
@@ -342,13 +346,14 @@ pub fn encode_repair_request(time_ms: u64, key: &[u8]) -> Vec<u8> {
 }
 
 /// Encodes a leader's ordering of fast writes ([`DecodedCommand::Order`]).
-pub fn encode_order(time_ms: u64, items: &[OrderItem]) -> Vec<u8> {
+pub fn encode_order(time_ms: u64, drop_below: u64, items: &[OrderItem]) -> Vec<u8> {
     let inline: usize = items.iter().map(|item| item.inline.as_ref().map_or(0, |c| 4 + c.len())).sum();
     let mut out = Vec::with_capacity(32 + items.len() * 21 + inline);
     out.push(VERSION);
     out.push(TAG_ORDER);
     push_request_id(&mut out, RequestId::default());
     out.extend_from_slice(&time_ms.to_le_bytes());
+    out.extend_from_slice(&drop_below.to_le_bytes());
     out.extend_from_slice(&(items.len() as u32).to_le_bytes());
     for item in items {
         push_request_id(&mut out, item.id);
@@ -462,6 +467,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
             DecodedCommand::DeleteRange { start, end, limit, spare: r.bytes()? }
         }
         TAG_ORDER => {
+            let drop_below = r.u64()?;
             let count = r.u32()? as usize;
             // Each item takes at least 21 bytes, which bounds the allocation by the input size.
             if count > r.remaining() / 21 {
@@ -481,7 +487,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
                 };
                 items.push(DecodedOrderItem { id, digest, inline });
             }
-            DecodedCommand::Order { items }
+            DecodedCommand::Order { drop_below, items }
         }
         TAG_REPAIR_REQUEST => DecodedCommand::RepairRequest { key: r.bytes()? },
         TAG_REPAIR => {
@@ -644,14 +650,24 @@ mod tests {
         let inline = encode(RequestId { client: 3, seq: 4 }, 0, &write);
         let items = vec![
             OrderItem { id: RequestId { client: 1, seq: 2 }, digest: 77, inline: None },
-            OrderItem { id: RequestId { client: 3, seq: 4 }, digest: crc32c::crc32c(&inline), inline: Some(inline) },
+            OrderItem {
+                id: RequestId { client: 3, seq: 4 },
+                digest: crc32c::crc32c(&inline),
+                inline: Some(inline),
+            },
         ];
-        let data = encode_order(1_234, &items);
+        let data = encode_order(1_234, 5, &items);
         let decoded = decode(&data).unwrap();
         assert_eq!((decoded.request_id, decoded.time_ms), (RequestId::default(), 1_234));
-        let DecodedCommand::Order { items: decoded_items } = decoded.command else { panic!("not an order") };
+        let DecodedCommand::Order { drop_below, items: decoded_items } = decoded.command else {
+            panic!("not an order")
+        };
+        assert_eq!(drop_below, 5);
         assert_eq!(decoded_items.len(), 2);
-        assert_eq!((decoded_items[0].id, decoded_items[0].digest, decoded_items[0].inline), (items[0].id, 77, None));
+        assert_eq!(
+            (decoded_items[0].id, decoded_items[0].digest, decoded_items[0].inline),
+            (items[0].id, 77, None)
+        );
         let (offset, bytes) = decoded_items[1].inline.unwrap();
         assert_eq!(crc32c::crc32c(bytes), items[1].digest);
         let DecodedCommand::Write(ops) = decode(bytes).unwrap().command else { panic!("not a write") };

@@ -54,6 +54,12 @@ pub(crate) enum GroupInput {
     /// stead ([`crate::ChunkRequest::any_view`]), unless `deadline` (when the asker stops
     /// waiting) has passed.
     ServeView(ViewRequest),
+    /// A fast write (`fast::group`): made durable here and answered, to be ordered by the leader.
+    FastWrite {
+        id: RequestId,
+        ops: Vec<crate::WriteOp>,
+        done: Done<crate::fast::FastAck>,
+    },
 }
 
 /// A follower's request for a view of the shard ([`GroupInput::ServeView`]).
@@ -76,6 +82,7 @@ impl GroupInput {
             GroupInput::ChangeMembers { done, .. } => done(Err(error)),
             GroupInput::TransferLeader { done, .. } => done(Err(error)),
             GroupInput::ServeView(request) => (request.done)(Err(error)),
+            GroupInput::FastWrite { done, .. } => done(Err(error)),
             GroupInput::Step(_) => {}
         }
     }
@@ -193,6 +200,8 @@ pub(crate) struct Group {
     /// Set while a snapshot's tree is rebuilt off the loop: the group's Ready is held, it is neither
     /// stepped nor ticked, and nothing else writes its tree (`snapshot::install`).
     pub installing: Option<Installing>,
+    /// The fast path's state (`fast::group`).
+    pub fast: crate::fast::FastGroup,
 }
 
 impl Group {
@@ -215,6 +224,16 @@ impl Group {
             // send again (`snapshot::install`).
             GroupInput::Step(_) if self.installing.is_some() => {}
             GroupInput::Step(message) => {
+                if let Some(ids) = crate::fast::notice::decode(&message) {
+                    match ids {
+                        Ok(ids) if message.term == self.raw.raft.term => self.fast_noticed(message.from, ids),
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::debug!(shard = self.shard, error, "dropped a malformed notice")
+                        }
+                    }
+                    return;
+                }
                 if self.refuses_votes_after_opening(&message, ctx) {
                     return;
                 }
@@ -252,6 +271,7 @@ impl Group {
                 {
                     return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
                 }
+                self.order_before_proposal(command_keys(&command), now, ctx);
                 let data = crate::codec::encode(request_id, self.entry_time(now, ctx), &command);
                 let before = self.raw.raft.raft_log.last_index();
                 match self.raw.propose(Vec::new(), data) {
@@ -279,9 +299,16 @@ impl Group {
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader(ctx)));
                 }
+                if ctx.config.fast_path {
+                    return self.fast_read_barrier(done, now, ctx);
+                }
                 self.reads_unsent.push(done);
             }
-            GroupInput::ChangeMembers { change, done } => self.propose_member_change(change, done, ctx),
+            GroupInput::FastWrite { id, ops, done } => self.fast_write(id, ops, done, ctx),
+            GroupInput::ChangeMembers { change, done } => {
+                self.order_before_proposal(None, now, ctx);
+                self.propose_member_change(change, done, ctx)
+            }
             GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),
             GroupInput::ServeView(request) => {
                 // A replica a turn or two behind the leader (the usual case under writes: it
@@ -645,7 +672,7 @@ impl Group {
     /// The time to stamp a leader's entry with: the node's clock, but never behind the latest
     /// leader time applied here, so the times in a shard's log do not go back when leadership
     /// moves to a node whose clock is behind (expiry is judged by them).
-    fn entry_time(&self, now: Instant, ctx: &mut NodeCtx) -> u64 {
+    pub(crate) fn entry_time(&self, now: Instant, ctx: &mut NodeCtx) -> u64 {
         let applied = self.state.applied_time_ms.load(std::sync::atomic::Ordering::Relaxed);
         ctx.clock.ms(now).max(applied)
     }
@@ -844,6 +871,7 @@ impl Group {
         ctx.transport.send(self.shard, messages);
         self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
+        self.release_fast_reads();
         self.resolve_reads();
         Ok(())
     }
@@ -1029,6 +1057,7 @@ impl Group {
             lease.end();
         }
         let leader = self.not_leader(ctx);
+        self.fast_lost_leadership(&leader);
         for done in self.reads_unsent.drain(..) {
             done(Err(leader.clone()));
         }
@@ -1120,25 +1149,41 @@ impl Group {
             self.raw.mut_store().compact(compact_to);
         }
         let store = self.raw.store();
+        // The fast writes pending at this flush (`fast`): recovery must meet their records, and
+        // takes as pending below the log's end now only those named here.
+        let fast = ctx.config.fast_path.then(|| records::FastPoint {
+            sealed_at: ctx.raft_log.end_position(),
+            pending: self.applier.fast.iter().map(|record| record.id).collect(),
+        });
+        let oldest_fast = self.applier.fast.oldest_position().unwrap_or(u64::MAX);
         let note = match store.meta(store.first()) {
-            Some(first) => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
-                chunks_from: self.held_back(first.locator.position - onekv_log::RECORD_HEADER_LEN as u64),
-                snapshot_index: store.snapshot_index,
-                snapshot_term: store.snapshot_term,
-                hard_state: self.persisted_hs,
-                members: store.conf_state.clone(),
-            }),
+            Some(first) => {
+                let scan_from =
+                    (first.locator.position - onekv_log::RECORD_HEADER_LEN as u64).min(oldest_fast);
+                records::encode_recovery_point(&records::RecoveryPoint {
+                    scan_from,
+                    chunks_from: self.held_back(scan_from),
+                    snapshot_index: store.snapshot_index,
+                    snapshot_term: store.snapshot_term,
+                    hard_state: self.persisted_hs,
+                    members: store.conf_state.clone(),
+                    fast,
+                })
+            }
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
-            None => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: ctx.raft_log.end_position(),
-                chunks_from: self.held_back(ctx.raft_log.end_position()),
-                snapshot_index: store.snapshot_index,
-                snapshot_term: store.snapshot_term,
-                hard_state: self.persisted_hs,
-                members: store.conf_state.clone(),
-            }),
+            None => {
+                let scan_from = ctx.raft_log.end_position().min(oldest_fast);
+                records::encode_recovery_point(&records::RecoveryPoint {
+                    scan_from,
+                    chunks_from: self.held_back(scan_from),
+                    snapshot_index: store.snapshot_index,
+                    snapshot_term: store.snapshot_term,
+                    hard_state: self.persisted_hs,
+                    members: store.conf_state.clone(),
+                    fast,
+                })
+            }
         };
         self.gc_flush = false;
         if ctx.budget_flush == Some(self.shard) {
@@ -1400,9 +1445,17 @@ impl Group {
         self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.members.clone());
         // The snapshot's metadata is in the note: a recovery from this flush starts after the
         // chunks just appended (what comes later of this shard is appended after them).
+        // Fast writes pending here stay pending (those the snapshot applied leave once the
+        // install is done, `Group::installed`), so their records stay above the recovery point.
+        let scan_from =
+            self.state.raft_log.end_position().min(self.applier.fast.oldest_position().unwrap_or(u64::MAX));
         let note = records::encode_recovery_point(&records::RecoveryPoint {
-            scan_from: self.state.raft_log.end_position(),
-            chunks_from: self.held_back(self.state.raft_log.end_position()),
+            scan_from,
+            chunks_from: self.held_back(scan_from),
+            fast: ctx.config.fast_path.then(|| records::FastPoint {
+                sealed_at: self.state.raft_log.end_position(),
+                pending: self.applier.fast.iter().map(|record| record.id).collect(),
+            }),
             snapshot_index: meta.index,
             snapshot_term: meta.term,
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),
@@ -1448,6 +1501,17 @@ impl Group {
         );
         self.shared.durable_commit.fetch_max(index, Ordering::SeqCst);
         self.shared.installing.store(0, Ordering::SeqCst);
+        // Fast writes the snapshot's state applied are no longer pending.
+        let applied: Vec<RequestId> = self
+            .applier
+            .fast
+            .iter()
+            .map(|record| record.id)
+            .filter(|id| self.state.requests().lookup(*id).is_some())
+            .collect();
+        for id in applied {
+            self.applier.fast.remove(id);
+        }
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {
             if *entry.key() > index {
@@ -1489,6 +1553,7 @@ impl Group {
         for request in self.waiting_views.drain(..) {
             (request.done)(Err(error()));
         }
+        self.fail_fast(error);
     }
 
     /// Stops the group's threads (the node is ending).
@@ -1584,6 +1649,9 @@ impl Group {
             last_leveling_ms: self.last_leveling.map(|took| took.as_millis() as u64),
             index_leveled_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Leveled),
             index_budget_flushes: ctx.budget_flushes,
+            fast_pending: self.applier.fast.len() as u64,
+            fast_from_record: self.applier.fast_from_record,
+            fast_from_inline: self.applier.fast_from_inline,
             index_runs_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Runs(1)),
             followers: self.follower_status(ctx),
             snapshot: {
@@ -1619,4 +1687,21 @@ fn read_context(id: u64, node: u64) -> Vec<u8> {
 fn read_context_id(context: &[u8], node: u64) -> Option<u64> {
     let (id, from) = context.split_at_checked(8)?;
     (from == node.to_le_bytes()).then(|| u64::from_le_bytes(id.try_into().expect("8 bytes")))
+}
+
+/// The keys a command of the Raft path reads or writes (`None`: it may touch any key), for the
+/// fast path's ordering before it ([`Group::order_before_proposal`]).
+fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
+    match command {
+        Command::Write(ops) => Some(ops.iter().map(|op| op.key.as_slice()).collect()),
+        Command::Cas { key, .. } => Some(vec![key.as_slice()]),
+        Command::Txn { conditions, ops } => Some(
+            conditions
+                .iter()
+                .map(|c| c.key.as_slice())
+                .chain(ops.iter().map(|op| op.key.as_slice()))
+                .collect(),
+        ),
+        Command::DeleteRange { .. } => None,
+    }
 }

@@ -287,6 +287,7 @@ impl GroupParts {
             leveling_since: None,
             last_leveling: None,
             installing: None,
+            fast: Default::default(),
             requested_transfer: None,
             gc_flush: false,
             rejoin: (rejoin_listed || stateless).then(crate::rejoin::Rejoin::default),

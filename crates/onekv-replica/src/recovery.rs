@@ -66,6 +66,11 @@ pub(crate) struct Recovering {
     chunks: BTreeMap<(u64, u32), Locator>,
     /// The newest complete snapshot: its index and chunk locators.
     snapshot: Option<(records::SnapshotMeta, Vec<Locator>)>,
+    /// The fast writes pending at the last flush (`records::FastPoint`): where the log ended then,
+    /// and their ids. `None`: every DURABILITY record scanned is taken as pending.
+    fast_point: Option<(u64, std::collections::HashSet<crate::RequestId>)>,
+    /// The recovery point's fast writes as stored, for a re-install's new note.
+    fast_note: Option<records::FastPoint>,
 }
 
 impl Recovering {
@@ -78,6 +83,8 @@ impl Recovering {
             recovered: Recovered::default(),
             chunks: BTreeMap::new(),
             snapshot: None,
+            fast_point: None,
+            fast_note: None,
         }
     }
 }
@@ -150,6 +157,7 @@ impl Recovering {
             snapshot_term: 0,
             hard_state: self.recovered.hard_state,
             members,
+            fast: None,
         });
         tree.flush_with_note(0, crate::state::flag_seqno(0, tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("shard {}: flushing the index: {e}", self.shard)))
@@ -173,6 +181,9 @@ impl Recovering {
         recovered.hard_state = point.hard_state;
         recovered.scan_from = point.scan_from;
         recovered.chunks_from = point.chunks_from;
+        self.fast_point =
+            point.fast.as_ref().map(|fast| (fast.sealed_at, fast.pending.iter().copied().collect()));
+        self.fast_note = point.fast.clone();
         if point.lowest() < log.first_position() {
             return Err(storage(format!(
                 "shard {}: the index's recovery point is at log position {}, before the log's first position {}",
@@ -251,6 +262,44 @@ impl Recovering {
             // Values the log GC moved: the index points at them once a flush made that durable;
             // recovery has nothing to rebuild from them.
             records::RELOCATED | records::PACKED => {}
+            // A fast write made durable here: pending again, unless the last flush says it was
+            // applied before it (written before the flush and not named pending by it). Those the
+            // replay applies, or the window holds, leave the set after the replay.
+            records::DURABILITY => {
+                let (_, term, command) = records::decode_durability(&record.payload).map_err(bad)?;
+                let decoded = crate::codec::decode(command).map_err(bad)?;
+                let crate::codec::DecodedCommand::Write(ops) = &decoded.command else {
+                    return Err(storage(format!(
+                        "the fast write at log position {} is not a write",
+                        record.position
+                    )));
+                };
+                let id = decoded.request_id;
+                let pending = match &self.fast_point {
+                    Some((sealed_at, ids)) => record.position >= *sealed_at || ids.contains(&id),
+                    None => true,
+                };
+                if pending {
+                    let header = records::DURABILITY_HEADER as u64;
+                    let at =
+                        record.locator.slice(header, record.locator.len - header).expect("after the header");
+                    let keys = ops.iter().map(|op| op.key.to_vec()).collect();
+                    let fast = crate::fast::FastRecord {
+                        id,
+                        term,
+                        digest: crc32c::crc32c(command),
+                        command: command.into(),
+                        at,
+                        keys,
+                    };
+                    if self.applier.fast.insert(fast).is_err() {
+                        return Err(storage(format!(
+                            "shard {}: more fast writes pending in the log than a replica takes",
+                            self.shard
+                        )));
+                    }
+                }
+            }
             kind => {
                 return Err(storage(format!(
                     "unknown record kind {} at log position {}",
@@ -300,6 +349,7 @@ impl Recovering {
                 snapshot_term: meta.term,
                 hard_state: records::snapshot_hard_state(*hs, &meta),
                 members: meta.members.clone(),
+                fast: self.fast_note.clone(),
             });
             applier.install_snapshot(meta.index, &locators, &note)?;
             applied = meta.index;
@@ -364,6 +414,17 @@ impl Recovering {
         store.applied_index = commit.max(applied);
         store.applied_term = raft::Storage::term(store, store.applied_index)
             .map_err(|e| storage(format!("term of applied: {e}")))?;
+        // Fast writes applied within the window (by the Raft path, or by an ORDER the flush
+        // covered) are not pending.
+        let applied: Vec<crate::RequestId> = applier
+            .fast
+            .iter()
+            .map(|record| record.id)
+            .filter(|id| applier.state.requests().lookup(*id).is_some())
+            .collect();
+        for id in applied {
+            applier.fast.remove(id);
+        }
         Ok(())
     }
 }

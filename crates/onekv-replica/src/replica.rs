@@ -762,6 +762,19 @@ impl Replica {
         self.send(GroupInput::Propose { request_id, command, done });
     }
 
+    /// Sends a fast write (`docs/design/fast-path.md`): this replica makes it durable and answers
+    /// with its term, whether it leads and the voters it knows ([`crate::FastAck`]); the leader
+    /// orders it afterwards. A client sends it to every voter and counts it done when
+    /// [`crate::FastAck::completes`] says so, else it sends the same id through [`Replica::propose`].
+    /// Refused (use the Raft path) while the fast path is off, the membership changes, a new
+    /// leader is still ordering what it held, or too many fast writes are pending.
+    pub fn fast_write(&self, request_id: RequestId, ops: Vec<crate::WriteOp>, done: Done<crate::FastAck>) {
+        if let Err(err) = self.node.inner.limits.check(&Command::Write(ops.clone())) {
+            return done(Err(err));
+        }
+        self.send(GroupInput::FastWrite { id: request_id, ops, done });
+    }
+
     /// Changes the shard's members by one step (leader only; see [`crate::MembershipChange`]):
     /// `done` gets the members once the change is applied here. A change that enters a joint
     /// configuration is answered on entering it; the leader then leaves it on its own, which

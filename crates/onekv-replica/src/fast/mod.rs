@@ -13,10 +13,14 @@
 //! ([`check_ops`]); the group decides when to accept, order and apply (`group`, `apply`), and the
 //! log holds the records.
 
+pub(crate) mod group;
+pub(crate) mod notice;
 pub(crate) mod pending;
 
 use crate::{Expiry, ReplicaError, RequestId, WriteOp};
 
+pub use group::FastAck;
+pub(crate) use group::FastGroup;
 pub(crate) use pending::{FastRecord, Pending};
 
 /// Most fast writes one ORDER names.
@@ -31,7 +35,8 @@ pub(crate) fn check_ops(ops: &[WriteOp]) -> Result<(), ReplicaError> {
     }
     if ops.iter().any(|op| matches!(op.expiry, Expiry::AfterMs(_))) {
         return Err(ReplicaError::InvalidArgument(
-            "a fast write cannot carry an expiry relative to now (use an absolute time, or the Raft path)".into(),
+            "a fast write cannot carry an expiry relative to now (use an absolute time, or the Raft path)"
+                .into(),
         ));
     }
     Ok(())

@@ -41,9 +41,7 @@ pub(crate) struct FastRecord {
 impl FastRecord {
     /// Log position of the DURABILITY record (its header): a recovery scan from here meets it.
     pub fn record_position(&self) -> u64 {
-        self.at.position
-            - crate::records::DURABILITY_HEADER as u64
-            - onekv_log::RECORD_HEADER_LEN as u64
+        self.at.position - crate::records::DURABILITY_HEADER as u64 - onekv_log::RECORD_HEADER_LEN as u64
     }
 }
 
@@ -94,10 +92,6 @@ impl Pending {
         Ok(())
     }
 
-    pub fn get(&self, id: RequestId) -> Option<&FastRecord> {
-        self.by_id.get(&id).map(|number| &self.by_order[number])
-    }
-
     /// Takes the write out (it was applied: ordered, or by the Raft path under the same id).
     pub fn remove(&mut self, id: RequestId) -> Option<FastRecord> {
         let number = self.by_id.remove(&id)?;
@@ -123,10 +117,7 @@ impl Pending {
         self.by_order.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_order.is_empty()
-    }
-
+    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }
@@ -141,10 +132,16 @@ impl Pending {
         self.by_order.values()
     }
 
+    /// The writes not yet proposed for ordering, in append order.
+    pub fn iter_unproposed(&self) -> impl Iterator<Item = &FastRecord> {
+        self.by_order.range(self.proposed..).map(|(_, record)| record)
+    }
+
     /// The writes not yet proposed for ordering, in append order, and marks them proposed (a
     /// leader's ORDER names them; if that entry never commits, [`Pending::propose_again`]).
     pub fn take_unproposed(&mut self, most: usize) -> Vec<FastRecord> {
-        let taken: Vec<FastRecord> = self.by_order.range(self.proposed..).take(most).map(|(_, r)| r.clone()).collect();
+        let taken: Vec<FastRecord> =
+            self.by_order.range(self.proposed..).take(most).map(|(_, r)| r.clone()).collect();
         if let Some(last) = self.by_order.range(self.proposed..).take(most).map(|(n, _)| *n).last() {
             self.proposed = last + 1;
         }
@@ -169,11 +166,6 @@ impl Pending {
             self.remove(*id);
         }
         ids.len()
-    }
-
-    /// Forgets everything (a snapshot replaced the shard's state, or the replica is removed).
-    pub fn clear(&mut self) {
-        *self = Pending::default();
     }
 }
 

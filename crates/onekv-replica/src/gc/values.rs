@@ -63,7 +63,7 @@ pub(crate) fn values_in_record(
                     ops.into_iter().filter_map(|op| op.value.map(|span| value(op.key, span))).collect()
                 }
                 // The copies an order carries for replicas without the durability record.
-                DecodedCommand::Order { items } => {
+                DecodedCommand::Order { items, .. } => {
                     let mut values = Vec::new();
                     for (offset, bytes) in items.into_iter().filter_map(|item| item.inline) {
                         if let DecodedCommand::Write(ops) = codec::decode(bytes)?.command {
