@@ -511,6 +511,10 @@ pub enum Mutation {
     /// `LeaseBased` reads): a leader whose Raft clock stalls never notices it lost its quorum and
     /// keeps answering reads after a new leader was elected and took writes.
     LeaseIgnoresTime,
+    /// Applying an ORDER applies a fast write whose id the window already holds (the Raft path,
+    /// or an earlier ORDER, applied it): the write takes effect twice, the second time over later
+    /// writes of its key.
+    OrderSkipsWindow,
 }
 
 /// Why a request failed.

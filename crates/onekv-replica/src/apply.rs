@@ -63,6 +63,8 @@ pub(crate) struct Applier {
     /// from the copy an ORDER carried, since the replica opened.
     pub fast_from_record: u64,
     pub fast_from_inline: u64,
+    /// The broken variant [`crate::Mutation::OrderSkipsWindow`] (a simulation only).
+    pub order_skips_window: bool,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -83,6 +85,7 @@ impl Applier {
             fast: crate::fast::Pending::default(),
             fast_from_record: 0,
             fast_from_inline: 0,
+            order_skips_window: false,
         }
     }
 
@@ -339,7 +342,8 @@ impl Applier {
         let mut op_base = 0usize;
         for item in items {
             let local = self.fast.remove(item.id);
-            if state.requests().lookup(item.id).is_some() || applied.contains(&item.id) {
+            let in_window = !self.order_skips_window && state.requests().lookup(item.id).is_some();
+            if in_window || applied.contains(&item.id) {
                 continue;
             }
             let (command, at): (Vec<u8>, Locator) = match (local, item.inline) {

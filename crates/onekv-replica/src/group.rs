@@ -271,7 +271,11 @@ impl Group {
                 {
                     return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
                 }
-                self.order_before_proposal(command_keys(&command), now, ctx);
+                if !self.order_before_proposal(command_keys(&command), now, ctx) {
+                    return done(Err(ReplicaError::Dropped(
+                        "the fast writes it must follow could not be ordered (a leadership change is under way)".into(),
+                    )));
+                }
                 let data = crate::codec::encode(request_id, self.entry_time(now, ctx), &command);
                 let before = self.raw.raft.raft_log.last_index();
                 match self.raw.propose(Vec::new(), data) {
@@ -306,7 +310,11 @@ impl Group {
             }
             GroupInput::FastWrite { id, ops, done } => self.fast_write(id, ops, done, ctx),
             GroupInput::ChangeMembers { change, done } => {
-                self.order_before_proposal(None, now, ctx);
+                if !self.order_before_proposal(None, now, ctx) {
+                    return done(Err(ReplicaError::Dropped(
+                        "the pending fast writes could not be ordered first (a leadership change is under way)".into(),
+                    )));
+                }
                 self.propose_member_change(change, done, ctx)
             }
             GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),

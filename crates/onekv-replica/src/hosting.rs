@@ -164,6 +164,7 @@ impl GroupParts {
         let mut applier = Applier::new(state, shard);
         applier.unchecked_expiry_deletes = self.mutation == Some(crate::Mutation::DeletesExpiredUnchecked);
         applier.range_reads_at_batch_start = self.mutation == Some(crate::Mutation::RangePageReadsBatchStart);
+        applier.order_skips_window = self.mutation == Some(crate::Mutation::OrderSkipsWindow);
         Recovering::new(shard, store, applier)
     }
 

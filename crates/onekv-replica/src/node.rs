@@ -287,6 +287,7 @@ impl NodeLoop {
             }
             group.propose_repairs(now, &mut self.ctx);
             group.propose_order(now, false, &mut self.ctx);
+            group.order_for_waiting_reads(now, &mut self.ctx);
             group.release_fast_reads();
             group.send_read_index();
         }

@@ -117,8 +117,9 @@ pub(crate) struct FastGroup {
     /// As leader: the index of the last ORDER proposed (reads wait until it is applied).
     pub last_order: u64,
     /// As leader: read barriers waiting until the ORDER at this index (every fast write pending
-    /// when they arrived) is applied, before their ReadIndex round.
-    reads: Vec<(u64, Done<()>)>,
+    /// when they arrived) is applied, before their ReadIndex round (`None`: until those writes
+    /// could be proposed).
+    reads: Vec<(Option<u64>, Done<()>)>,
 }
 
 impl FastGroup {
@@ -192,7 +193,7 @@ impl Group {
     /// become pending, and their writers are answered.
     pub(crate) fn fast_persisted(&mut self, locators: &[Locator], now: Instant, ctx: &NodeCtx) {
         let queued = std::mem::take(&mut self.fast.queued);
-        let leader = self.role() == StateRole::Leader;
+        let leading = self.role() == StateRole::Leader;
         let voters = self.raw.store().conf_state.voters.clone();
         for (q, locator) in queued.into_iter().zip(locators) {
             // Applied while its record was being written (an ORDER carrying it inline, or the
@@ -218,11 +219,13 @@ impl Group {
                 )));
                 continue;
             }
-            if leader {
+            if leading {
                 self.fast.held_by.insert(q.id, (now, BTreeSet::new()));
             } else {
                 self.fast.to_notice.push(q.id);
             }
+            // "Leader" only for a leader that accepted it as one (it may have been elected since).
+            let leader = leading && self.fast.ready_at(q.term);
             (q.done)(Ok(FastAck::Durable { term: q.term, leader, voters: voters.clone() }));
         }
         self.send_notices(ctx);
@@ -360,15 +363,12 @@ impl Group {
     /// As leader, before proposing a command of the Raft path that reads or writes `keys` (`None`:
     /// any key): a new leader first proposes its recovery ORDER, and fast writes pending on those
     /// keys are ordered now, so the command lands after every fast write that completed before it
-    /// arrived. (Linearizability is per key, so writes to other keys need not wait.)
-    pub(crate) fn order_before_proposal(
-        &mut self,
-        keys: Option<Vec<&[u8]>>,
-        now: Instant,
-        ctx: &mut NodeCtx,
-    ) {
+    /// arrived. (Linearizability is per key, so writes to other keys need not wait.) Returns
+    /// false if that could not be proposed (Raft refused a proposal: a leadership transfer is
+    /// under way): the command must not be proposed either.
+    pub(crate) fn order_before_proposal(&mut self, keys: Option<Vec<&[u8]>>, now: Instant, ctx: &mut NodeCtx) -> bool {
         if !ctx.config.fast_path || self.role() != StateRole::Leader {
-            return;
+            return true;
         }
         let term = self.raw.raft.term;
         if !matches!(self.fast.recovery, Some((_, recovery_term)) if recovery_term == term) {
@@ -378,24 +378,56 @@ impl Group {
             None => true,
             Some(keys) => keys.iter().any(|key| self.applier.fast.writes(key)),
         };
-        if touches && self.applier.fast.has_unproposed() {
+        if touches {
+            self.order_everything(now, ctx);
+        }
+        matches!(self.fast.recovery, Some((_, recovery_term)) if recovery_term == term)
+            && !(touches && self.applier.fast.has_unproposed())
+    }
+
+    /// Proposes ORDERs until nothing pending is left unproposed (an ORDER holds at most
+    /// [`super::MAX_ORDER_ITEMS`]), or Raft refuses one.
+    fn order_everything(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        while self.applier.fast.has_unproposed() {
+            let before = self.fast.last_order;
             self.propose_order(now, true, ctx);
+            if self.fast.last_order == before {
+                break;
+            }
         }
     }
 
     /// A read barrier at the leader with the fast path on: every fast write pending now is ordered
-    /// (at once), and the barrier goes on to its ReadIndex round once that ORDER is applied here,
-    /// and the leader's recovery ORDER too. Every fast write that completed before the barrier
-    /// arrived was pending here (the leader answers a fast write only once it is pending), so
-    /// the read sees it.
+    /// (at once, or in the next turns while Raft refuses proposals), and the barrier goes on to
+    /// its ReadIndex round once those ORDERs, and the leader's recovery ORDER, are applied here.
+    /// Every fast write that completed before the barrier arrived was pending here (the leader
+    /// answers a fast write only once it is pending), so the read sees it.
     pub(crate) fn fast_read_barrier(&mut self, done: Done<()>, now: Instant, ctx: &mut NodeCtx) {
-        self.order_before_proposal(None, now, ctx);
-        let floor = match self.fast.recovery {
-            Some((index, _)) => self.fast.last_order.max(index),
-            None => self.fast.last_order,
-        };
+        let floor = self.order_before_proposal(None, now, ctx).then(|| self.order_floor());
         self.fast.reads.push((floor, done));
         self.release_fast_reads();
+    }
+
+    /// The index every ORDER proposed so far in this term is at or below.
+    fn order_floor(&self) -> u64 {
+        match self.fast.recovery {
+            Some((index, _)) => self.fast.last_order.max(index),
+            None => self.fast.last_order,
+        }
+    }
+
+    /// As leader, every turn: barriers that could not have everything ordered when they arrived
+    /// try again.
+    pub(crate) fn order_for_waiting_reads(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        if !self.fast.reads.iter().any(|(floor, _)| floor.is_none()) {
+            return;
+        }
+        if self.order_before_proposal(None, now, ctx) {
+            let floor = self.order_floor();
+            for (waiting, _) in self.fast.reads.iter_mut().filter(|(floor, _)| floor.is_none()) {
+                *waiting = Some(floor);
+            }
+        }
     }
 
     /// Moves the barriers whose ORDERs are applied on to their ReadIndex round.
@@ -404,8 +436,9 @@ impl Group {
             return;
         }
         let applied = self.raw.store().applied_index;
-        let (ready, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.fast.reads).into_iter().partition(|(floor, _)| *floor <= applied);
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fast.reads)
+            .into_iter()
+            .partition(|(floor, _)| floor.is_some_and(|floor| floor <= applied));
         self.fast.reads = waiting;
         self.reads_unsent.extend(ready.into_iter().map(|(_, done)| done));
     }
