@@ -65,6 +65,11 @@ pub(crate) struct Applier {
     pub fast_from_inline: u64,
     /// The broken variant [`crate::Mutation::OrderSkipsWindow`] (a simulation only).
     pub order_skips_window: bool,
+    /// The ORDER entry this replica cannot apply (it names a fast write this replica holds no
+    /// record of and carries no copy of: this replica lost its disk, or joined, after the leader
+    /// learnt that every replica held it). Nothing is applied from there on; the group waits for a
+    /// snapshot past it (`fast::group`).
+    pub stalled_at: Option<u64>,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -86,6 +91,7 @@ impl Applier {
             fast_from_record: 0,
             fast_from_inline: 0,
             order_skips_window: false,
+            stalled_at: None,
         }
     }
 
@@ -183,6 +189,10 @@ impl Applier {
             // Repairs may be proposed by followers, on their own clocks: only leaders' times count.
             state.observe_time(decoded.time_ms);
             if let DecodedCommand::Order { drop_below, items } = &decoded.command {
+                if !self.can_apply_order(items) {
+                    self.stalled_at = Some(entry.index);
+                    break;
+                }
                 // The window's writes go at the entry's last sequence number: after the data's.
                 let applied = self.apply_order(entry, *locator, decoded.time_ms, items)?;
                 state.requests().on_entry(entry.index, decoded.time_ms, None);
@@ -315,6 +325,16 @@ impl Applier {
 
     /// Applies a client's command (or a leader's deletion of expired keys) at the entry's time
     /// `time_ms`: keys expired by then count as absent, whatever this machine's clock says.
+    /// Whether every fast write an ORDER names can be applied here: applied already, or held here
+    /// with the leader's digest, or carried inline.
+    fn can_apply_order(&self, items: &[codec::DecodedOrderItem<'_>]) -> bool {
+        items.iter().all(|item| {
+            item.inline.is_some()
+                || self.fast.digest_of(item.id) == Some(item.digest)
+                || (!self.order_skips_window && self.state.requests().lookup(item.id).is_some())
+        })
+    }
+
     /// Applies the fast writes an ORDER at `entry` names, in its order, at the entry's sequence
     /// numbers (each write's ops after the previous write's). Each takes its values from this
     /// replica's own DURABILITY record when it holds one with the digest the leader named (the

@@ -97,6 +97,10 @@ pub(crate) struct GroupShared {
     /// The index of the snapshot being installed off the loop (0: none): a message of that
     /// snapshot needs no fetch (`snapshot::install`).
     pub installing: AtomicU64,
+    /// The entry this replica cannot apply (an ORDER naming a fast write it holds no record of,
+    /// `fast::group`), while it waits for a snapshot past it (0: none): a streamed snapshot at
+    /// or above it is fetched even if this replica committed that far.
+    pub stalled_at: AtomicU64,
     /// Log records the recovery at open scanned for this shard.
     pub recovery_records: u64,
     /// Entries the recovery at open replayed into this shard's tree.
@@ -533,7 +537,13 @@ impl Group {
     /// Ticks Raft's clock once, re-sends snapshots nobody answered, and hands leadership to the
     /// shard's primary when it is due.
     pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
-        self.raw.tick();
+        // A stalled replica does not campaign (it could not serve), and asks again for the
+        // snapshot it waits for.
+        if self.applier.stalled_at.is_some() {
+            self.ask_for_snapshot();
+        } else {
+            self.raw.tick();
+        }
         self.ticks_since_open = self.ticks_since_open.saturating_add(1);
         if let Some(rejoin) = &mut self.rejoin {
             rejoin.ticks = rejoin.ticks.saturating_add(1);
@@ -916,7 +926,8 @@ impl Group {
     }
 
     fn apply(&mut self, committed: Vec<Entry>) -> Result<(), ReplicaError> {
-        if committed.is_empty() {
+        // A stalled replica applies nothing until a snapshot replaces its state (`fast::group`).
+        if committed.is_empty() || self.applier.stalled_at.is_some() {
             return Ok(());
         }
         crate::failpoint!("before-apply");
@@ -931,7 +942,10 @@ impl Group {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let applied = self.applier.apply(&committed, &locators)?;
-        self.apply_member_changes(&committed)?;
+        self.apply_member_changes(&committed[..applied.len()])?;
+        if let Some(at) = self.applier.stalled_at {
+            self.stall(at);
+        }
         crate::failpoint!("after-apply");
         let store = self.raw.mut_store();
         if let Some(last) = applied.last() {
@@ -1509,6 +1523,11 @@ impl Group {
         );
         self.shared.durable_commit.fetch_max(index, Ordering::SeqCst);
         self.shared.installing.store(0, Ordering::SeqCst);
+        if self.applier.stalled_at.is_some_and(|at| at <= index) {
+            tracing::info!(shard = self.shard, index, "a snapshot replaced the state this replica could not apply");
+            self.applier.stalled_at = None;
+            self.shared.stalled_at.store(0, Ordering::SeqCst);
+        }
         // Fast writes the snapshot's state applied are no longer pending.
         let applied: Vec<RequestId> = self
             .applier

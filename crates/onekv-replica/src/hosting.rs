@@ -237,6 +237,7 @@ impl GroupParts {
             }),
             durable_commit: AtomicU64::new(hard_state.commit),
             installing: AtomicU64::new(0),
+            stalled_at: AtomicU64::new(recovered.applier.stalled_at.unwrap_or(0)),
             recovery_records: recovered.recovered.records,
             recovery_replayed: recovered.recovered.replayed,
             state: RwLock::new(Some(state.clone())),

@@ -398,7 +398,7 @@ impl Recovering {
             let results = applier.apply(&entries, &locators)?;
             // The members the flush recorded are those at its flag; conf changes above it are
             // replayed like the running replica applied them.
-            for entry in &entries {
+            for entry in &entries[..results.len()] {
                 if let Some(cc) = crate::membership::decoded_conf_change(entry)? {
                     match crate::membership::next_members(&store.conf_state, &cc) {
                         Ok(members) => store.conf_state = members,
@@ -410,8 +410,16 @@ impl Recovering {
             }
             recovered.replayed += results.len() as u64;
             next = end + 1;
+            // An ORDER naming a fast write this replica lost (its disk was wiped, or it joined
+            // since): it opens stalled there and asks for a snapshot (`fast::group`).
+            if let Some(at) = applier.stalled_at {
+                applied = at - 1;
+                tracing::warn!(shard, index = at, "recovery stops at an ORDER this replica cannot apply");
+                break;
+            }
+            applied = end;
         }
-        store.applied_index = commit.max(applied);
+        store.applied_index = if applier.stalled_at.is_some() { applied } else { commit.max(applied) };
         store.applied_term = raft::Storage::term(store, store.applied_index)
             .map_err(|e| storage(format!("term of applied: {e}")))?;
         // Fast writes applied within the window (by the Raft path, or by an ORDER the flush

@@ -575,7 +575,9 @@ impl Node {
                 let index = message.get_snapshot().get_metadata().index;
                 let have =
                     group.durable_commit.load(Ordering::SeqCst).max(group.installing.load(Ordering::SeqCst));
-                if index <= have {
+                // A stalled replica (`fast::group`) asked for this snapshot whatever it committed.
+                let stalled = group.stalled_at.load(Ordering::SeqCst);
+                if index <= have && !(stalled != 0 && index >= stalled) {
                     return self.deliver(shard, message);
                 }
                 if let Some(state) = self.state(shard) {

@@ -443,6 +443,26 @@ impl Group {
         self.reads_unsent.extend(ready.into_iter().map(|(_, done)| done));
     }
 
+    /// This replica cannot apply the ORDER at `at` (`apply::Applier::stalled_at`): it applied
+    /// everything before it and asks the leader for a snapshot past it.
+    pub(crate) fn stall(&mut self, at: u64) {
+        tracing::warn!(
+            shard = self.shard,
+            index = at,
+            "an ORDER names a fast write this replica does not hold: waiting for a snapshot past it"
+        );
+        self.shared.stalled_at.store(at, std::sync::atomic::Ordering::SeqCst);
+        self.ask_for_snapshot();
+    }
+
+    /// Asks the leader for a snapshot of at least this replica's last entry (raft-rs refuses while
+    /// it knows no leader, or already asked: the next tick asks again).
+    pub(crate) fn ask_for_snapshot(&mut self) {
+        if self.installing.is_none() && self.raw.raft.pending_request_snapshot == raft::INVALID_INDEX {
+            let _ = self.raw.request_snapshot();
+        }
+    }
+
     /// Forgets the fast writes the node was asked for but could not make durable (the node
     /// failed or stops).
     pub(crate) fn fail_fast(&mut self, error: &dyn Fn() -> ReplicaError) {

@@ -108,6 +108,11 @@ impl Pending {
         Some(record)
     }
 
+    /// The digest of the pending write `id`.
+    pub fn digest_of(&self, id: RequestId) -> Option<u32> {
+        self.by_id.get(&id).map(|number| self.by_order[number].digest)
+    }
+
     /// Whether a pending write writes `key`.
     pub fn writes(&self, key: &[u8]) -> bool {
         self.keys.contains_key(key)
