@@ -241,6 +241,11 @@ impl Group {
                 if self.refuses_votes_after_opening(&message, ctx) {
                     return;
                 }
+                // A replica stalled on a fast write it lacks (`fast::group`) must not lead: it
+                // could not apply, nor serve. It ignores a hand-off to it.
+                if self.applier.stalled_at.is_some() && message.get_msg_type() == MessageType::MsgTimeoutNow {
+                    return;
+                }
                 let Some(message) = self.screen_membership(message, ctx) else { return };
                 let Some(message) = self.screen(message, ctx) else { return };
                 if message.get_msg_type() == MessageType::MsgSnapshot {
@@ -1174,14 +1179,13 @@ impl Group {
         // The fast writes pending at this flush (`fast`): recovery must meet their records, and
         // takes as pending below the log's end now only those named here.
         let fast = ctx.config.fast_path.then(|| records::FastPoint {
+            from: self.applier.fast.oldest_position().unwrap_or(ctx.raft_log.end_position()),
             sealed_at: ctx.raft_log.end_position(),
             pending: self.applier.fast.iter().map(|record| record.id).collect(),
         });
-        let oldest_fast = self.applier.fast.oldest_position().unwrap_or(u64::MAX);
         let note = match store.meta(store.first()) {
             Some(first) => {
-                let scan_from =
-                    (first.locator.position - onekv_log::RECORD_HEADER_LEN as u64).min(oldest_fast);
+                let scan_from = first.locator.position - onekv_log::RECORD_HEADER_LEN as u64;
                 records::encode_recovery_point(&records::RecoveryPoint {
                     scan_from,
                     chunks_from: self.held_back(scan_from),
@@ -1195,7 +1199,7 @@ impl Group {
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
             None => {
-                let scan_from = ctx.raft_log.end_position().min(oldest_fast);
+                let scan_from = ctx.raft_log.end_position();
                 records::encode_recovery_point(&records::RecoveryPoint {
                     scan_from,
                     chunks_from: self.held_back(scan_from),
@@ -1468,13 +1472,13 @@ impl Group {
         // The snapshot's metadata is in the note: a recovery from this flush starts after the
         // chunks just appended (what comes later of this shard is appended after them).
         // Fast writes pending here stay pending (those the snapshot applied leave once the
-        // install is done, `Group::installed`), so their records stay above the recovery point.
-        let scan_from =
-            self.state.raft_log.end_position().min(self.applier.fast.oldest_position().unwrap_or(u64::MAX));
+        // install is done, `Group::installed`), so recovery still takes their records.
+        let scan_from = self.state.raft_log.end_position();
         let note = records::encode_recovery_point(&records::RecoveryPoint {
             scan_from,
             chunks_from: self.held_back(scan_from),
             fast: ctx.config.fast_path.then(|| records::FastPoint {
+                from: self.applier.fast.oldest_position().unwrap_or(scan_from),
                 sealed_at: self.state.raft_log.end_position(),
                 pending: self.applier.fast.iter().map(|record| record.id).collect(),
             }),

@@ -97,6 +97,9 @@ pub(crate) struct NodeCtx {
     pub budget_flush: Option<u64>,
     /// Flushes started because of that budget since the node started.
     pub budget_flushes: u64,
+    /// Bytes of fast writes pending or being written on this node (`fast`), counted again at the
+    /// start of every turn and raised as each is accepted.
+    pub fast_pending_bytes: usize,
 }
 
 impl NodeCtx {
@@ -248,6 +251,9 @@ impl NodeLoop {
             && let Some(failure) = self.ctx.maintenance.failure()
         {
             self.fail(failure);
+        }
+        if self.ctx.config.fast_path {
+            self.ctx.fast_pending_bytes = self.groups.values().map(|group| group.fast_bytes()).sum();
         }
         let mut handled = 0;
         let mut next = first;

@@ -469,7 +469,7 @@ fn decode_ids(r: &mut Reader<'_>) -> Result<Vec<u64>, CodecError> {
 /// the tree's flag, so it is exactly as durable as the flush it describes):
 /// `version:u8=3 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
 /// vote:u64 commit:u64 members` (members: see [`encode_members`]). Version 4 (written only by a
-/// replica with the fast path on) appends `sealed_at:u64 count:u32 (client:u64 seq:u64)*count`
+/// replica with the fast path on) appends `from:u64 sealed_at:u64 count:u32 (client:u64 seq:u64)*count`
 /// ([`FastPoint`]). Older versions still read: version 2 has only `voters:u32 voter:u64*voters`
 /// for its members, version 1 also has no `chunks_from` (it equals `scan_from`).
 #[derive(Clone, Debug, PartialEq)]
@@ -498,6 +498,10 @@ pub struct RecoveryPoint {
 /// one was applied before the flush, whatever the window still remembers).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FastPoint {
+    /// The log position of the oldest record pending at the flush (`sealed_at` if none):
+    /// recovery takes this shard's DURABILITY records from here (its other records count from
+    /// `scan_from` as ever).
+    pub from: u64,
     /// The log's end position when the tree was sealed.
     pub sealed_at: u64,
     /// The fast writes pending then.
@@ -514,6 +518,7 @@ pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
     }
     encode_members(&point.members, &mut out);
     if let Some(fast) = &point.fast {
+        out.extend_from_slice(&fast.from.to_le_bytes());
         out.extend_from_slice(&fast.sealed_at.to_le_bytes());
         out.extend_from_slice(&(fast.pending.len() as u32).to_le_bytes());
         for id in &fast.pending {
@@ -540,6 +545,7 @@ pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, 
         _ => ConfState { voters: decode_ids(&mut r)?, ..Default::default() },
     };
     let fast = if version == 4 {
+        let from = r.u64()?;
         let sealed_at = r.u64()?;
         let count = r.u32()? as usize;
         if count > r.remaining() / 16 {
@@ -548,7 +554,7 @@ pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, 
         let pending = (0..count)
             .map(|_| Ok(crate::RequestId { client: r.u64()?, seq: r.u64()? }))
             .collect::<Result<_, CodecError>>()?;
-        Some(FastPoint { sealed_at, pending })
+        Some(FastPoint { from, sealed_at, pending })
     } else {
         None
     };
@@ -561,7 +567,7 @@ pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, 
 impl RecoveryPoint {
     /// The lowest log position recovery reads for this shard.
     pub fn lowest(&self) -> u64 {
-        self.scan_from.min(self.chunks_from)
+        self.scan_from.min(self.chunks_from).min(self.fast.as_ref().map_or(u64::MAX, |fast| fast.from))
     }
 }
 
@@ -712,6 +718,7 @@ mod tests {
         // Version 4: the fast writes pending at the flush.
         let fast = RecoveryPoint {
             fast: Some(FastPoint {
+                from: 2_000,
                 sealed_at: 9_000,
                 pending: vec![crate::RequestId { client: 5, seq: 6 }, crate::RequestId { client: 7, seq: 8 }],
             }),

@@ -111,7 +111,7 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
     let mut scan_from = log.end_position();
     for shard in shards.iter_mut() {
         shard.recovery_point(log)?;
-        scan_from = scan_from.min(shard.recovered.chunks_from);
+        scan_from = scan_from.min(shard.recovered.chunks_from).min(shard.fast_from());
     }
     let by_shard: BTreeMap<u64, usize> = shards.iter().enumerate().map(|(i, s)| (s.shard, i)).collect();
     let mut report = ScanReport { scan_from, records: 0 };
@@ -128,6 +128,7 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
         // older entries and snapshot metadata are already in its index, or overwritten.
         let from = match record.kind {
             records::SNAP_CHUNK => recovering.recovered.chunks_from,
+            records::DURABILITY => recovering.fast_from(),
             _ => recovering.recovered.scan_from,
         };
         if record.position < from {
@@ -140,6 +141,12 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
 }
 
 impl Recovering {
+    /// Where this shard's DURABILITY records count from: the oldest one pending at the last flush
+    /// (`records::FastPoint::from`), else where its entries do.
+    fn fast_from(&self) -> u64 {
+        self.fast_note.as_ref().map_or(self.recovered.scan_from, |fast| fast.from)
+    }
+
     /// Makes the members of a replica with no Raft state at all durable before it takes part in
     /// Raft: its tree is flushed with a recovery point at the log's end holding `members` (the
     /// founders it was configured with, or none for a replica waiting to be added). Later opens

@@ -480,6 +480,7 @@ impl Node {
                 dedup,
                 budget_flush: None,
                 budget_flushes: 0,
+                fast_pending_bytes: 0,
             },
             groups,
             inbox,

@@ -51,6 +51,9 @@ pub(crate) const INLINE_AFTER: Duration = Duration::from_millis(20);
 /// Most ops one ORDER applies (well below what one entry's sequence numbers allow).
 const MAX_ORDER_OPS: usize = crate::state::MAX_OP / 2;
 
+/// Most bytes of inline commands one ORDER carries (a write larger than this goes alone).
+const MAX_INLINE_BYTES: usize = 8 << 20;
+
 /// A replica's answer to a fast write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FastAck {
@@ -136,7 +139,7 @@ impl Group {
         id: RequestId,
         ops: Vec<WriteOp>,
         done: Done<FastAck>,
-        ctx: &NodeCtx,
+        ctx: &mut NodeCtx,
     ) {
         if let Some(failed) = &ctx.failed {
             return done(Err(ReplicaError::Storage(failed.clone())));
@@ -168,11 +171,18 @@ impl Group {
         let queued_bytes: usize = self.fast.queued.iter().map(|q| q.command.len()).sum();
         if !self.applier.fast.has_room(queued_bytes + command.len())
             || self.fast.queued.len() + self.applier.fast.len() >= super::pending::MAX_PENDING_RECORDS
+            || ctx.fast_pending_bytes + command.len() > super::MAX_NODE_PENDING_BYTES
         {
             return done(refuse("too many fast writes are pending"));
         }
+        ctx.fast_pending_bytes += command.len();
         let keys = ops.into_iter().map(|op| op.key).collect();
         self.fast.queued.push(Queued { id, term, command, keys, done });
+    }
+
+    /// Bytes of fast writes pending here or waiting for the group commit.
+    pub(crate) fn fast_bytes(&self) -> usize {
+        self.applier.fast.bytes() + self.fast.queued.iter().map(|q| q.command.len()).sum::<usize>()
     }
 
     /// The DURABILITY records to append in this turn's group commit.
@@ -200,6 +210,16 @@ impl Group {
             // Raft path): done, and not pending.
             if let Some(previous) = self.state.requests().lookup(q.id) {
                 (q.done)(Ok(FastAck::Applied { index: previous.index }));
+                continue;
+            }
+            // A new term began since it was accepted (this node may even lead it now, with its
+            // recovery ORDER proposed without this write): it is not taken, so it cannot complete
+            // in the term it was accepted in, and no new leader's recovery has to know of it. (Its
+            // record is in the log: after a restart it is pending again, which is harmless.)
+            if q.term != self.raw.raft.term {
+                (q.done)(Err(ReplicaError::Dropped(
+                    "fast write refused: the term changed while it was being written; use the Raft path".into(),
+                )));
                 continue;
             }
             let header = crate::records::DURABILITY_HEADER as u64;
@@ -283,18 +303,24 @@ impl Group {
                 }
             }
             _ => {
-                // Just elected: order everything held, inline, dropping older terms' leftovers.
+                // Just elected: order everything held, inline (in ORDERs of bounded size), the last
+                // one dropping older terms' leftovers.
                 self.applier.fast.propose_again();
+                self.fast.held_by.clear();
                 let records: Vec<FastRecord> = self.applier.fast.iter().cloned().collect();
-                let items = records.iter().map(|r| item(r, true)).collect::<Vec<_>>();
-                for record in &records {
-                    self.fast.held_by.entry(record.id).or_insert((now, BTreeSet::new()));
-                }
                 self.applier.fast.take_unproposed(usize::MAX);
-                if let Some(index) = self.propose_order_entry(term, &items, now, ctx) {
-                    self.fast.recovery = Some((index, term));
-                    self.fast.last_order = index;
+                let chunks = order_chunks(&records);
+                let last = chunks.len() - 1;
+                for (i, chunk) in chunks.into_iter().enumerate() {
+                    let items = chunk.iter().map(|r| item(r, true)).collect::<Vec<_>>();
+                    let drop_below = if i == last { term } else { 0 };
+                    match self.propose_order_entry(drop_below, &items, now, ctx) {
+                        Some(index) => self.fast.last_order = index,
+                        // Refused (and everything counts as unproposed again): next turn.
+                        None => return true,
+                    }
                 }
+                self.fast.recovery = Some((self.fast.last_order, term));
                 return true;
             }
         }
@@ -313,24 +339,30 @@ impl Group {
         };
         // The longest prefix that may be ordered now.
         let mut items = Vec::new();
-        let mut ops = 0;
+        let (mut ops, mut bytes) = (0, 0);
         for record in self.applier.fast.iter_unproposed() {
             let (since, holders) =
                 self.fast.held_by.get(&record.id).cloned().unwrap_or((now, BTreeSet::new()));
             let held = holders.is_superset(&others);
+            let inline = if held { 0 } else { record.command.len() };
             if !(held || everything || now.saturating_duration_since(since) >= INLINE_AFTER)
                 || items.len() >= super::MAX_ORDER_ITEMS
                 || ops + record.keys.len() > MAX_ORDER_OPS
+                || (!items.is_empty() && bytes + inline > MAX_INLINE_BYTES)
             {
                 break;
             }
             ops += record.keys.len();
+            bytes += inline;
             items.push(item(record, !held));
         }
         if items.is_empty() {
             return false;
         }
         self.applier.fast.take_unproposed(items.len());
+        for item in &items {
+            self.fast.held_by.remove(&item.id);
+        }
         if let Some(index) = self.propose_order_entry(0, &items, now, ctx) {
             self.fast.last_order = index;
         }
@@ -473,6 +505,27 @@ impl Group {
             done(Err(error()));
         }
     }
+}
+
+/// `records` cut into the contents of ORDERs of at most [`super::MAX_ORDER_ITEMS`] writes,
+/// [`MAX_ORDER_OPS`] ops and [`MAX_INLINE_BYTES`] of inline commands (at least one write each, and
+/// one empty ORDER for none).
+fn order_chunks(records: &[FastRecord]) -> Vec<&[FastRecord]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut ops, mut bytes) = (0, 0, 0);
+    for (i, record) in records.iter().enumerate() {
+        let full = i - start >= super::MAX_ORDER_ITEMS
+            || ops + record.keys.len() > MAX_ORDER_OPS
+            || bytes + record.command.len() > MAX_INLINE_BYTES;
+        if full && i > start {
+            chunks.push(&records[start..i]);
+            (start, ops, bytes) = (i, 0, 0);
+        }
+        ops += record.keys.len();
+        bytes += record.command.len();
+    }
+    chunks.push(&records[start..]);
+    chunks
 }
 
 /// An ORDER's item for `record`, with its command inline or not.

@@ -26,6 +26,10 @@ pub(crate) use pending::{FastRecord, Pending};
 /// Most fast writes one ORDER names.
 pub(crate) const MAX_ORDER_ITEMS: usize = 1024;
 
+/// Most bytes of fast writes pending (or being written) at once on one node, all shards together
+/// (each shard also holds at most [`pending::MAX_PENDING_BYTES`]).
+pub(crate) const MAX_NODE_PENDING_BYTES: usize = 256 << 20;
+
 /// Checks what a fast write may hold: at least one op, and no expiry relative to a clock (every
 /// replica encodes the same bytes for the same write, so the command's digest names it; a time
 /// taken from each replica's own clock would differ).

@@ -122,7 +122,6 @@ impl Pending {
         self.by_order.len()
     }
 
-    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes
     }
