@@ -114,6 +114,10 @@ pub struct ReplicaConfig {
     /// in `election_ticks`, and the same `tick` and `election_ticks` on every node. Needs
     /// `election_ticks` of at least 3.
     pub lease_reads: bool,
+    /// Whether this node takes fast writes (`Replica::fast_write`, the fast path: blind writes
+    /// durable on every voter in one round trip, ordered by the leader afterwards; onelog mode
+    /// only). Not yet in the server's configuration: the client side is not built.
+    pub fast_path: bool,
     /// Request bounds.
     pub limits: Limits,
     /// Flush an index tree's memtable once it holds this many bytes (the trees of the shards this
@@ -215,6 +219,7 @@ impl ReplicaConfig {
             election_ticks: 10,
             heartbeat_ticks: 2,
             lease_reads: false,
+            fast_path: false,
             limits: Limits::default(),
             memtable_bytes: 16 << 20,
             follower_memtable_bytes: 256 << 20,
@@ -300,7 +305,7 @@ pub struct ShardConfig {
 
 /// A client's request id: a retried write with the same id is applied at most once while it is
 /// in the replica's window of recent requests. `seq == 0` means "no id".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RequestId {
     /// Chosen at random by each client.
     pub client: u64,
@@ -506,6 +511,10 @@ pub enum Mutation {
     /// `LeaseBased` reads): a leader whose Raft clock stalls never notices it lost its quorum and
     /// keeps answering reads after a new leader was elected and took writes.
     LeaseIgnoresTime,
+    /// Applying an ORDER applies a fast write whose id the window already holds (the Raft path,
+    /// or an earlier ORDER, applied it): the write takes effect twice, the second time over later
+    /// writes of its key.
+    OrderSkipsWindow,
 }
 
 /// Why a request failed.
@@ -673,6 +682,14 @@ pub struct ReplicaStatus {
     pub reads_by_lease: u64,
     /// Read barriers this replica sent through a ReadIndex round since it started.
     pub reads_by_read_index: u64,
+    /// Fast writes made durable here and not applied yet (`Replica::fast_write`).
+    pub fast_pending: u64,
+    /// Fast writes applied here from this replica's own durability record (the value written
+    /// once) since it opened.
+    pub fast_from_record: u64,
+    /// Fast writes applied here from the copy the leader's ORDER carried (this replica did not
+    /// hold the record, or the leader could not know it did) since it opened.
+    pub fast_from_inline: u64,
 }
 
 impl ReplicaStatus {

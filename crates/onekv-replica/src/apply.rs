@@ -56,6 +56,20 @@ pub(crate) struct Applier {
     pub range_reads_at_batch_start: bool,
     /// Under that variant, the index as the batch being applied found it.
     batch_start: Option<onekv_index::TreeSnapshot>,
+    /// The fast writes made durable here and not applied yet (`fast`): an ORDER applies them from
+    /// here, and a write of the Raft path under the same id takes one out.
+    pub fast: crate::fast::Pending,
+    /// Fast writes applied from this replica's own DURABILITY record (the value's one copy), and
+    /// from the copy an ORDER carried, since the replica opened.
+    pub fast_from_record: u64,
+    pub fast_from_inline: u64,
+    /// The broken variant [`crate::Mutation::OrderSkipsWindow`] (a simulation only).
+    pub order_skips_window: bool,
+    /// The ORDER entry this replica cannot apply (it names a fast write this replica holds no
+    /// record of and carries no copy of: this replica lost its disk, or joined, after the leader
+    /// learnt that every replica held it). Nothing is applied from there on; the group waits for a
+    /// snapshot past it (`fast::group`).
+    pub stalled_at: Option<u64>,
 }
 
 /// Where one put's value will live, decided before the tree is written.
@@ -73,6 +87,11 @@ impl Applier {
             unchecked_expiry_deletes: false,
             range_reads_at_batch_start: false,
             batch_start: None,
+            fast: crate::fast::Pending::default(),
+            fast_from_record: 0,
+            fast_from_inline: 0,
+            order_skips_window: false,
+            stalled_at: None,
         }
     }
 
@@ -169,7 +188,35 @@ impl Applier {
             }
             // Repairs may be proposed by followers, on their own clocks: only leaders' times count.
             state.observe_time(decoded.time_ms);
+            if let DecodedCommand::Order { drop_below, items } = &decoded.command {
+                if !self.can_apply_order(items) {
+                    self.stalled_at = Some(entry.index);
+                    break;
+                }
+                // The window's writes go at the entry's last sequence number: after the data's.
+                let applied = self.apply_order(entry, *locator, decoded.time_ms, items)?;
+                state.requests().on_entry(entry.index, decoded.time_ms, None);
+                for id in applied {
+                    state.requests().on_entry(entry.index, decoded.time_ms, Some((id, Effect::Write)));
+                }
+                // A new leader's first order named every write that may have completed before it.
+                let dropped = self.fast.drop_terms_below(*drop_below);
+                if dropped > 0 {
+                    tracing::info!(
+                        shard = self.shard,
+                        index = entry.index,
+                        dropped,
+                        "dropped fast writes of older terms that never completed"
+                    );
+                }
+                state.tree.publish(state::last_seqno(entry.index));
+                results.push(Applied { index: entry.index, term: entry.term, outcome: None });
+                continue;
+            }
             let request_id = decoded.request_id;
+            // A fast write that took the Raft path after all (its client fell back with the same
+            // id): applied here or before, it is no longer pending.
+            self.fast.remove(request_id);
             let previous = state.requests().lookup(request_id);
             let outcome = match previous {
                 // Applied before within the window: answer as then, change nothing.
@@ -195,6 +242,7 @@ impl Applier {
                         &decoded.command,
                         placements,
                         if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
+                        0,
                     )?;
                     let effect = match &outcome.cas {
                         None => Effect::Write,
@@ -277,6 +325,114 @@ impl Applier {
 
     /// Applies a client's command (or a leader's deletion of expired keys) at the entry's time
     /// `time_ms`: keys expired by then count as absent, whatever this machine's clock says.
+    /// Whether every fast write an ORDER names can be applied here: applied already, or held here
+    /// with the leader's digest, or carried inline.
+    fn can_apply_order(&self, items: &[codec::DecodedOrderItem<'_>]) -> bool {
+        items.iter().all(|item| {
+            item.inline.is_some()
+                || self.fast.digest_of(item.id) == Some(item.digest)
+                || (!self.order_skips_window && self.state.requests().lookup(item.id).is_some())
+        })
+    }
+
+    /// Applies the fast writes an ORDER at `entry` names, in its order, at the entry's sequence
+    /// numbers (each write's ops after the previous write's). Each takes its values from this
+    /// replica's own DURABILITY record when it holds one with the digest the leader named (the
+    /// value's one copy here), else from the copy the ORDER carries. A write already in the window
+    /// (the Raft path applied it under the same id, or an earlier ORDER did) is skipped. A write
+    /// this replica holds no matching record of and the ORDER carries no copy of cannot be
+    /// applied: that stops the replica (the leader sends a copy of every write it does not know
+    /// all replicas hold).
+    fn apply_order(
+        &mut self,
+        entry: &Entry,
+        locator: Locator,
+        time_ms: u64,
+        items: &[codec::DecodedOrderItem<'_>],
+    ) -> Result<Vec<crate::RequestId>, ReplicaError> {
+        let state = self.state.clone();
+        let mut applied = Vec::with_capacity(items.len());
+        if state.mode != StorageMode::OneLog {
+            return Err(storage(format!(
+                "entry {} orders fast writes, which only onelog mode takes",
+                entry.index
+            )));
+        }
+        let data_offset = records::entry_data_offset(entry.context.len()) as u64;
+        let mut op_base = 0usize;
+        for item in items {
+            let local = self.fast.remove(item.id);
+            let in_window = !self.order_skips_window && state.requests().lookup(item.id).is_some();
+            if in_window || applied.contains(&item.id) {
+                continue;
+            }
+            let (command, at): (Vec<u8>, Locator) = match (local, item.inline) {
+                (Some(record), _) if record.digest == item.digest => {
+                    self.fast_from_record += 1;
+                    (record.command.to_vec(), record.at)
+                }
+                (_, Some((offset, bytes))) => {
+                    self.fast_from_inline += 1;
+                    let at =
+                        locator.slice(data_offset + offset as u64, bytes.len() as u64).ok_or_else(|| {
+                            storage(format!(
+                                "entry {}: an inline fast write lies outside the entry",
+                                entry.index
+                            ))
+                        })?;
+                    (bytes.to_vec(), at)
+                }
+                (local, None) => {
+                    return Err(storage(format!(
+                        "entry {} orders fast write {:?} (digest {:08x}), which this replica {}",
+                        entry.index,
+                        item.id,
+                        item.digest,
+                        match local {
+                            Some(record) => format!("holds with another digest ({:08x})", record.digest),
+                            None => "does not hold".to_string(),
+                        }
+                    )));
+                }
+            };
+            let decoded = codec::decode(&command).map_err(|e| {
+                storage(format!("entry {}: fast write {:?} does not decode: {e}", entry.index, item.id))
+            })?;
+            let DecodedCommand::Write(ops) = &decoded.command else {
+                return Err(storage(format!(
+                    "entry {}: fast write {:?} is not a write",
+                    entry.index, item.id
+                )));
+            };
+            if decoded.request_id != item.id || op_base + ops.len() > state::MAX_OP {
+                return Err(storage(format!(
+                    "entry {}: fast write {:?} holds id {:?}, or the order holds more than {} ops",
+                    entry.index,
+                    item.id,
+                    decoded.request_id,
+                    state::MAX_OP
+                )));
+            }
+            let placements = value_spans(&decoded.command)
+                .into_iter()
+                .map(|span| {
+                    Placement::Locator(at.slice(span.offset as u64, span.len as u64).expect("span inside"))
+                })
+                .collect();
+            let written = Entry {
+                index: entry.index,
+                term: entry.term,
+                data: command.clone().into(),
+                ..Default::default()
+            };
+            self.apply_command(&written, time_ms, &decoded.command, placements, None, op_base)?;
+            op_base += ops.len();
+            applied.push(item.id);
+        }
+        Ok(applied)
+    }
+
+    /// Applies one command at `entry`'s sequence numbers, its ops numbered from `op_base`.
     fn apply_command(
         &mut self,
         entry: &Entry,
@@ -284,6 +440,7 @@ impl Applier {
         command: &DecodedCommand<'_>,
         placements: Vec<Placement>,
         wal: Option<&mut Vec<Vec<u8>>>,
+        op_base: usize,
     ) -> Result<Outcome, ReplicaError> {
         let state = self.state.clone();
         let data = &entry.data[..];
@@ -302,7 +459,7 @@ impl Applier {
         // first (a delete, then a put keeping the expiry, keeps none).
         let mut written: HashMap<Vec<u8>, Option<u64>> = HashMap::new();
         let mut write = |op: usize, key: &[u8], value: Option<(ValueSpan, Placement)>, expiry: Expiry| {
-            let seqno = state::seqno(entry.index, op);
+            let seqno = state::seqno(entry.index, op_base + op);
             match value {
                 Some((span, placement)) => {
                     let stored =
@@ -376,6 +533,7 @@ impl Applier {
             DecodedCommand::RepairRequest { .. } | DecodedCommand::Repair { .. } => {
                 unreachable!("repairs are applied by apply_repair")
             }
+            DecodedCommand::Order { .. } => unreachable!("orders are applied by apply_order"),
             DecodedCommand::Cas { key, expected, new, new_expiry } => {
                 let current = state.get_at(key, time_ms)?.map(|(value, _)| value);
                 let new_placement = new.map(|span| (span, placements.next().expect("placement")));
@@ -715,7 +873,8 @@ fn repeated_outcome(first_index: u64, command: &DecodedCommand<'_>, data: &[u8])
         DecodedCommand::Write(_)
         | DecodedCommand::DeleteExpired { .. }
         | DecodedCommand::RepairRequest { .. }
-        | DecodedCommand::Repair { .. } => Outcome::at(first_index),
+        | DecodedCommand::Repair { .. }
+        | DecodedCommand::Order { .. } => Outcome::at(first_index),
         DecodedCommand::Cas { new, .. } => Outcome::swap(
             first_index,
             CasOutcome { swapped: true, current: new.map(|span| span.value(data).to_vec()) },
@@ -789,9 +948,11 @@ fn value_spans(command: &DecodedCommand<'_>) -> Vec<ValueSpan> {
             ops.iter().filter_map(|op| op.value).collect()
         }
         DecodedCommand::Cas { new, .. } => new.iter().copied().collect(),
+        // An order's values are placed write by write (`apply_order`).
         DecodedCommand::RepairRequest { .. }
         | DecodedCommand::DeleteExpired { .. }
-        | DecodedCommand::DeleteRange { .. } => Vec::new(),
+        | DecodedCommand::DeleteRange { .. }
+        | DecodedCommand::Order { .. } => Vec::new(),
         DecodedCommand::Repair { value, .. } => vec![*value],
     }
 }

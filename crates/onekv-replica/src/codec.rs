@@ -27,6 +27,11 @@
 //! tag 6 (delete expired) body = count:u32 (key_len:u32 key)*count   (client and seq are 0)
 //! tag 7 (delete range) body = start_len:u32 start has_end:u8 [end_len:u32 end] limit:u32
 //!                             spare_len:u32 spare
+//! tag 8 (order) body = drop_below:u64 count:u32 item*count      (client and seq are 0)
+//!            drop_below: a new leader's term (its recovery order), or 0
+//!     item = client:u64 seq:u64 digest:u32 has_inline:u8 [inline_len:u32 inline]
+//!            inline: the fast write's own encoded write command (tag 1), for replicas that do
+//!            not hold its durability record; digest: CRC-32C of that command (`fast`)
 //! value    = len:u32 crc32c(bytes):u32 bytes        (the locator covers crc32c and bytes)
 //! ```
 //!
@@ -47,6 +52,7 @@ const TAG_REPAIR: u8 = 4;
 const TAG_TXN: u8 = 5;
 const TAG_DELETE_EXPIRED: u8 = 6;
 const TAG_DELETE_RANGE: u8 = 7;
+const TAG_ORDER: u8 = 8;
 const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_PUT_EXPIRING: u8 = 3;
@@ -147,6 +153,39 @@ pub enum DecodedCommand<'a> {
         /// The value, as a span like a put's.
         value: ValueSpan,
     },
+    /// The fast path's ordering (`fast`): applies, in this order, the fast writes named, each from
+    /// the replica's own durability record (or the inline copy, for a replica without one).
+    /// Proposed by a shard's leader, never by clients.
+    Order {
+        /// Not 0 in a new leader's first order (its term): applying it drops every pending fast
+        /// write of a lower term it does not name.
+        drop_below: u64,
+        /// The fast writes, in their order.
+        items: Vec<DecodedOrderItem<'a>>,
+    },
+}
+
+/// One fast write named by a [`DecodedCommand::Order`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodedOrderItem<'a> {
+    /// The fast write's request id.
+    pub id: RequestId,
+    /// CRC-32C of its encoded write command, as the leader holds it.
+    pub digest: u32,
+    /// The encoded write command itself, and its offset in the entry's data (add it to a span of
+    /// the inline command to locate a value in the entry), when the leader sent it.
+    pub inline: Option<(usize, &'a [u8])>,
+}
+
+/// One fast write for [`encode_order`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OrderItem {
+    /// The fast write's request id.
+    pub id: RequestId,
+    /// CRC-32C of its encoded write command.
+    pub digest: u32,
+    /// The encoded write command, for replicas that may not hold the durability record.
+    pub inline: Option<Vec<u8>>,
 }
 
 /// A command that does not decode.
@@ -306,6 +345,30 @@ pub fn encode_repair_request(time_ms: u64, key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Encodes a leader's ordering of fast writes ([`DecodedCommand::Order`]).
+pub fn encode_order(time_ms: u64, drop_below: u64, items: &[OrderItem]) -> Vec<u8> {
+    let inline: usize = items.iter().map(|item| item.inline.as_ref().map_or(0, |c| 4 + c.len())).sum();
+    let mut out = Vec::with_capacity(32 + items.len() * 21 + inline);
+    out.push(VERSION);
+    out.push(TAG_ORDER);
+    push_request_id(&mut out, RequestId::default());
+    out.extend_from_slice(&time_ms.to_le_bytes());
+    out.extend_from_slice(&drop_below.to_le_bytes());
+    out.extend_from_slice(&(items.len() as u32).to_le_bytes());
+    for item in items {
+        push_request_id(&mut out, item.id);
+        out.extend_from_slice(&item.digest.to_le_bytes());
+        match &item.inline {
+            Some(command) => {
+                out.push(1);
+                push_bytes(&mut out, command);
+            }
+            None => out.push(0),
+        }
+    }
+    out
+}
+
 /// Encodes a healthy copy of `key`'s value offered for repair ([`DecodedCommand::Repair`]).
 pub fn encode_repair(time_ms: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(40 + key.len() + value.len());
@@ -402,6 +465,29 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
             };
             let limit = r.u32()?;
             DecodedCommand::DeleteRange { start, end, limit, spare: r.bytes()? }
+        }
+        TAG_ORDER => {
+            let drop_below = r.u64()?;
+            let count = r.u32()? as usize;
+            // Each item takes at least 21 bytes, which bounds the allocation by the input size.
+            if count > r.remaining() / 21 {
+                return Err(CodecError("item count exceeds the command's size"));
+            }
+            let mut items = Vec::with_capacity(count);
+            for _ in 0..count {
+                let id = RequestId { client: r.u64()?, seq: r.u64()? };
+                let digest = r.u32()?;
+                let inline = match r.u8()? {
+                    0 => None,
+                    1 => {
+                        let bytes = r.bytes()?;
+                        Some((r.at - bytes.len(), bytes))
+                    }
+                    _ => return Err(CodecError("bad inline flag")),
+                };
+                items.push(DecodedOrderItem { id, digest, inline });
+            }
+            DecodedCommand::Order { drop_below, items }
         }
         TAG_REPAIR_REQUEST => DecodedCommand::RepairRequest { key: r.bytes()? },
         TAG_REPAIR => {
@@ -552,6 +638,46 @@ mod tests {
         assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"hello");
         assert_eq!(ops[1], DecodedOp { key: b"b", value: None, expiry: Expiry::Never });
         assert_eq!(ops[2].value.unwrap().value(&data), b"");
+    }
+
+    #[test]
+    fn an_order_round_trips_and_its_inline_commands_locate_their_values() {
+        let write = Command::Write(vec![WriteOp {
+            key: b"k".to_vec(),
+            value: Some(b"fast value".to_vec()),
+            expiry: Default::default(),
+        }]);
+        let inline = encode(RequestId { client: 3, seq: 4 }, 0, &write);
+        let items = vec![
+            OrderItem { id: RequestId { client: 1, seq: 2 }, digest: 77, inline: None },
+            OrderItem {
+                id: RequestId { client: 3, seq: 4 },
+                digest: crc32c::crc32c(&inline),
+                inline: Some(inline),
+            },
+        ];
+        let data = encode_order(1_234, 5, &items);
+        let decoded = decode(&data).unwrap();
+        assert_eq!((decoded.request_id, decoded.time_ms), (RequestId::default(), 1_234));
+        let DecodedCommand::Order { drop_below, items: decoded_items } = decoded.command else {
+            panic!("not an order")
+        };
+        assert_eq!(drop_below, 5);
+        assert_eq!(decoded_items.len(), 2);
+        assert_eq!(
+            (decoded_items[0].id, decoded_items[0].digest, decoded_items[0].inline),
+            (items[0].id, 77, None)
+        );
+        let (offset, bytes) = decoded_items[1].inline.unwrap();
+        assert_eq!(crc32c::crc32c(bytes), items[1].digest);
+        let DecodedCommand::Write(ops) = decode(bytes).unwrap().command else { panic!("not a write") };
+        let span = ops[0].value.unwrap();
+        let in_entry = ValueSpan { offset: offset + span.offset, len: span.len };
+        assert_eq!(in_entry.value(&data), b"fast value");
+        // Every cut of the order is refused, never read past.
+        for cut in 0..data.len() {
+            assert!(decode(&data[..cut]).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

@@ -54,6 +54,12 @@ pub(crate) enum GroupInput {
     /// stead ([`crate::ChunkRequest::any_view`]), unless `deadline` (when the asker stops
     /// waiting) has passed.
     ServeView(ViewRequest),
+    /// A fast write (`fast::group`): made durable here and answered, to be ordered by the leader.
+    FastWrite {
+        id: RequestId,
+        ops: Vec<crate::WriteOp>,
+        done: Done<crate::fast::FastAck>,
+    },
 }
 
 /// A follower's request for a view of the shard ([`GroupInput::ServeView`]).
@@ -76,6 +82,7 @@ impl GroupInput {
             GroupInput::ChangeMembers { done, .. } => done(Err(error)),
             GroupInput::TransferLeader { done, .. } => done(Err(error)),
             GroupInput::ServeView(request) => (request.done)(Err(error)),
+            GroupInput::FastWrite { done, .. } => done(Err(error)),
             GroupInput::Step(_) => {}
         }
     }
@@ -90,6 +97,10 @@ pub(crate) struct GroupShared {
     /// The index of the snapshot being installed off the loop (0: none): a message of that
     /// snapshot needs no fetch (`snapshot::install`).
     pub installing: AtomicU64,
+    /// The entry this replica cannot apply (an ORDER naming a fast write it holds no record of,
+    /// `fast::group`), while it waits for a snapshot past it (0: none): a streamed snapshot at
+    /// or above it is fetched even if this replica committed that far.
+    pub stalled_at: AtomicU64,
     /// Log records the recovery at open scanned for this shard.
     pub recovery_records: u64,
     /// Entries the recovery at open replayed into this shard's tree.
@@ -193,6 +204,8 @@ pub(crate) struct Group {
     /// Set while a snapshot's tree is rebuilt off the loop: the group's Ready is held, it is neither
     /// stepped nor ticked, and nothing else writes its tree (`snapshot::install`).
     pub installing: Option<Installing>,
+    /// The fast path's state (`fast::group`).
+    pub fast: crate::fast::FastGroup,
 }
 
 impl Group {
@@ -215,7 +228,22 @@ impl Group {
             // send again (`snapshot::install`).
             GroupInput::Step(_) if self.installing.is_some() => {}
             GroupInput::Step(message) => {
+                if let Some(ids) = crate::fast::notice::decode(&message) {
+                    match ids {
+                        Ok(ids) if message.term == self.raw.raft.term => self.fast_noticed(message.from, ids),
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::debug!(shard = self.shard, error, "dropped a malformed notice")
+                        }
+                    }
+                    return;
+                }
                 if self.refuses_votes_after_opening(&message, ctx) {
+                    return;
+                }
+                // A replica stalled on a fast write it lacks (`fast::group`) must not lead: it
+                // could not apply, nor serve. It ignores a hand-off to it.
+                if self.applier.stalled_at.is_some() && message.get_msg_type() == MessageType::MsgTimeoutNow {
                     return;
                 }
                 let Some(message) = self.screen_membership(message, ctx) else { return };
@@ -252,6 +280,11 @@ impl Group {
                 {
                     return done(Err(ReplicaError::Corrupt { key: key.clone(), position }));
                 }
+                if !self.order_before_proposal(command_keys(&command), now, ctx) {
+                    return done(Err(ReplicaError::Dropped(
+                        "the fast writes it must follow could not be ordered (a leadership change is under way)".into(),
+                    )));
+                }
                 let data = crate::codec::encode(request_id, self.entry_time(now, ctx), &command);
                 let before = self.raw.raft.raft_log.last_index();
                 match self.raw.propose(Vec::new(), data) {
@@ -279,9 +312,20 @@ impl Group {
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader(ctx)));
                 }
+                if ctx.config.fast_path {
+                    return self.fast_read_barrier(done, now, ctx);
+                }
                 self.reads_unsent.push(done);
             }
-            GroupInput::ChangeMembers { change, done } => self.propose_member_change(change, done, ctx),
+            GroupInput::FastWrite { id, ops, done } => self.fast_write(id, ops, done, ctx),
+            GroupInput::ChangeMembers { change, done } => {
+                if !self.order_before_proposal(None, now, ctx) {
+                    return done(Err(ReplicaError::Dropped(
+                        "the pending fast writes could not be ordered first (a leadership change is under way)".into(),
+                    )));
+                }
+                self.propose_member_change(change, done, ctx)
+            }
             GroupInput::TransferLeader { to, done } => done(self.transfer_leader(to, ctx)),
             GroupInput::ServeView(request) => {
                 // A replica a turn or two behind the leader (the usual case under writes: it
@@ -498,7 +542,13 @@ impl Group {
     /// Ticks Raft's clock once, re-sends snapshots nobody answered, and hands leadership to the
     /// shard's primary when it is due.
     pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
-        self.raw.tick();
+        // A stalled replica does not campaign (it could not serve), and asks again for the
+        // snapshot it waits for.
+        if self.applier.stalled_at.is_some() {
+            self.ask_for_snapshot();
+        } else {
+            self.raw.tick();
+        }
         self.ticks_since_open = self.ticks_since_open.saturating_add(1);
         if let Some(rejoin) = &mut self.rejoin {
             rejoin.ticks = rejoin.ticks.saturating_add(1);
@@ -645,7 +695,7 @@ impl Group {
     /// The time to stamp a leader's entry with: the node's clock, but never behind the latest
     /// leader time applied here, so the times in a shard's log do not go back when leadership
     /// moves to a node whose clock is behind (expiry is judged by them).
-    fn entry_time(&self, now: Instant, ctx: &mut NodeCtx) -> u64 {
+    pub(crate) fn entry_time(&self, now: Instant, ctx: &mut NodeCtx) -> u64 {
         let applied = self.state.applied_time_ms.load(std::sync::atomic::Ordering::Relaxed);
         ctx.clock.ms(now).max(applied)
     }
@@ -844,6 +894,7 @@ impl Group {
         ctx.transport.send(self.shard, messages);
         self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
+        self.release_fast_reads();
         self.resolve_reads();
         Ok(())
     }
@@ -880,7 +931,8 @@ impl Group {
     }
 
     fn apply(&mut self, committed: Vec<Entry>) -> Result<(), ReplicaError> {
-        if committed.is_empty() {
+        // A stalled replica applies nothing until a snapshot replaces its state (`fast::group`).
+        if committed.is_empty() || self.applier.stalled_at.is_some() {
             return Ok(());
         }
         crate::failpoint!("before-apply");
@@ -895,7 +947,10 @@ impl Group {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let applied = self.applier.apply(&committed, &locators)?;
-        self.apply_member_changes(&committed)?;
+        self.apply_member_changes(&committed[..applied.len()])?;
+        if let Some(at) = self.applier.stalled_at {
+            self.stall(at);
+        }
         crate::failpoint!("after-apply");
         let store = self.raw.mut_store();
         if let Some(last) = applied.last() {
@@ -1029,6 +1084,7 @@ impl Group {
             lease.end();
         }
         let leader = self.not_leader(ctx);
+        self.fast_lost_leadership(&leader);
         for done in self.reads_unsent.drain(..) {
             done(Err(leader.clone()));
         }
@@ -1120,25 +1176,40 @@ impl Group {
             self.raw.mut_store().compact(compact_to);
         }
         let store = self.raw.store();
+        // The fast writes pending at this flush (`fast`): recovery must meet their records, and
+        // takes as pending below the log's end now only those named here.
+        let fast = ctx.config.fast_path.then(|| records::FastPoint {
+            from: self.applier.fast.oldest_position().unwrap_or(ctx.raft_log.end_position()),
+            sealed_at: ctx.raft_log.end_position(),
+            pending: self.applier.fast.iter().map(|record| record.id).collect(),
+        });
         let note = match store.meta(store.first()) {
-            Some(first) => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
-                chunks_from: self.held_back(first.locator.position - onekv_log::RECORD_HEADER_LEN as u64),
-                snapshot_index: store.snapshot_index,
-                snapshot_term: store.snapshot_term,
-                hard_state: self.persisted_hs,
-                members: store.conf_state.clone(),
-            }),
+            Some(first) => {
+                let scan_from = first.locator.position - onekv_log::RECORD_HEADER_LEN as u64;
+                records::encode_recovery_point(&records::RecoveryPoint {
+                    scan_from,
+                    chunks_from: self.held_back(scan_from),
+                    snapshot_index: store.snapshot_index,
+                    snapshot_term: store.snapshot_term,
+                    hard_state: self.persisted_hs,
+                    members: store.conf_state.clone(),
+                    fast,
+                })
+            }
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
-            None => records::encode_recovery_point(&records::RecoveryPoint {
-                scan_from: ctx.raft_log.end_position(),
-                chunks_from: self.held_back(ctx.raft_log.end_position()),
-                snapshot_index: store.snapshot_index,
-                snapshot_term: store.snapshot_term,
-                hard_state: self.persisted_hs,
-                members: store.conf_state.clone(),
-            }),
+            None => {
+                let scan_from = ctx.raft_log.end_position();
+                records::encode_recovery_point(&records::RecoveryPoint {
+                    scan_from,
+                    chunks_from: self.held_back(scan_from),
+                    snapshot_index: store.snapshot_index,
+                    snapshot_term: store.snapshot_term,
+                    hard_state: self.persisted_hs,
+                    members: store.conf_state.clone(),
+                    fast,
+                })
+            }
         };
         self.gc_flush = false;
         if ctx.budget_flush == Some(self.shard) {
@@ -1400,9 +1471,17 @@ impl Group {
         self.raw.mut_store().apply_snapshot(meta.index, meta.term, meta.members.clone());
         // The snapshot's metadata is in the note: a recovery from this flush starts after the
         // chunks just appended (what comes later of this shard is appended after them).
+        // Fast writes pending here stay pending (those the snapshot applied leave once the
+        // install is done, `Group::installed`), so recovery still takes their records.
+        let scan_from = self.state.raft_log.end_position();
         let note = records::encode_recovery_point(&records::RecoveryPoint {
-            scan_from: self.state.raft_log.end_position(),
-            chunks_from: self.held_back(self.state.raft_log.end_position()),
+            scan_from,
+            chunks_from: self.held_back(scan_from),
+            fast: ctx.config.fast_path.then(|| records::FastPoint {
+                from: self.applier.fast.oldest_position().unwrap_or(scan_from),
+                sealed_at: self.state.raft_log.end_position(),
+                pending: self.applier.fast.iter().map(|record| record.id).collect(),
+            }),
             snapshot_index: meta.index,
             snapshot_term: meta.term,
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),
@@ -1448,6 +1527,22 @@ impl Group {
         );
         self.shared.durable_commit.fetch_max(index, Ordering::SeqCst);
         self.shared.installing.store(0, Ordering::SeqCst);
+        if self.applier.stalled_at.is_some_and(|at| at <= index) {
+            tracing::info!(shard = self.shard, index, "a snapshot replaced the state this replica could not apply");
+            self.applier.stalled_at = None;
+            self.shared.stalled_at.store(0, Ordering::SeqCst);
+        }
+        // Fast writes the snapshot's state applied are no longer pending.
+        let applied: Vec<RequestId> = self
+            .applier
+            .fast
+            .iter()
+            .map(|record| record.id)
+            .filter(|id| self.state.requests().lookup(*id).is_some())
+            .collect();
+        for id in applied {
+            self.applier.fast.remove(id);
+        }
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {
             if *entry.key() > index {
@@ -1489,6 +1584,7 @@ impl Group {
         for request in self.waiting_views.drain(..) {
             (request.done)(Err(error()));
         }
+        self.fail_fast(error);
     }
 
     /// Stops the group's threads (the node is ending).
@@ -1584,6 +1680,9 @@ impl Group {
             last_leveling_ms: self.last_leveling.map(|took| took.as_millis() as u64),
             index_leveled_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Leveled),
             index_budget_flushes: ctx.budget_flushes,
+            fast_pending: self.applier.fast.len() as u64,
+            fast_from_record: self.applier.fast_from_record,
+            fast_from_inline: self.applier.fast_from_inline,
             index_runs_compaction_bytes: self.state.index.compaction_bytes(onekv_index::Layout::Runs(1)),
             followers: self.follower_status(ctx),
             snapshot: {
@@ -1619,4 +1718,21 @@ fn read_context(id: u64, node: u64) -> Vec<u8> {
 fn read_context_id(context: &[u8], node: u64) -> Option<u64> {
     let (id, from) = context.split_at_checked(8)?;
     (from == node.to_le_bytes()).then(|| u64::from_le_bytes(id.try_into().expect("8 bytes")))
+}
+
+/// The keys a command of the Raft path reads or writes (`None`: it may touch any key), for the
+/// fast path's ordering before it ([`Group::order_before_proposal`]).
+fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
+    match command {
+        Command::Write(ops) => Some(ops.iter().map(|op| op.key.as_slice()).collect()),
+        Command::Cas { key, .. } => Some(vec![key.as_slice()]),
+        Command::Txn { conditions, ops } => Some(
+            conditions
+                .iter()
+                .map(|c| c.key.as_slice())
+                .chain(ops.iter().map(|op| op.key.as_slice()))
+                .collect(),
+        ),
+        Command::DeleteRange { .. } => None,
+    }
 }

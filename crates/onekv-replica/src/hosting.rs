@@ -164,6 +164,7 @@ impl GroupParts {
         let mut applier = Applier::new(state, shard);
         applier.unchecked_expiry_deletes = self.mutation == Some(crate::Mutation::DeletesExpiredUnchecked);
         applier.range_reads_at_batch_start = self.mutation == Some(crate::Mutation::RangePageReadsBatchStart);
+        applier.order_skips_window = self.mutation == Some(crate::Mutation::OrderSkipsWindow);
         Recovering::new(shard, store, applier)
     }
 
@@ -236,6 +237,7 @@ impl GroupParts {
             }),
             durable_commit: AtomicU64::new(hard_state.commit),
             installing: AtomicU64::new(0),
+            stalled_at: AtomicU64::new(recovered.applier.stalled_at.unwrap_or(0)),
             recovery_records: recovered.recovered.records,
             recovery_replayed: recovered.recovered.replayed,
             state: RwLock::new(Some(state.clone())),
@@ -287,6 +289,7 @@ impl GroupParts {
             leveling_since: None,
             last_leveling: None,
             installing: None,
+            fast: Default::default(),
             requested_transfer: None,
             gc_flush: false,
             rejoin: (rejoin_listed || stateless).then(crate::rejoin::Rejoin::default),

@@ -97,6 +97,9 @@ pub(crate) struct NodeCtx {
     pub budget_flush: Option<u64>,
     /// Flushes started because of that budget since the node started.
     pub budget_flushes: u64,
+    /// Bytes of fast writes pending or being written on this node (`fast`), counted again at the
+    /// start of every turn and raised as each is accepted.
+    pub fast_pending_bytes: usize,
 }
 
 impl NodeCtx {
@@ -249,6 +252,9 @@ impl NodeLoop {
         {
             self.fail(failure);
         }
+        if self.ctx.config.fast_path {
+            self.ctx.fast_pending_bytes = self.groups.values().map(|group| group.fast_bytes()).sum();
+        }
         let mut handled = 0;
         let mut next = first;
         while let Some(input) = next {
@@ -286,10 +292,29 @@ impl NodeLoop {
                 group.sweep_expired(now, &mut self.ctx);
             }
             group.propose_repairs(now, &mut self.ctx);
+            group.propose_order(now, false, &mut self.ctx);
+            group.order_for_waiting_reads(now, &mut self.ctx);
+            group.release_fast_reads();
             group.send_read_index();
         }
         if let Err(err) = self.on_ready(now) {
             self.fail(err.to_string());
+            return Turn::Continue;
+        }
+        // With the fast path on, what this turn made durable or applied may call for another
+        // round at once (an ORDER of the writes just made durable, a read barrier released by an
+        // applied ORDER), which would otherwise wait for the next input or tick.
+        if self.ctx.config.fast_path && !self.ctx.crashed {
+            let mut again = false;
+            for group in self.groups.values_mut().filter(|group| group.installing.is_none()) {
+                again |= group.propose_order(now, false, &mut self.ctx);
+                group.release_fast_reads();
+                group.send_read_index();
+                again |= group.raw.has_ready();
+            }
+            if again && let Err(err) = self.on_ready(now) {
+                self.fail(err.to_string());
+            }
         }
         Turn::Continue
     }
@@ -379,13 +404,25 @@ impl NodeLoop {
                 prepared.push((*shard, ready));
             }
         }
-        let locators = self.persist(&prepared)?;
+        // Fast writes' DURABILITY records ride in the same group commit (`fast::group`).
+        let fast: Vec<(u64, Vec<(onekv_log::RecordKind, Vec<u8>)>)> = self
+            .groups
+            .iter()
+            .map(|(shard, group)| (*shard, group.fast_records()))
+            .filter(|(_, records)| !records.is_empty())
+            .collect();
+        let locators = self.persist(&prepared, &fast)?;
         let mut at = 0;
         for (shard, ready) in prepared {
             let count = ready.records.len();
             let group = self.groups.get_mut(&shard).expect("prepared above");
             group.finish(ready, &locators[at..at + count], &mut self.ctx)?;
             at += count;
+        }
+        for (shard, records) in fast {
+            let group = self.groups.get_mut(&shard).expect("listed above");
+            group.fast_persisted(&locators[at..at + records.len()], now, &self.ctx);
+            at += records.len();
         }
         self.persist_commits()?;
         self.persist_rejoining()?;
@@ -451,10 +488,20 @@ impl NodeLoop {
 
     /// Appends every prepared group's records in one append and waits for the fsync; returns the
     /// locators, in the order of the records.
-    fn persist(&mut self, prepared: &[(u64, Prepared)]) -> Result<Vec<onekv_log::Locator>, ReplicaError> {
+    #[expect(clippy::type_complexity, reason = "records by shard, as the groups gave them")]
+    fn persist(
+        &mut self,
+        prepared: &[(u64, Prepared)],
+        fast: &[(u64, Vec<(onekv_log::RecordKind, Vec<u8>)>)],
+    ) -> Result<Vec<onekv_log::Locator>, ReplicaError> {
         let records: Vec<_> = prepared
             .iter()
             .flat_map(|(_, ready)| ready.records.iter().map(|(kind, payload)| (*kind, payload.as_slice())))
+            .chain(
+                fast.iter().flat_map(|(_, records)| {
+                    records.iter().map(|(kind, payload)| (*kind, payload.as_slice()))
+                }),
+            )
             .collect();
         if records.is_empty() {
             return Ok(Vec::new());

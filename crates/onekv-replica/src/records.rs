@@ -14,6 +14,8 @@
 //! RELOCATED   shard:u64 pairs                                 (values the log GC moved; `gc`)
 //! PACKED      shard:u64 block*                                (small values it moved, compressed;
 //!                                                              blocks: see `packed`)
+//! DURABILITY  shard:u64 term:u64 command                      (a fast write, `fast`: its encoded
+//!                                                              write command, with its request id)
 //! ```
 //!
 //! A snapshot is written as chunk records followed by one meta record; it counts only if the meta
@@ -39,6 +41,12 @@ pub const APPLIED: RecordKind = kind(6);
 pub const RELOCATED: RecordKind = kind(7);
 /// Small live values the log garbage collector moved, in compressed blocks (`packed`).
 pub const PACKED: RecordKind = kind(8);
+/// A fast write a replica made durable before it was ordered (`fast`); its values are the
+/// replica's one copy once an ORDER command applies it.
+pub const DURABILITY: RecordKind = kind(9);
+
+/// Bytes of a DURABILITY payload before its command.
+pub const DURABILITY_HEADER: usize = 8 + 8;
 
 const fn kind(n: u8) -> RecordKind {
     match RecordKind::new(n) {
@@ -92,10 +100,30 @@ pub fn encode_entry(shard: u64, entry: &raft::eraftpb::Entry) -> Vec<u8> {
 /// The shard a record of any kind belongs to (every kind starts with it), so recovery can split
 /// one scan of the log by shard before decoding the rest.
 pub fn record_shard(kind: RecordKind, payload: &[u8]) -> Result<u64, CodecError> {
-    if !matches!(kind, ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED | PACKED) {
+    if !matches!(
+        kind,
+        ENTRY | HARD_STATE | SNAP_CHUNK | SNAP_META | VALUE | APPLIED | RELOCATED | PACKED | DURABILITY
+    ) {
         return Err(CodecError("unknown record kind"));
     }
     Reader { data: payload, at: 0 }.u64()
+}
+
+/// Encodes a DURABILITY payload: the fast write's encoded write `command`, accepted in `term`.
+pub fn encode_durability(shard: u64, term: u64, command: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(DURABILITY_HEADER + command.len());
+    out.extend_from_slice(&shard.to_le_bytes());
+    out.extend_from_slice(&term.to_le_bytes());
+    out.extend_from_slice(command);
+    out
+}
+
+/// Decodes a DURABILITY payload: `(shard, term, command)`; the command starts at
+/// [`DURABILITY_HEADER`] in the payload.
+pub fn decode_durability(payload: &[u8]) -> Result<(u64, u64, &[u8]), CodecError> {
+    let mut r = Reader { data: payload, at: 0 };
+    let (shard, term) = (r.u64()?, r.u64()?);
+    Ok((shard, term, &payload[DURABILITY_HEADER..]))
 }
 
 /// Decodes an ENTRY payload.
@@ -440,9 +468,10 @@ fn decode_ids(r: &mut Reader<'_>) -> Result<Vec<u64>, CodecError> {
 /// Where recovery may start, stored with an index tree's flush flag (not a log record: it rides in
 /// the tree's flag, so it is exactly as durable as the flush it describes):
 /// `version:u8=3 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
-/// vote:u64 commit:u64 members` (members: see [`encode_members`]). Older versions still read:
-/// version 2 has only `voters:u32 voter:u64*voters` for its members, version 1 also has no
-/// `chunks_from` (it equals `scan_from`).
+/// vote:u64 commit:u64 members` (members: see [`encode_members`]). Version 4 (written only by a
+/// replica with the fast path on) appends `from:u64 sealed_at:u64 count:u32 (client:u64 seq:u64)*count`
+/// ([`FastPoint`]). Older versions still read: version 2 has only `voters:u32 voter:u64*voters`
+/// for its members, version 1 also has no `chunks_from` (it equals `scan_from`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecoveryPoint {
     /// Log position of the ENTRY record of the first Raft entry still served after the flush:
@@ -460,17 +489,43 @@ pub struct RecoveryPoint {
     pub hard_state: HardStateRecord,
     /// The group's members at the flush flag's applied index.
     pub members: ConfState,
+    /// The fast writes pending at the flush (`fast`), when the fast path is on.
+    pub fast: Option<FastPoint>,
+}
+
+/// Which DURABILITY records recovery takes as pending: those appended after `sealed_at` (the log's
+/// end when the tree was sealed), and below it only those whose ids are in `pending` (every other
+/// one was applied before the flush, whatever the window still remembers).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FastPoint {
+    /// The log position of the oldest record pending at the flush (`sealed_at` if none):
+    /// recovery takes this shard's DURABILITY records from here (its other records count from
+    /// `scan_from` as ever).
+    pub from: u64,
+    /// The log's end position when the tree was sealed.
+    pub sealed_at: u64,
+    /// The fast writes pending then.
+    pub pending: Vec<crate::RequestId>,
 }
 
 /// Encodes a recovery point.
 pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
-    let mut out = vec![3u8];
+    let mut out = vec![if point.fast.is_some() { 4u8 } else { 3u8 }];
     let hs = &point.hard_state;
     let fields = [point.scan_from, point.chunks_from, point.snapshot_index, point.snapshot_term];
     for v in fields.into_iter().chain([hs.term, hs.vote, hs.commit]) {
         out.extend_from_slice(&v.to_le_bytes());
     }
     encode_members(&point.members, &mut out);
+    if let Some(fast) = &point.fast {
+        out.extend_from_slice(&fast.from.to_le_bytes());
+        out.extend_from_slice(&fast.sealed_at.to_le_bytes());
+        out.extend_from_slice(&(fast.pending.len() as u32).to_le_bytes());
+        for id in &fast.pending {
+            out.extend_from_slice(&id.client.to_le_bytes());
+            out.extend_from_slice(&id.seq.to_le_bytes());
+        }
+    }
     out
 }
 
@@ -478,7 +533,7 @@ pub fn encode_recovery_point(point: &RecoveryPoint) -> Vec<u8> {
 pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, CodecError> {
     let mut r = Reader { data: bytes, at: 0 };
     let version = r.u8()?;
-    if !(1..=3).contains(&version) {
+    if !(1..=4).contains(&version) {
         return Err(CodecError("unknown recovery point version"));
     }
     let scan_from = r.u64()?;
@@ -486,19 +541,33 @@ pub fn decode_recovery_point(bytes: &[u8], shard: u64) -> Result<RecoveryPoint, 
     let (snapshot_index, snapshot_term) = (r.u64()?, r.u64()?);
     let hard_state = HardStateRecord { shard, term: r.u64()?, vote: r.u64()?, commit: r.u64()? };
     let members = match version {
-        3 => decode_members(&mut r, false)?,
+        3 | 4 => decode_members(&mut r, false)?,
         _ => ConfState { voters: decode_ids(&mut r)?, ..Default::default() },
+    };
+    let fast = if version == 4 {
+        let from = r.u64()?;
+        let sealed_at = r.u64()?;
+        let count = r.u32()? as usize;
+        if count > r.remaining() / 16 {
+            return Err(CodecError("pending fast write count exceeds the recovery point"));
+        }
+        let pending = (0..count)
+            .map(|_| Ok(crate::RequestId { client: r.u64()?, seq: r.u64()? }))
+            .collect::<Result<_, CodecError>>()?;
+        Some(FastPoint { from, sealed_at, pending })
+    } else {
+        None
     };
     if r.remaining() != 0 {
         return Err(CodecError("trailing bytes after a recovery point"));
     }
-    Ok(RecoveryPoint { scan_from, chunks_from, snapshot_index, snapshot_term, hard_state, members })
+    Ok(RecoveryPoint { scan_from, chunks_from, snapshot_index, snapshot_term, hard_state, members, fast })
 }
 
 impl RecoveryPoint {
     /// The lowest log position recovery reads for this shard.
     pub fn lowest(&self) -> u64 {
-        self.scan_from.min(self.chunks_from)
+        self.scan_from.min(self.chunks_from).min(self.fast.as_ref().map_or(u64::MAX, |fast| fast.from))
     }
 }
 
@@ -639,11 +708,27 @@ mod tests {
             snapshot_term: 2,
             hard_state: HardStateRecord { shard: 1, term: 3, vote: 1, commit: 40 },
             members: joint_members(),
+            fast: None,
         };
         let bytes = encode_recovery_point(&point);
         assert_eq!(decode_recovery_point(&bytes, 1).unwrap(), point);
         for len in 0..bytes.len() {
             assert!(decode_recovery_point(&bytes[..len], 1).is_err());
+        }
+        // Version 4: the fast writes pending at the flush.
+        let fast = RecoveryPoint {
+            fast: Some(FastPoint {
+                from: 2_000,
+                sealed_at: 9_000,
+                pending: vec![crate::RequestId { client: 5, seq: 6 }, crate::RequestId { client: 7, seq: 8 }],
+            }),
+            ..point.clone()
+        };
+        let fast_bytes = encode_recovery_point(&fast);
+        assert_eq!(fast_bytes[0], 4);
+        assert_eq!(decode_recovery_point(&fast_bytes, 1).unwrap(), fast);
+        for len in 0..fast_bytes.len() {
+            assert!(decode_recovery_point(&fast_bytes[..len], 1).is_err());
         }
         // Versions 1 and 2 held only the voters; version 1 had no chunks_from either (its chunks
         // start at its scan start).

@@ -66,6 +66,11 @@ pub(crate) struct Recovering {
     chunks: BTreeMap<(u64, u32), Locator>,
     /// The newest complete snapshot: its index and chunk locators.
     snapshot: Option<(records::SnapshotMeta, Vec<Locator>)>,
+    /// The fast writes pending at the last flush (`records::FastPoint`): where the log ended then,
+    /// and their ids. `None`: every DURABILITY record scanned is taken as pending.
+    fast_point: Option<(u64, std::collections::HashSet<crate::RequestId>)>,
+    /// The recovery point's fast writes as stored, for a re-install's new note.
+    fast_note: Option<records::FastPoint>,
 }
 
 impl Recovering {
@@ -78,6 +83,8 @@ impl Recovering {
             recovered: Recovered::default(),
             chunks: BTreeMap::new(),
             snapshot: None,
+            fast_point: None,
+            fast_note: None,
         }
     }
 }
@@ -104,7 +111,7 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
     let mut scan_from = log.end_position();
     for shard in shards.iter_mut() {
         shard.recovery_point(log)?;
-        scan_from = scan_from.min(shard.recovered.chunks_from);
+        scan_from = scan_from.min(shard.recovered.chunks_from).min(shard.fast_from());
     }
     let by_shard: BTreeMap<u64, usize> = shards.iter().enumerate().map(|(i, s)| (s.shard, i)).collect();
     let mut report = ScanReport { scan_from, records: 0 };
@@ -121,6 +128,7 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
         // older entries and snapshot metadata are already in its index, or overwritten.
         let from = match record.kind {
             records::SNAP_CHUNK => recovering.recovered.chunks_from,
+            records::DURABILITY => recovering.fast_from(),
             _ => recovering.recovered.scan_from,
         };
         if record.position < from {
@@ -133,6 +141,12 @@ pub(crate) fn recover(log: &Log, shards: &mut [Recovering]) -> Result<ScanReport
 }
 
 impl Recovering {
+    /// Where this shard's DURABILITY records count from: the oldest one pending at the last flush
+    /// (`records::FastPoint::from`), else where its entries do.
+    fn fast_from(&self) -> u64 {
+        self.fast_note.as_ref().map_or(self.recovered.scan_from, |fast| fast.from)
+    }
+
     /// Makes the members of a replica with no Raft state at all durable before it takes part in
     /// Raft: its tree is flushed with a recovery point at the log's end holding `members` (the
     /// founders it was configured with, or none for a replica waiting to be added). Later opens
@@ -150,6 +164,7 @@ impl Recovering {
             snapshot_term: 0,
             hard_state: self.recovered.hard_state,
             members,
+            fast: None,
         });
         tree.flush_with_note(0, crate::state::flag_seqno(0, tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("shard {}: flushing the index: {e}", self.shard)))
@@ -173,6 +188,9 @@ impl Recovering {
         recovered.hard_state = point.hard_state;
         recovered.scan_from = point.scan_from;
         recovered.chunks_from = point.chunks_from;
+        self.fast_point =
+            point.fast.as_ref().map(|fast| (fast.sealed_at, fast.pending.iter().copied().collect()));
+        self.fast_note = point.fast.clone();
         if point.lowest() < log.first_position() {
             return Err(storage(format!(
                 "shard {}: the index's recovery point is at log position {}, before the log's first position {}",
@@ -251,6 +269,44 @@ impl Recovering {
             // Values the log GC moved: the index points at them once a flush made that durable;
             // recovery has nothing to rebuild from them.
             records::RELOCATED | records::PACKED => {}
+            // A fast write made durable here: pending again, unless the last flush says it was
+            // applied before it (written before the flush and not named pending by it). Those the
+            // replay applies, or the window holds, leave the set after the replay.
+            records::DURABILITY => {
+                let (_, term, command) = records::decode_durability(&record.payload).map_err(bad)?;
+                let decoded = crate::codec::decode(command).map_err(bad)?;
+                let crate::codec::DecodedCommand::Write(ops) = &decoded.command else {
+                    return Err(storage(format!(
+                        "the fast write at log position {} is not a write",
+                        record.position
+                    )));
+                };
+                let id = decoded.request_id;
+                let pending = match &self.fast_point {
+                    Some((sealed_at, ids)) => record.position >= *sealed_at || ids.contains(&id),
+                    None => true,
+                };
+                if pending {
+                    let header = records::DURABILITY_HEADER as u64;
+                    let at =
+                        record.locator.slice(header, record.locator.len - header).expect("after the header");
+                    let keys = ops.iter().map(|op| op.key.to_vec()).collect();
+                    let fast = crate::fast::FastRecord {
+                        id,
+                        term,
+                        digest: crc32c::crc32c(command),
+                        command: command.into(),
+                        at,
+                        keys,
+                    };
+                    if self.applier.fast.insert(fast).is_err() {
+                        return Err(storage(format!(
+                            "shard {}: more fast writes pending in the log than a replica takes",
+                            self.shard
+                        )));
+                    }
+                }
+            }
             kind => {
                 return Err(storage(format!(
                     "unknown record kind {} at log position {}",
@@ -300,6 +356,7 @@ impl Recovering {
                 snapshot_term: meta.term,
                 hard_state: records::snapshot_hard_state(*hs, &meta),
                 members: meta.members.clone(),
+                fast: self.fast_note.clone(),
             });
             applier.install_snapshot(meta.index, &locators, &note)?;
             applied = meta.index;
@@ -348,7 +405,7 @@ impl Recovering {
             let results = applier.apply(&entries, &locators)?;
             // The members the flush recorded are those at its flag; conf changes above it are
             // replayed like the running replica applied them.
-            for entry in &entries {
+            for entry in &entries[..results.len()] {
                 if let Some(cc) = crate::membership::decoded_conf_change(entry)? {
                     match crate::membership::next_members(&store.conf_state, &cc) {
                         Ok(members) => store.conf_state = members,
@@ -360,10 +417,29 @@ impl Recovering {
             }
             recovered.replayed += results.len() as u64;
             next = end + 1;
+            // An ORDER naming a fast write this replica lost (its disk was wiped, or it joined
+            // since): it opens stalled there and asks for a snapshot (`fast::group`).
+            if let Some(at) = applier.stalled_at {
+                applied = at - 1;
+                tracing::warn!(shard, index = at, "recovery stops at an ORDER this replica cannot apply");
+                break;
+            }
+            applied = end;
         }
-        store.applied_index = commit.max(applied);
+        store.applied_index = if applier.stalled_at.is_some() { applied } else { commit.max(applied) };
         store.applied_term = raft::Storage::term(store, store.applied_index)
             .map_err(|e| storage(format!("term of applied: {e}")))?;
+        // Fast writes applied within the window (by the Raft path, or by an ORDER the flush
+        // covered) are not pending.
+        let applied: Vec<crate::RequestId> = applier
+            .fast
+            .iter()
+            .map(|record| record.id)
+            .filter(|id| applier.state.requests().lookup(*id).is_some())
+            .collect();
+        for id in applied {
+            applier.fast.remove(id);
+        }
         Ok(())
     }
 }

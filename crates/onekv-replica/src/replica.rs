@@ -480,6 +480,7 @@ impl Node {
                 dedup,
                 budget_flush: None,
                 budget_flushes: 0,
+                fast_pending_bytes: 0,
             },
             groups,
             inbox,
@@ -575,7 +576,9 @@ impl Node {
                 let index = message.get_snapshot().get_metadata().index;
                 let have =
                     group.durable_commit.load(Ordering::SeqCst).max(group.installing.load(Ordering::SeqCst));
-                if index <= have {
+                // A stalled replica (`fast::group`) asked for this snapshot whatever it committed.
+                let stalled = group.stalled_at.load(Ordering::SeqCst);
+                if index <= have && !(stalled != 0 && index >= stalled) {
                     return self.deliver(shard, message);
                 }
                 if let Some(state) = self.state(shard) {
@@ -760,6 +763,19 @@ impl Replica {
             return done(Err(ReplicaError::DiskFull(alarm)));
         }
         self.send(GroupInput::Propose { request_id, command, done });
+    }
+
+    /// Sends a fast write (`docs/design/fast-path.md`): this replica makes it durable and answers
+    /// with its term, whether it leads and the voters it knows ([`crate::FastAck`]); the leader
+    /// orders it afterwards. A client sends it to every voter and counts it done when
+    /// [`crate::FastAck::completes`] says so, else it sends the same id through [`Replica::propose`].
+    /// Refused (use the Raft path) while the fast path is off, the membership changes, a new
+    /// leader is still ordering what it held, or too many fast writes are pending.
+    pub fn fast_write(&self, request_id: RequestId, ops: Vec<crate::WriteOp>, done: Done<crate::FastAck>) {
+        if let Err(err) = self.node.inner.limits.check(&Command::Write(ops.clone())) {
+            return done(Err(err));
+        }
+        self.send(GroupInput::FastWrite { id: request_id, ops, done });
     }
 
     /// Changes the shard's members by one step (leader only; see [`crate::MembershipChange`]):

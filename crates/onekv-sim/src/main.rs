@@ -103,6 +103,18 @@ struct Args {
     /// time (implies --lease-reads).
     #[arg(long)]
     bug_lease_ignores_time: bool,
+    /// Nodes take fast writes and the odd clients send their blind writes that way (one round
+    /// trip to every voter, the Raft path with the same id when that does not complete).
+    #[arg(long)]
+    fast_path: bool,
+    /// Run the broken variant whose fast-path clients count a write done on a majority of the
+    /// voters instead of every one (implies --fast-path).
+    #[arg(long)]
+    bug_fast_counts_majority: bool,
+    /// Run the broken variant that applies an ORDER's fast writes even when the window says
+    /// they were applied (implies --fast-path).
+    #[arg(long)]
+    bug_order_skips_window: bool,
     /// Make half the workload's deletes range deletions of up to 4 consecutive keys.
     #[arg(long)]
     range_deletes: bool,
@@ -163,6 +175,7 @@ fn main() -> anyhow::Result<()> {
         expiring_puts: !args.no_expiring_puts,
         held_installs: !args.no_held_installs,
         lease_reads: args.lease_reads || args.bug_lease_ignores_time,
+        fast_path: args.fast_path || args.bug_fast_counts_majority || args.bug_order_skips_window,
         dedup: args.dedup
             || args.bug_dedup_trusts_fingerprint
             || args.bug_gc_ignores_shared_values
@@ -192,6 +205,10 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::InstallResolvesReferencesAsPublished)
         } else if args.bug_lease_ignores_time {
             Some(Bug::LeaseIgnoresTime)
+        } else if args.bug_fast_counts_majority {
+            Some(Bug::FastCountsMajority)
+        } else if args.bug_order_skips_window {
+            Some(Bug::OrderSkipsWindow)
         } else {
             None
         },

@@ -80,6 +80,14 @@ pub enum Bug {
     InstallResolvesReferencesAsPublished,
     /// A read lease lasts as long as the node leads, whatever the time (implies `lease_reads`).
     LeaseIgnoresTime,
+    /// A fast-path client counts a fast write done once a majority of the voters (the leader
+    /// among them) made it durable, not every voter: a new leader may lack it (implies
+    /// `fast_path`).
+    FastCountsMajority,
+    /// Applying the leader's ORDER applies a fast write whose id the window holds again (its
+    /// client fell back to the Raft path, which applied it): a later write of the key is
+    /// overwritten by the old value (implies `fast_path`).
+    OrderSkipsWindow,
 }
 
 /// How many recurring values the workload draws from when `dedup` is on.
@@ -150,6 +158,12 @@ pub struct SimConfig {
     /// Whether the odd nodes answer linearizable reads they lead by a read lease
     /// (`ReplicaConfig::lease_reads`; the even nodes confirm every read with a ReadIndex round).
     pub lease_reads: bool,
+    /// Whether nodes take fast writes (`ReplicaConfig::fast_path`, onelog only) and the odd
+    /// clients send their blind writes (puts, deletes, puts with an absolute expiry) that way:
+    /// to every replica of the key's shard at once, done when every voter answered in the same
+    /// term with the leader among them, else again through the Raft path with the same request id
+    /// after [`FAST_WAIT_MS`].
+    pub fast_path: bool,
 }
 
 impl Default for SimConfig {
@@ -177,6 +191,7 @@ impl Default for SimConfig {
             range_deletes: false,
             held_installs: false,
             lease_reads: false,
+            fast_path: false,
         }
     }
 }
@@ -321,6 +336,7 @@ struct Node {
 enum Answer {
     Write(Result<Outcome, ReplicaError>),
     Barrier(Result<(), ReplicaError>),
+    Fast(Result<onekv_replica::FastAck, ReplicaError>),
 }
 
 struct Completion {
@@ -345,6 +361,10 @@ struct Open {
     /// Some attempt may have been applied (it reached a replica and did not come back "not the
     /// leader").
     maybe_applied: bool,
+    /// A fast write was sent for this operation (it then goes through the Raft path).
+    fast_tried: bool,
+    /// The fast write under way: the answers so far, and how many replicas it was sent to.
+    fast: Option<(BTreeMap<u64, Result<onekv_replica::FastAck, ReplicaError>>, usize)>,
 }
 
 struct Client {
@@ -371,6 +391,9 @@ enum Phase {
 const ATTEMPT_TIMEOUT_MS: u64 = 600;
 /// An operation is given up after this long.
 const OPERATION_TIMEOUT_MS: u64 = 5_000;
+/// How long a fast-path client waits for every voter before it sends the write through the Raft
+/// path.
+pub const FAST_WAIT_MS: u64 = 40;
 
 struct Sim {
     seed: u64,
@@ -1050,6 +1073,7 @@ impl Sim {
         config.election_ticks = 10;
         config.heartbeat_ticks = 2;
         config.lease_reads = self.config.lease_reads && node.id % 2 == 1;
+        config.fast_path = self.config.fast_path && self.config.storage == StorageMode::OneLog;
         // Small enough that index flushes, Raft log compaction and snapshots all happen.
         config.memtable_bytes = 4 << 10;
         config.raft_log_keep_entries = 8;
@@ -1132,6 +1156,7 @@ impl Sim {
                 Some(Mutation::InstallResolvesReferencesAsPublished)
             }
             Some(Bug::LeaseIgnoresTime) => Some(Mutation::LeaseIgnoresTime),
+            Some(Bug::OrderSkipsWindow) => Some(Mutation::OrderSkipsWindow),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1279,6 +1304,8 @@ impl Sim {
                 retry_at: now,
                 give_up_at: now + OPERATION_TIMEOUT_MS,
                 maybe_applied: false,
+                fast_tried: false,
+                fast: None,
             });
             self.next_serial += 1;
         }
@@ -1289,7 +1316,10 @@ impl Sim {
             open.attempt_deadline = None;
             open.maybe_applied = true;
             open.retry_at = now;
-            self.clients[client].target = self.rng.random_range(1..=self.config.nodes);
+            // A fast write not done in time goes through the Raft path, to the same replica.
+            if open.fast.take().is_none() {
+                self.clients[client].target = self.rng.random_range(1..=self.config.nodes);
+            }
         }
         let open = self.clients[client].open.as_ref().expect("open");
         if open.attempt_deadline.is_none() && now >= open.give_up_at {
@@ -1343,6 +1373,10 @@ impl Sim {
             })
         };
         let key = history::encode_key(op.key);
+        let blind = matches!(op.kind, OpKind::Put(_) | OpKind::Delete | OpKind::PutExpiring { .. });
+        if self.config.fast_path && id % 2 == 1 && blind && !open.fast_tried {
+            return self.attempt_fast(client, shard);
+        }
         let command = match &op.kind {
             OpKind::Get => {
                 replica.read_barrier(Box::new(move |result| reply(Answer::Barrier(result))));
@@ -1377,6 +1411,88 @@ impl Sim {
         replica.propose(request, command, Box::new(move |result| reply(Answer::Write(result))));
     }
 
+    /// Sends the open operation (a blind write) as a fast write to every replica of `shard` that
+    /// is up; the answers gather in the operation until they make it done
+    /// (`FastAck::completes`) or all came, or [`FAST_WAIT_MS`] passed: then the Raft path.
+    fn attempt_fast(&mut self, client: usize, shard: u64) {
+        let now = self.now;
+        let replicas = self.map.shard(shard).expect("the map places every shard").replicas.clone();
+        let c = &mut self.clients[client];
+        let open = c.open.as_mut().expect("open");
+        open.fast_tried = true;
+        open.maybe_applied = true;
+        open.attempt_deadline = Some(now + FAST_WAIT_MS);
+        let op = &self.history[open.op];
+        let key = history::encode_key(op.key);
+        let ops = vec![match &op.kind {
+            OpKind::Put(value) => WriteOp { key, value: Some(history::encode_value(*value)), expiry: Default::default() },
+            OpKind::PutExpiring { value, expired } => WriteOp {
+                key,
+                value: Some(history::encode_value(*value)),
+                expiry: Expiry::At(if *expired { 1 } else { u64::MAX / 2 }),
+            },
+            _ => WriteOp::delete(key),
+        }];
+        let (serial, id, request) = (open.serial, c.id, open.request);
+        let mut sent = 0;
+        for node in replicas {
+            let Some(replica) = self.nodes[(node - 1) as usize].up.as_ref().and_then(|up| up.node.replica(shard))
+            else {
+                continue;
+            };
+            sent += 1;
+            let completions = self.completions.clone();
+            replica.fast_write(
+                request,
+                ops.clone(),
+                Box::new(move |result| {
+                    completions.lock().unwrap_or_else(|e| e.into_inner()).push(Completion {
+                        client: id,
+                        serial,
+                        node,
+                        shard,
+                        answer: Answer::Fast(result),
+                    })
+                }),
+            );
+        }
+        let open = self.clients[client].open.as_mut().expect("open");
+        open.fast = Some((BTreeMap::new(), sent));
+    }
+
+    /// Takes one answer to the open operation's fast write: `Some(true)` once the write is done,
+    /// `Some(false)` once every replica answered and it is not (the Raft path next), `None` while
+    /// answers are missing.
+    fn take_fast_answer(&mut self, client: usize, node: u64, answer: Result<onekv_replica::FastAck, ReplicaError>) -> Option<bool> {
+        let majority_bug = self.config.bug == Some(Bug::FastCountsMajority);
+        let open = self.clients[client].open.as_mut()?;
+        let (answers, sent) = open.fast.as_mut()?;
+        answers.insert(node, answer);
+        let acks: BTreeMap<u64, onekv_replica::FastAck> =
+            answers.iter().filter_map(|(node, answer)| answer.clone().ok().map(|ack| (*node, ack))).collect();
+        let done = if majority_bug {
+            acks.values().any(|ack| matches!(ack, onekv_replica::FastAck::Applied { .. }))
+                || acks.iter().find_map(|(_, ack)| match ack {
+                    onekv_replica::FastAck::Durable { term, leader: true, voters } => Some((*term, voters.clone())),
+                    _ => None,
+                })
+                .is_some_and(|(term, voters)| {
+                    let same = acks
+                        .values()
+                        .filter(|ack| matches!(ack, onekv_replica::FastAck::Durable { term: t, .. } if *t == term))
+                        .count();
+                    same * 2 > voters.len()
+                })
+        } else {
+            onekv_replica::FastAck::completes(&acks)
+        };
+        if done {
+            if std::env::var("FASTDEBUG").is_ok() { let op = &self.history[open.op]; eprintln!("DONE client {client} at {} key {} {:?} req {:?} acks {acks:?}", self.now, op.key, op.kind, open.request); }
+            return Some(true);
+        }
+        (answers.len() >= *sent).then_some(false)
+    }
+
     fn give_up(&mut self, client: usize) {
         let open = self.clients[client].open.take().expect("open");
         let op = &self.history[open.op];
@@ -1396,6 +1512,23 @@ impl Sim {
             }
             let op_index = open.op;
             let key = self.history[op_index].key;
+            if let Answer::Fast(answer) = completion.answer {
+                match self.take_fast_answer(client, completion.node, answer) {
+                    None => continue,
+                    Some(true) => {
+                        *self.faults.entry("fast-writes-done").or_default() += 1;
+                        self.complete(client, op_index, key, OpResult::Written);
+                    }
+                    Some(false) => {
+                        // Not done by the fast path: the same request id through the Raft path.
+                        let open = self.clients[client].open.as_mut().expect("open");
+                        open.fast = None;
+                        open.attempt_deadline = None;
+                        open.retry_at = self.now;
+                    }
+                }
+                continue;
+            }
             let result = match completion.answer {
                 Answer::Write(Ok(outcome)) => match (&self.history[op_index].kind, outcome.cas) {
                     (OpKind::Cas { .. }, Some(cas)) => {
@@ -1413,6 +1546,7 @@ impl Sim {
                     _ => Ok(OpResult::Written),
                 },
                 Answer::Barrier(Ok(())) => {
+                    if std::env::var("FASTDEBUG").is_ok() { eprintln!("BARRIER client {client} at {} key {key} node {} shard {}", self.now, completion.node, completion.shard); }
                     let up =
                         self.nodes[(completion.node - 1) as usize].up.as_ref().expect("it just answered");
                     let replica = up.node.replica(completion.shard).expect("it just answered");
@@ -1454,25 +1588,10 @@ impl Sim {
                     self.clients[client].target = self.rng.random_range(1..=self.config.nodes);
                     Err(true)
                 }
+                Answer::Fast(_) => unreachable!("taken above"),
             };
             match result {
-                Ok(result) => {
-                    let ret = self.next_event();
-                    let op = &mut self.history[op_index];
-                    op.ret = Some(ret);
-                    let seen = match &result {
-                        OpResult::Get(value) => Some(*value),
-                        OpResult::Cas { current, .. } => Some(*current),
-                        OpResult::Written => op.kind.blind_result(),
-                    };
-                    op.result = Some(result);
-                    let c = &mut self.clients[client];
-                    if let Some(seen) = seen {
-                        c.last_seen.insert(key, seen);
-                    }
-                    c.open = None;
-                    c.next_start = self.now + self.rng.random_range(0..20);
-                }
+                Ok(result) => self.complete(client, op_index, key, result),
                 Err(maybe_applied) => {
                     let backoff = self.rng.random_range(5..30);
                     let open = self.clients[client].open.as_mut().expect("open");
@@ -1482,6 +1601,25 @@ impl Sim {
                 }
             }
         }
+    }
+
+    /// Closes client `client`'s open operation with `result`.
+    fn complete(&mut self, client: usize, op_index: usize, key: u32, result: OpResult) {
+        let ret = self.next_event();
+        let op = &mut self.history[op_index];
+        op.ret = Some(ret);
+        let seen = match &result {
+            OpResult::Get(value) => Some(*value),
+            OpResult::Cas { current, .. } => Some(*current),
+            OpResult::Written => op.kind.blind_result(),
+        };
+        op.result = Some(result);
+        let c = &mut self.clients[client];
+        if let Some(seen) = seen {
+            c.last_seen.insert(key, seen);
+        }
+        c.open = None;
+        c.next_start = self.now + self.rng.random_range(0..20);
     }
 
     // ----- the verdict -----

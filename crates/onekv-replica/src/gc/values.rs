@@ -1,6 +1,7 @@
 //! Which values a log record holds: the bytes an index may point at, with their keys and shards.
 //! The collector reads segments it cannot collect by key through this; it knows every record kind
-//! that carries values (ENTRY commands, SNAP_CHUNK, RELOCATED and PACKED pairs).
+//! that carries values (ENTRY commands, ORDER copies inside them, DURABILITY records, SNAP_CHUNK,
+//! RELOCATED and PACKED pairs).
 
 use super::LiveValue;
 use crate::codec::{self, DecodedCommand, ValueSpan};
@@ -61,6 +62,20 @@ pub(crate) fn values_in_record(
                 DecodedCommand::Write(ops) | DecodedCommand::Txn { ops, .. } => {
                     ops.into_iter().filter_map(|op| op.value.map(|span| value(op.key, span))).collect()
                 }
+                // The copies an order carries for replicas without the durability record.
+                DecodedCommand::Order { items, .. } => {
+                    let mut values = Vec::new();
+                    for (offset, bytes) in items.into_iter().filter_map(|item| item.inline) {
+                        if let DecodedCommand::Write(ops) = codec::decode(bytes)?.command {
+                            values.extend(ops.into_iter().filter_map(|op| {
+                                op.value.map(|span| {
+                                    value(op.key, ValueSpan { offset: offset + span.offset, len: span.len })
+                                })
+                            }));
+                        }
+                    }
+                    values
+                }
                 DecodedCommand::Cas { key, new, .. } => {
                     new.map(|span| value(key, span)).into_iter().collect()
                 }
@@ -77,6 +92,23 @@ pub(crate) fn values_in_record(
         records::RELOCATED => {
             let shard = records::record_shard(kind, payload)?;
             pairs_at(shard, records::RELOCATED_HEADER, false)
+        }
+        // A fast write's own values (`fast`), which the index points at once it is ordered.
+        records::DURABILITY => {
+            let (shard, _, command) = records::decode_durability(payload)?;
+            let DecodedCommand::Write(ops) = codec::decode(command)?.command else {
+                return Err(codec::CodecError("a durability record holds no write"));
+            };
+            Ok(ops
+                .into_iter()
+                .filter_map(|op| {
+                    op.value.map(|span| ValueInRecord {
+                        shard,
+                        key: op.key,
+                        span: ValueSpan { offset: records::DURABILITY_HEADER + span.offset, len: span.len },
+                    })
+                })
+                .collect())
         }
         _ => Ok(Vec::new()),
     }

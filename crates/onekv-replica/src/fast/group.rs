@@ -1,0 +1,534 @@
+//! A group's side of the fast path: accepting fast writes, making them durable, telling the leader
+//! which this replica holds, and (as leader) ordering them.
+//!
+//! **Accepting.** A voter accepts a fast write when the fast path is on, the shard is in onelog
+//! mode, its configuration is not joint and no membership change is in flight, the write is
+//! within limits and the pending set has room. A write whose id the window holds is answered
+//! "applied at index i" at once: it is done, whatever the other replies say. A leader accepts only
+//! once it has ordered everything it held when it was elected ([`FastGroup::ready_at`]). Each
+//! accepted write is appended as a DURABILITY record in the node's next group commit and answered
+//! once that is durable, with this replica's term, whether it leads, and the voters it knows: the
+//! client counts the write done only when **every** one of those voters answered in the same term,
+//! the leader among them ([`FastAck::completes`]).
+//!
+//! Why every voter (Skyros's supermajority at R = 3, stricter at R = 5): a write every voter holds
+//! is held by any voter that becomes leader, so a new leader recovers every completed fast write
+//! from its own pending set, in its own append order (which respects real time: a write that
+//! completed before another began was appended before it on every replica). Recovery from a
+//! supermajority of 4 of 5 needs the pending sets of a majority gathered and merged (the design's
+//! "leader change"); that is not built, so at R = 5 the fast path falls back as soon as one voter is
+//! slow.
+//!
+//! **Notices.** After its group commit a follower tells the leader which fast writes it now holds
+//! (a small peer message, [`notice`]). The leader orders a write **by reference** (id and digest
+//! only: each replica applies its own record, the value's one copy) once every other replica of the
+//! shard said it holds it; a write some replica may lack is ordered with its command inline once it
+//! has waited [`INLINE_AFTER`], or at once when a read or another proposal needs it ordered.
+//!
+//! **Ordering** keeps the leader's append order: an ORDER names a prefix of the writes not yet
+//! proposed, so a write is never applied before one the leader appended earlier.
+//!
+//! **Leader change.** A new leader proposes one ORDER of every write it holds (inline, since it knows
+//! nothing of what the others hold) marked with its term: applying it drops, on every replica, the
+//! pending writes of older terms it did not name (no such write completed: the leader would hold
+//! it). Only once that ORDER is applied here does the leader accept fast writes or answer reads.
+
+use super::{FastRecord, check_ops, encode_command, notice};
+use crate::codec::OrderItem;
+use crate::group::Group;
+use crate::node::NodeCtx;
+use crate::{Done, ReplicaError, RequestId, StorageMode, WriteOp};
+use onekv_log::{Locator, RecordKind};
+use raft::StateRole;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the leader waits for every replica's notice before ordering a write with its command
+/// inline.
+pub(crate) const INLINE_AFTER: Duration = Duration::from_millis(20);
+
+/// Most ops one ORDER applies (well below what one entry's sequence numbers allow).
+const MAX_ORDER_OPS: usize = crate::state::MAX_OP / 2;
+
+/// Most bytes of inline commands one ORDER carries (a write larger than this goes alone).
+const MAX_INLINE_BYTES: usize = 8 << 20;
+
+/// A replica's answer to a fast write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FastAck {
+    /// The write's record is durable here.
+    Durable {
+        /// This replica's Raft term when it accepted the write.
+        term: u64,
+        /// Whether it leads the shard (and accepts fast writes as leader).
+        leader: bool,
+        /// The shard's voters as this replica knows them.
+        voters: Vec<u64>,
+    },
+    /// A write with this id was applied already, at this index: it is done.
+    Applied {
+        /// The entry that applied it.
+        index: u64,
+    },
+}
+
+impl FastAck {
+    /// Whether `acks` (one per node, by node id) make a fast write done: one says it was applied,
+    /// or every voter named answered durable in the same term with the same voters, one of them as
+    /// leader.
+    pub fn completes(acks: &BTreeMap<u64, FastAck>) -> bool {
+        if acks.values().any(|ack| matches!(ack, FastAck::Applied { .. })) {
+            return true;
+        }
+        let Some((_, FastAck::Durable { term, voters, .. })) =
+            acks.iter().find(|(_, ack)| matches!(ack, FastAck::Durable { leader: true, .. }))
+        else {
+            return false;
+        };
+        !voters.is_empty()
+            && voters.iter().all(|voter| {
+                matches!(acks.get(voter), Some(FastAck::Durable { term: t, voters: v, .. }) if t == term && v == voters)
+            })
+    }
+}
+
+/// A fast write waiting for the node's next group commit.
+pub(crate) struct Queued {
+    id: RequestId,
+    term: u64,
+    command: Vec<u8>,
+    keys: Vec<Vec<u8>>,
+    done: Done<FastAck>,
+}
+
+/// The fast path's state in one group.
+#[derive(Default)]
+pub(crate) struct FastGroup {
+    /// Accepted writes for the next group commit.
+    queued: Vec<Queued>,
+    /// Ids this follower made durable since it last told the leader.
+    to_notice: Vec<RequestId>,
+    /// As leader: which other replicas said they hold each pending write, and since when the
+    /// leader holds it.
+    held_by: BTreeMap<RequestId, (Instant, BTreeSet<u64>)>,
+    /// As leader: the index of the ORDER that recovers what this leader held when elected, and
+    /// its term; fast writes and reads wait until it is applied.
+    recovery: Option<(u64, u64)>,
+    /// As leader: the term in which the recovery ORDER is applied (fast writes accepted).
+    ready_term: Option<u64>,
+    /// As leader: the index of the last ORDER proposed (reads wait until it is applied).
+    pub last_order: u64,
+    /// As leader: read barriers waiting until the ORDER at this index (every fast write pending
+    /// when they arrived) is applied, before their ReadIndex round (`None`: until those writes
+    /// could be proposed).
+    reads: Vec<(Option<u64>, Done<()>)>,
+}
+
+impl FastGroup {
+    /// Whether a leader of `term` has recovered and accepts fast writes.
+    fn ready_at(&self, term: u64) -> bool {
+        self.ready_term == Some(term)
+    }
+}
+
+impl Group {
+    /// Accepts a fast write for the next group commit, or refuses it (see the module).
+    pub(crate) fn fast_write(
+        &mut self,
+        id: RequestId,
+        ops: Vec<WriteOp>,
+        done: Done<FastAck>,
+        ctx: &mut NodeCtx,
+    ) {
+        if let Some(failed) = &ctx.failed {
+            return done(Err(ReplicaError::Storage(failed.clone())));
+        }
+        if !ctx.config.fast_path || self.state.mode != StorageMode::OneLog {
+            return done(Err(ReplicaError::InvalidArgument("the fast path is off on this node".into())));
+        }
+        if let Err(error) = check_ops(&ops) {
+            return done(Err(error));
+        }
+        if let Some(previous) = self.state.requests().lookup(id) {
+            return done(Ok(FastAck::Applied { index: previous.index }));
+        }
+        let members = &self.raw.store().conf_state;
+        let me = ctx.config.node_id;
+        let refuse =
+            |why: &str| Err(ReplicaError::Dropped(format!("fast write refused: {why}; use the Raft path")));
+        if !members.voters.contains(&me) {
+            return done(refuse("this node is not a voter of the shard"));
+        }
+        if !members.voters_outgoing.is_empty() || self.raw.raft.has_pending_conf() {
+            return done(refuse("the shard's membership is changing"));
+        }
+        let term = self.raw.raft.term;
+        if self.role() == StateRole::Leader && !self.fast.ready_at(term) {
+            return done(refuse("the new leader is still ordering what it held"));
+        }
+        let command = encode_command(id, ops.clone());
+        let queued_bytes: usize = self.fast.queued.iter().map(|q| q.command.len()).sum();
+        if !self.applier.fast.has_room(queued_bytes + command.len())
+            || self.fast.queued.len() + self.applier.fast.len() >= super::pending::MAX_PENDING_RECORDS
+            || ctx.fast_pending_bytes + command.len() > super::MAX_NODE_PENDING_BYTES
+        {
+            return done(refuse("too many fast writes are pending"));
+        }
+        ctx.fast_pending_bytes += command.len();
+        let keys = ops.into_iter().map(|op| op.key).collect();
+        self.fast.queued.push(Queued { id, term, command, keys, done });
+    }
+
+    /// Bytes of fast writes pending here or waiting for the group commit.
+    pub(crate) fn fast_bytes(&self) -> usize {
+        self.applier.fast.bytes() + self.fast.queued.iter().map(|q| q.command.len()).sum::<usize>()
+    }
+
+    /// The DURABILITY records to append in this turn's group commit.
+    pub(crate) fn fast_records(&self) -> Vec<(RecordKind, Vec<u8>)> {
+        self.fast
+            .queued
+            .iter()
+            .map(|q| {
+                (
+                    crate::records::DURABILITY,
+                    crate::records::encode_durability(self.shard, q.term, &q.command),
+                )
+            })
+            .collect()
+    }
+
+    /// The records of [`Group::fast_records`] are durable at `locators` (payload locators): they
+    /// become pending, and their writers are answered.
+    pub(crate) fn fast_persisted(&mut self, locators: &[Locator], now: Instant, ctx: &NodeCtx) {
+        let queued = std::mem::take(&mut self.fast.queued);
+        let leading = self.role() == StateRole::Leader;
+        let voters = self.raw.store().conf_state.voters.clone();
+        for (q, locator) in queued.into_iter().zip(locators) {
+            // Applied while its record was being written (an ORDER carrying it inline, or the
+            // Raft path): done, and not pending.
+            if let Some(previous) = self.state.requests().lookup(q.id) {
+                (q.done)(Ok(FastAck::Applied { index: previous.index }));
+                continue;
+            }
+            // A new term began since it was accepted (this node may even lead it now, with its
+            // recovery ORDER proposed without this write): it is not taken, so it cannot complete
+            // in the term it was accepted in, and no new leader's recovery has to know of it. (Its
+            // record is in the log: after a restart it is pending again, which is harmless.)
+            if q.term != self.raw.raft.term {
+                (q.done)(Err(ReplicaError::Dropped(
+                    "fast write refused: the term changed while it was being written; use the Raft path".into(),
+                )));
+                continue;
+            }
+            let header = crate::records::DURABILITY_HEADER as u64;
+            let at = locator.slice(header, locator.len - header).expect("the command follows the header");
+            let digest = crc32c::crc32c(&q.command);
+            let record = FastRecord {
+                id: q.id,
+                term: q.term,
+                command: Arc::from(q.command),
+                at,
+                digest,
+                keys: q.keys,
+            };
+            if self.applier.fast.insert(record).is_err() {
+                (q.done)(Err(ReplicaError::Dropped(
+                    "fast write refused: too many pending; use the Raft path".into(),
+                )));
+                continue;
+            }
+            if leading {
+                self.fast.held_by.insert(q.id, (now, BTreeSet::new()));
+            } else {
+                self.fast.to_notice.push(q.id);
+            }
+            // "Leader" only for a leader that accepted it as one (it may have been elected since).
+            let leader = leading && self.fast.ready_at(q.term);
+            (q.done)(Ok(FastAck::Durable { term: q.term, leader, voters: voters.clone() }));
+        }
+        self.send_notices(ctx);
+    }
+
+    /// As follower: tells the leader which fast writes this replica made durable since it last did.
+    fn send_notices(&mut self, ctx: &NodeCtx) {
+        let leader = self.raw.raft.leader_id;
+        if self.fast.to_notice.is_empty() || leader == raft::INVALID_ID || leader == ctx.config.node_id {
+            return;
+        }
+        let ids = std::mem::take(&mut self.fast.to_notice);
+        ctx.transport
+            .send(self.shard, vec![notice::encode(ctx.config.node_id, leader, self.raw.raft.term, &ids)]);
+    }
+
+    /// As leader: replica `from` holds the fast writes `ids`.
+    pub(crate) fn fast_noticed(&mut self, from: u64, ids: Vec<RequestId>) {
+        if self.role() != StateRole::Leader {
+            return;
+        }
+        for id in ids {
+            if let Some((_, holders)) = self.fast.held_by.get_mut(&id) {
+                holders.insert(from);
+            }
+        }
+    }
+
+    /// Leadership changed here: what this node held as leader no longer counts, and the barriers
+    /// waiting for ORDERs fail with `error`.
+    pub(crate) fn fast_lost_leadership(&mut self, error: &ReplicaError) {
+        self.fast.held_by.clear();
+        self.fast.recovery = None;
+        self.fast.ready_term = None;
+        self.applier.fast.propose_again();
+        for (_, done) in self.fast.reads.drain(..) {
+            done(Err(error.clone()));
+        }
+    }
+
+    /// As leader, every turn: proposes the recovery ORDER once elected, then orders the writes
+    /// every replica holds (and those that waited [`INLINE_AFTER`], or all of them with
+    /// `everything`, inline where a replica may lack them), in append order. Returns whether it
+    /// proposed.
+    pub(crate) fn propose_order(&mut self, now: Instant, everything: bool, ctx: &mut NodeCtx) -> bool {
+        if !ctx.config.fast_path || self.role() != StateRole::Leader || ctx.failed.is_some() {
+            return false;
+        }
+        let term = self.raw.raft.term;
+        match self.fast.recovery {
+            Some((index, recovery_term)) if recovery_term == term => {
+                if self.fast.ready_term != Some(term) && self.raw.store().applied_index >= index {
+                    self.fast.ready_term = Some(term);
+                    self.release_fast_reads();
+                }
+            }
+            _ => {
+                // Just elected: order everything held, inline (in ORDERs of bounded size), the last
+                // one dropping older terms' leftovers.
+                self.applier.fast.propose_again();
+                self.fast.held_by.clear();
+                let records: Vec<FastRecord> = self.applier.fast.iter().cloned().collect();
+                self.applier.fast.take_unproposed(usize::MAX);
+                let chunks = order_chunks(&records);
+                let last = chunks.len() - 1;
+                for (i, chunk) in chunks.into_iter().enumerate() {
+                    let items = chunk.iter().map(|r| item(r, true)).collect::<Vec<_>>();
+                    let drop_below = if i == last { term } else { 0 };
+                    match self.propose_order_entry(drop_below, &items, now, ctx) {
+                        Some(index) => self.fast.last_order = index,
+                        // Refused (and everything counts as unproposed again): next turn.
+                        None => return true,
+                    }
+                }
+                self.fast.recovery = Some((self.fast.last_order, term));
+                return true;
+            }
+        }
+        if !self.applier.fast.has_unproposed() {
+            return false;
+        }
+        let others: BTreeSet<u64> = {
+            let members = &self.raw.store().conf_state;
+            members
+                .voters
+                .iter()
+                .chain(&members.learners)
+                .copied()
+                .filter(|id| *id != ctx.config.node_id)
+                .collect()
+        };
+        // The longest prefix that may be ordered now.
+        let mut items = Vec::new();
+        let (mut ops, mut bytes) = (0, 0);
+        for record in self.applier.fast.iter_unproposed() {
+            let (since, holders) =
+                self.fast.held_by.get(&record.id).cloned().unwrap_or((now, BTreeSet::new()));
+            let held = holders.is_superset(&others);
+            let inline = if held { 0 } else { record.command.len() };
+            if !(held || everything || now.saturating_duration_since(since) >= INLINE_AFTER)
+                || items.len() >= super::MAX_ORDER_ITEMS
+                || ops + record.keys.len() > MAX_ORDER_OPS
+                || (!items.is_empty() && bytes + inline > MAX_INLINE_BYTES)
+            {
+                break;
+            }
+            ops += record.keys.len();
+            bytes += inline;
+            items.push(item(record, !held));
+        }
+        if items.is_empty() {
+            return false;
+        }
+        self.applier.fast.take_unproposed(items.len());
+        for item in &items {
+            self.fast.held_by.remove(&item.id);
+        }
+        if let Some(index) = self.propose_order_entry(0, &items, now, ctx) {
+            self.fast.last_order = index;
+        }
+        true
+    }
+
+    /// Proposes one ORDER entry; returns its index when Raft appended it.
+    fn propose_order_entry(
+        &mut self,
+        drop_below: u64,
+        items: &[OrderItem],
+        now: Instant,
+        ctx: &mut NodeCtx,
+    ) -> Option<u64> {
+        let data = crate::codec::encode_order(self.entry_time(now, ctx), drop_below, items);
+        let before = self.raw.raft.raft_log.last_index();
+        match self.raw.propose(Vec::new(), data) {
+            Ok(()) if self.raw.raft.raft_log.last_index() > before => {
+                Some(self.raw.raft.raft_log.last_index())
+            }
+            _ => {
+                // Not appended (a leadership change under way): everything is proposed again by
+                // the next leader's recovery ORDER, or by this one's next turn.
+                self.applier.fast.propose_again();
+                None
+            }
+        }
+    }
+
+    /// As leader, before proposing a command of the Raft path that reads or writes `keys` (`None`:
+    /// any key): a new leader first proposes its recovery ORDER, and fast writes pending on those
+    /// keys are ordered now, so the command lands after every fast write that completed before it
+    /// arrived. (Linearizability is per key, so writes to other keys need not wait.) Returns
+    /// false if that could not be proposed (Raft refused a proposal: a leadership transfer is
+    /// under way): the command must not be proposed either.
+    pub(crate) fn order_before_proposal(&mut self, keys: Option<Vec<&[u8]>>, now: Instant, ctx: &mut NodeCtx) -> bool {
+        if !ctx.config.fast_path || self.role() != StateRole::Leader {
+            return true;
+        }
+        let term = self.raw.raft.term;
+        if !matches!(self.fast.recovery, Some((_, recovery_term)) if recovery_term == term) {
+            self.propose_order(now, false, ctx);
+        }
+        let touches = match keys {
+            None => true,
+            Some(keys) => keys.iter().any(|key| self.applier.fast.writes(key)),
+        };
+        if touches {
+            self.order_everything(now, ctx);
+        }
+        matches!(self.fast.recovery, Some((_, recovery_term)) if recovery_term == term)
+            && !(touches && self.applier.fast.has_unproposed())
+    }
+
+    /// Proposes ORDERs until nothing pending is left unproposed (an ORDER holds at most
+    /// [`super::MAX_ORDER_ITEMS`]), or Raft refuses one.
+    fn order_everything(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        while self.applier.fast.has_unproposed() {
+            let before = self.fast.last_order;
+            self.propose_order(now, true, ctx);
+            if self.fast.last_order == before {
+                break;
+            }
+        }
+    }
+
+    /// A read barrier at the leader with the fast path on: every fast write pending now is ordered
+    /// (at once, or in the next turns while Raft refuses proposals), and the barrier goes on to
+    /// its ReadIndex round once those ORDERs, and the leader's recovery ORDER, are applied here.
+    /// Every fast write that completed before the barrier arrived was pending here (the leader
+    /// answers a fast write only once it is pending), so the read sees it.
+    pub(crate) fn fast_read_barrier(&mut self, done: Done<()>, now: Instant, ctx: &mut NodeCtx) {
+        let floor = self.order_before_proposal(None, now, ctx).then(|| self.order_floor());
+        self.fast.reads.push((floor, done));
+        self.release_fast_reads();
+    }
+
+    /// The index every ORDER proposed so far in this term is at or below.
+    fn order_floor(&self) -> u64 {
+        match self.fast.recovery {
+            Some((index, _)) => self.fast.last_order.max(index),
+            None => self.fast.last_order,
+        }
+    }
+
+    /// As leader, every turn: barriers that could not have everything ordered when they arrived
+    /// try again.
+    pub(crate) fn order_for_waiting_reads(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        if !self.fast.reads.iter().any(|(floor, _)| floor.is_none()) {
+            return;
+        }
+        if self.order_before_proposal(None, now, ctx) {
+            let floor = self.order_floor();
+            for (waiting, _) in self.fast.reads.iter_mut().filter(|(floor, _)| floor.is_none()) {
+                *waiting = Some(floor);
+            }
+        }
+    }
+
+    /// Moves the barriers whose ORDERs are applied on to their ReadIndex round.
+    pub(crate) fn release_fast_reads(&mut self) {
+        if self.fast.reads.is_empty() || !self.fast.ready_at(self.raw.raft.term) {
+            return;
+        }
+        let applied = self.raw.store().applied_index;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fast.reads)
+            .into_iter()
+            .partition(|(floor, _)| floor.is_some_and(|floor| floor <= applied));
+        self.fast.reads = waiting;
+        self.reads_unsent.extend(ready.into_iter().map(|(_, done)| done));
+    }
+
+    /// This replica cannot apply the ORDER at `at` (`apply::Applier::stalled_at`): it applied
+    /// everything before it and asks the leader for a snapshot past it.
+    pub(crate) fn stall(&mut self, at: u64) {
+        tracing::warn!(
+            shard = self.shard,
+            index = at,
+            "an ORDER names a fast write this replica does not hold: waiting for a snapshot past it"
+        );
+        self.shared.stalled_at.store(at, std::sync::atomic::Ordering::SeqCst);
+        self.ask_for_snapshot();
+    }
+
+    /// Asks the leader for a snapshot of at least this replica's last entry (raft-rs refuses while
+    /// it knows no leader, or already asked: the next tick asks again).
+    pub(crate) fn ask_for_snapshot(&mut self) {
+        if self.installing.is_none() && self.raw.raft.pending_request_snapshot == raft::INVALID_INDEX {
+            let _ = self.raw.request_snapshot();
+        }
+    }
+
+    /// Forgets the fast writes the node was asked for but could not make durable (the node
+    /// failed or stops).
+    pub(crate) fn fail_fast(&mut self, error: &dyn Fn() -> ReplicaError) {
+        for q in self.fast.queued.drain(..) {
+            (q.done)(Err(error()));
+        }
+        for (_, done) in self.fast.reads.drain(..) {
+            done(Err(error()));
+        }
+    }
+}
+
+/// `records` cut into the contents of ORDERs of at most [`super::MAX_ORDER_ITEMS`] writes,
+/// [`MAX_ORDER_OPS`] ops and [`MAX_INLINE_BYTES`] of inline commands (at least one write each, and
+/// one empty ORDER for none).
+fn order_chunks(records: &[FastRecord]) -> Vec<&[FastRecord]> {
+    let mut chunks = Vec::new();
+    let (mut start, mut ops, mut bytes) = (0, 0, 0);
+    for (i, record) in records.iter().enumerate() {
+        let full = i - start >= super::MAX_ORDER_ITEMS
+            || ops + record.keys.len() > MAX_ORDER_OPS
+            || bytes + record.command.len() > MAX_INLINE_BYTES;
+        if full && i > start {
+            chunks.push(&records[start..i]);
+            (start, ops, bytes) = (i, 0, 0);
+        }
+        ops += record.keys.len();
+        bytes += record.command.len();
+    }
+    chunks.push(&records[start..]);
+    chunks
+}
+
+/// An ORDER's item for `record`, with its command inline or not.
+fn item(record: &FastRecord, inline: bool) -> OrderItem {
+    OrderItem { id: record.id, digest: record.digest, inline: inline.then(|| record.command.to_vec()) }
+}
