@@ -1528,7 +1528,11 @@ impl Group {
         self.shared.durable_commit.fetch_max(index, Ordering::SeqCst);
         self.shared.installing.store(0, Ordering::SeqCst);
         if self.applier.stalled_at.is_some_and(|at| at <= index) {
-            tracing::info!(shard = self.shard, index, "a snapshot replaced the state this replica could not apply");
+            tracing::info!(
+                shard = self.shard,
+                index,
+                "a snapshot replaced the state this replica could not apply"
+            );
             self.applier.stalled_at = None;
             self.shared.stalled_at.store(0, Ordering::SeqCst);
         }

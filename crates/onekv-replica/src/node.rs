@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 /// cannot starve persistence.
 const MAX_INPUTS_PER_TURN: usize = 4096;
 
+/// Each group's DURABILITY records for one group commit, by shard (`fast`).
+type FastRecords = Vec<(u64, Vec<(onekv_log::RecordKind, Vec<u8>)>)>;
+
 /// Whether the loop goes on after a turn.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Turn {
@@ -405,7 +408,7 @@ impl NodeLoop {
             }
         }
         // Fast writes' DURABILITY records ride in the same group commit (`fast::group`).
-        let fast: Vec<(u64, Vec<(onekv_log::RecordKind, Vec<u8>)>)> = self
+        let fast: FastRecords = self
             .groups
             .iter()
             .map(|(shard, group)| (*shard, group.fast_records()))
@@ -488,11 +491,10 @@ impl NodeLoop {
 
     /// Appends every prepared group's records in one append and waits for the fsync; returns the
     /// locators, in the order of the records.
-    #[expect(clippy::type_complexity, reason = "records by shard, as the groups gave them")]
     fn persist(
         &mut self,
         prepared: &[(u64, Prepared)],
-        fast: &[(u64, Vec<(onekv_log::RecordKind, Vec<u8>)>)],
+        fast: &FastRecords,
     ) -> Result<Vec<onekv_log::Locator>, ReplicaError> {
         let records: Vec<_> = prepared
             .iter()

@@ -364,8 +364,11 @@ struct Open {
     /// A fast write was sent for this operation (it then goes through the Raft path).
     fast_tried: bool,
     /// The fast write under way: the answers so far, and how many replicas it was sent to.
-    fast: Option<(BTreeMap<u64, Result<onekv_replica::FastAck, ReplicaError>>, usize)>,
+    fast: Option<(FastAnswers, usize)>,
 }
+
+/// The answers to a fast write so far, by node.
+type FastAnswers = BTreeMap<u64, Result<onekv_replica::FastAck, ReplicaError>>;
 
 struct Client {
     id: u32,
@@ -1425,7 +1428,9 @@ impl Sim {
         let op = &self.history[open.op];
         let key = history::encode_key(op.key);
         let ops = vec![match &op.kind {
-            OpKind::Put(value) => WriteOp { key, value: Some(history::encode_value(*value)), expiry: Default::default() },
+            OpKind::Put(value) => {
+                WriteOp { key, value: Some(history::encode_value(*value)), expiry: Default::default() }
+            }
             OpKind::PutExpiring { value, expired } => WriteOp {
                 key,
                 value: Some(history::encode_value(*value)),
@@ -1436,7 +1441,8 @@ impl Sim {
         let (serial, id, request) = (open.serial, c.id, open.request);
         let mut sent = 0;
         for node in replicas {
-            let Some(replica) = self.nodes[(node - 1) as usize].up.as_ref().and_then(|up| up.node.replica(shard))
+            let Some(replica) =
+                self.nodes[(node - 1) as usize].up.as_ref().and_then(|up| up.node.replica(shard))
             else {
                 continue;
             };
@@ -1463,7 +1469,12 @@ impl Sim {
     /// Takes one answer to the open operation's fast write: `Some(true)` once the write is done,
     /// `Some(false)` once every replica answered and it is not (the Raft path next), `None` while
     /// answers are missing.
-    fn take_fast_answer(&mut self, client: usize, node: u64, answer: Result<onekv_replica::FastAck, ReplicaError>) -> Option<bool> {
+    fn take_fast_answer(
+        &mut self,
+        client: usize,
+        node: u64,
+        answer: Result<onekv_replica::FastAck, ReplicaError>,
+    ) -> Option<bool> {
         let majority_bug = self.config.bug == Some(Bug::FastCountsMajority);
         let open = self.clients[client].open.as_mut()?;
         let (answers, sent) = open.fast.as_mut()?;
@@ -1487,7 +1498,6 @@ impl Sim {
             onekv_replica::FastAck::completes(&acks)
         };
         if done {
-            if std::env::var("FASTDEBUG").is_ok() { let op = &self.history[open.op]; eprintln!("DONE client {client} at {} key {} {:?} req {:?} acks {acks:?}", self.now, op.key, op.kind, open.request); }
             return Some(true);
         }
         (answers.len() >= *sent).then_some(false)
@@ -1546,7 +1556,6 @@ impl Sim {
                     _ => Ok(OpResult::Written),
                 },
                 Answer::Barrier(Ok(())) => {
-                    if std::env::var("FASTDEBUG").is_ok() { eprintln!("BARRIER client {client} at {} key {key} node {} shard {}", self.now, completion.node, completion.shard); }
                     let up =
                         self.nodes[(completion.node - 1) as usize].up.as_ref().expect("it just answered");
                     let replica = up.node.replica(completion.shard).expect("it just answered");

@@ -218,7 +218,8 @@ impl Group {
             // record is in the log: after a restart it is pending again, which is harmless.)
             if q.term != self.raw.raft.term {
                 (q.done)(Err(ReplicaError::Dropped(
-                    "fast write refused: the term changed while it was being written; use the Raft path".into(),
+                    "fast write refused: the term changed while it was being written; use the Raft path"
+                        .into(),
                 )));
                 continue;
             }
@@ -398,7 +399,12 @@ impl Group {
     /// arrived. (Linearizability is per key, so writes to other keys need not wait.) Returns
     /// false if that could not be proposed (Raft refused a proposal: a leadership transfer is
     /// under way): the command must not be proposed either.
-    pub(crate) fn order_before_proposal(&mut self, keys: Option<Vec<&[u8]>>, now: Instant, ctx: &mut NodeCtx) -> bool {
+    pub(crate) fn order_before_proposal(
+        &mut self,
+        keys: Option<Vec<&[u8]>>,
+        now: Instant,
+        ctx: &mut NodeCtx,
+    ) -> bool {
         if !ctx.config.fast_path || self.role() != StateRole::Leader {
             return true;
         }
