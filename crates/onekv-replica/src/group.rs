@@ -129,6 +129,10 @@ pub(crate) struct Installing {
     applied_before: u64,
 }
 
+/// How many memtables' worth (`memtable_bytes`) one followed shard's tree holds at most before it
+/// flushes on its own, whatever the followers' budget leaves it.
+const FOLLOWER_MEMTABLES: u64 = 4;
+
 /// Repair requests proposed per turn at most (many damaged values are asked for a few at a time,
 /// so they cannot crowd out client writes).
 const REPAIRS_PER_TURN: usize = 16;
@@ -1249,11 +1253,17 @@ impl Group {
 
     /// Whether the memtable holds enough to flush: a tree that shares the followers' budget
     /// (`ReplicaConfig::follower_memtable_bytes`) when the node chose it ([`NodeCtx::budget_flush`]),
-    /// or once it alone holds the whole budget; any other tree at `memtable_bytes`.
+    /// or once it alone holds [`FOLLOWER_MEMTABLES`] memtables' worth (or the whole budget, if
+    /// less: one busy followed shard stays within a few memtables, like a leader's); any other
+    /// tree at `memtable_bytes`.
     fn memtable_due(&self, ctx: &NodeCtx) -> bool {
         if self.shares_follower_budget(ctx) {
-            ctx.budget_flush == Some(self.shard)
-                || self.state.tree.memtable_bytes() >= ctx.config.follower_memtable_bytes
+            let alone = ctx
+                .config
+                .memtable_bytes
+                .saturating_mul(FOLLOWER_MEMTABLES)
+                .min(ctx.config.follower_memtable_bytes);
+            ctx.budget_flush == Some(self.shard) || self.state.tree.memtable_bytes() >= alone
         } else {
             self.state.tree.memtable_full()
         }
