@@ -329,7 +329,8 @@ impl Applier {
     /// with the leader's digest, or carried inline.
     fn can_apply_order(&self, items: &[codec::DecodedOrderItem<'_>]) -> bool {
         items.iter().all(|item| {
-            item.inline.is_some()
+            item.forget
+                || item.inline.is_some()
                 || self.fast.digest_of(item.id) == Some(item.digest)
                 || (!self.order_skips_window && self.state.requests().lookup(item.id).is_some())
         })
@@ -362,6 +363,9 @@ impl Applier {
         let mut op_base = 0usize;
         for item in items {
             let local = self.fast.remove(item.id);
+            if item.forget {
+                continue;
+            }
             let in_window = !self.order_skips_window && state.requests().lookup(item.id).is_some();
             if in_window || applied.contains(&item.id) {
                 continue;
@@ -369,7 +373,14 @@ impl Applier {
             let (command, at): (Vec<u8>, Locator) = match (local, item.inline) {
                 (Some(record), _) if record.digest == item.digest => {
                     self.fast_from_record += 1;
-                    (record.command.to_vec(), record.at)
+                    // Recovery reads a record's command only once its replay is done.
+                    let command = match record.command.is_empty() {
+                        true => state.raft_log.read(record.at).map_err(|e| {
+                            storage(format!("entry {}: reading fast write {:?}: {e}", entry.index, item.id))
+                        })?,
+                        false => record.command.to_vec(),
+                    };
+                    (command, record.at)
                 }
                 (_, Some((offset, bytes))) => {
                     self.fast_from_inline += 1;

@@ -29,7 +29,8 @@
 //!                             spare_len:u32 spare
 //! tag 8 (order) body = drop_below:u64 count:u32 item*count      (client and seq are 0)
 //!            drop_below: a new leader's term (its recovery order), or 0
-//!     item = client:u64 seq:u64 digest:u32 has_inline:u8 [inline_len:u32 inline]
+//!     item = client:u64 seq:u64 digest:u32 kind:u8 [inline_len:u32 inline]
+//!            kind 0: by reference, 1: inline follows, 2: forget (drop it as pending, apply nothing)
 //!            inline: the fast write's own encoded write command (tag 1), for replicas that do
 //!            not hold its durability record; digest: CRC-32C of that command (`fast`)
 //! value    = len:u32 crc32c(bytes):u32 bytes        (the locator covers crc32c and bytes)
@@ -175,6 +176,9 @@ pub struct DecodedOrderItem<'a> {
     /// The encoded write command itself, and its offset in the entry's data (add it to a span of
     /// the inline command to locate a value in the entry), when the leader sent it.
     pub inline: Option<(usize, &'a [u8])>,
+    /// Not a write to apply: a write some replicas hold that the leader never got (its client
+    /// gave up on it), which they drop.
+    pub forget: bool,
 }
 
 /// One fast write for [`encode_order`].
@@ -186,6 +190,8 @@ pub struct OrderItem {
     pub digest: u32,
     /// The encoded write command, for replicas that may not hold the durability record.
     pub inline: Option<Vec<u8>>,
+    /// Drop it as pending instead of applying it ([`DecodedOrderItem::forget`]).
+    pub forget: bool,
 }
 
 /// A command that does not decode.
@@ -359,6 +365,7 @@ pub fn encode_order(time_ms: u64, drop_below: u64, items: &[OrderItem]) -> Vec<u
         push_request_id(&mut out, item.id);
         out.extend_from_slice(&item.digest.to_le_bytes());
         match &item.inline {
+            _ if item.forget => out.push(2),
             Some(command) => {
                 out.push(1);
                 push_bytes(&mut out, command);
@@ -477,15 +484,16 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
             for _ in 0..count {
                 let id = RequestId { client: r.u64()?, seq: r.u64()? };
                 let digest = r.u32()?;
-                let inline = match r.u8()? {
-                    0 => None,
+                let (inline, forget) = match r.u8()? {
+                    0 => (None, false),
                     1 => {
                         let bytes = r.bytes()?;
-                        Some((r.at - bytes.len(), bytes))
+                        (Some((r.at - bytes.len(), bytes)), false)
                     }
-                    _ => return Err(CodecError("bad inline flag")),
+                    2 => (None, true),
+                    _ => return Err(CodecError("bad order item kind")),
                 };
-                items.push(DecodedOrderItem { id, digest, inline });
+                items.push(DecodedOrderItem { id, digest, inline, forget });
             }
             DecodedCommand::Order { drop_below, items }
         }
@@ -649,11 +657,13 @@ mod tests {
         }]);
         let inline = encode(RequestId { client: 3, seq: 4 }, 0, &write);
         let items = vec![
-            OrderItem { id: RequestId { client: 1, seq: 2 }, digest: 77, inline: None },
+            OrderItem { id: RequestId { client: 1, seq: 2 }, digest: 77, inline: None, forget: false },
+            OrderItem { id: RequestId { client: 5, seq: 6 }, digest: 0, inline: None, forget: true },
             OrderItem {
                 id: RequestId { client: 3, seq: 4 },
                 digest: crc32c::crc32c(&inline),
                 inline: Some(inline),
+                forget: false,
             },
         ];
         let data = encode_order(1_234, 5, &items);
@@ -663,13 +673,14 @@ mod tests {
             panic!("not an order")
         };
         assert_eq!(drop_below, 5);
-        assert_eq!(decoded_items.len(), 2);
+        assert_eq!(decoded_items.len(), 3);
         assert_eq!(
-            (decoded_items[0].id, decoded_items[0].digest, decoded_items[0].inline),
-            (items[0].id, 77, None)
+            (decoded_items[0].id, decoded_items[0].digest, decoded_items[0].inline, decoded_items[0].forget),
+            (items[0].id, 77, None, false)
         );
-        let (offset, bytes) = decoded_items[1].inline.unwrap();
-        assert_eq!(crc32c::crc32c(bytes), items[1].digest);
+        assert!(decoded_items[1].forget && decoded_items[1].inline.is_none());
+        let (offset, bytes) = decoded_items[2].inline.unwrap();
+        assert_eq!(crc32c::crc32c(bytes), items[2].digest);
         let DecodedCommand::Write(ops) = decode(bytes).unwrap().command else { panic!("not a write") };
         let span = ops[0].value.unwrap();
         let in_entry = ValueSpan { offset: offset + span.offset, len: span.len };

@@ -234,7 +234,9 @@ impl Group {
             GroupInput::Step(message) => {
                 if let Some(ids) = crate::fast::notice::decode(&message) {
                     match ids {
-                        Ok(ids) if message.term == self.raw.raft.term => self.fast_noticed(message.from, ids),
+                        Ok(ids) if message.term == self.raw.raft.term => {
+                            self.fast_noticed(message.from, ids, now)
+                        }
                         Ok(_) => {}
                         Err(error) => {
                             tracing::debug!(shard = self.shard, error, "dropped a malformed notice")
@@ -316,7 +318,7 @@ impl Group {
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader(ctx)));
                 }
-                if ctx.config.fast_path {
+                if self.fast_active(ctx) {
                     return self.fast_read_barrier(done, now, ctx);
                 }
                 self.reads_unsent.push(done);
@@ -1182,7 +1184,7 @@ impl Group {
         let store = self.raw.store();
         // The fast writes pending at this flush (`fast`): recovery must meet their records, and
         // takes as pending below the log's end now only those named here.
-        let fast = ctx.config.fast_path.then(|| records::FastPoint {
+        let fast = self.fast_active(ctx).then(|| records::FastPoint {
             from: self.applier.fast.oldest_position().unwrap_or(ctx.raft_log.end_position()),
             sealed_at: ctx.raft_log.end_position(),
             pending: self.applier.fast.iter().map(|record| record.id).collect(),
@@ -1487,7 +1489,7 @@ impl Group {
         let note = records::encode_recovery_point(&records::RecoveryPoint {
             scan_from,
             chunks_from: self.held_back(scan_from),
-            fast: ctx.config.fast_path.then(|| records::FastPoint {
+            fast: self.fast_active(ctx).then(|| records::FastPoint {
                 from: self.applier.fast.oldest_position().unwrap_or(scan_from),
                 sealed_at: self.state.raft_log.end_position(),
                 pending: self.applier.fast.iter().map(|record| record.id).collect(),

@@ -291,20 +291,17 @@ impl Recovering {
                     let at =
                         record.locator.slice(header, record.locator.len - header).expect("after the header");
                     let keys = ops.iter().map(|op| op.key.to_vec()).collect();
+                    // The command is read back only for the records still pending after the
+                    // replay: most of those written since the flush were ordered since.
                     let fast = crate::fast::FastRecord {
                         id,
                         term,
                         digest: crc32c::crc32c(command),
-                        command: command.into(),
+                        command: Vec::new().into(),
                         at,
                         keys,
                     };
-                    if self.applier.fast.insert(fast).is_err() {
-                        return Err(storage(format!(
-                            "shard {}: more fast writes pending in the log than a replica takes",
-                            self.shard
-                        )));
-                    }
+                    self.applier.fast.insert_unbounded(fast);
                 }
             }
             kind => {
@@ -440,6 +437,11 @@ impl Recovering {
         for id in applied {
             applier.fast.remove(id);
         }
+        let log = applier.state.raft_log.clone();
+        applier.fast.load_commands(|record| {
+            log.read(record.at)
+                .map_err(|e| storage(format!("shard {shard}: reading the fast write {:?}: {e}", record.id)))
+        })?;
         Ok(())
     }
 }

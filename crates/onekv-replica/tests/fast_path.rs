@@ -169,3 +169,30 @@ fn the_fast_path_is_refused_when_off() {
     let answers = fast_write(&cluster, &[leader], RequestId { client: 1, seq: 1 }, put("k", b"v"));
     assert!(matches!(answers[&leader], Err(ReplicaError::InvalidArgument(_))), "{answers:?}");
 }
+
+#[test]
+fn a_write_its_client_gave_up_on_is_forgotten_and_then_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, fast);
+    cluster.put("warm-up", b"raft path");
+    let leader = cluster.leader();
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    // Sent to the followers only, and its client never falls back: the leader has them forget it
+    // (else it would hold the log back for ever), and refuses it if it arrives after all.
+    let id = RequestId { client: 11, seq: 1 };
+    let answers = fast_write(&cluster, &followers, id, put("orphan", b"v1"));
+    assert!(answers.values().all(Result::is_ok), "{answers:?}");
+    for &f in &followers {
+        wait_for("the record pending", || cluster.replica(f).status().fast_pending == 1);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while followers.iter().any(|&f| cluster.replica(f).status().fast_pending != 0) {
+        assert!(Instant::now() < deadline, "the orphan was never forgotten");
+        // Writes keep the leader's turns going (a real cluster's ticks do too).
+        cluster.put("tick", b"t");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(cluster.linearizable_get("orphan"), None);
+    let late = fast_write(&cluster, &[leader], id, put("orphan", b"v1"));
+    assert!(matches!(late[&leader], Err(ReplicaError::Dropped(_))), "{late:?}");
+}

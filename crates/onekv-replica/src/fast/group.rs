@@ -40,13 +40,22 @@ use crate::node::NodeCtx;
 use crate::{Done, ReplicaError, RequestId, StorageMode, WriteOp};
 use onekv_log::{Locator, RecordKind};
 use raft::StateRole;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long the leader waits for every replica's notice before ordering a write with its command
 /// inline.
 pub(crate) const INLINE_AFTER: Duration = Duration::from_millis(20);
+
+/// How long after a follower's notice of a write the leader never got the leader has the replicas
+/// forget it (its client gave up on it, or fell back to the Raft path, which took it out): far
+/// longer than any client waits for the fast path, and any message lingers.
+pub(crate) const FORGET_ORPHANS_AFTER: Duration = Duration::from_secs(5);
+
+/// Most such writes the leader remembers at once (notices beyond are ignored until some are
+/// forgotten), and most it remembers having forgotten.
+const MAX_ORPHANS: usize = 65_536;
 
 /// Most ops one ORDER applies (well below what one entry's sequence numbers allow).
 const MAX_ORDER_OPS: usize = crate::state::MAX_OP / 2;
@@ -119,6 +128,14 @@ pub(crate) struct FastGroup {
     ready_term: Option<u64>,
     /// As leader: the index of the last ORDER proposed (reads wait until it is applied).
     pub last_order: u64,
+    /// As leader: writes followers said they hold that this leader does not (its client gave up,
+    /// or fell back), and since when; forgotten after [`FORGET_ORPHANS_AFTER`] so they do not hold
+    /// the log back for ever.
+    orphans: BTreeMap<RequestId, Instant>,
+    /// As leader: the writes it had forgotten (it refuses them if they arrive after all), oldest
+    /// first.
+    forgotten: VecDeque<RequestId>,
+    forgotten_ids: std::collections::HashSet<RequestId>,
     /// As leader: read barriers waiting until the ORDER at this index (every fast write pending
     /// when they arrived) is applied, before their ReadIndex round (`None`: until those writes
     /// could be proposed).
@@ -167,6 +184,9 @@ impl Group {
         if self.role() == StateRole::Leader && !self.fast.ready_at(term) {
             return done(refuse("the new leader is still ordering what it held"));
         }
+        if self.fast.forgotten_ids.contains(&id) {
+            return done(refuse("the replicas forgot this write, which reached the leader too late"));
+        }
         let command = encode_command(id, ops.clone());
         let queued_bytes: usize = self.fast.queued.iter().map(|q| q.command.len()).sum();
         if !self.applier.fast.has_room(queued_bytes + command.len())
@@ -178,6 +198,12 @@ impl Group {
         ctx.fast_pending_bytes += command.len();
         let keys = ops.into_iter().map(|op| op.key).collect();
         self.fast.queued.push(Queued { id, term, command, keys, done });
+    }
+
+    /// Whether this group orders fast writes: the fast path is on, or writes made durable while it
+    /// was (found again at recovery) are still pending, and must be ordered all the same.
+    pub(crate) fn fast_active(&self, ctx: &NodeCtx) -> bool {
+        ctx.config.fast_path || !self.applier.fast.is_empty()
     }
 
     /// Bytes of fast writes pending here or waiting for the group commit.
@@ -213,10 +239,15 @@ impl Group {
                 continue;
             }
             // A new term began since it was accepted (this node may even lead it now, with its
-            // recovery ORDER proposed without this write): it is not taken, so it cannot complete
-            // in the term it was accepted in, and no new leader's recovery has to know of it. (Its
-            // record is in the log: after a restart it is pending again, which is harmless.)
-            if q.term != self.raw.raft.term {
+            // recovery ORDER proposed without this write), or a membership change was proposed
+            // (a voter added by it would not hold the write): it is not taken, so it cannot
+            // complete. (Its record is in the log: after a restart it is pending again, which is
+            // harmless: it may be applied late, as a write that never completed may.)
+            let members = &self.raw.store().conf_state;
+            if q.term != self.raw.raft.term
+                || self.raw.raft.has_pending_conf()
+                || !members.voters_outgoing.is_empty()
+            {
                 (q.done)(Err(ReplicaError::Dropped(
                     "fast write refused: the term changed while it was being written; use the Raft path"
                         .into(),
@@ -264,13 +295,54 @@ impl Group {
     }
 
     /// As leader: replica `from` holds the fast writes `ids`.
-    pub(crate) fn fast_noticed(&mut self, from: u64, ids: Vec<RequestId>) {
+    pub(crate) fn fast_noticed(&mut self, from: u64, ids: Vec<RequestId>, now: Instant) {
         if self.role() != StateRole::Leader {
             return;
         }
         for id in ids {
             if let Some((_, holders)) = self.fast.held_by.get_mut(&id) {
                 holders.insert(from);
+            } else if !self.applier.fast.contains(id)
+                && self.state.requests().lookup(id).is_none()
+                && self.fast.orphans.len() < MAX_ORPHANS
+            {
+                self.fast.orphans.entry(id).or_insert(now);
+            }
+        }
+    }
+
+    /// As leader: has the replicas forget the writes some of them hold and this leader never got,
+    /// once they are [`FORGET_ORPHANS_AFTER`] old (none of them completed: this leader did not
+    /// answer them). From then on it refuses them if they arrive after all.
+    fn forget_orphans(&mut self, now: Instant, ctx: &mut NodeCtx) {
+        let pending = &self.applier.fast;
+        let state = &self.state;
+        self.fast.orphans.retain(|id, _| !pending.contains(*id) && state.requests().lookup(*id).is_none());
+        let due: Vec<RequestId> = self
+            .fast
+            .orphans
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= FORGET_ORPHANS_AFTER)
+            .map(|(id, _)| *id)
+            .take(super::MAX_ORDER_ITEMS)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        let items: Vec<OrderItem> =
+            due.iter().map(|id| OrderItem { id: *id, digest: 0, inline: None, forget: true }).collect();
+        if self.propose_order_entry(0, &items, now, ctx).is_none() {
+            return;
+        }
+        for id in due {
+            self.fast.orphans.remove(&id);
+            if self.fast.forgotten_ids.insert(id) {
+                self.fast.forgotten.push_back(id);
+            }
+            if self.fast.forgotten.len() > MAX_ORPHANS
+                && let Some(oldest) = self.fast.forgotten.pop_front()
+            {
+                self.fast.forgotten_ids.remove(&oldest);
             }
         }
     }
@@ -279,6 +351,7 @@ impl Group {
     /// waiting for ORDERs fail with `error`.
     pub(crate) fn fast_lost_leadership(&mut self, error: &ReplicaError) {
         self.fast.held_by.clear();
+        self.fast.orphans.clear();
         self.fast.recovery = None;
         self.fast.ready_term = None;
         self.applier.fast.propose_again();
@@ -292,10 +365,16 @@ impl Group {
     /// `everything`, inline where a replica may lack them), in append order. Returns whether it
     /// proposed.
     pub(crate) fn propose_order(&mut self, now: Instant, everything: bool, ctx: &mut NodeCtx) -> bool {
-        if !ctx.config.fast_path || self.role() != StateRole::Leader || ctx.failed.is_some() {
+        if !self.fast_active(ctx) || self.role() != StateRole::Leader || ctx.failed.is_some() {
             return false;
         }
         let term = self.raw.raft.term;
+        // Writes that left the pending set another way (the Raft path applied them) leave no
+        // trace behind.
+        if self.fast.held_by.len() > self.applier.fast.len() {
+            let pending = &self.applier.fast;
+            self.fast.held_by.retain(|id, _| pending.contains(*id));
+        }
         match self.fast.recovery {
             Some((index, recovery_term)) if recovery_term == term => {
                 if self.fast.ready_term != Some(term) && self.raw.store().applied_index >= index {
@@ -317,14 +396,20 @@ impl Group {
                     let drop_below = if i == last { term } else { 0 };
                     match self.propose_order_entry(drop_below, &items, now, ctx) {
                         Some(index) => self.fast.last_order = index,
-                        // Refused (and everything counts as unproposed again): next turn.
-                        None => return true,
+                        // Refused: everything counts as unproposed again, and the next turn
+                        // proposes the recovery again (a write in an ORDER already appended is
+                        // then named twice: the window skips the second).
+                        None => {
+                            self.applier.fast.propose_again();
+                            return true;
+                        }
                     }
                 }
                 self.fast.recovery = Some((self.fast.last_order, term));
                 return true;
             }
         }
+        self.forget_orphans(now, ctx);
         if !self.applier.fast.has_unproposed() {
             return false;
         }
@@ -342,8 +427,14 @@ impl Group {
         let mut items = Vec::new();
         let (mut ops, mut bytes) = (0, 0);
         for record in self.applier.fast.iter_unproposed() {
-            let (since, holders) =
-                self.fast.held_by.get(&record.id).cloned().unwrap_or((now, BTreeSet::new()));
+            // A write this leader holds no notices of (it held it before it was elected, or an
+            // ORDER naming it was refused) waits for none.
+            let (since, holders) = self
+                .fast
+                .held_by
+                .get(&record.id)
+                .cloned()
+                .unwrap_or((now.checked_sub(INLINE_AFTER).unwrap_or(now), BTreeSet::new()));
             let held = holders.is_superset(&others);
             let inline = if held { 0 } else { record.command.len() };
             if !(held || everything || now.saturating_duration_since(since) >= INLINE_AFTER)
@@ -360,12 +451,13 @@ impl Group {
         if items.is_empty() {
             return false;
         }
+        // Marked proposed only once Raft took the ORDER: a refused one (a leadership transfer under
+        // way, too much uncommitted) is tried again next turn, as it was.
+        let Some(index) = self.propose_order_entry(0, &items, now, ctx) else { return false };
+        self.fast.last_order = index;
         self.applier.fast.take_unproposed(items.len());
         for item in &items {
             self.fast.held_by.remove(&item.id);
-        }
-        if let Some(index) = self.propose_order_entry(0, &items, now, ctx) {
-            self.fast.last_order = index;
         }
         true
     }
@@ -384,12 +476,7 @@ impl Group {
             Ok(()) if self.raw.raft.raft_log.last_index() > before => {
                 Some(self.raw.raft.raft_log.last_index())
             }
-            _ => {
-                // Not appended (a leadership change under way): everything is proposed again by
-                // the next leader's recovery ORDER, or by this one's next turn.
-                self.applier.fast.propose_again();
-                None
-            }
+            _ => None,
         }
     }
 
@@ -405,7 +492,7 @@ impl Group {
         now: Instant,
         ctx: &mut NodeCtx,
     ) -> bool {
-        if !ctx.config.fast_path || self.role() != StateRole::Leader {
+        if !self.fast_active(ctx) || self.role() != StateRole::Leader {
             return true;
         }
         let term = self.raw.raft.term;
@@ -536,5 +623,10 @@ fn order_chunks(records: &[FastRecord]) -> Vec<&[FastRecord]> {
 
 /// An ORDER's item for `record`, with its command inline or not.
 fn item(record: &FastRecord, inline: bool) -> OrderItem {
-    OrderItem { id: record.id, digest: record.digest, inline: inline.then(|| record.command.to_vec()) }
+    OrderItem {
+        id: record.id,
+        digest: record.digest,
+        inline: inline.then(|| record.command.to_vec()),
+        forget: false,
+    }
 }

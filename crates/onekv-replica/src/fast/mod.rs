@@ -1,5 +1,5 @@
-//! The fast path (Skyros; `docs/design/fast-path.md`): blind writes made durable on a supermajority
-//! of a shard's voters in one round trip, and ordered by the leader afterwards.
+//! The fast path (Skyros; `docs/design/fast-path.md`): blind writes made durable on every voter of
+//! a shard in one round trip, and ordered by the leader afterwards.
 //!
 //! A client sends a fast write (puts and deletes, no result but "done") to every voter of its
 //! shard at once. Each voter appends a DURABILITY record (`records`) in its loop's next group
@@ -30,16 +30,19 @@ pub(crate) const MAX_ORDER_ITEMS: usize = 1024;
 /// (each shard also holds at most [`pending::MAX_PENDING_BYTES`]).
 pub(crate) const MAX_NODE_PENDING_BYTES: usize = 256 << 20;
 
-/// Checks what a fast write may hold: at least one op, and no expiry relative to a clock (every
+/// Checks what a fast write may hold: at least one op, no expiry relative to a clock (every
 /// replica encodes the same bytes for the same write, so the command's digest names it; a time
-/// taken from each replica's own clock would differ).
+/// taken from each replica's own clock would differ), and none that keeps the key's expiry (an
+/// ORDER applies its writes one after another within one entry, and such a put would read the
+/// expiry the key had before the entry).
 pub(crate) fn check_ops(ops: &[WriteOp]) -> Result<(), ReplicaError> {
     if ops.is_empty() {
         return Err(ReplicaError::InvalidArgument("a fast write needs at least one op".into()));
     }
-    if ops.iter().any(|op| matches!(op.expiry, Expiry::AfterMs(_))) {
+    if ops.iter().any(|op| op.value.is_some() && matches!(op.expiry, Expiry::AfterMs(_) | Expiry::Keep)) {
         return Err(ReplicaError::InvalidArgument(
-            "a fast write cannot carry an expiry relative to now (use an absolute time, or the Raft path)"
+            "a fast write cannot carry an expiry relative to now or keep the key's expiry (use an \
+             absolute time, or the Raft path)"
                 .into(),
         ));
     }

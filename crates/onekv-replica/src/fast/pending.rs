@@ -75,11 +75,19 @@ impl Pending {
     /// Adds `record` after every other (a record whose id is pending already is kept once: the
     /// first).
     pub fn insert(&mut self, record: FastRecord) -> Result<(), Refused> {
-        if self.by_id.contains_key(&record.id) {
-            return Ok(());
-        }
-        if !self.has_room(record.command.len()) {
+        if !self.by_id.contains_key(&record.id) && !self.has_room(record.command.len()) {
             return Err(Refused::Full);
+        }
+        self.insert_unbounded(record);
+        Ok(())
+    }
+
+    /// [`Pending::insert`] without the bounds: recovery takes every record written since the last
+    /// flush (with its command not yet read, `FastRecord::command` empty), most of which its
+    /// replay then finds applied; what stays was within the bounds before the crash.
+    pub fn insert_unbounded(&mut self, record: FastRecord) {
+        if self.by_id.contains_key(&record.id) {
+            return;
         }
         let number = self.next;
         self.next += 1;
@@ -89,6 +97,28 @@ impl Pending {
         }
         self.by_id.insert(record.id, number);
         self.by_order.insert(number, record);
+    }
+
+    /// Whether `id` is pending.
+    pub fn contains(&self, id: RequestId) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_order.is_empty()
+    }
+
+    /// Gives each pending record whose command was not read yet (recovery's) its command, from
+    /// `read`.
+    pub fn load_commands(
+        &mut self,
+        mut read: impl FnMut(&FastRecord) -> Result<Vec<u8>, crate::ReplicaError>,
+    ) -> Result<(), crate::ReplicaError> {
+        for record in self.by_order.values_mut().filter(|record| record.command.is_empty()) {
+            let command = read(record)?;
+            self.bytes += command.len();
+            record.command = command.into();
+        }
         Ok(())
     }
 
