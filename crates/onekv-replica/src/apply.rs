@@ -325,6 +325,18 @@ impl Applier {
 
     /// Applies a client's command (or a leader's deletion of expired keys) at the entry's time
     /// `time_ms`: keys expired by then count as absent, whatever this machine's clock says.
+    /// Takes out of the pending set the fast writes the request window says were applied (after a
+    /// snapshot install, or a recovery's replay, which saw their effects without their ORDERs).
+    pub fn drop_applied_fast_writes(&mut self) {
+        let requests = self.state.requests();
+        let applied: Vec<crate::RequestId> =
+            self.fast.iter().map(|record| record.id).filter(|id| requests.lookup(*id).is_some()).collect();
+        drop(requests);
+        for id in applied {
+            self.fast.remove(id);
+        }
+    }
+
     /// Whether every fast write an ORDER names can be applied here: applied already, or held here
     /// with the leader's digest, or carried inline.
     fn can_apply_order(&self, items: &[codec::DecodedOrderItem<'_>]) -> bool {

@@ -1189,34 +1189,21 @@ impl Group {
             sealed_at: ctx.raft_log.end_position(),
             pending: self.applier.fast.iter().map(|record| record.id).collect(),
         });
-        let note = match store.meta(store.first()) {
-            Some(first) => {
-                let scan_from = first.locator.position - onekv_log::RECORD_HEADER_LEN as u64;
-                records::encode_recovery_point(&records::RecoveryPoint {
-                    scan_from,
-                    chunks_from: self.held_back(scan_from),
-                    snapshot_index: store.snapshot_index,
-                    snapshot_term: store.snapshot_term,
-                    hard_state: self.persisted_hs,
-                    members: store.conf_state.clone(),
-                    fast,
-                })
-            }
+        let scan_from = match store.meta(store.first()) {
+            Some(first) => first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
             // No entry retained (after a snapshot, or everything applied was forgotten): every
             // record of this shard that recovery needs is appended after the log's end now.
-            None => {
-                let scan_from = ctx.raft_log.end_position();
-                records::encode_recovery_point(&records::RecoveryPoint {
-                    scan_from,
-                    chunks_from: self.held_back(scan_from),
-                    snapshot_index: store.snapshot_index,
-                    snapshot_term: store.snapshot_term,
-                    hard_state: self.persisted_hs,
-                    members: store.conf_state.clone(),
-                    fast,
-                })
-            }
+            None => ctx.raft_log.end_position(),
         };
+        let note = records::encode_recovery_point(&records::RecoveryPoint {
+            scan_from,
+            chunks_from: self.held_back(scan_from),
+            snapshot_index: store.snapshot_index,
+            snapshot_term: store.snapshot_term,
+            hard_state: self.persisted_hs,
+            members: store.conf_state.clone(),
+            fast,
+        });
         self.gc_flush = false;
         if ctx.budget_flush == Some(self.shard) {
             ctx.budget_flush = None;
@@ -1549,16 +1536,7 @@ impl Group {
             self.shared.stalled_at.store(0, Ordering::SeqCst);
         }
         // Fast writes the snapshot's state applied are no longer pending.
-        let applied: Vec<RequestId> = self
-            .applier
-            .fast
-            .iter()
-            .map(|record| record.id)
-            .filter(|id| self.state.requests().lookup(*id).is_some())
-            .collect();
-        for id in applied {
-            self.applier.fast.remove(id);
-        }
+        self.applier.drop_applied_fast_writes();
         // Proposals at or below the snapshot can no longer be matched to their entries.
         while let Some(entry) = self.proposals.first_entry() {
             if *entry.key() > index {

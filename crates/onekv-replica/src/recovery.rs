@@ -428,15 +428,7 @@ impl Recovering {
             .map_err(|e| storage(format!("term of applied: {e}")))?;
         // Fast writes applied within the window (by the Raft path, or by an ORDER the flush
         // covered) are not pending.
-        let applied: Vec<crate::RequestId> = applier
-            .fast
-            .iter()
-            .map(|record| record.id)
-            .filter(|id| applier.state.requests().lookup(*id).is_some())
-            .collect();
-        for id in applied {
-            applier.fast.remove(id);
-        }
+        applier.drop_applied_fast_writes();
         let log = applier.state.raft_log.clone();
         applier.fast.load_commands(|record| {
             log.read(record.at)
