@@ -18,6 +18,24 @@ fuzz_target!(|data: &[u8]| {
             | codec::DecodedCommand::DeleteExpired { .. }
             | codec::DecodedCommand::DeleteRange { .. } => Vec::new(),
             codec::DecodedCommand::Repair { value, .. } => vec![value],
+            // The fast path's ORDER: each inline command lies inside the input, and its value
+            // spans, moved by the command's offset, do too.
+            codec::DecodedCommand::Order { items, .. } => {
+                let mut spans = Vec::new();
+                for (offset, bytes) in items.iter().filter_map(|item| item.inline) {
+                    assert!(offset + bytes.len() <= data.len());
+                    assert_eq!(&data[offset..offset + bytes.len()], bytes);
+                    if let Ok(inner) = codec::decode(bytes)
+                        && let codec::DecodedCommand::Write(ops) = inner.command
+                    {
+                        spans.extend(ops.iter().filter_map(|op| op.value).map(|span| codec::ValueSpan {
+                            offset: offset + span.offset,
+                            len: span.len,
+                        }));
+                    }
+                }
+                spans
+            }
         };
         for span in spans {
             assert!(span.offset + span.len <= data.len());
@@ -35,6 +53,11 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let _ = records::decode_hard_state(data);
+    if let Ok((_, _, command)) = records::decode_durability(data) {
+        assert_eq!(records::DURABILITY_HEADER + command.len(), data.len());
+        let _ = codec::decode(command);
+    }
+    let _ = records::decode_recovery_point(data, 1);
     let _ = records::decode_snapshot_chunk(data);
     let _ = records::decode_snapshot_meta(data);
     for pair in records::SnapshotPairs::new(data) {
