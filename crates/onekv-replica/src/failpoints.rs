@@ -19,6 +19,8 @@
 //! `value-log-sealed` holds a separated-mode apply whose value-log append sealed a segment holding
 //! some of its values between that append and its index publish; `snapshot-install-chunk` holds a
 //! snapshot's install before each of its chunks (a test's callback watches the node meanwhile).
+//! One moves time: `node-clock-ahead` (action `return(ms)`) puts every node clock in the process
+//! that far ahead ([`clock_ahead_ms`]).
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;
@@ -66,6 +68,21 @@ pub fn hit(name: &str) -> bool {
 #[inline(always)]
 pub fn hit(_name: &str) -> bool {
     false
+}
+
+/// How far ahead the point `node-clock-ahead` (action `return(ms)`) moves every node clock in
+/// this process: tests that need the request window to forget ids (two minutes of leader time)
+/// move time on instead of waiting.
+#[cfg(feature = "failpoints")]
+pub fn clock_ahead_ms() -> u64 {
+    fail::eval("node-clock-ahead", |arg| arg.and_then(|ms| ms.parse().ok()).unwrap_or(0)).unwrap_or(0)
+}
+
+/// Without the feature clocks keep time.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn clock_ahead_ms() -> u64 {
+    0
 }
 
 /// Ends the process at once, as a crash would: no destructors, no flushing of anything.

@@ -1183,12 +1183,10 @@ impl Group {
         }
         let store = self.raw.store();
         // The fast writes pending at this flush (`fast`): recovery must meet their records, and
-        // takes as pending below the log's end now only those named here.
-        let fast = self.fast_active(ctx).then(|| records::FastPoint {
-            from: self.applier.fast.oldest_position().unwrap_or(ctx.raft_log.end_position()),
-            sealed_at: ctx.raft_log.end_position(),
-            pending: self.applier.fast.iter().map(|record| record.id).collect(),
-        });
+        // takes as pending below the log's end now only those named here. Written also with the
+        // fast path off and nothing pending: a record ordered earlier may lie above the entries
+        // Raft keeps, and must not be taken as pending again once the fast path is back on.
+        let fast = Some(self.fast_point(ctx.raft_log.end_position()));
         let scan_from = match store.meta(store.first()) {
             Some(first) => first.locator.position - onekv_log::RECORD_HEADER_LEN as u64,
             // No entry retained (after a snapshot, or everything applied was forgotten): every
@@ -1476,11 +1474,7 @@ impl Group {
         let note = records::encode_recovery_point(&records::RecoveryPoint {
             scan_from,
             chunks_from: self.held_back(scan_from),
-            fast: self.fast_active(ctx).then(|| records::FastPoint {
-                from: self.applier.fast.oldest_position().unwrap_or(scan_from),
-                sealed_at: self.state.raft_log.end_position(),
-                pending: self.applier.fast.iter().map(|record| record.id).collect(),
-            }),
+            fast: Some(self.fast_point(scan_from)),
             snapshot_index: meta.index,
             snapshot_term: meta.term,
             hard_state: records::snapshot_hard_state(self.persisted_hs, &meta),

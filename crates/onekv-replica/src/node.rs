@@ -147,7 +147,9 @@ impl WallClock {
 
     pub fn ms(&mut self, now: Instant) -> u64 {
         let anchor = *self.anchor.get_or_insert(now);
-        self.unix_ms_at_start + now.saturating_duration_since(anchor).as_millis() as u64
+        self.unix_ms_at_start
+            + now.saturating_duration_since(anchor).as_millis() as u64
+            + crate::failpoints::clock_ahead_ms()
     }
 }
 
@@ -170,7 +172,7 @@ impl NodeClock {
 
     /// The time now, in ms since the Unix epoch.
     pub fn now_ms(&self) -> u64 {
-        self.unix_ms_at_start + self.anchor.elapsed().as_millis() as u64
+        self.unix_ms_at_start + self.anchor.elapsed().as_millis() as u64 + crate::failpoints::clock_ahead_ms()
     }
 }
 

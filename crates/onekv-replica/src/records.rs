@@ -467,11 +467,12 @@ fn decode_ids(r: &mut Reader<'_>) -> Result<Vec<u64>, CodecError> {
 
 /// Where recovery may start, stored with an index tree's flush flag (not a log record: it rides in
 /// the tree's flag, so it is exactly as durable as the flush it describes):
-/// `version:u8=3 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
-/// vote:u64 commit:u64 members` (members: see [`encode_members`]). Version 4 (written only by a
-/// replica with the fast path on) appends `from:u64 sealed_at:u64 count:u32 (client:u64 seq:u64)*count`
-/// ([`FastPoint`]). Older versions still read: version 2 has only `voters:u32 voter:u64*voters`
-/// for its members, version 1 also has no `chunks_from` (it equals `scan_from`).
+/// `version:u8=4 scan_from:u64 chunks_from:u64 snapshot_index:u64 snapshot_term:u64 term:u64
+/// vote:u64 commit:u64 members from:u64 sealed_at:u64 count:u32 (client:u64 seq:u64)*count`
+/// (members: see [`encode_members`]; the rest is the fast path's [`FastPoint`], written by every
+/// flush). Older versions still read: version 3 has no fast point (recovery then takes every
+/// DURABILITY record it scans as pending), version 2 has only `voters:u32 voter:u64*voters` for
+/// its members, version 1 also has no `chunks_from` (it equals `scan_from`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecoveryPoint {
     /// Log position of the ENTRY record of the first Raft entry still served after the flush:
@@ -489,7 +490,8 @@ pub struct RecoveryPoint {
     pub hard_state: HardStateRecord,
     /// The group's members at the flush flag's applied index.
     pub members: ConfState,
-    /// The fast writes pending at the flush (`fast`), when the fast path is on.
+    /// The fast writes pending at the flush (`fast`); `None` only in version 3 points, read from
+    /// older releases.
     pub fast: Option<FastPoint>,
 }
 

@@ -164,7 +164,11 @@ impl Recovering {
             snapshot_term: 0,
             hard_state: self.recovered.hard_state,
             members,
-            fast: None,
+            fast: Some(records::FastPoint {
+                from: log.end_position(),
+                sealed_at: log.end_position(),
+                pending: Vec::new(),
+            }),
         });
         tree.flush_with_note(0, crate::state::flag_seqno(0, tree.last_written_seqno()), &note)
             .map_err(|e| storage(format!("shard {}: flushing the index: {e}", self.shard)))

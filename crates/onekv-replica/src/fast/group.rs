@@ -206,6 +206,16 @@ impl Group {
         ctx.config.fast_path || !self.applier.fast.is_empty()
     }
 
+    /// What a flush's recovery point says of the fast path: the writes pending now, and `end` (the
+    /// log's end at the seal) as where recovery takes every DURABILITY record from.
+    pub(crate) fn fast_point(&self, end: u64) -> crate::records::FastPoint {
+        crate::records::FastPoint {
+            from: self.applier.fast.oldest_position().unwrap_or(end),
+            sealed_at: end,
+            pending: self.applier.fast.iter().map(|record| record.id).collect(),
+        }
+    }
+
     /// Bytes of fast writes pending here or waiting for the group commit.
     pub(crate) fn fast_bytes(&self) -> usize {
         self.applier.fast.bytes() + self.fast.queued.iter().map(|q| q.command.len()).sum::<usize>()

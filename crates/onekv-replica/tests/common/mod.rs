@@ -1,10 +1,11 @@
 //! Helpers the replica's process-level tests share: a cluster of one shard in one process
-//! (`cluster`), nodes of several shards in one process (`shards`), a node of one member opened until it leads every
+//! (`cluster`) and fast writes to it (`fast`), nodes of several shards in one process (`shards`), a node of one member opened until it leads every
 //! shard, and a child process (the test binary run again) driven until an armed crash point ends
 //! it. Each test crate uses part of it.
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod fast;
 pub mod shards;
 
 use onekv_replica::failpoints::CRASH_EXIT_CODE;
