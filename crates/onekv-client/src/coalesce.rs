@@ -1,4 +1,4 @@
-//! Coalescing: the Get, Put and Delete calls that wait for one node at the same time travel to it
+//! Coalescing: the Get, Put, Delete and FastWrite calls that wait for one node at the same time travel to it
 //! in one `Multi` call, each still its own call (its own request id, answer and error).
 //!
 //! Why: on a small machine the cost of a call is per call, not per byte (HTTP/2 headers and
@@ -61,7 +61,7 @@ pub fn status_of(error: CallError) -> Status {
     status
 }
 
-/// Answers call number `at` of a `Multi` with `service`'s own Get, Put or Delete, as that call
+/// Answers call number `at` of a `Multi` with `service`'s own Get, Put, Delete or FastWrite, as that call
 /// would have been answered alone: what a node does for each call of a `Multi` (and test fakes).
 pub async fn answer_alone<S: onekv_proto::kv_server::Kv>(
     service: &S,
@@ -79,6 +79,9 @@ pub async fn answer_alone<S: onekv_proto::kv_server::Kv>(
         Some(Call::Delete(delete)) => {
             service.delete(Request::new(delete)).await.map(|done| Answer::Write(done.into_inner()))
         }
+        Some(Call::FastWrite(write)) => {
+            service.fast_write(Request::new(write)).await.map(|done| Answer::FastWrite(done.into_inner()))
+        }
         None => Err(Status::invalid_argument("a call of a Multi names no operation")),
     };
     MultiResult { call: at, result: Some(answer.unwrap_or_else(|status| Answer::Error(call_error(&status)))) }
@@ -90,6 +93,9 @@ fn payload_bytes(call: &MultiCall) -> usize {
         Some(Call::Get(get)) => get.key.len(),
         Some(Call::Put(put)) => put.key.len() + put.value.len(),
         Some(Call::Delete(delete)) => delete.key.len(),
+        Some(Call::FastWrite(write)) => {
+            write.ops.iter().map(|op| op.key.len() + op.value.as_ref().map_or(0, Vec::len)).sum()
+        }
         None => 0,
     }
 }

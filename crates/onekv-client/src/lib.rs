@@ -10,7 +10,8 @@
 //! Owns: talking to a cluster over the `Kv` gRPC service (`onekv-proto`): connections, leader
 //! discovery, retries, request ids, coalescing. Does not own: anything about server internals (it
 //! knows only the wire protocol and the cluster map), the placement rules (`onekv-placement`), the
-//! fast path (not built yet: `docs/design/fast-path.md`), or the command line (the `onekv` binary).
+//! node's side of the fast path (the client's is [`Client::put_fast`]: `docs/design/fast-path.md`),
+//! or the command line (the `onekv` binary).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), onekv_client::ClientError> {
@@ -29,8 +30,8 @@ mod retry;
 mod routing;
 
 pub use client::{
-    BatchItem, CasResult, Client, ClientOptions, ClusterSecret, Expiry, KeyPage, LocalKv, MAX_RESPONSE_BYTES,
-    ScanPage, TxnResult, WriteItem,
+    BatchItem, BlindWrite, CasResult, Client, ClientOptions, ClusterSecret, Expiry, KeyPage, LocalKv,
+    MAX_RESPONSE_BYTES, ScanPage, TxnResult, WriteItem, fast_write_completes,
 };
 pub use error::{ClientError, Result};
 pub use onekv_proto::{DedupProgress, Member, ShardStatus, StatusResponse};

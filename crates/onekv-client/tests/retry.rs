@@ -158,6 +158,13 @@ impl Kv for Fake {
         Ok(Response::new(CasResponse { swapped, found, current, index: 45 }))
     }
 
+    async fn fast_write(
+        &self,
+        _: Request<onekv_proto::FastWriteRequest>,
+    ) -> Result<Response<onekv_proto::FastWriteResponse>, Status> {
+        Err(Status::invalid_argument("the fast path is off on this node"))
+    }
+
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let request = request.into_inner();
         self.answer(request.request_id).await?;

@@ -192,6 +192,13 @@ impl Kv for Store {
         }))
     }
 
+    async fn fast_write(
+        &self,
+        _: Request<onekv_proto::FastWriteRequest>,
+    ) -> Result<Response<onekv_proto::FastWriteResponse>, Status> {
+        Err(Status::invalid_argument("the fast path is off on this node"))
+    }
+
     async fn transfer_leader(
         &self,
         _: Request<onekv_proto::TransferLeaderRequest>,

@@ -6,8 +6,8 @@
 //! for; the services choose it from the key (placement), never the backend.
 
 use onekv_replica::{
-    ChunkRequest, Command, Done, Members, MembershipChange, Message, Node, Outcome, ReplicaError,
-    ReplicaStatus, RequestId, SnapshotChunk,
+    ChunkRequest, Command, Done, FastAck, Members, MembershipChange, Message, Node, Outcome, ReplicaError,
+    ReplicaStatus, RequestId, SnapshotChunk, WriteOp,
 };
 
 /// Pairs a scan returns, and whether more remain in the range.
@@ -30,6 +30,11 @@ pub trait Backend: Send + Sync + 'static {
     fn propose(&self, shard: u64, request_id: RequestId, command: Command, done: Done<Outcome>);
     /// [`onekv_replica::Replica::read_barrier`].
     fn read_barrier(&self, shard: u64, done: Done<()>);
+    /// [`onekv_replica::Replica::fast_write`]. The default refuses it (no fast path here).
+    fn fast_write(&self, shard: u64, request_id: RequestId, ops: Vec<WriteOp>, done: Done<FastAck>) {
+        let _ = (request_id, ops);
+        done(Err(ReplicaError::InvalidArgument(format!("shard {shard}: the fast path is off on this node"))))
+    }
     /// [`onekv_replica::Replica::get_with_expiry`]: the value and when it expires.
     fn get(&self, shard: u64, key: &[u8]) -> Result<Option<onekv_replica::ValueWithExpiry>, ReplicaError>;
     /// [`onekv_replica::Replica::scan`].
@@ -125,6 +130,13 @@ impl Backend for Node {
     fn read_barrier(&self, shard: u64, done: Done<()>) {
         match self.replica(shard) {
             Some(replica) => replica.read_barrier(done),
+            None => done(Err(no_replica())),
+        }
+    }
+
+    fn fast_write(&self, shard: u64, request_id: RequestId, ops: Vec<WriteOp>, done: Done<FastAck>) {
+        match self.replica(shard) {
+            Some(replica) => replica.fast_write(request_id, ops, done),
             None => done(Err(no_replica())),
         }
     }

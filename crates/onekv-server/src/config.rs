@@ -155,6 +155,13 @@ pub struct ClusterConfig {
     /// prefix, so a key has the same shard in every database (`MOVE`, `COPY ... DB`). Fixed when
     /// the cluster is created, like `shards`.
     pub key_hashing: KeyHashingName,
+    /// Blind writes in one round trip (`docs/design/fast-path.md`): this node's replicas accept
+    /// FastWrite calls, and its Redis front end sends SET without options, DEL and MSET within one
+    /// shard by the fast path. Set it the same on every member (a node with it off refuses fast
+    /// writes, so they take the Raft path). May change across restarts; writes made durable while
+    /// it was on are still ordered after it is turned off. Needs `storage = "onelog"`. Default
+    /// false.
+    pub fast_path: bool,
 }
 
 impl Default for ClusterConfig {
@@ -163,6 +170,7 @@ impl Default for ClusterConfig {
             shards: onekv_placement::DEFAULT_SHARDS,
             replicas: None,
             key_hashing: KeyHashingName::default(),
+            fast_path: false,
         }
     }
 }
@@ -912,6 +920,14 @@ impl ServerConfig {
                 ),
             );
         }
+        if self.cluster.fast_path && self.storage != onekv_replica::StorageMode::OneLog {
+            problem(
+                "cluster.fast_path",
+                "= true needs storage = \"onelog\" (a fast write's value is applied from its durability \
+                 record in the Raft log)"
+                    .into(),
+            );
+        }
         check_range(
             &mut problem,
             "cluster.shards",
@@ -1009,6 +1025,7 @@ impl ServerConfig {
         config.election_ticks = self.raft.election_ticks;
         config.heartbeat_ticks = self.raft.heartbeat_ticks;
         config.lease_reads = self.raft.lease_reads;
+        config.fast_path = self.cluster.fast_path;
         config.raft_log_keep_entries = self.raft.raft_log_keep_entries;
         config.snapshot_chunk_bytes = self.raft.snapshot_chunk_bytes as usize;
         config.snapshot_from_followers = self.raft.snapshot_from_followers;

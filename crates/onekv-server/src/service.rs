@@ -15,14 +15,15 @@ use onekv_client::coalesce::MAX_MULTI_CALLS;
 use onekv_placement::{ClusterMap, Member as ListedMember, MemberList};
 use onekv_proto::{
     BatchRequest, CasRequest, CasResponse, ChangeMembersRequest, Consistency, DeleteRangeRequest,
-    DeleteRangeResponse, DeleteRequest, GetRequest, GetResponse, KeyValue, Member, MembersResponse,
-    MultiRequest, MultiResult, PutRequest, ReplicaRequest, ReplicaResponse, ScanRequest, ScanResponse,
-    SetMembersRequest, SetMembersResponse, StatusRequest, StatusResponse, TransferLeaderRequest,
-    TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
+    DeleteRangeResponse, DeleteRequest, FastWriteRequest, FastWriteResponse, GetRequest, GetResponse,
+    KeyValue, Member, MembersResponse, MultiRequest, MultiResult, PutRequest, ReplicaRequest,
+    ReplicaResponse, ScanRequest, ScanResponse, SetMembersRequest, SetMembersResponse, StatusRequest,
+    StatusResponse, TransferLeaderRequest, TransferLeaderResponse, TxnRequest, TxnResponse, WriteResponse,
     kv_server::{Kv, KvServer},
 };
 use onekv_replica::{
-    Command, Condition, Expiry, Limits, Outcome, RANGE_DELETE_PAGE_KEYS, ReplicaError, RequestId, WriteOp,
+    Command, Condition, Expiry, FastAck, Limits, Outcome, RANGE_DELETE_PAGE_KEYS, ReplicaError, RequestId,
+    WriteOp,
 };
 use tokio::sync::oneshot;
 use tonic::metadata::MetadataValue;
@@ -566,6 +567,30 @@ fn expiry_of(field: &str, expiry: Option<onekv_proto::Expiry>) -> Result<Expiry,
     }
 }
 
+/// Checks a batch's (or fast write's) ops against the limits: some, not too many, each key and
+/// value within its own, and all their bytes together within `limits.max_batch_bytes`.
+fn check_batch_ops(limits: &Limits, ops: &[onekv_proto::BatchOp]) -> Result<(), Status> {
+    if ops.is_empty() {
+        return Err(Status::invalid_argument("batch has no operations"));
+    }
+    if ops.len() > limits.max_batch_ops {
+        return Err(Status::invalid_argument(format!(
+            "batch has {} operations, over limits.max_batch_ops = {}",
+            ops.len(),
+            limits.max_batch_ops
+        )));
+    }
+    let mut bytes = 0;
+    for (i, op) in ops.iter().enumerate() {
+        check_written_key(limits, &format!("ops[{i}].key"), &op.key)?;
+        if let Some(value) = &op.value {
+            check_value(limits, &format!("ops[{i}].value"), value)?;
+        }
+        bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
+    }
+    check_write_bytes(limits, "batch", bytes)
+}
+
 /// A batch's or transaction's ops as the replica applies them.
 fn write_ops(ops: Vec<onekv_proto::BatchOp>) -> Result<Vec<WriteOp>, Status> {
     ops.into_iter()
@@ -678,30 +703,49 @@ impl<B: Backend> Kv for KvService<B> {
     async fn batch(&self, request: Request<BatchRequest>) -> Result<Response<WriteResponse>, Status> {
         self.observed("batch", async move {
             let request = request.into_inner();
-            let limits = &self.limits;
-            if request.ops.is_empty() {
-                return Err(Status::invalid_argument("batch has no operations"));
-            }
-            if request.ops.len() > limits.max_batch_ops {
-                return Err(Status::invalid_argument(format!(
-                    "batch has {} operations, over limits.max_batch_ops = {}",
-                    request.ops.len(),
-                    limits.max_batch_ops
-                )));
-            }
-            let mut bytes = 0;
-            for (i, op) in request.ops.iter().enumerate() {
-                check_written_key(limits, &format!("ops[{i}].key"), &op.key)?;
-                if let Some(value) = &op.value {
-                    check_value(limits, &format!("ops[{i}].value"), value)?;
-                }
-                bytes += op.key.len() + op.value.as_ref().map_or(0, Vec::len);
-            }
-            check_write_bytes(limits, "batch", bytes)?;
+            check_batch_ops(&self.limits, &request.ops)?;
             let shard = self.one_shard(request.ops.iter().map(|op| op.key.as_slice()))?;
             let ops = write_ops(request.ops)?;
             let outcome = self.commit(shard, request_id(request.request_id), Command::Write(ops)).await?;
             Ok(Response::new(WriteResponse { index: outcome.index }))
+        })
+        .await
+    }
+
+    async fn fast_write(
+        &self,
+        request: Request<FastWriteRequest>,
+    ) -> Result<Response<FastWriteResponse>, Status> {
+        self.observed("fast_write", async move {
+            let request = request.into_inner();
+            check_batch_ops(&self.limits, &request.ops)?;
+            let id = request_id(request.request_id);
+            if id.seq == 0 {
+                return Err(Status::invalid_argument(
+                    "a fast write needs a request id (seq != 0): every voter and the Raft path's retry \
+                     must name the same write",
+                ));
+            }
+            let shard = self.one_shard(request.ops.iter().map(|op| op.key.as_slice()))?;
+            let ops = write_ops(request.ops)?;
+            let (sender, receiver) = oneshot::channel();
+            self.backend.fast_write(
+                shard,
+                id,
+                ops,
+                Box::new(move |result| {
+                    let _ = sender.send(result);
+                }),
+            );
+            let node_id = self.node_id;
+            Ok(Response::new(match self.await_done(receiver, "made durable").await? {
+                FastAck::Applied { index } => {
+                    FastWriteResponse { node_id, applied_index: index, ..Default::default() }
+                }
+                FastAck::Durable { term, leader, voters } => {
+                    FastWriteResponse { node_id, applied_index: 0, term, leader, voters }
+                }
+            }))
         })
         .await
     }
@@ -1100,6 +1144,9 @@ impl<B: Backend> Kv for KvService<B> {
                     index_sorted_runs: s.index_sorted_runs,
                     index_leveled: s.index_leveled,
                     last_leveling_ms: s.last_leveling_ms.unwrap_or(0),
+                    fast_pending: s.fast_pending,
+                    fast_from_record: s.fast_from_record,
+                    fast_from_inline: s.fast_from_inline,
                 })
                 .collect();
             Ok(Response::new(StatusResponse {

@@ -274,6 +274,7 @@ fn plan_shaped(dir: &Path, count: u64, base_port: u16, shape: Shape) -> anyhow::
                     replicas: shape.replicas,
                     // A new cluster: a key has one shard in every Redis database.
                     key_hashing: onekv_server::config::KeyHashingName::DatabaseBlind,
+                    ..onekv_server::config::ClusterConfig::default()
                 },
                 // The nodes share this machine's cores.
                 worker_threads: Some(onekv_server::config::worker_threads_sharing_cores(count)),

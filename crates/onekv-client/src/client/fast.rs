@@ -1,0 +1,344 @@
+//! The client's side of the fast path (`docs/design/fast-path.md`): a blind write (puts and
+//! deletes that answer nothing but "done") sent to every voter of its shard at once, done in one
+//! round trip when every voter answered that it holds the write durably in the same term, the
+//! leader among them; otherwise sent again through the Raft path with the **same request id**,
+//! which applies it once whatever became of the fast attempt.
+//!
+//! Owns: which nodes a shard's fast writes go to (the cluster map's replicas, then the voters the
+//! shard's leader names in its answers), each node's address (from the cluster's member list),
+//! the rule that makes a write done ([`completes`]), how long to wait for every answer before
+//! falling back (adaptive: a few times the recent round trips, or
+//! [`crate::ClientOptions::fast_path_wait`]), and which shards go straight to the Raft path for a
+//! while because their last fast attempt failed. Does not own the Raft path's retries
+//! ([`Client::call`]) or the node's side (`onekv_replica::fast`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
+use onekv_proto::kv_client::KvClient;
+use onekv_proto::multi_call::Call;
+use onekv_proto::multi_result::Result as Answer;
+use onekv_proto::{
+    BatchOp, BatchRequest, DeleteRequest, FastWriteRequest, FastWriteResponse, PutRequest, RequestId,
+};
+use tonic::Status;
+
+use super::{Client, MAX_RESPONSE_BYTES, Route};
+use crate::error::{ClientError, Result};
+
+/// How a blind write sent with [`Client::put_fast`], [`Client::delete_fast`] or
+/// [`Client::batch_fast`] was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlindWrite {
+    /// Done by the fast path: durable on every voter of its shard after one round trip, ordered
+    /// by the leader in the background (reads see it from now on).
+    pub fast: bool,
+    /// The Raft log index it was applied at, when known: the Raft path's, or that of an earlier
+    /// application of the same write. `None` for a write done fast.
+    pub index: Option<u64>,
+}
+
+/// The wait before the first fast write has measured anything.
+const FIRST_WAIT: Duration = Duration::from_millis(50);
+/// Bounds of the adaptive wait.
+const MIN_WAIT: Duration = Duration::from_millis(2);
+const MAX_WAIT: Duration = Duration::from_millis(250);
+/// How long a shard whose fast write fell back (a voter slow, down, or refusing) goes straight to
+/// the Raft path: the slow voter would make every write wait and fall back anyway. The next fast
+/// attempt after it probes again.
+const DIRECT_AFTER_FAILURE: Duration = Duration::from_secs(1);
+/// As long, when a voter said the fast path is off on its node.
+const DIRECT_WHEN_OFF: Duration = Duration::from_secs(30);
+
+/// The fast path's state shared by every clone of one client.
+#[derive(Debug, Default)]
+pub(crate) struct FastPath {
+    state: Mutex<FastState>,
+}
+
+#[derive(Debug, Default)]
+struct FastState {
+    /// Each node's client address, from the member list the cluster map came with.
+    addresses: HashMap<u64, String>,
+    /// Per shard, the voters its leader named last (until then, the cluster map's replicas).
+    voters: HashMap<u64, Vec<u64>>,
+    /// Per shard, until when its writes take the Raft path without trying the fast one.
+    direct_until: HashMap<u64, Instant>,
+    /// A moving average of the round trips of fast writes that completed.
+    round_trip: Option<Duration>,
+}
+
+impl FastPath {
+    fn state(&self) -> std::sync::MutexGuard<'_, FastState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Learns the members' addresses (what a node's Status lists).
+    pub(crate) fn learn_addresses(&self, addresses: impl IntoIterator<Item = (u64, String)>) {
+        self.state().addresses.extend(addresses);
+    }
+
+    /// How long to wait for every voter's answer: a few times the recent round trips, bounded.
+    fn adaptive_wait(&self) -> Duration {
+        match self.state().round_trip {
+            None => FIRST_WAIT,
+            Some(rtt) => (rtt * 3 + Duration::from_millis(1)).clamp(MIN_WAIT, MAX_WAIT),
+        }
+    }
+
+    fn completed_in(&self, elapsed: Duration) {
+        let mut state = self.state();
+        state.round_trip = Some(match state.round_trip {
+            None => elapsed,
+            Some(average) => (average * 7 + elapsed) / 8,
+        });
+    }
+
+    fn direct_now(&self, shard: u64) -> bool {
+        let mut state = self.state();
+        match state.direct_until.get(&shard) {
+            Some(until) if Instant::now() < *until => true,
+            Some(_) => {
+                state.direct_until.remove(&shard);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn go_direct(&self, shard: u64, for_how_long: Duration) {
+        self.state().direct_until.insert(shard, Instant::now() + for_how_long);
+    }
+}
+
+/// Whether `acks` (by the node that answered) make a fast write done: one says it was applied
+/// already, or every voter the leader's answer names answered durable in the leader's term with
+/// the same voters. (The node's side states the same rule as `onekv_replica::FastAck::completes`,
+/// which its tests and the simulation use.)
+pub fn completes(acks: &BTreeMap<u64, FastWriteResponse>) -> bool {
+    if acks.values().any(|ack| ack.applied_index != 0) {
+        return true;
+    }
+    let Some(leader) = acks.values().find(|ack| ack.leader) else {
+        return false;
+    };
+    !leader.voters.is_empty()
+        && leader.voters.iter().all(|voter| {
+            acks.get(voter).is_some_and(|ack| ack.term == leader.term && ack.voters == leader.voters)
+        })
+}
+
+/// What became of a fast attempt.
+enum Attempt {
+    /// Done by the fast path (`Some(index)`: applied already, at that index).
+    Done(Option<u64>),
+    /// Not done: take the Raft path with the same request id.
+    FallBack,
+}
+
+impl Client {
+    /// Sets `key` to `value` by the fast path when the cluster has it on: in one round trip to
+    /// every voter of the key's shard, else (a voter slow, down or refusing; the fast path off)
+    /// through the shard's leader with the same request id, as [`Client::put`]. Reads that follow
+    /// see the write either way.
+    pub async fn put_fast(&self, key: &[u8], value: &[u8]) -> Result<BlindWrite> {
+        let shard = self.shard_of(key).await?;
+        self.write_fast(shard, vec![BatchOp { key: key.to_vec(), value: Some(value.to_vec()), expiry: None }])
+            .await
+    }
+
+    /// Deletes `key` by the fast path, as [`Client::put_fast`] (deleting an absent key succeeds).
+    pub async fn delete_fast(&self, key: &[u8]) -> Result<BlindWrite> {
+        let shard = self.shard_of(key).await?;
+        self.write_fast(shard, vec![BatchOp { key: key.to_vec(), value: None, expiry: None }]).await
+    }
+
+    /// Applies `ops` atomically (`(key, Some(value))` puts, `(key, None)` deletes) by the fast
+    /// path, as [`Client::put_fast`]; the keys must be of one shard, as for [`Client::batch`].
+    pub async fn batch_fast(&self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<BlindWrite> {
+        let placement = self.placement().await?;
+        let mut by_shard = super::split_by_shard(&placement, ops);
+        if by_shard.len() > 1 {
+            let shards: Vec<String> = by_shard.keys().map(u64::to_string).collect();
+            return Err(ClientError::InvalidArgument(format!(
+                "the batch's keys belong to shards {}: a batch is atomic within one shard only",
+                shards.join(", ")
+            )));
+        }
+        let Some((shard, ops)) = by_shard.pop_first() else {
+            return Err(ClientError::InvalidArgument("batch has no operations".into()));
+        };
+        let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value, expiry: None }).collect();
+        self.write_fast(shard, ops).await
+    }
+
+    /// The fast attempt, then (if it did not complete) the Raft path with the same request id.
+    async fn write_fast(&self, shard: u64, ops: Vec<BatchOp>) -> Result<BlindWrite> {
+        let id = self.next_id();
+        if let Attempt::Done(index) = self.fast_attempt(shard, &ops, id).await {
+            return Ok(BlindWrite { fast: index.is_none(), index });
+        }
+        let route = Route::Leader(shard);
+        let index = match <[BatchOp; 1]>::try_from(ops) {
+            Ok([BatchOp { key, value: Some(value), .. }]) => {
+                let request = PutRequest { key, value, request_id: Some(id), expiry: None };
+                let call = |at: &str, kv, r: tonic::Request<PutRequest>| {
+                    self.write_at(at, kv, Call::Put(r.into_inner()))
+                };
+                self.call(route, request, call).await?.index
+            }
+            Ok([BatchOp { key, value: None, .. }]) => {
+                let request = DeleteRequest { key, request_id: Some(id) };
+                let call = |at: &str, kv, r: tonic::Request<DeleteRequest>| {
+                    self.write_at(at, kv, Call::Delete(r.into_inner()))
+                };
+                self.call(route, request, call).await?.index
+            }
+            Err(ops) => {
+                let request = BatchRequest { ops, request_id: Some(id) };
+                self.call(route, request, |_, mut kv, r| async move { kv.batch(r).await }).await?.index
+            }
+        };
+        Ok(BlindWrite { fast: false, index: Some(index) })
+    }
+
+    /// Sends the write to every voter of `shard` at once and waits (at most the fast path's wait)
+    /// until the answers make it done.
+    async fn fast_attempt(&self, shard: u64, ops: &[BatchOp], id: RequestId) -> Attempt {
+        let fast = &self.inner.fast;
+        if fast.direct_now(shard) {
+            return Attempt::FallBack;
+        }
+        let Some(targets) = self.fast_targets(shard).await else {
+            return Attempt::FallBack;
+        };
+        let wait = self.inner.options.fast_path_wait.unwrap_or_else(|| fast.adaptive_wait());
+        let started = Instant::now();
+        let request = FastWriteRequest { ops: ops.to_vec(), request_id: Some(id) };
+        let mut answers: FuturesUnordered<_> = targets
+            .iter()
+            .map(|(node, endpoint)| {
+                let request = request.clone();
+                async move { (*node, self.fast_write_at(endpoint, request).await) }
+            })
+            .collect();
+        let mut acks = BTreeMap::new();
+        let deadline = tokio::time::Instant::from_std(started + wait);
+        loop {
+            match tokio::time::timeout_at(deadline, answers.next()).await {
+                Ok(Some((node, Ok(ack)))) => {
+                    if ack.leader && !ack.voters.is_empty() {
+                        fast.state().voters.insert(shard, ack.voters.clone());
+                    }
+                    acks.insert(node, ack);
+                    if completes(&acks) {
+                        let applied = acks.values().map(|ack| ack.applied_index).find(|&index| index != 0);
+                        if applied.is_none() {
+                            fast.completed_in(started.elapsed());
+                        }
+                        return Attempt::Done(applied);
+                    }
+                }
+                Ok(Some((_, Err(status)))) => {
+                    let off = status.code() == tonic::Code::InvalidArgument
+                        && status.message().contains("fast path is off");
+                    fast.go_direct(shard, if off { DIRECT_WHEN_OFF } else { DIRECT_AFTER_FAILURE });
+                    return Attempt::FallBack;
+                }
+                // Every voter answered, and the answers do not make it done (no leader among them,
+                // or terms or voters that differ: an election, a membership change).
+                Ok(None) => {
+                    fast.go_direct(shard, DIRECT_AFTER_FAILURE);
+                    return Attempt::FallBack;
+                }
+                Err(_waited) => {
+                    fast.go_direct(shard, DIRECT_AFTER_FAILURE);
+                    return Attempt::FallBack;
+                }
+            }
+        }
+    }
+
+    /// The voters of `shard` with their addresses, or `None` if one has no known address or could
+    /// not be reached moments ago (its answer would never come: take the Raft path at once).
+    async fn fast_targets(&self, shard: u64) -> Option<Vec<(u64, String)>> {
+        let placement = self.placement().await.ok()?;
+        let state = self.inner.fast.state();
+        let voters = match state.voters.get(&shard) {
+            Some(voters) => voters.clone(),
+            None => placement.shard(shard)?.replicas.clone(),
+        };
+        let routing = &self.inner.routing;
+        voters
+            .into_iter()
+            .map(|node| {
+                let endpoint = state.addresses.get(&node)?;
+                (!routing.is_unreachable(endpoint)).then(|| (node, endpoint.clone()))
+            })
+            .collect()
+    }
+
+    /// One FastWrite at `endpoint`, coalesced with the other calls waiting for that node.
+    async fn fast_write_at(
+        &self,
+        endpoint: &str,
+        request: FastWriteRequest,
+    ) -> std::result::Result<FastWriteResponse, Status> {
+        let channel =
+            self.inner.routing.channel(endpoint).map_err(|error| Status::unavailable(error.to_string()))?;
+        let kv = KvClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let answer = self.coalesced(endpoint, kv, Call::FastWrite(request)).await;
+        let routing = &self.inner.routing;
+        match answer {
+            Ok(Answer::FastWrite(ack)) => {
+                routing.mark_reachable(endpoint);
+                Ok(ack)
+            }
+            Ok(_) => Err(Status::internal("the node answered a FastWrite with another call's result")),
+            Err(status) => {
+                if let crate::retry::Failure::Retry { unreachable: true, .. } =
+                    crate::retry::classify(endpoint, &status)
+                {
+                    routing.mark_unreachable(endpoint);
+                }
+                Err(status)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn durable(node: u64, term: u64, leader: bool, voters: &[u64]) -> (u64, FastWriteResponse) {
+        (node, FastWriteResponse { node_id: node, applied_index: 0, term, leader, voters: voters.to_vec() })
+    }
+
+    #[test]
+    fn a_write_is_done_when_every_voter_the_leader_names_holds_it_in_its_term() {
+        let all = [1, 2, 3];
+        let mut acks: BTreeMap<u64, FastWriteResponse> =
+            [durable(1, 5, true, &all), durable(2, 5, false, &all)].into_iter().collect();
+        assert!(!completes(&acks), "a majority is not enough");
+        acks.extend([durable(3, 4, false, &all)]);
+        assert!(!completes(&acks), "a voter in another term");
+        acks.extend([durable(3, 5, false, &[1, 2, 3, 4])]);
+        assert!(!completes(&acks), "a voter that knows other voters");
+        acks.extend([durable(3, 5, false, &all)]);
+        assert!(completes(&acks));
+        let no_leader: BTreeMap<_, _> =
+            [durable(1, 5, false, &all), durable(2, 5, false, &all), durable(3, 5, false, &all)]
+                .into_iter()
+                .collect();
+        assert!(!completes(&no_leader), "no leader among them");
+        let applied: BTreeMap<_, _> =
+            [(2, FastWriteResponse { node_id: 2, applied_index: 9, ..Default::default() })]
+                .into_iter()
+                .collect();
+        assert!(completes(&applied), "applied already");
+    }
+}
