@@ -40,6 +40,9 @@ pub enum Contender {
         index: IndexVariant,
         /// How the nodes deduplicate values (`dedup.mode`).
         dedup: DedupModeName,
+        /// Whether the nodes have the fast path on (`cluster.fast_path`) and the client writes
+        /// through it (`Client::put_fast`).
+        fast: bool,
         /// Whether the nodes run the baseline executable ([`CompareConfig::baseline_exe`],
         /// `@base`) instead of this one: one build against another in the same run.
         baseline: bool,
@@ -154,17 +157,19 @@ impl IndexVariant {
 impl Contender {
     /// `etcd`, or the storage mode's name, then `:SHARDS` unless the default shard count, then
     /// `:uniform` or `:sN` for an index layout other than the default, then `:dedup-MODE` when the
-    /// nodes deduplicate values (`inline`, `offline`, `elastic`), then `:nogc` when the log
+    /// nodes deduplicate values (`inline`, `offline`, `elastic`), then `:fast` when writes take the
+    /// fast path, then `:nogc` when the log
     /// garbage collector is off or `:nocompress` when it compresses nothing, then `@base` when it
     /// runs the baseline executable.
     pub fn name(self) -> String {
         match self {
-            Contender::Onekv { mode, shards, gc, index, dedup, baseline } => {
+            Contender::Onekv { mode, shards, gc, index, dedup, fast, baseline } => {
                 let mut name = mode.name().to_string();
                 if shards != onekv_placement::DEFAULT_SHARDS {
                     name.push_str(&format!(":{shards}"));
                 }
-                for suffix in [index.suffix(), dedup_suffix(dedup)].into_iter().flatten() {
+                let fast = fast.then(|| FAST_SUFFIX.to_string());
+                for suffix in [index.suffix(), dedup_suffix(dedup), fast].into_iter().flatten() {
                     name.push(':');
                     name.push_str(&suffix);
                 }
@@ -183,7 +188,7 @@ impl Contender {
 
     /// Parses a name as [`Contender::name`] spells it: `etcd`, `onelog` (16 shards), `onelog:1`,
     /// `onelog:nogc`, `onelog:1:nogc`, `onelog:nocompress`, `onelog:uniform`, `onelog:3:s4:nogc`,
-    /// `onelog:dedup-inline`, `onelog@base`.
+    /// `onelog:dedup-inline`, `onelog:1:fast`, `onelog@base`.
     pub fn parse(name: &str) -> Option<Contender> {
         if name == "etcd" {
             return Some(Contender::Etcd);
@@ -204,6 +209,10 @@ impl Contender {
                 break;
             }
         }
+        let fast = rest.last() == Some(&FAST_SUFFIX);
+        if fast {
+            rest.pop();
+        }
         let mut dedup = DedupModeName::Off;
         if let Some(parsed) = rest.last().and_then(|suffix| parse_dedup_suffix(suffix)) {
             dedup = parsed;
@@ -222,9 +231,12 @@ impl Contender {
         if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
             return None;
         }
-        Some(Contender::Onekv { mode, shards, gc, index, dedup, baseline })
+        Some(Contender::Onekv { mode, shards, gc, index, dedup, fast, baseline })
     }
 }
+
+/// The contender name's suffix for a cluster with the fast path on, written through it.
+const FAST_SUFFIX: &str = "fast";
 
 /// The contender name's suffix for one run with the baseline executable.
 const BASELINE_SUFFIX: &str = "@base";
@@ -302,6 +314,9 @@ pub struct CompareRun {
     /// as the nodes' amplification, by every process ([`amplification::device_write_bytes`]).
     #[serde(default)]
     pub device_write_bytes: Option<u64>,
+    /// With the fast path: writes done fast, and writes that fell back to the Raft path.
+    #[serde(default)]
+    pub fast_writes: Option<(u64, u64)>,
 }
 
 /// The log garbage collectors' counters at the end of a run, summed over the nodes that answered.
@@ -422,7 +437,7 @@ async fn run_onekv(
     contender: Contender,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let Contender::Onekv { mode, shards, gc, index, dedup, baseline } = contender else {
+    let Contender::Onekv { mode, shards, gc, index, dedup, fast, baseline } = contender else {
         unreachable!("run_onekv runs onekv contenders only")
     };
     let name = contender.name();
@@ -447,6 +462,7 @@ async fn run_onekv(
         (
             index.config(config.index_memtable_bytes),
             onekv_server::config::DedupConfig { mode: dedup, ..Default::default() },
+            fast,
         ),
         config.link_delay,
     )
@@ -455,13 +471,13 @@ async fn run_onekv(
     let client = cluster.client(ClientOptions::default());
     let probes = cluster.probes();
     let before = amplification::snapshot(&client, &probes).await;
-    let target = Arc::new(OnekvTarget::new(client.clone()));
+    let target = Arc::new(OnekvTarget::new(client.clone()).with_fast_path(fast));
     let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
     let sampler =
         config.sample_disk.map(|every| tokio::spawn(sample_disk(probes.clone(), every, samples.clone())));
     let device_before = device_write_bytes(&probes);
     let cpu = CpuProbe { server_pids: probes.iter().filter_map(|probe| probe.pid).collect() };
-    let phases = run_phases(target, &config.run, true, &cpu).await;
+    let phases = run_phases(target.clone(), &config.run, true, &cpu).await;
     if let Some(sampler) = sampler {
         sampler.abort();
     }
@@ -473,7 +489,17 @@ async fn run_onekv(
     let nodes = amplification::amplification(&before, &after, live_bytes(config.run.records, &phases));
     let gc = Some(gc_totals(&client).await);
     cluster.stop();
-    Ok(CompareRun { mode: name, round, phases, nodes, disk_samples, gc, device_write_bytes: device_written })
+    let fast_writes = fast.then(|| target.fast_writes());
+    Ok(CompareRun {
+        mode: name,
+        round,
+        phases,
+        nodes,
+        disk_samples,
+        gc,
+        device_write_bytes: device_written,
+        fast_writes,
+    })
 }
 
 async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, CompareError> {
@@ -503,6 +529,7 @@ async fn run_etcd(config: &CompareConfig, round: u32) -> Result<CompareRun, Comp
         disk_samples: Vec::new(),
         gc: None,
         device_write_bytes: device_written,
+        fast_writes: None,
     })
 }
 
@@ -655,6 +682,12 @@ pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
         figures
             .push(("dedup: MiB not stored again".into(), gc.dedup_bytes_saved as f64 / (1u64 << 20) as f64));
     }
+    if let Some((fast, fell_back)) = run.fast_writes {
+        figures.push((
+            "fast path: writes fallen back %".into(),
+            fell_back as f64 * 100.0 / (fast + fell_back).max(1) as f64,
+        ));
+    }
     // Index compaction over all nodes, by the layout of the trees compacted (onekv only).
     let compactions: Vec<_> = run.nodes.iter().filter_map(|n| n.index_compaction_bytes).collect();
     if !compactions.is_empty() {
@@ -751,6 +784,7 @@ mod tests {
             gc,
             index: IndexVariant::Default,
             dedup: DedupModeName::Off,
+            fast: false,
             baseline,
         }
     }
@@ -768,6 +802,12 @@ mod tests {
         ] {
             assert_eq!(Contender::parse(&contender.name()), Some(contender));
         }
+        for name in ["onelog:1:fast", "onelog:3:s4:dedup-inline:fast:nogc", "onelog:fast@base"] {
+            let contender = Contender::parse(name).unwrap_or_else(|| panic!("{name}"));
+            assert!(matches!(contender, Contender::Onekv { fast: true, .. }), "{name}");
+            assert_eq!(contender.name(), name);
+        }
+        assert!(Contender::parse("onelog:fast:uniform").is_none());
         assert_eq!(Contender::parse("etcd3"), None);
         assert_eq!(Contender::parse("onelog:1"), Some(onekv(StorageMode::OneLog, 1, GcVariant::On, false)));
         assert_eq!(Contender::parse("onelog"), Some(onekv(StorageMode::OneLog, 16, GcVariant::On, false)));
@@ -903,6 +943,7 @@ mod tests {
             disk_samples: Vec::new(),
             gc: None,
             device_write_bytes: Some(3720),
+            fast_writes: None,
         }
     }
 

@@ -69,8 +69,8 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says; `[index]` and
-    /// `[dedup]` as given), in a fresh directory under
+    /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says; `[index]`,
+    /// `[dedup]` and `cluster.fast_path` as given), in a fresh directory under
     /// `parent` (the system's temporary directory if `None`), with every link between nodes and from
     /// the client delayed by `link_delay` one way ([`crate::delay`]) if given. Returns once they are
     /// spawned; see [`LocalCluster::wait_for_leader`].
@@ -82,7 +82,11 @@ impl LocalCluster {
         storage: StorageMode,
         shards: u32,
         gc: GcVariant,
-        (index, dedup): (onekv_server::config::IndexConfig, onekv_server::config::DedupConfig),
+        (index, dedup, fast_path): (
+            onekv_server::config::IndexConfig,
+            onekv_server::config::DedupConfig,
+            bool,
+        ),
         link_delay: Option<Duration>,
     ) -> Result<LocalCluster, ClusterError> {
         let prefix = format!("onekv-bench-{}-", storage.name());
@@ -141,7 +145,7 @@ impl LocalCluster {
                         _ => other.clone(),
                     })
                     .collect(),
-                cluster: onekv_server::config::ClusterConfig { shards, ..Default::default() },
+                cluster: onekv_server::config::ClusterConfig { shards, fast_path, ..Default::default() },
                 gc: match gc {
                     GcVariant::On => Default::default(),
                     GcVariant::Off => onekv_server::config::GcConfig { enabled: false, ..Default::default() },

@@ -5,6 +5,8 @@
 //! [`Target`]; nothing else in the harness knows which store it drives.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use onekv_client::Client;
 
@@ -39,17 +41,43 @@ pub trait Target: Send + Sync + 'static {
     fn read_modify_write(&self, key: &[u8], value: &[u8]) -> impl Future<Output = TargetResult<bool>> + Send;
 }
 
-/// onekv through its client library: update and insert are puts, a scan is one linearizable
+/// onekv through its client library: update and insert are puts (by the fast path when asked), a scan is one linearizable
 /// `scan(start, None, count)` page, a read-modify-write is a linearizable get then a put.
 #[derive(Debug, Clone)]
 pub struct OnekvTarget {
     client: Client,
+    /// Whether puts take the fast path (`Client::put_fast`), and how many were done fast and how
+    /// many fell back to the Raft path.
+    fast_path: bool,
+    fast_counts: Arc<[AtomicU64; 2]>,
 }
 
 impl OnekvTarget {
     /// Drives the cluster `client` talks to.
     pub fn new(client: Client) -> OnekvTarget {
-        OnekvTarget { client }
+        OnekvTarget { client, fast_path: false, fast_counts: Arc::default() }
+    }
+
+    /// Puts through the fast path when `on`.
+    pub fn with_fast_path(mut self, on: bool) -> OnekvTarget {
+        self.fast_path = on;
+        self
+    }
+
+    /// With the fast path: puts done fast, and puts that fell back to the Raft path.
+    pub fn fast_writes(&self) -> (u64, u64) {
+        let [fast, fell_back] = &*self.fast_counts;
+        (fast.load(Ordering::Relaxed), fell_back.load(Ordering::Relaxed))
+    }
+
+    async fn put(&self, key: &[u8], value: &[u8]) -> TargetResult<()> {
+        if self.fast_path {
+            let done = self.client.put_fast(key, value).await?;
+            self.fast_counts[usize::from(!done.fast)].fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.client.put(key, value).await?;
+        }
+        Ok(())
     }
 }
 
@@ -59,13 +87,11 @@ impl Target for OnekvTarget {
     }
 
     async fn update(&self, key: &[u8], value: &[u8]) -> TargetResult<()> {
-        self.client.put(key, value).await?;
-        Ok(())
+        self.put(key, value).await
     }
 
     async fn insert(&self, key: &[u8], value: &[u8]) -> TargetResult<()> {
-        self.client.put(key, value).await?;
-        Ok(())
+        self.put(key, value).await
     }
 
     async fn scan(&self, start: &[u8], count: u32) -> TargetResult<usize> {
@@ -74,7 +100,7 @@ impl Target for OnekvTarget {
 
     async fn read_modify_write(&self, key: &[u8], value: &[u8]) -> TargetResult<bool> {
         let found = self.client.get(key).await?.is_some();
-        self.client.put(key, value).await?;
+        self.put(key, value).await?;
         Ok(found)
     }
 }

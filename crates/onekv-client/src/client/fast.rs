@@ -5,7 +5,8 @@
 //! which applies it once whatever became of the fast attempt.
 //!
 //! Owns: which nodes a shard's fast writes go to (the cluster map's replicas, then the voters the
-//! shard's leader names in its answers), each node's address (from the cluster's member list),
+//! shard's leader names in its answers), where to reach each node (the client's own endpoint
+//! that answered as that node, else the address in the cluster's member list),
 //! the rule that makes a write done ([`completes`]), how long to wait for every answer before
 //! falling back (adaptive: a few times the recent round trips, or
 //! [`crate::ClientOptions::fast_path_wait`]), and which shards go straight to the Raft path for a
@@ -42,16 +43,23 @@ pub struct BlindWrite {
 }
 
 /// The wait before the first fast write has measured anything.
-const FIRST_WAIT: Duration = Duration::from_millis(50);
+const FIRST_WAIT: Duration = Duration::from_millis(20);
 /// Bounds of the adaptive wait.
-const MIN_WAIT: Duration = Duration::from_millis(2);
+const MIN_WAIT: Duration = Duration::from_millis(5);
 const MAX_WAIT: Duration = Duration::from_millis(250);
-/// How long a shard whose fast write fell back (a voter slow, down, or refusing) goes straight to
-/// the Raft path: the slow voter would make every write wait and fall back anyway. The next fast
-/// attempt after it probes again.
-const DIRECT_AFTER_FAILURE: Duration = Duration::from_secs(1);
-/// As long, when a voter said the fast path is off on its node.
+/// Fast attempts of one shard that may fail in a row before its writes go straight to the Raft
+/// path for a while (a voter slow or down would make every write wait and fall back anyway).
+const FAILURES_BEFORE_DIRECT: u32 = 3;
+/// How long they do so the first time; each further failure in a row doubles it, up to
+/// [`MAX_DIRECT`]. The next fast attempt after it probes again; a success starts over.
+const FIRST_DIRECT: Duration = Duration::from_millis(500);
+const MAX_DIRECT: Duration = Duration::from_secs(10);
+/// As long, at once, when a voter said the fast path is off on its node.
 const DIRECT_WHEN_OFF: Duration = Duration::from_secs(30);
+/// How often the client asks those of its endpoints it has not identified which node they are.
+const IDENTIFY_AGAIN_AFTER: Duration = Duration::from_secs(10);
+/// How long it waits for those answers.
+const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The fast path's state shared by every clone of one client.
 #[derive(Debug, Default)]
@@ -63,12 +71,20 @@ pub(crate) struct FastPath {
 struct FastState {
     /// Each node's client address, from the member list the cluster map came with.
     addresses: HashMap<u64, String>,
+    /// The client's own endpoints, by the node that answered there: preferred to `addresses`,
+    /// which are the nodes' view of each other (a proxy or another network may stand between
+    /// the client and a node).
+    endpoints: HashMap<u64, String>,
+    /// When the client last asked its endpoints which node each is (`None`: never).
+    identified_at: Option<Instant>,
     /// Per shard, the voters its leader named last (until then, the cluster map's replicas).
     voters: HashMap<u64, Vec<u64>>,
-    /// Per shard, until when its writes take the Raft path without trying the fast one.
-    direct_until: HashMap<u64, Instant>,
-    /// A moving average of the round trips of fast writes that completed.
-    round_trip: Option<Duration>,
+    /// Per shard, its fast attempts that failed in a row, and until when its writes take the Raft
+    /// path without trying the fast one.
+    failures: HashMap<u64, (u32, Option<Instant>)>,
+    /// Moving average and mean deviation of the round trips of fast writes that completed (as
+    /// TCP estimates its retransmission timeout).
+    round_trip: Option<(Duration, Duration)>,
 }
 
 impl FastPath {
@@ -81,36 +97,55 @@ impl FastPath {
         self.state().addresses.extend(addresses);
     }
 
-    /// How long to wait for every voter's answer: a few times the recent round trips, bounded.
+    /// Learns that the client's `endpoint` is node `node`.
+    pub(crate) fn learn_endpoint(&self, node: u64, endpoint: &str) {
+        self.state().endpoints.insert(node, endpoint.to_owned());
+    }
+
+    /// Where the client reaches `node`: its own endpoint for it, else the member list's address.
+    fn endpoint_of(state: &FastState, node: u64) -> Option<&String> {
+        state.endpoints.get(&node).or_else(|| state.addresses.get(&node))
+    }
+
+    /// How long to wait for every voter's answer before the Raft path starts too: the recent round
+    /// trips' average plus four times their deviation, bounded.
     fn adaptive_wait(&self) -> Duration {
         match self.state().round_trip {
             None => FIRST_WAIT,
-            Some(rtt) => (rtt * 3 + Duration::from_millis(1)).clamp(MIN_WAIT, MAX_WAIT),
+            Some((average, deviation)) => (average + deviation * 4).clamp(MIN_WAIT, MAX_WAIT),
         }
     }
 
-    fn completed_in(&self, elapsed: Duration) {
+    /// A fast write of `shard` completed after `elapsed`.
+    fn completed(&self, shard: u64, elapsed: Duration) {
         let mut state = self.state();
+        state.failures.remove(&shard);
         state.round_trip = Some(match state.round_trip {
-            None => elapsed,
-            Some(average) => (average * 7 + elapsed) / 8,
+            None => (elapsed, elapsed / 2),
+            Some((average, deviation)) => {
+                let error = average.abs_diff(elapsed);
+                ((average * 7 + elapsed) / 8, (deviation * 3 + error) / 4)
+            }
         });
     }
 
-    fn direct_now(&self, shard: u64) -> bool {
+    /// A fast write of `shard` did not complete; `off`: a voter has the fast path off.
+    fn failed(&self, shard: u64, off: bool) {
         let mut state = self.state();
-        match state.direct_until.get(&shard) {
-            Some(until) if Instant::now() < *until => true,
-            Some(_) => {
-                state.direct_until.remove(&shard);
-                false
-            }
-            None => false,
+        let (count, until) = state.failures.entry(shard).or_insert((0, None));
+        *count += 1;
+        if off {
+            *until = Some(Instant::now() + DIRECT_WHEN_OFF);
+        } else if *count >= FAILURES_BEFORE_DIRECT {
+            let doublings = (*count - FAILURES_BEFORE_DIRECT).min(16);
+            *until = Some(Instant::now() + (FIRST_DIRECT * (1 << doublings)).min(MAX_DIRECT));
         }
     }
 
-    fn go_direct(&self, shard: u64, for_how_long: Duration) {
-        self.state().direct_until.insert(shard, Instant::now() + for_how_long);
+    /// Whether `shard`'s writes take the Raft path without trying the fast one now.
+    fn direct_now(&self, shard: u64) -> bool {
+        let state = self.state();
+        state.failures.get(&shard).and_then(|(_, until)| *until).is_some_and(|until| Instant::now() < until)
     }
 }
 
@@ -131,12 +166,12 @@ pub fn completes(acks: &BTreeMap<u64, FastWriteResponse>) -> bool {
         })
 }
 
-/// What became of a fast attempt.
-enum Attempt {
+/// What the fast attempt's answers made of a write.
+enum Gathered {
     /// Done by the fast path (`Some(index)`: applied already, at that index).
     Done(Option<u64>),
-    /// Not done: take the Raft path with the same request id.
-    FallBack,
+    /// It cannot complete (`off`: a voter has the fast path off).
+    Failed { off: bool },
 }
 
 impl Client {
@@ -175,12 +210,63 @@ impl Client {
         self.write_fast(shard, ops).await
     }
 
-    /// The fast attempt, then (if it did not complete) the Raft path with the same request id.
+    /// The fast attempt; if it does not complete within the fast path's wait, the Raft path with
+    /// the same request id too, and whichever finishes first answers (the other is dropped: the
+    /// request id makes sure the write applies once); if it cannot complete, the Raft path alone.
     async fn write_fast(&self, shard: u64, ops: Vec<BatchOp>) -> Result<BlindWrite> {
         let id = self.next_id();
-        if let Attempt::Done(index) = self.fast_attempt(shard, &ops, id).await {
-            return Ok(BlindWrite { fast: index.is_none(), index });
+        let fast = &self.inner.fast;
+        let targets = match fast.direct_now(shard) {
+            true => None,
+            false => self.fast_targets(shard).await,
+        };
+        let Some(targets) = targets else {
+            return self.raft_path(shard, ops, id).await;
+        };
+        let wait = self.inner.options.fast_path_wait.unwrap_or_else(|| fast.adaptive_wait());
+        let started = Instant::now();
+        let request = FastWriteRequest { ops: ops.clone(), request_id: Some(id) };
+        let gather = self.gather(shard, targets, request);
+        tokio::pin!(gather);
+        match tokio::time::timeout(wait, &mut gather).await {
+            Ok(Gathered::Done(index)) => return Ok(self.done_fast(shard, started, index)),
+            Ok(Gathered::Failed { off }) => {
+                fast.failed(shard, off);
+                return self.raft_path(shard, ops, id).await;
+            }
+            Err(_waited) => {}
         }
+        let raft_path = self.raft_path(shard, ops, id);
+        tokio::pin!(raft_path);
+        let mut gathering = true;
+        loop {
+            tokio::select! {
+                gathered = &mut gather, if gathering => match gathered {
+                    Gathered::Done(index) => return Ok(self.done_fast(shard, started, index)),
+                    Gathered::Failed { off } => {
+                        fast.failed(shard, off);
+                        gathering = false;
+                    }
+                },
+                written = &mut raft_path => {
+                    if gathering {
+                        fast.failed(shard, false);
+                    }
+                    return written;
+                }
+            }
+        }
+    }
+
+    fn done_fast(&self, shard: u64, started: Instant, index: Option<u64>) -> BlindWrite {
+        if index.is_none() {
+            self.inner.fast.completed(shard, started.elapsed());
+        }
+        BlindWrite { fast: index.is_none(), index }
+    }
+
+    /// The write through the shard's leader (Put, Delete or Batch) with request id `id`.
+    async fn raft_path(&self, shard: u64, ops: Vec<BatchOp>, id: RequestId) -> Result<BlindWrite> {
         let route = Route::Leader(shard);
         let index = match <[BatchOp; 1]>::try_from(ops) {
             Ok([BatchOp { key, value: Some(value), .. }]) => {
@@ -205,67 +291,46 @@ impl Client {
         Ok(BlindWrite { fast: false, index: Some(index) })
     }
 
-    /// Sends the write to every voter of `shard` at once and waits (at most the fast path's wait)
-    /// until the answers make it done.
-    async fn fast_attempt(&self, shard: u64, ops: &[BatchOp], id: RequestId) -> Attempt {
-        let fast = &self.inner.fast;
-        if fast.direct_now(shard) {
-            return Attempt::FallBack;
-        }
-        let Some(targets) = self.fast_targets(shard).await else {
-            return Attempt::FallBack;
-        };
-        let wait = self.inner.options.fast_path_wait.unwrap_or_else(|| fast.adaptive_wait());
-        let started = Instant::now();
-        let request = FastWriteRequest { ops: ops.to_vec(), request_id: Some(id) };
+    /// Sends the write to every one of `targets` at once and gathers their answers until they make
+    /// it done, or cannot.
+    async fn gather(&self, shard: u64, targets: Vec<(u64, String)>, request: FastWriteRequest) -> Gathered {
         let mut answers: FuturesUnordered<_> = targets
-            .iter()
+            .into_iter()
             .map(|(node, endpoint)| {
                 let request = request.clone();
-                async move { (*node, self.fast_write_at(endpoint, request).await) }
+                async move { (node, self.fast_write_at(&endpoint, request).await) }
             })
             .collect();
         let mut acks = BTreeMap::new();
-        let deadline = tokio::time::Instant::from_std(started + wait);
-        loop {
-            match tokio::time::timeout_at(deadline, answers.next()).await {
-                Ok(Some((node, Ok(ack)))) => {
+        while let Some((node, answer)) = answers.next().await {
+            match answer {
+                Ok(ack) => {
                     if ack.leader && !ack.voters.is_empty() {
-                        fast.state().voters.insert(shard, ack.voters.clone());
+                        self.inner.fast.state().voters.insert(shard, ack.voters.clone());
                     }
                     acks.insert(node, ack);
                     if completes(&acks) {
                         let applied = acks.values().map(|ack| ack.applied_index).find(|&index| index != 0);
-                        if applied.is_none() {
-                            fast.completed_in(started.elapsed());
-                        }
-                        return Attempt::Done(applied);
+                        return Gathered::Done(applied);
                     }
                 }
-                Ok(Some((_, Err(status)))) => {
+                Err(status) => {
                     let off = status.code() == tonic::Code::InvalidArgument
                         && status.message().contains("fast path is off");
-                    fast.go_direct(shard, if off { DIRECT_WHEN_OFF } else { DIRECT_AFTER_FAILURE });
-                    return Attempt::FallBack;
-                }
-                // Every voter answered, and the answers do not make it done (no leader among them,
-                // or terms or voters that differ: an election, a membership change).
-                Ok(None) => {
-                    fast.go_direct(shard, DIRECT_AFTER_FAILURE);
-                    return Attempt::FallBack;
-                }
-                Err(_waited) => {
-                    fast.go_direct(shard, DIRECT_AFTER_FAILURE);
-                    return Attempt::FallBack;
+                    return Gathered::Failed { off };
                 }
             }
         }
+        // Every target answered, and the answers do not make it done: no leader among them, or
+        // terms or voters that differ (an election, a membership change).
+        Gathered::Failed { off: false }
     }
 
     /// The voters of `shard` with their addresses, or `None` if one has no known address or could
     /// not be reached moments ago (its answer would never come: take the Raft path at once).
     async fn fast_targets(&self, shard: u64) -> Option<Vec<(u64, String)>> {
         let placement = self.placement().await.ok()?;
+        self.identify_endpoints().await;
         let state = self.inner.fast.state();
         let voters = match state.voters.get(&shard) {
             Some(voters) => voters.clone(),
@@ -275,10 +340,36 @@ impl Client {
         voters
             .into_iter()
             .map(|node| {
-                let endpoint = state.addresses.get(&node)?;
+                let endpoint = FastPath::endpoint_of(&state, node)?;
                 (!routing.is_unreachable(endpoint)).then(|| (node, endpoint.clone()))
             })
             .collect()
+    }
+
+    /// Asks each of the client's endpoints not identified yet which node it is (their Status,
+    /// at once, briefly), at most every [`IDENTIFY_AGAIN_AFTER`].
+    async fn identify_endpoints(&self) {
+        let unknown: Vec<String> = {
+            let mut state = self.inner.fast.state();
+            if state.identified_at.is_some_and(|at| at.elapsed() < IDENTIFY_AGAIN_AFTER) {
+                return;
+            }
+            state.identified_at = Some(Instant::now());
+            let known: Vec<&String> = state.endpoints.values().collect();
+            self.inner.routing.known().into_iter().filter(|endpoint| !known.contains(&endpoint)).collect()
+        };
+        let mut answers: FuturesUnordered<_> = unknown
+            .iter()
+            .map(|endpoint| async move {
+                let status = tokio::time::timeout(IDENTIFY_TIMEOUT, self.status(endpoint)).await;
+                (endpoint, status)
+            })
+            .collect();
+        while let Some((endpoint, status)) = answers.next().await {
+            if let Ok(Ok(status)) = status {
+                self.inner.fast.learn_endpoint(status.node_id, endpoint);
+            }
+        }
     }
 
     /// One FastWrite at `endpoint`, coalesced with the other calls waiting for that node.
