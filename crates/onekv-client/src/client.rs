@@ -475,12 +475,23 @@ impl Client {
     /// fails, the others may have applied). For multi-key commands whose keys may lie anywhere
     /// (MSET, DEL of many keys).
     pub async fn batch_per_shard(&self, ops: Vec<BatchItem>) -> Result<()> {
+        self.per_shard(ops, false).await
+    }
+
+    /// [`Client::batch_per_shard`], each shard's part by the fast path when `fast`
+    /// ([`Client::batch_fast`]).
+    async fn per_shard(&self, ops: Vec<BatchItem>, fast: bool) -> Result<()> {
         let placement = self.placement().await?;
         let parts = split_by_shard(&placement, ops);
         let mut tasks = tokio::task::JoinSet::new();
         for (shard, ops) in parts {
             let client = self.clone();
-            tasks.spawn(async move { client.batch_in(shard, ops).await });
+            tasks.spawn(async move {
+                match fast {
+                    true => client.write_fast(shard, fast::batch_ops(ops)).await.map(drop),
+                    false => client.batch_in(shard, ops).await.map(drop),
+                }
+            });
         }
         let mut failure = None;
         while let Some(joined) = tasks.join_next().await {

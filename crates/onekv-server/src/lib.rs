@@ -266,6 +266,7 @@ fn resp_context(config: &ServerConfig, resp_address: &str) -> anyhow::Result<one
     settings.max_batch_ops = limits.max_batch_ops;
     settings.max_batch_bytes = limits.max_batch_bytes;
     settings.max_scan_pairs = limits.max_scan_pairs;
+    settings.fast_path = config.cluster.fast_path;
     onekv_resp::RespContext::new(settings).context("cannot set up the RESP front end")
 }
 

@@ -3,6 +3,7 @@
 //! replica from its own durability record and read back linearizably; with a voter stopped they
 //! fall back to the Raft path with the same request id and stay bounded in latency; with the
 //! leader killed no acknowledged write is lost; with the fast path off they take the Raft path.
+//! The Redis front end sends SET and MSET by the fast path.
 
 mod common;
 
@@ -178,5 +179,49 @@ fn with_the_fast_path_off_blind_writes_take_the_raft_path() {
             assert!(!done.fast && done.index.is_some(), "{done:?}");
         }
         assert_eq!(client.get(b"k").await.unwrap(), Some(b"v4".to_vec()));
+    });
+}
+
+#[test]
+fn the_redis_front_end_sends_set_and_mset_by_the_fast_path() {
+    use std::io::{BufRead, BufReader, Write};
+    run_bounded(Duration::from_secs(60), async {
+        let resp_port = common::free_port();
+        let cluster = TestCluster::start(3, move |config| {
+            fast_cluster(config);
+            if config.node_id == 1 {
+                config.resp_listen = Some(format!("127.0.0.1:{resp_port}"));
+            }
+        })
+        .await;
+        let (_, before, _) = fast_counters(&cluster).await;
+        let stream = std::net::TcpStream::connect(("127.0.0.1", resp_port)).expect("the RESP port");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        let mut command = |args: &[&str]| {
+            let mut text = format!("*{}\r\n", args.len());
+            for arg in args {
+                text.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+            }
+            writer.write_all(text.as_bytes()).unwrap();
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            line
+        };
+        for i in 0..20 {
+            assert_eq!(command(&["SET", &format!("r{i}"), "v"]), "+OK\r\n");
+        }
+        assert_eq!(command(&["MSET", "{m}a", "1", "{m}b", "2", "x", "3"]), "+OK\r\n");
+        // Applied fast on every replica (from their own records), and read back.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while fast_counters(&cluster).await.1 < before + 3 * 20 {
+            assert!(Instant::now() < deadline, "the SETs were not applied by the fast path");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let client = client(&cluster);
+        assert_eq!(client.get(b"r19").await.unwrap(), Some(b"v".to_vec()));
+        assert_eq!(client.get(b"{m}b").await.unwrap(), Some(b"2".to_vec()));
+        assert_eq!(client.get(b"x").await.unwrap(), Some(b"3".to_vec()));
     });
 }

@@ -166,6 +166,11 @@ pub fn completes(acks: &BTreeMap<u64, FastWriteResponse>) -> bool {
         })
 }
 
+/// A batch's items as the wire's ops (no expiry).
+pub(super) fn batch_ops(ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Vec<BatchOp> {
+    ops.into_iter().map(|(key, value)| BatchOp { key, value, expiry: None }).collect()
+}
+
 /// What the fast attempt's answers made of a write.
 enum Gathered {
     /// Done by the fast path (`Some(index)`: applied already, at that index).
@@ -206,14 +211,19 @@ impl Client {
         let Some((shard, ops)) = by_shard.pop_first() else {
             return Err(ClientError::InvalidArgument("batch has no operations".into()));
         };
-        let ops = ops.into_iter().map(|(key, value)| BatchOp { key, value, expiry: None }).collect();
-        self.write_fast(shard, ops).await
+        self.write_fast(shard, batch_ops(ops)).await
+    }
+
+    /// [`Client::batch_per_shard`] by the fast path: each shard's part atomically, as
+    /// [`Client::batch_fast`], the shards concurrently and independently (for MSET).
+    pub async fn batch_per_shard_fast(&self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
+        self.per_shard(ops, true).await
     }
 
     /// The fast attempt; if it does not complete within the fast path's wait, the Raft path with
     /// the same request id too, and whichever finishes first answers (the other is dropped: the
     /// request id makes sure the write applies once); if it cannot complete, the Raft path alone.
-    async fn write_fast(&self, shard: u64, ops: Vec<BatchOp>) -> Result<BlindWrite> {
+    pub(super) async fn write_fast(&self, shard: u64, ops: Vec<BatchOp>) -> Result<BlindWrite> {
         let id = self.next_id();
         let fast = &self.inner.fast;
         let targets = match fast.direct_now(shard) {

@@ -111,6 +111,9 @@ pub struct RespSettings {
     pub max_batch_bytes: usize,
     /// The node's `limits.max_scan_pairs` (SCAN's COUNT is capped to it).
     pub max_scan_pairs: usize,
+    /// The cluster's `cluster.fast_path`: blind writes without an expiry (SET without options,
+    /// MSET) go by the fast path (`Client::put_fast`, `Client::batch_per_shard_fast`).
+    pub fast_path: bool,
 }
 
 impl RespSettings {
@@ -128,6 +131,7 @@ impl RespSettings {
             max_batch_ops: 1024,
             max_batch_bytes: 4 << 20,
             max_scan_pairs: 10_000,
+            fast_path: false,
         }
     }
 

@@ -66,7 +66,14 @@ impl RespContext {
                 (&args[3], expiry::setex_expiry(command, args)?)
             };
             self.check_string(value)?;
-            client.put_with_expiry(&args[1], value, expiry).await?;
+            // The fast path takes no expiry relative to now (each replica would make it absolute
+            // at its own time) and cannot keep one.
+            match expiry {
+                Expiry::Never if self.shared.settings.fast_path => {
+                    client.put_fast(&args[1], value).await.map(drop)?
+                }
+                expiry => client.put_with_expiry(&args[1], value, expiry).await.map(drop)?,
+            }
             self.forget(&args[1]);
         } else {
             let pairs: Vec<(Vec<u8>, Option<Vec<u8>>)> =
@@ -78,7 +85,10 @@ impl RespContext {
                 self.forget(key);
             }
             // Atomic within each shard; the shards' parts apply independently (docs/redis.md).
-            client.batch_per_shard(pairs).await?;
+            match self.shared.settings.fast_path {
+                true => client.batch_per_shard_fast(pairs).await?,
+                false => client.batch_per_shard(pairs).await?,
+            }
         }
         Ok(Reply::ok())
     }
