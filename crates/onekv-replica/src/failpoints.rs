@@ -6,7 +6,8 @@
 //! `after-raft-append=20*off->return` (crash at the 21st time the point is reached); the action
 //! `return` means "crash here". Points: `before-raft-append`, `during-raft-append` (half of a
 //! multi-entry append is made durable, then crash), `after-raft-append`, `before-apply`,
-//! `after-apply`, `after-reply`; on a follower installing a streamed snapshot,
+//! `after-apply`, `after-reply`; `after-fast-durable` (a group commit's fast-path DURABILITY
+//! records are durable, their writers not answered yet); on a follower installing a streamed snapshot,
 //! `during-snapshot-fetch` (after a chunk is stored), `after-snapshot-meta` (its metadata is
 //! durable, the index not yet rebuilt) and `during-snapshot-install` (part of the rebuilt index
 //! flushed under the old flag). The server's member list: `before-member-list-write` and

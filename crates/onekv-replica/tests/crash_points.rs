@@ -5,12 +5,17 @@
 //! The parent then reopens the data directory and checks that every acknowledged key of every shard
 //! reads back its value and that no writer's later key is there without its earlier ones.
 //!
+//! With the fast path, half the writers write by it, and the points include the one right after
+//! their DURABILITY records are durable (`after-fast-durable`).
+//!
 //! The child is this test binary run again with `ONEKV_CRASH_CHILD` set (see [`child_writer`]).
 //! Needs the `failpoints` feature (`scripts/test` turns it on).
 
 mod common;
 
-use onekv_replica::{Command, Node, Replica, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp};
+use onekv_replica::{
+    Command, FastAck, Node, Replica, ReplicaConfig, ReplicaError, RequestId, ShardConfig, WriteOp,
+};
 use std::io::Write;
 use std::path::Path;
 use std::sync::mpsc;
@@ -31,8 +36,19 @@ fn value(writer: usize, n: usize) -> Vec<u8> {
     (0..len).map(|i| (i + n * 7 + writer) as u8).collect()
 }
 
-fn config(dir: &Path) -> ReplicaConfig {
+/// Set in a child to have the odd writers write by the fast path.
+const FAST_ENV: &str = "ONEKV_CRASH_FAST";
+
+/// Whether the writers write (partly) by the fast path, and the node has it on.
+#[derive(Clone, Copy, PartialEq)]
+enum Writes {
+    Raft,
+    Mixed,
+}
+
+fn config(dir: &Path, writes: Writes) -> ReplicaConfig {
     let mut config = ReplicaConfig::new(1, vec![1], dir);
+    config.fast_path = writes == Writes::Mixed;
     config.shards = (1..=SHARDS).map(|id| ShardConfig { id, voters: vec![1], primary: None }).collect();
     config.tick = Duration::from_millis(10);
     // Small memtables: flushes happen during the run, so recovery starts from a flush flag.
@@ -41,8 +57,8 @@ fn config(dir: &Path) -> ReplicaConfig {
     config
 }
 
-fn open(dir: &Path) -> Node {
-    common::open_leading(config(dir))
+fn open(dir: &Path, writes: Writes) -> Node {
+    common::open_leading(config(dir, writes))
 }
 
 /// The replica writer `writer` writes into.
@@ -56,7 +72,8 @@ fn replica_of(node: &Node, writer: usize) -> Replica {
 #[ignore = "the child process of the crash-point tests; runs only with ONEKV_CRASH_CHILD set"]
 fn child_writer() {
     let Ok(dir) = std::env::var(CHILD_ENV) else { return };
-    let node = open(Path::new(&dir));
+    let writes = if std::env::var_os(FAST_ENV).is_some() { Writes::Mixed } else { Writes::Raft };
+    let node = open(Path::new(&dir), writes);
     let threads: Vec<_> = (0..WRITERS)
         .map(|writer| {
             let replica = replica_of(&node, writer);
@@ -67,8 +84,16 @@ fn child_writer() {
                         value: Some(value(writer, n)),
                         expiry: Default::default(),
                     }]);
-                    let (tx, rx) = mpsc::channel();
                     let id = RequestId { client: writer as u64 + 1, seq: n as u64 + 1 };
+                    if writer % 2 == 1 && writes == Writes::Mixed && fast_write(&replica, id, &command) {
+                        let mut out = std::io::stdout().lock();
+                        writeln!(out, "ack {writer} {n}").unwrap();
+                        out.flush().unwrap();
+                        continue;
+                    }
+                    // The Raft path (for a fast write that did not complete: its fallback, with
+                    // the same id, as a client's).
+                    let (tx, rx) = mpsc::channel();
                     replica.propose(id, command, Box::new(move |r| drop(tx.send(r))));
                     match rx.recv_timeout(Duration::from_secs(10)) {
                         Ok(Ok(_)) => {
@@ -88,16 +113,30 @@ fn child_writer() {
     }
 }
 
+/// A fast write of `command` with `id` to the only voter: whether it completed.
+fn fast_write(replica: &Replica, id: RequestId, command: &Command) -> bool {
+    let Command::Write(ops) = command else { unreachable!("the writers write") };
+    let (tx, rx) = mpsc::channel();
+    replica.fast_write(id, ops.clone(), Box::new(move |r| drop(tx.send(r))));
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(ack)) => FastAck::completes(&[(1, ack)].into_iter().collect()),
+        _ => false,
+    }
+}
+
 /// Runs the child with `point` armed to fire at its `skip + 1`-th hit; returns the highest
 /// acknowledged n per writer (`None`: nothing acknowledged).
-fn crash_run(dir: &Path, point: &str, skip: usize) -> Vec<Option<usize>> {
-    let env = [(CHILD_ENV, dir.display().to_string())];
+fn crash_run(dir: &Path, point: &str, skip: usize, writes: Writes) -> Vec<Option<usize>> {
+    let mut env = vec![(CHILD_ENV, dir.display().to_string())];
+    if writes == Writes::Mixed {
+        env.push((FAST_ENV, "1".into()));
+    }
     common::crash_child("child_writer", &env, point, skip, WRITERS, Duration::from_secs(60))
 }
 
 /// Reopens `dir` and checks it against what was acknowledged; returns how many keys survived.
-fn check_recovered(dir: &Path, point: &str, acked: &[Option<usize>]) -> usize {
-    let node = open(dir);
+fn check_recovered(dir: &Path, point: &str, acked: &[Option<usize>], writes: Writes) -> usize {
+    let node = open(dir, writes);
     let mut survivors = 0;
     for (writer, acked) in acked.iter().enumerate() {
         let replica = replica_of(&node, writer);
@@ -138,21 +177,21 @@ fn check_recovered(dir: &Path, point: &str, acked: &[Option<usize>]) -> usize {
 
 fn crash_point(point: &str) {
     // Electing the four shards' leaders takes about a dozen hits of most points before any write.
-    crash_point_at(point, [3, 60, 200]);
+    crash_point_at(point, [3, 60, 200], Writes::Raft);
 }
 
 /// [`crash_point`] at the given hits of the point (index flushes are rarer than appends).
-fn crash_point_at(point: &str, skips: [usize; 3]) {
+fn crash_point_at(point: &str, skips: [usize; 3], writes: Writes) {
     // Different key counts per run: the point fires at a different hit each time. The second
     // crash hits a directory that already recovered once.
     for (run, skip) in skips.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
-        let acked = crash_run(dir.path(), point, skip);
-        let survivors = check_recovered(dir.path(), point, &acked);
+        let acked = crash_run(dir.path(), point, skip, writes);
+        let survivors = check_recovered(dir.path(), point, &acked, writes);
         if run == 2 {
-            let acked_again = crash_run(dir.path(), point, 40);
+            let acked_again = crash_run(dir.path(), point, 40, writes);
             let merged: Vec<_> = acked.iter().zip(&acked_again).map(|(a, b)| (*a).max(*b)).collect();
-            check_recovered(dir.path(), point, &merged);
+            check_recovered(dir.path(), point, &merged, writes);
         }
         assert!(survivors > 0 || skip < 20, "{point}: nothing was written before the crash at hit {skip}");
     }
@@ -194,10 +233,29 @@ fn crash_after_the_reply() {
 /// the entries in between: acknowledged writes vanished).
 #[test]
 fn crash_before_an_index_flush() {
-    crash_point_at("before-index-flush", [0, 2, 6]);
+    crash_point_at("before-index-flush", [0, 2, 6], Writes::Raft);
 }
 
 #[test]
 fn crash_during_an_index_flush() {
-    crash_point_at("during-index-flush", [0, 2, 6]);
+    crash_point_at("during-index-flush", [0, 2, 6], Writes::Raft);
+}
+
+/// Half the writers write by the fast path (a one-voter shard: done once its own record is
+/// durable; a write that did not complete falls back to the Raft path with its id): crashes once
+/// the DURABILITY records are durable and before their writers hear of it, in a torn group commit
+/// that carries them, and after an ORDER applied them.
+#[test]
+fn fast_writes_survive_a_crash_after_their_records_are_durable() {
+    crash_point_at("after-fast-durable", [3, 60, 200], Writes::Mixed);
+}
+
+#[test]
+fn fast_writes_survive_a_crash_during_the_group_commit() {
+    crash_point_at("during-raft-append", [3, 60, 200], Writes::Mixed);
+}
+
+#[test]
+fn fast_writes_survive_a_crash_after_their_order_applied() {
+    crash_point_at("after-apply", [3, 60, 200], Writes::Mixed);
 }

@@ -238,6 +238,10 @@ impl Group {
     /// The records of [`Group::fast_records`] are durable at `locators` (payload locators): they
     /// become pending, and their writers are answered.
     pub(crate) fn fast_persisted(&mut self, locators: &[Locator], now: Instant, ctx: &NodeCtx) {
+        if !self.fast.queued.is_empty() {
+            // The records are durable, no writer answered yet.
+            crate::failpoint!("after-fast-durable");
+        }
         let queued = std::mem::take(&mut self.fast.queued);
         let leading = self.role() == StateRole::Leader;
         let voters = self.raw.store().conf_state.voters.clone();
