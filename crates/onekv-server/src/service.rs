@@ -726,6 +726,15 @@ impl<B: Backend> Kv for KvService<B> {
                      must name the same write",
                 ));
             }
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis() as u64);
+            if request.deadline_unix_ms != 0 && now > request.deadline_unix_ms {
+                return Err(Status::deadline_exceeded(format!(
+                    "the fast write's deadline passed {} ms ago; it is not taken (its client has moved on)",
+                    now - request.deadline_unix_ms
+                )));
+            }
             let shard = self.one_shard(request.ops.iter().map(|op| op.key.as_slice()))?;
             let ops = write_ops(request.ops)?;
             let (sender, receiver) = oneshot::channel();

@@ -1115,3 +1115,29 @@ async fn a_client_in_the_node_reaches_its_own_service_without_a_connection() {
     let error = client.put(b"k", &[0; 21]).await.expect_err("over limits.max_value_bytes");
     assert!(error.to_string().contains("max_value_bytes"), "{error}");
 }
+
+/// A fast write is checked like a batch, needs a request id, and is refused once its deadline
+/// passed (a write delayed that long must not be taken as new); the backend's refusal (no fast
+/// path here) reaches the client as the error the client falls back on.
+#[tokio::test]
+async fn fast_writes_are_checked_and_refused_after_their_deadline() {
+    use onekv_proto::FastWriteRequest;
+    let (_backend, service) = service();
+    let op = |key: &[u8]| BatchOp { key: key.to_vec(), value: Some(b"v".to_vec()), expiry: None };
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let request = |ops, request_id, deadline_unix_ms| {
+        Request::new(FastWriteRequest { ops, request_id, deadline_unix_ms })
+    };
+    assert_invalid(service.fast_write(request(vec![], id(1, 1), 0)).await, "no operations");
+    assert_invalid(service.fast_write(request(vec![op(b"k")], None, 0)).await, "request id");
+    assert_invalid(
+        service.fast_write(request(vec![op(b"a-key-too-long")], id(1, 1), 0)).await,
+        "max_key_bytes",
+    );
+    let late = service.fast_write(request(vec![op(b"k")], id(1, 1), now_ms - 1_000)).await.unwrap_err();
+    assert_eq!(late.code(), Code::DeadlineExceeded, "{late:?}");
+    let off = service.fast_write(request(vec![op(b"k")], id(1, 1), now_ms + 30_000)).await.unwrap_err();
+    assert_eq!(off.code(), Code::InvalidArgument, "{off:?}");
+    assert!(off.message().contains("fast path is off"), "{off:?}");
+}

@@ -69,6 +69,7 @@ impl Workload {
         keys: Vec<String>,
         recorder: &Arc<Recorder>,
         seed: u64,
+        fast: bool,
     ) -> Self {
         let endpoints: Vec<String> =
             cluster.ids().iter().map(|&id| cluster.endpoint(id).to_string()).collect();
@@ -85,6 +86,8 @@ impl Workload {
                 Arc::clone(recorder),
                 Arc::clone(&stop),
                 seed.wrapping_add(id + 1),
+                // Half the clients write by the fast path when the cluster has it on.
+                fast && id % 2 == 1,
             ));
         }
         Workload { stop, tasks }
@@ -256,19 +259,27 @@ async fn check_convergence(cluster: &mut TestCluster, recorder: &Recorder, keys:
 
 #[test]
 fn linearizable_under_kills_pauses_and_partitions() {
-    linearizable_under_faults("history", 3, 1);
+    linearizable_under_faults("history", 3, 1, false);
+}
+
+/// The same with the fast path on (`cluster.fast_path`) on 4 shards, half the clients writing by
+/// it: fast writes mixed with Raft-path writes, compare-and-swaps and reads.
+#[test]
+fn linearizable_with_the_fast_path_under_kills_pauses_and_partitions() {
+    linearizable_under_faults("fast", 3, 4, true);
 }
 
 /// The same on a sharded cluster: 5 nodes, 8 shards of 3 replicas, leaders spread; a kill of any
 /// one node leaves every shard a majority.
 #[test]
 fn linearizable_on_a_sharded_cluster_under_kills_pauses_and_partitions() {
-    linearizable_under_faults("sharded", 5, 8);
+    linearizable_under_faults("sharded", 5, 8, false);
 }
 
 /// Runs the workload against `nodes` nodes holding `shards` shards (3 replicas each) while the
-/// nemesis injects faults, then checks convergence and linearizability.
-fn linearizable_under_faults(name: &str, nodes: u64, shards: u32) {
+/// nemesis injects faults, then checks convergence and linearizability; with the fast path on and
+/// half the clients using it when `fast`.
+fn linearizable_under_faults(name: &str, nodes: u64, shards: u32, fast: bool) {
     let _serial = one_at_a_time();
     let seconds = nemesis::env_number("ONEKV_NEMESIS_SECONDS", 25);
     let seed = nemesis::env_number("ONEKV_NEMESIS_SEED", rand::random::<u32>().into());
@@ -285,11 +296,12 @@ fn linearizable_under_faults(name: &str, nodes: u64, shards: u32) {
             network.tweak(config);
             config.cluster.shards = shards;
             config.cluster.replicas = Some(3.min(nodes as u32));
+            config.cluster.fast_path = fast;
         })
         .await;
         let recorder = Recorder::new();
         let keys = nemesis::keys(8);
-        let workload = Workload::start(&cluster, 6, keys.clone(), &recorder, seed);
+        let workload = Workload::start(&cluster, 6, keys.clone(), &recorder, seed, fast);
 
         let mut rng = nemesis::rng(seed);
         let faults =
@@ -356,7 +368,7 @@ fn linearizable_while_nodes_join_and_leave() {
         let secret = cluster.peer_secret_file();
         let recorder = Recorder::new();
         let keys = nemesis::keys(8);
-        let workload = Workload::start(&cluster, 4, keys.clone(), &recorder, seed);
+        let workload = Workload::start(&cluster, 4, keys.clone(), &recorder, seed, false);
         let spare = cluster.add_spare().await;
         let (ok, text) =
             common::onekv_node(vec!["add".into(), cluster.endpoint(spare).into()], &endpoints, &secret).await;
@@ -408,7 +420,7 @@ fn stale_reads_from_an_isolated_follower_are_caught() {
         let mut cluster = TestCluster::start(3, |config| network.tweak(config)).await;
         let recorder = Recorder::new();
         // Linearizable traffic on other keys all along: the checker must blame only the stale key.
-        let workload = Workload::start(&cluster, 2, nemesis::keys(4), &recorder, seed);
+        let workload = Workload::start(&cluster, 2, nemesis::keys(4), &recorder, seed, false);
         let (writer, stale_reader) = (100, 101);
         let key = "stale";
 

@@ -56,6 +56,10 @@ const FIRST_DIRECT: Duration = Duration::from_millis(500);
 const MAX_DIRECT: Duration = Duration::from_secs(10);
 /// As long, at once, when a voter said the fast path is off on its node.
 const DIRECT_WHEN_OFF: Duration = Duration::from_secs(30);
+/// How long after it is sent a node may take a fast write (`FastWriteRequest::deadline_unix_ms`):
+/// far below the nodes' request-id window (120 s), so a write delayed past it is never taken as
+/// new after its id was forgotten; far above any wait for it.
+const FAST_WRITE_DEADLINE: Duration = Duration::from_secs(30);
 /// How often the client asks those of its endpoints it has not identified which node they are.
 const IDENTIFY_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// How long it waits for those answers.
@@ -235,7 +239,10 @@ impl Client {
         };
         let wait = self.inner.options.fast_path_wait.unwrap_or_else(|| fast.adaptive_wait());
         let started = Instant::now();
-        let request = FastWriteRequest { ops: ops.clone(), request_id: Some(id) };
+        let deadline_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| (since + FAST_WRITE_DEADLINE).as_millis() as u64);
+        let request = FastWriteRequest { ops: ops.clone(), request_id: Some(id), deadline_unix_ms };
         let gather = self.gather(shard, targets, request);
         tokio::pin!(gather);
         match tokio::time::timeout(wait, &mut gather).await {
