@@ -73,9 +73,10 @@ pub struct ClientOptions {
     /// call (`coalesce`): under many concurrent callers that divides the per-call cost of gRPC
     /// on both sides, and a lone call is sent at once. 0 sends every call on its own. Default 4.
     pub calls_in_flight_per_node: usize,
-    /// How long a fast write ([`Client::put_fast`]) waits for every voter's answer before it takes
-    /// the Raft path with the same request id. `None` (the default): adaptive, three times the
-    /// recent fast round trips plus 1 ms, between 2 and 250 ms (50 ms before the first).
+    /// How long a fast write ([`Client::put_fast`]) waits for every voter's answer before the Raft
+    /// path with the same request id starts too (whichever finishes first answers). `None` (the
+    /// default): adaptive, the recent fast round trips' average plus four times their deviation,
+    /// between 5 and 250 ms (20 ms before the first).
     pub fast_path_wait: Option<Duration>,
 }
 

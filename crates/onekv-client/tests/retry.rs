@@ -54,6 +54,12 @@ struct Fake {
     no_multi: bool,
     /// How long each `Multi` takes before it is answered.
     multi_delay: Duration,
+    /// What a FastWrite is answered (`None`: "the fast path is off"), and how many came.
+    fast_answer: Mutex<Option<onekv_proto::FastWriteResponse>>,
+    fast_calls: Mutex<u32>,
+    /// What Status lists besides the node id: the members and the cluster map.
+    members: Vec<onekv_proto::Member>,
+    cluster_map: Vec<u8>,
 }
 
 impl Fake {
@@ -162,7 +168,11 @@ impl Kv for Fake {
         &self,
         _: Request<onekv_proto::FastWriteRequest>,
     ) -> Result<Response<onekv_proto::FastWriteResponse>, Status> {
-        Err(Status::invalid_argument("the fast path is off on this node"))
+        *self.fast_calls.lock().unwrap() += 1;
+        match self.fast_answer.lock().unwrap().clone() {
+            Some(answer) => Ok(Response::new(answer)),
+            None => Err(Status::invalid_argument("the fast path is off on this node")),
+        }
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
@@ -242,6 +252,8 @@ impl Kv for Fake {
         Ok(Response::new(StatusResponse {
             node_id: self.node_id,
             role: "leader".into(),
+            members: self.members.clone(),
+            cluster_map: self.cluster_map.clone(),
             ..Default::default()
         }))
     }
@@ -858,6 +870,66 @@ async fn the_retry_budget_bounds_a_call_in_time() {
             other => panic!("expected Unavailable after 2 attempts, got {other:?}"),
         }
         assert!(took >= budget && took < budget + Duration::from_secs(1), "{took:?}");
+    })
+    .await;
+}
+
+/// The fast path counts an answer for the node that gave it, not for the node the client meant to
+/// ask: a node reached at another's address (it moved, a proxy) must not make a write look done
+/// on a voter that never got it.
+#[tokio::test]
+async fn a_fast_answer_from_another_node_than_the_one_asked_counts_for_neither() {
+    bounded(async {
+        let durable = |node_id, leader| onekv_proto::FastWriteResponse {
+            node_id,
+            applied_index: 0,
+            term: 3,
+            leader,
+            voters: vec![1, 2],
+        };
+        let map = onekv_placement::ClusterMap::build(&[1, 2], 1, 2).unwrap().encode();
+        let listeners = [
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        ];
+        let addresses: Vec<String> = listeners.iter().map(|l| l.local_addr().unwrap().to_string()).collect();
+        let members: Vec<onekv_proto::Member> = (1..)
+            .zip(&addresses)
+            .map(|(id, address)| onekv_proto::Member { id, address: address.clone() })
+            .collect();
+        let fake = |node_id| {
+            Arc::new(Fake { node_id, cluster_map: map.clone(), members: members.clone(), ..Fake::default() })
+        };
+        let (one, two) = (fake(1), fake(2));
+        let [first, second] = listeners;
+        for (fake, listener) in [(&one, first), (&two, second)] {
+            let service = KvServer::from_arc(Arc::clone(fake));
+            tokio::spawn(
+                Server::builder().add_service(service).serve_with_incoming(TcpIncoming::from(listener)),
+            );
+        }
+        let (at_one, at_two) = (&addresses[0], &addresses[1]);
+        *two.fast_answer.lock().unwrap() = Some(durable(2, true));
+        let options = ClientOptions { fast_path_wait: Some(Duration::from_millis(300)), ..fast_options() };
+        let client = client(&[at_one, at_two], options);
+        // Node 1's address answers as node 2: not done, the Raft path takes the write.
+        *one.fast_answer.lock().unwrap() = Some(durable(2, true));
+        let written = client.put_fast(b"k", b"v").await.unwrap();
+        assert!(!written.fast && written.index == Some(42), "{written:?}");
+        assert!(*one.fast_calls.lock().unwrap() >= 1 && *two.fast_calls.lock().unwrap() >= 1);
+        // Answering as itself, it is done fast again once the client identified the address anew
+        // (it stopped trusting it, and asks the nodes in the background).
+        *one.fast_answer.lock().unwrap() = Some(durable(1, false));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let written = client.put_fast(b"k", b"v").await.unwrap();
+            if written.fast {
+                assert!(written.index.is_none(), "{written:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "never fast again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     })
     .await;
 }

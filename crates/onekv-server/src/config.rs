@@ -156,8 +156,8 @@ pub struct ClusterConfig {
     /// the cluster is created, like `shards`.
     pub key_hashing: KeyHashingName,
     /// Blind writes in one round trip (`docs/design/fast-path.md`): this node's replicas accept
-    /// FastWrite calls, and its Redis front end sends SET without options, DEL and MSET within one
-    /// shard by the fast path. Set it the same on every member (a node with it off refuses fast
+    /// FastWrite calls, and its Redis front end sends SET without options and MSET (each shard's
+    /// part) by the fast path. Set it the same on every member (a node with it off refuses fast
     /// writes, so they take the Raft path). May change across restarts; writes made durable while
     /// it was on are still ordered after it is turned off. Needs `storage = "onelog"`. Default
     /// false.

@@ -29,6 +29,7 @@ use tonic::Status;
 
 use super::{Client, MAX_RESPONSE_BYTES, Route};
 use crate::error::{ClientError, Result};
+use crate::routing::normalize;
 
 /// How a blind write sent with [`Client::put_fast`], [`Client::delete_fast`] or
 /// [`Client::batch_fast`] was done.
@@ -60,7 +61,8 @@ const DIRECT_WHEN_OFF: Duration = Duration::from_secs(30);
 /// far below the nodes' request-id window (120 s), so a write delayed past it is never taken as
 /// new after its id was forgotten; far above any wait for it.
 const FAST_WRITE_DEADLINE: Duration = Duration::from_secs(30);
-/// How often the client asks those of its endpoints it has not identified which node they are.
+/// How often the client asks its endpoints which node each is, and the nodes for their member
+/// list (in the background, when an endpoint is not identified or a voter has no address).
 const IDENTIFY_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// How long it waits for those answers.
 const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(1);
@@ -81,6 +83,8 @@ struct FastState {
     endpoints: HashMap<u64, String>,
     /// When the client last asked its endpoints which node each is (`None`: never).
     identified_at: Option<Instant>,
+    /// Whether an identification runs in the background now.
+    identifying: bool,
     /// Per shard, the voters its leader named last (until then, the cluster map's replicas).
     voters: HashMap<u64, Vec<u64>>,
     /// Per shard, its fast attempts that failed in a row, and until when its writes take the Raft
@@ -101,9 +105,22 @@ impl FastPath {
         self.state().addresses.extend(addresses);
     }
 
-    /// Learns that the client's `endpoint` is node `node`.
+    /// Learns that the client's `endpoint` is node `node` (and no other node).
     pub(crate) fn learn_endpoint(&self, node: u64, endpoint: &str) {
-        self.state().endpoints.insert(node, endpoint.to_owned());
+        let mut state = self.state();
+        state.endpoints.retain(|_, known| known != endpoint);
+        state.endpoints.insert(node, endpoint.to_owned());
+    }
+
+    /// `endpoint` answered as another node than `node`: neither address is trusted for `node`
+    /// until the next identification.
+    fn forget_endpoint(&self, node: u64, endpoint: &str) {
+        let mut state = self.state();
+        state.endpoints.retain(|_, known| known != endpoint);
+        if state.addresses.get(&node).is_some_and(|known| known == endpoint) {
+            state.addresses.remove(&node);
+        }
+        state.identified_at = None;
     }
 
     /// Where the client reaches `node`: its own endpoint for it, else the member list's address.
@@ -161,13 +178,27 @@ pub fn completes(acks: &BTreeMap<u64, FastWriteResponse>) -> bool {
     if acks.values().any(|ack| ack.applied_index != 0) {
         return true;
     }
-    let Some(leader) = acks.values().find(|ack| ack.leader) else {
+    let Some(leader) = leader_ack(acks) else {
         return false;
     };
-    !leader.voters.is_empty()
-        && leader.voters.iter().all(|voter| {
-            acks.get(voter).is_some_and(|ack| ack.term == leader.term && ack.voters == leader.voters)
+    let voters = sorted(&leader.voters);
+    !voters.is_empty()
+        && voters.iter().all(|voter| {
+            acks.get(voter).is_some_and(|ack| ack.term == leader.term && sorted(&ack.voters) == voters)
         })
+}
+
+/// The answer of the node that leads in the newest term among `acks`, if one does.
+fn leader_ack(acks: &BTreeMap<u64, FastWriteResponse>) -> Option<&FastWriteResponse> {
+    acks.values().filter(|ack| ack.leader).max_by_key(|ack| ack.term)
+}
+
+/// The voters a replica named, in order (replicas list the same set in different orders).
+fn sorted(voters: &[u64]) -> Vec<u64> {
+    let mut voters = voters.to_vec();
+    voters.sort_unstable();
+    voters.dedup();
+    voters
 }
 
 /// A batch's items as the wire's ops (no expiry).
@@ -181,6 +212,9 @@ enum Gathered {
     Done(Option<u64>),
     /// It cannot complete (`off`: a voter has the fast path off).
     Failed { off: bool },
+    /// A node refused it as bad input: the Raft path answers the caller (with the same error, if
+    /// it is one), and the shard's fast path is not held to blame.
+    Invalid,
 }
 
 impl Client {
@@ -251,6 +285,7 @@ impl Client {
                 fast.failed(shard, off);
                 return self.raft_path(shard, ops, id).await;
             }
+            Ok(Gathered::Invalid) => return self.raft_path(shard, ops, id).await,
             Err(_waited) => {}
         }
         let raft_path = self.raft_path(shard, ops, id);
@@ -264,11 +299,20 @@ impl Client {
                         fast.failed(shard, off);
                         gathering = false;
                     }
+                    Gathered::Invalid => gathering = false,
                 },
                 written = &mut raft_path => {
-                    if gathering {
-                        fast.failed(shard, false);
+                    if !gathering {
+                        return written;
                     }
+                    // The Raft path gave up (its retry budget spent) while the fast attempt may
+                    // still complete: it gets one more wait.
+                    if written.is_err()
+                        && let Ok(Gathered::Done(index)) = tokio::time::timeout(wait, &mut gather).await
+                    {
+                        return Ok(self.done_fast(shard, started, index));
+                    }
+                    fast.failed(shard, false);
                     return written;
                 }
             }
@@ -309,21 +353,29 @@ impl Client {
     }
 
     /// Sends the write to every one of `targets` at once and gathers their answers until they make
-    /// it done, or cannot.
+    /// it done, or cannot: a voter the leader names refused it or was never asked, or every target
+    /// answered without making it done. An answer from another node than the one asked (an
+    /// address that moved) counts as that node's refusal, and the address is dropped.
     async fn gather(&self, shard: u64, targets: Vec<(u64, String)>, request: FastWriteRequest) -> Gathered {
+        let fast = &self.inner.fast;
+        let asked: Vec<u64> = targets.iter().map(|(node, _)| *node).collect();
         let mut answers: FuturesUnordered<_> = targets
             .into_iter()
             .map(|(node, endpoint)| {
                 let request = request.clone();
-                async move { (node, self.fast_write_at(&endpoint, request).await) }
+                async move {
+                    let answer = self.fast_write_at(&endpoint, request).await;
+                    (node, endpoint, answer)
+                }
             })
             .collect();
         let mut acks = BTreeMap::new();
-        while let Some((node, answer)) = answers.next().await {
+        let mut refused = Vec::new();
+        while let Some((node, endpoint, answer)) = answers.next().await {
             match answer {
-                Ok(ack) => {
+                Ok(ack) if ack.node_id == node => {
                     if ack.leader && !ack.voters.is_empty() {
-                        self.inner.fast.state().voters.insert(shard, ack.voters.clone());
+                        fast.state().voters.insert(shard, sorted(&ack.voters));
                     }
                     acks.insert(node, ack);
                     if completes(&acks) {
@@ -331,62 +383,110 @@ impl Client {
                         return Gathered::Done(applied);
                     }
                 }
+                Ok(_) => {
+                    fast.forget_endpoint(node, &endpoint);
+                    refused.push(node);
+                }
                 Err(status) => {
-                    let off = status.code() == tonic::Code::InvalidArgument
-                        && status.message().contains("fast path is off");
-                    return Gathered::Failed { off };
+                    if status.code() == tonic::Code::InvalidArgument {
+                        return match status.message().contains("fast path is off") {
+                            true => Gathered::Failed { off: true },
+                            false => Gathered::Invalid,
+                        };
+                    }
+                    refused.push(node);
+                }
+            }
+            // Once the leader named the voters: any of them refused or never asked rules it out
+            // (a refusal from a node that is no voter, say a replica moved away, does not).
+            if let Some(leader) = leader_ack(&acks) {
+                let voters = sorted(&leader.voters);
+                if voters.iter().any(|voter| refused.contains(voter) || !asked.contains(voter)) {
+                    return Gathered::Failed { off: false };
                 }
             }
         }
         // Every target answered, and the answers do not make it done: no leader among them, or
-        // terms or voters that differ (an election, a membership change).
+        // terms or voters that differ (an election, a membership change). The voters learned for
+        // the shard may be what is wrong.
+        if leader_ack(&acks).is_none() {
+            fast.state().voters.remove(&shard);
+        }
         Gathered::Failed { off: false }
     }
 
-    /// The voters of `shard` with their addresses, or `None` if one has no known address or could
-    /// not be reached moments ago (its answer would never come: take the Raft path at once).
+    /// The voters of `shard` with their addresses (and the node the client last found leading it,
+    /// if not among them), or `None` if one has no known address or could not be reached moments
+    /// ago (its answer would never come: take the Raft path at once).
     async fn fast_targets(&self, shard: u64) -> Option<Vec<(u64, String)>> {
         let placement = self.placement().await.ok()?;
-        self.identify_endpoints().await;
-        let state = self.inner.fast.state();
-        let voters = match state.voters.get(&shard) {
-            Some(voters) => voters.clone(),
-            None => placement.shard(shard)?.replicas.clone(),
-        };
         let routing = &self.inner.routing;
-        voters
-            .into_iter()
-            .map(|node| {
-                let endpoint = FastPath::endpoint_of(&state, node)?;
-                (!routing.is_unreachable(endpoint)).then(|| (node, endpoint.clone()))
-            })
-            .collect()
+        let targets = {
+            let state = self.inner.fast.state();
+            let mut voters = match state.voters.get(&shard) {
+                Some(voters) => voters.clone(),
+                None => placement.shard(shard)?.replicas.clone(),
+            };
+            let leader = routing.leader(shard).and_then(|address| {
+                state.endpoints.iter().find(|(_, endpoint)| **endpoint == address).map(|(node, _)| *node)
+            });
+            if let Some(leader) = leader.filter(|leader| !voters.contains(leader)) {
+                voters.push(leader);
+            }
+            voters
+                .into_iter()
+                .map(|node| FastPath::endpoint_of(&state, node).map(|endpoint| (node, endpoint.clone())))
+                .collect::<Option<Vec<_>>>()
+        };
+        let unidentified = {
+            let state = self.inner.fast.state();
+            routing.known().iter().any(|endpoint| !state.endpoints.values().any(|known| known == endpoint))
+        };
+        if targets.is_none() || unidentified {
+            self.identify_soon();
+        }
+        let targets = targets?;
+        targets.iter().all(|(_, endpoint)| !routing.is_unreachable(endpoint)).then_some(targets)
     }
 
-    /// Asks each of the client's endpoints not identified yet which node it is (their Status,
-    /// at once, briefly), at most every [`IDENTIFY_AGAIN_AFTER`].
-    async fn identify_endpoints(&self) {
-        let unknown: Vec<String> = {
+    /// Has a background task ask every endpoint of the client which node it is, and learn the
+    /// member list's addresses from their answers, unless one did within
+    /// [`IDENTIFY_AGAIN_AFTER`] or runs now.
+    fn identify_soon(&self) {
+        {
             let mut state = self.inner.fast.state();
-            if state.identified_at.is_some_and(|at| at.elapsed() < IDENTIFY_AGAIN_AFTER) {
+            if state.identifying || state.identified_at.is_some_and(|at| at.elapsed() < IDENTIFY_AGAIN_AFTER)
+            {
                 return;
             }
+            state.identifying = true;
             state.identified_at = Some(Instant::now());
-            let known: Vec<&String> = state.endpoints.values().collect();
-            self.inner.routing.known().into_iter().filter(|endpoint| !known.contains(&endpoint)).collect()
-        };
-        let mut answers: FuturesUnordered<_> = unknown
-            .iter()
-            .map(|endpoint| async move {
-                let status = tokio::time::timeout(IDENTIFY_TIMEOUT, self.status(endpoint)).await;
-                (endpoint, status)
-            })
-            .collect();
-        while let Some((endpoint, status)) = answers.next().await {
-            if let Ok(Ok(status)) = status {
-                self.inner.fast.learn_endpoint(status.node_id, endpoint);
-            }
         }
+        let client = self.clone();
+        tokio::spawn(async move {
+            let routing = &client.inner.routing;
+            let endpoints: Vec<String> =
+                routing.known().into_iter().filter(|endpoint| !routing.is_unreachable(endpoint)).collect();
+            let mut answers: FuturesUnordered<_> = endpoints
+                .iter()
+                .map(|endpoint| {
+                    let client = &client;
+                    async move {
+                        (endpoint, tokio::time::timeout(IDENTIFY_TIMEOUT, client.status(endpoint)).await)
+                    }
+                })
+                .collect();
+            while let Some((endpoint, status)) = answers.next().await {
+                if let Ok(Ok(status)) = status {
+                    let fast = &client.inner.fast;
+                    fast.learn_endpoint(status.node_id, endpoint);
+                    fast.learn_addresses(
+                        status.members.iter().filter_map(|m| Some((m.id, normalize(&m.address).ok()?))),
+                    );
+                }
+            }
+            client.inner.fast.state().identifying = false;
+        });
     }
 
     /// One FastWrite at `endpoint`, coalesced with the other calls waiting for that node.
@@ -443,6 +543,16 @@ mod tests {
                 .into_iter()
                 .collect();
         assert!(!completes(&no_leader), "no leader among them");
+        let reordered: BTreeMap<_, _> =
+            [durable(1, 5, true, &[3, 1, 2]), durable(2, 5, false, &all), durable(3, 5, false, &[2, 3, 1])]
+                .into_iter()
+                .collect();
+        assert!(completes(&reordered), "replicas list the same voters in different orders");
+        let two_leaders: BTreeMap<_, _> =
+            [durable(1, 4, true, &[1, 2]), durable(2, 4, false, &[1, 2]), durable(3, 5, true, &all)]
+                .into_iter()
+                .collect();
+        assert!(!completes(&two_leaders), "the newest term's leader decides: node 3 in term 5");
         let applied: BTreeMap<_, _> =
             [(2, FastWriteResponse { node_id: 2, applied_index: 9, ..Default::default() })]
                 .into_iter()

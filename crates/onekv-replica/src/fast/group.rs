@@ -244,7 +244,10 @@ impl Group {
         }
         let queued = std::mem::take(&mut self.fast.queued);
         let leading = self.role() == StateRole::Leader;
-        let voters = self.raw.store().conf_state.voters.clone();
+        // Sorted: raft-rs lists a configuration's voters in no fixed order, and every replica's
+        // answer must name the same list.
+        let mut voters = self.raw.store().conf_state.voters.clone();
+        voters.sort_unstable();
         for (q, locator) in queued.into_iter().zip(locators) {
             // Applied while its record was being written (an ORDER carrying it inline, or the
             // Raft path): done, and not pending.
