@@ -321,6 +321,7 @@ pub async fn client_task(
     // some of them swap.
     let mut last_seen: HashMap<String, Option<String>> = HashMap::new();
     let mut issued = 0;
+    let mut done_fast = 0;
     while !stop.load(Ordering::Relaxed) {
         let key = keys[rng.random_range(0..keys.len())].clone();
         let unique = format!("c{id}-{issued}");
@@ -345,7 +346,10 @@ pub async fn client_task(
             }
         } else if choice < 70 {
             let result = match fast {
-                true => client.put_fast(key.as_bytes(), unique.as_bytes()).await.map(drop),
+                true => client
+                    .put_fast(key.as_bytes(), unique.as_bytes())
+                    .await
+                    .map(|done| done_fast += u64::from(done.fast)),
                 false => client.put(key.as_bytes(), unique.as_bytes()).await.map(drop),
             };
             let ret = recorder.now();
@@ -392,7 +396,9 @@ pub async fn client_task(
             }
         } else {
             let result = match fast {
-                true => client.delete_fast(key.as_bytes()).await.map(drop),
+                true => {
+                    client.delete_fast(key.as_bytes()).await.map(|done| done_fast += u64::from(done.fast))
+                }
                 false => client.delete(key.as_bytes()).await.map(drop),
             };
             let ret = recorder.now();
@@ -402,6 +408,9 @@ pub async fn client_task(
             }
             recorder.record(id, &key, Request::Delete, (call, ret), outcome, Response::default());
         }
+    }
+    if fast {
+        eprintln!("client {id}: {done_fast} writes done by the fast path, of {issued} operations");
     }
     issued
 }
