@@ -273,6 +273,9 @@ pub struct CompareConfig {
     /// One-way delay added to every link of a onekv cluster, node to node and client to node
     /// ([`crate::delay`]; `None`: none). etcd contenders run without it.
     pub link_delay: Option<Duration>,
+    /// A onekv node to kill once the Load phase is done (`None`: none): the other phase runs with
+    /// one replica of each of its shards down, once every shard has a leader again.
+    pub down_after_load: Option<u64>,
 }
 
 /// Why a comparison stopped.
@@ -477,7 +480,19 @@ async fn run_onekv(
         config.sample_disk.map(|every| tokio::spawn(sample_disk(probes.clone(), every, samples.clone())));
     let device_before = device_write_bytes(&probes);
     let cpu = CpuProbe { server_pids: probes.iter().filter_map(|probe| probe.pid).collect() };
-    let phases = run_phases(target.clone(), &config.run, true, &cpu).await;
+    let phases = match config.down_after_load {
+        None => run_phases(target.clone(), &config.run, true, &cpu).await,
+        Some(node) => {
+            let load = RunConfig { workload: crate::workload::WorkloadKind::Load, ..config.run.clone() };
+            let mut phases = run_phases(target.clone(), &load, false, &cpu).await?;
+            cluster.kill(node);
+            cluster.wait_for_leader(config.leader_timeout).await.map_err(cluster_error)?;
+            if config.run.workload != crate::workload::WorkloadKind::Load {
+                phases.extend(run_phases(target.clone(), &config.run, false, &cpu).await?);
+            }
+            Ok(phases)
+        }
+    };
     if let Some(sampler) = sampler {
         sampler.abort();
     }

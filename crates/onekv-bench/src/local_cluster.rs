@@ -282,6 +282,16 @@ impl LocalCluster {
         }
     }
 
+    /// Kills node `id` (SIGKILL, as a crash would) and reaps it; it stays down.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(node) = self.nodes.iter_mut().find(|node| node.id == id)
+            && let Some(mut child) = node.child.take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Stops every node: SIGINT, up to 10 s to exit, then SIGKILL. Idempotent.
     pub fn stop(&mut self) {
         let children =

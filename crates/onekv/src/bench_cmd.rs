@@ -165,6 +165,10 @@ pub struct CompareArgs {
     /// one machine; etcd contenders run without it) [default: none].
     #[arg(long, value_name = "MICROSECONDS")]
     link_delay_us: Option<u64>,
+    /// Kill onekv node ID (SIGKILL) after the Load phase, and run the workload once every shard has
+    /// a leader again: one replica of each of its shards down (etcd contenders run without it).
+    #[arg(long, value_name = "ID")]
+    down_after_load: Option<u64>,
 }
 
 /// Runs one bench subcommand. SIGINT or SIGTERM abandons it: dropping its future stops the local
@@ -285,6 +289,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         index_memtable_bytes: args.index_memtable_kib.map(|kib| kib << 10),
         settle: Duration::from_secs(args.settle_secs),
         link_delay: args.link_delay_us.map(Duration::from_micros),
+        down_after_load: args.down_after_load,
     };
     let report = compare(&config, |run| {
         eprintln!("{} round {}:", run.mode, run.round);
