@@ -84,20 +84,30 @@ pub enum FastAck {
 
 impl FastAck {
     /// Whether `acks` (one per node, by node id) make a fast write done: one says it was applied,
-    /// or every voter named answered durable in the same term with the same voters, one of them as
-    /// leader.
+    /// or every voter the leader of the newest term among them names answered durable in that term
+    /// with the same voters (as sets: compared sorted). The client states the same rule over the
+    /// wire's answers (`onekv_client::fast_write_completes`).
     pub fn completes(acks: &BTreeMap<u64, FastAck>) -> bool {
         if acks.values().any(|ack| matches!(ack, FastAck::Applied { .. })) {
             return true;
         }
-        let Some((_, FastAck::Durable { term, voters, .. })) =
-            acks.iter().find(|(_, ack)| matches!(ack, FastAck::Durable { leader: true, .. }))
+        let durable = |ack: &FastAck| match ack {
+            FastAck::Durable { term, leader, voters } => {
+                let mut voters = voters.clone();
+                voters.sort_unstable();
+                voters.dedup();
+                Some((*term, *leader, voters))
+            }
+            FastAck::Applied { .. } => None,
+        };
+        let Some((term, _, voters)) =
+            acks.values().filter_map(durable).filter(|(_, leader, _)| *leader).max_by_key(|(term, ..)| *term)
         else {
             return false;
         };
         !voters.is_empty()
             && voters.iter().all(|voter| {
-                matches!(acks.get(voter), Some(FastAck::Durable { term: t, voters: v, .. }) if t == term && v == voters)
+                acks.get(voter).and_then(durable).is_some_and(|(t, _, v)| t == term && v == voters)
             })
     }
 }
@@ -645,5 +655,31 @@ fn item(record: &FastRecord, inline: bool) -> OrderItem {
         digest: record.digest,
         inline: inline.then(|| record.command.to_vec()),
         forget: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn durable(node: u64, term: u64, leader: bool, voters: &[u64]) -> (u64, FastAck) {
+        (node, FastAck::Durable { term, leader, voters: voters.to_vec() })
+    }
+
+    /// The same cases as the client's rule (`onekv_client::fast_write_completes`).
+    #[test]
+    fn a_write_is_done_when_every_voter_the_newest_leader_names_holds_it_in_its_term() {
+        let all = [1, 2, 3];
+        let mut acks: BTreeMap<u64, FastAck> = [durable(1, 5, true, &all), durable(2, 5, false, &all)].into();
+        assert!(!FastAck::completes(&acks), "a majority is not enough");
+        acks.extend([durable(3, 4, false, &all)]);
+        assert!(!FastAck::completes(&acks), "a voter in another term");
+        acks.extend([durable(3, 5, false, &[2, 3, 1])]);
+        assert!(FastAck::completes(&acks), "the same voters in another order");
+        let two_leaders: BTreeMap<u64, FastAck> =
+            [durable(1, 4, true, &[1, 2]), durable(2, 4, false, &[1, 2]), durable(3, 5, true, &all)].into();
+        assert!(!FastAck::completes(&two_leaders), "the newest term's leader decides");
+        let applied: BTreeMap<u64, FastAck> = [(2, FastAck::Applied { index: 9 })].into();
+        assert!(FastAck::completes(&applied));
     }
 }
