@@ -772,9 +772,12 @@ impl Replica {
     /// Refused (use the Raft path) while the fast path is off, the membership changes, a new
     /// leader is still ordering what it held, or too many fast writes are pending.
     pub fn fast_write(&self, request_id: RequestId, ops: Vec<crate::WriteOp>, done: Done<crate::FastAck>) {
-        if let Err(err) = self.node.inner.limits.check(&Command::Write(ops.clone())) {
+        // Checked as the command it becomes, without copying the values to build it.
+        let write = Command::Write(ops);
+        if let Err(err) = self.node.inner.limits.check(&write) {
             return done(Err(err));
         }
+        let Command::Write(ops) = write else { unreachable!("built as a write just above") };
         self.send(GroupInput::FastWrite { id: request_id, ops, done });
     }
 

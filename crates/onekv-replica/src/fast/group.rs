@@ -197,7 +197,7 @@ impl Group {
         if self.fast.forgotten_ids.contains(&id) {
             return done(refuse("the replicas forgot this write, which reached the leader too late"));
         }
-        let command = encode_command(id, ops.clone());
+        let (command, ops) = encode_command(id, ops);
         let queued_bytes: usize = self.fast.queued.iter().map(|q| q.command.len()).sum();
         if !self.applier.fast.has_room(queued_bytes + command.len())
             || self.fast.queued.len() + self.applier.fast.len() >= super::pending::MAX_PENDING_RECORDS

@@ -50,7 +50,11 @@ pub(crate) fn check_ops(ops: &[WriteOp]) -> Result<(), ReplicaError> {
 }
 
 /// The encoded write command a fast write's DURABILITY record holds: the same bytes on every
-/// replica for the same id and ops (time 0: it is applied at its ORDER's time).
-pub(crate) fn encode_command(id: RequestId, ops: Vec<WriteOp>) -> Vec<u8> {
-    crate::codec::encode(id, 0, &crate::Command::Write(ops))
+/// replica for the same id and ops (time 0: it is applied at its ORDER's time); the ops come back
+/// unchanged (no copy of their values is made).
+pub(crate) fn encode_command(id: RequestId, ops: Vec<WriteOp>) -> (Vec<u8>, Vec<WriteOp>) {
+    let write = crate::Command::Write(ops);
+    let command = crate::codec::encode(id, 0, &write);
+    let crate::Command::Write(ops) = write else { unreachable!("built as a write just above") };
+    (command, ops)
 }
