@@ -12,7 +12,8 @@
 //!   ([`ClusterMap::build`], [`ClusterMap::with_node_added`]);
 //! - the cluster map ([`ClusterMap`]) and its versioned, checksummed binary encoding
 //!   ([`ClusterMap::encode`], [`ClusterMap::decode`]);
-//! - the member list ([`MemberList`]: node ids and addresses at an epoch) and its encoding.
+//! - the member list ([`MemberList`]: node ids and addresses at an epoch) and its encoding;
+//! - how many voters the fast path needs ([`quorum`]), stated once for replicas and clients.
 //!
 //! Does not own: where the map is stored or how it is agreed on (the metadata Raft group), moving data
 //! between nodes, networking, or anything with I/O, threads or async. Everything here is deterministic:
@@ -25,6 +26,7 @@ mod codec;
 mod error;
 mod map;
 mod members;
+pub mod quorum;
 mod ring;
 mod slot;
 

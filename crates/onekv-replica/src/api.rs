@@ -515,6 +515,10 @@ pub enum Mutation {
     /// or an earlier ORDER, applied it): the write takes effect twice, the second time over later
     /// writes of its key.
     OrderSkipsWindow,
+    /// A new leader whose fast quorum is below every voter (R = 5) recovers the fast writes of
+    /// older terms from its own pending set only, without gathering a majority's: a write done on
+    /// four of five voters, the new leader not among them, is lost.
+    FastRecoversWithoutGather,
 }
 
 /// Why a request failed.

@@ -232,6 +232,15 @@ impl Group {
             // send again (`snapshot::install`).
             GroupInput::Step(_) if self.installing.is_some() => {}
             GroupInput::Step(message) => {
+                if let Some(gathered) = crate::fast::gather::decode(&message) {
+                    match gathered {
+                        Ok(gathered) => self.fast_gather_message(message.from, message.term, gathered, ctx),
+                        Err(error) => {
+                            tracing::debug!(shard = self.shard, error, "dropped a malformed gather message")
+                        }
+                    }
+                    return;
+                }
                 if let Some(ids) = crate::fast::notice::decode(&message) {
                     match ids {
                         Ok(ids) if message.term == self.raw.raft.term => {

@@ -108,13 +108,18 @@ struct Args {
     #[arg(long)]
     fast_path: bool,
     /// Run the broken variant whose fast-path clients count a write done on a majority of the
-    /// voters instead of every one (implies --fast-path).
+    /// voters instead of a fast quorum (implies --fast-path).
     #[arg(long)]
     bug_fast_counts_majority: bool,
     /// Run the broken variant that applies an ORDER's fast writes even when the window says
     /// they were applied (implies --fast-path).
     #[arg(long)]
     bug_order_skips_window: bool,
+    /// Run the broken variant whose new leaders recover fast writes from their own pending set
+    /// only, without gathering a majority's (implies --fast-path; caught with --nodes 5
+    /// --replicas 5, where a write is done on 4 of 5).
+    #[arg(long)]
+    bug_fast_recovers_without_gather: bool,
     /// Make half the workload's deletes range deletions of up to 4 consecutive keys.
     #[arg(long)]
     range_deletes: bool,
@@ -175,7 +180,10 @@ fn main() -> anyhow::Result<()> {
         expiring_puts: !args.no_expiring_puts,
         held_installs: !args.no_held_installs,
         lease_reads: args.lease_reads || args.bug_lease_ignores_time,
-        fast_path: args.fast_path || args.bug_fast_counts_majority || args.bug_order_skips_window,
+        fast_path: args.fast_path
+            || args.bug_fast_counts_majority
+            || args.bug_order_skips_window
+            || args.bug_fast_recovers_without_gather,
         dedup: args.dedup
             || args.bug_dedup_trusts_fingerprint
             || args.bug_gc_ignores_shared_values
@@ -209,6 +217,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::FastCountsMajority)
         } else if args.bug_order_skips_window {
             Some(Bug::OrderSkipsWindow)
+        } else if args.bug_fast_recovers_without_gather {
+            Some(Bug::FastRecoversWithoutGather)
         } else {
             None
         },

@@ -81,9 +81,13 @@ pub enum Bug {
     /// A read lease lasts as long as the node leads, whatever the time (implies `lease_reads`).
     LeaseIgnoresTime,
     /// A fast-path client counts a fast write done once a majority of the voters (the leader
-    /// among them) made it durable, not every voter: a new leader may lack it (implies
-    /// `fast_path`).
+    /// among them) made it durable, not a fast quorum (every voter at R = 3, 4 of 5): a new
+    /// leader may lack it (implies `fast_path`).
     FastCountsMajority,
+    /// A new leader at R = 5 (fast quorum 4 of 5) recovers the fast writes of older terms from its
+    /// own pending set only, without gathering a majority's: a write done without it is lost
+    /// (implies `fast_path`; run with 5 replicas).
+    FastRecoversWithoutGather,
     /// Applying the leader's ORDER applies a fast write whose id the window holds again (its
     /// client fell back to the Raft path, which applied it): a later write of the key is
     /// overwritten by the old value (implies `fast_path`).
@@ -1160,6 +1164,7 @@ impl Sim {
             }
             Some(Bug::LeaseIgnoresTime) => Some(Mutation::LeaseIgnoresTime),
             Some(Bug::OrderSkipsWindow) => Some(Mutation::OrderSkipsWindow),
+            Some(Bug::FastRecoversWithoutGather) => Some(Mutation::FastRecoversWithoutGather),
             _ => None,
         };
         match onekv_replica::Node::open_driven(config, transport, &log_dir, mutation, Some(crash_hook)) {
@@ -1439,8 +1444,19 @@ impl Sim {
             _ => WriteOp::delete(key),
         }];
         let (serial, id, request) = (open.serial, c.id, open.request);
+        // Where a write is done on fewer than every voter (R = 5), a client's request to one of
+        // them is lost now and then (a broken connection), so writes are done without some voter,
+        // which may lead next: its recovery must gather them from the others
+        // (`Bug::FastRecoversWithoutGather`). At R = 3 a loss would only send the write to the
+        // Raft path.
+        let lost = (onekv_placement::quorum::fast_needs_gather(replicas.len())
+            && self.rng.random_ratio(1, 4))
+        .then(|| replicas[self.rng.random_range(0..replicas.len())]);
         let mut sent = 0;
         for node in replicas {
+            if Some(node) == lost {
+                continue;
+            }
             let Some(replica) =
                 self.nodes[(node - 1) as usize].up.as_ref().and_then(|up| up.node.replica(shard))
             else {

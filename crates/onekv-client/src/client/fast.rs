@@ -171,8 +171,9 @@ impl FastPath {
 }
 
 /// Whether `acks` (by the node that answered) make a fast write done: one says it was applied
-/// already, or every voter the leader's answer names answered durable in the leader's term with
-/// the same voters. (The node's side states the same rule as `onekv_replica::FastAck::completes`,
+/// already, or a fast quorum (`onekv_placement::quorum::fast_quorum`: every voter at R = 3, 4 of
+/// 5) of the voters the leader's answer names answered durable in the leader's term with the same
+/// voters. (The node's side states the same rule as `onekv_replica::FastAck::completes`,
 /// which its tests and the simulation use.)
 pub fn completes(acks: &BTreeMap<u64, FastWriteResponse>) -> bool {
     if acks.values().any(|ack| ack.applied_index != 0) {
@@ -182,10 +183,13 @@ pub fn completes(acks: &BTreeMap<u64, FastWriteResponse>) -> bool {
         return false;
     };
     let voters = sorted(&leader.voters);
-    !voters.is_empty()
-        && voters.iter().all(|voter| {
+    let held = voters
+        .iter()
+        .filter(|voter| {
             acks.get(voter).is_some_and(|ack| ack.term == leader.term && sorted(&ack.voters) == voters)
         })
+        .count();
+    !voters.is_empty() && held >= onekv_placement::quorum::fast_quorum(voters.len())
 }
 
 /// The answer of the node that leads in the newest term among `acks`, if one does.
@@ -353,8 +357,8 @@ impl Client {
     }
 
     /// Sends the write to every one of `targets` at once and gathers their answers until they make
-    /// it done, or cannot: a voter the leader names refused it or was never asked, or every target
-    /// answered without making it done. An answer from another node than the one asked (an
+    /// it done, or cannot: more voters the leader names refused it or were never asked than the
+    /// fast quorum spares, or every target answered without making it done. An answer from another node than the one asked (an
     /// address that moved) counts as that node's refusal, and the address is dropped.
     async fn gather(&self, shard: u64, targets: Vec<(u64, String)>, request: FastWriteRequest) -> Gathered {
         let fast = &self.inner.fast;
@@ -397,11 +401,14 @@ impl Client {
                     refused.push(node);
                 }
             }
-            // Once the leader named the voters: any of them refused or never asked rules it out
-            // (a refusal from a node that is no voter, say a replica moved away, does not).
+            // Once the leader named the voters: more of them refused or never asked than the fast
+            // quorum can spare (at R = 3, any one) rules it out (a refusal from a node that is no
+            // voter, say a replica moved away, does not count).
             if let Some(leader) = leader_ack(&acks) {
                 let voters = sorted(&leader.voters);
-                if voters.iter().any(|voter| refused.contains(voter) || !asked.contains(voter)) {
+                let out =
+                    voters.iter().filter(|voter| refused.contains(voter) || !asked.contains(voter)).count();
+                if out > voters.len() - onekv_placement::quorum::fast_quorum(voters.len()) {
                     return Gathered::Failed { off: false };
                 }
             }
@@ -527,7 +534,7 @@ mod tests {
     }
 
     #[test]
-    fn a_write_is_done_when_every_voter_the_leader_names_holds_it_in_its_term() {
+    fn a_write_is_done_when_a_fast_quorum_of_the_voters_the_leader_names_holds_it_in_its_term() {
         let all = [1, 2, 3];
         let mut acks: BTreeMap<u64, FastWriteResponse> =
             [durable(1, 5, true, &all), durable(2, 5, false, &all)].into_iter().collect();
@@ -558,5 +565,17 @@ mod tests {
                 .into_iter()
                 .collect();
         assert!(completes(&applied), "applied already");
+        let five = [1, 2, 3, 4, 5];
+        let mut r5: BTreeMap<_, _> =
+            [durable(1, 7, true, &five), durable(2, 7, false, &five), durable(3, 7, false, &five)]
+                .into_iter()
+                .collect();
+        assert!(!completes(&r5), "a majority of five is not enough");
+        r5.extend([durable(4, 6, false, &five)]);
+        assert!(!completes(&r5), "the fourth in another term");
+        r5.extend([durable(5, 7, false, &five)]);
+        assert!(completes(&r5), "four of five in the leader's term");
+        let without_leader: BTreeMap<_, _> = (2..=5).map(|node| durable(node, 7, false, &five)).collect();
+        assert!(!completes(&without_leader), "four of five, the leader not among them");
     }
 }

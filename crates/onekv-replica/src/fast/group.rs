@@ -33,6 +33,7 @@
 //! pending writes of older terms it did not name (no such write completed: the leader would hold
 //! it). Only once that ORDER is applied here does the leader accept fast writes or answer reads.
 
+use super::gather::{self, Gathered, Held};
 use super::{FastRecord, check_ops, encode_command, notice};
 use crate::codec::OrderItem;
 use crate::group::Group;
@@ -84,9 +85,10 @@ pub enum FastAck {
 
 impl FastAck {
     /// Whether `acks` (one per node, by node id) make a fast write done: one says it was applied,
-    /// or every voter the leader of the newest term among them names answered durable in that term
-    /// with the same voters (as sets: compared sorted). The client states the same rule over the
-    /// wire's answers (`onekv_client::fast_write_completes`).
+    /// or a fast quorum (`onekv_placement::quorum::fast_quorum`: every voter at R = 3, 4 of 5) of
+    /// the voters the leader of the newest term among them names answered durable in that term with
+    /// the same voters (as sets: compared sorted). The client states the same rule over the wire's
+    /// answers (`onekv_client::fast_write_completes`).
     pub fn completes(acks: &BTreeMap<u64, FastAck>) -> bool {
         if acks.values().any(|ack| matches!(ack, FastAck::Applied { .. })) {
             return true;
@@ -105,10 +107,13 @@ impl FastAck {
         else {
             return false;
         };
-        !voters.is_empty()
-            && voters.iter().all(|voter| {
+        let held = voters
+            .iter()
+            .filter(|voter| {
                 acks.get(voter).and_then(durable).is_some_and(|(t, _, v)| t == term && v == voters)
             })
+            .count();
+        !voters.is_empty() && held >= onekv_placement::quorum::fast_quorum(voters.len())
     }
 }
 
@@ -150,6 +155,18 @@ pub(crate) struct FastGroup {
     /// when they arrived) is applied, before their ReadIndex round (`None`: until those writes
     /// could be proposed).
     reads: Vec<(Option<u64>, Done<()>)>,
+    /// As a new leader whose fast quorum is below every voter: the gather of the voters' pending
+    /// writes under way ([`gather`]).
+    gathering: Option<Gathering>,
+}
+
+/// A new leader's gather of pending writes ([`gather`]).
+struct Gathering {
+    term: u64,
+    /// When each voter was last asked.
+    asked: BTreeMap<u64, Instant>,
+    /// The voters' answers so far.
+    answers: BTreeMap<u64, Vec<Held>>,
 }
 
 impl FastGroup {
@@ -196,6 +213,17 @@ impl Group {
         }
         if self.fast.forgotten_ids.contains(&id) {
             return done(refuse("the replicas forgot this write, which reached the leader too late"));
+        }
+        // Below every voter, a new leader recovers from a majority's pending sets and cannot tell
+        // their orders apart; it need not, as long as no voter holds two pending writes of a key
+        // (`onekv_placement::quorum`). A write of a key pending here takes the Raft path, which
+        // orders it after the pending one.
+        if onekv_placement::quorum::fast_needs_gather(members.voters.len())
+            && ops.iter().any(|op| {
+                self.applier.fast.writes(&op.key) || self.fast.queued.iter().any(|q| q.keys.contains(&op.key))
+            })
+        {
+            return done(refuse("a fast write of the same key is pending here"));
         }
         let (command, ops) = encode_command(id, ops);
         let queued_bytes: usize = self.fast.queued.iter().map(|q| q.command.len()).sum();
@@ -381,6 +409,7 @@ impl Group {
         self.fast.orphans.clear();
         self.fast.recovery = None;
         self.fast.ready_term = None;
+        self.fast.gathering = None;
         self.applier.fast.propose_again();
         for (_, done) in self.fast.reads.drain(..) {
             done(Err(error.clone()));
@@ -410,16 +439,36 @@ impl Group {
                 }
             }
             _ => {
-                // Just elected: order everything held, inline (in ORDERs of bounded size), the last
-                // one dropping older terms' leftovers.
+                // Just elected: order everything that may have completed, inline (in ORDERs of
+                // bounded size), the last one dropping older terms' leftovers. With every voter in
+                // the fast quorum that is everything this leader holds; below it, what a majority's
+                // pending sets show once they are gathered (and whatever this leader holds of its
+                // own term, accepted before it was elected: harmless, as it never completed).
+                let voters = self.raw.store().conf_state.voters.len();
+                let records: Vec<Held> = if onekv_placement::quorum::fast_needs_gather(voters)
+                    && ctx.mutation != Some(crate::Mutation::FastRecoversWithoutGather)
+                {
+                    let Some(mut recovered) = self.gather_pending(term, now, ctx) else { return false };
+                    recovered.extend(self.applier.fast.iter().filter(|r| r.term >= term).map(Held::of));
+                    recovered
+                } else {
+                    self.applier.fast.iter().map(Held::of).collect()
+                };
                 self.applier.fast.propose_again();
                 self.fast.held_by.clear();
-                let records: Vec<FastRecord> = self.applier.fast.iter().cloned().collect();
                 self.applier.fast.take_unproposed(usize::MAX);
                 let chunks = order_chunks(&records);
                 let last = chunks.len() - 1;
                 for (i, chunk) in chunks.into_iter().enumerate() {
-                    let items = chunk.iter().map(|r| item(r, true)).collect::<Vec<_>>();
+                    let items = chunk
+                        .iter()
+                        .map(|held| OrderItem {
+                            id: held.id,
+                            digest: held.digest,
+                            inline: Some(held.command.to_vec()),
+                            forget: false,
+                        })
+                        .collect::<Vec<_>>();
                     let drop_below = if i == last { term } else { 0 };
                     match self.propose_order_entry(drop_below, &items, now, ctx) {
                         Some(index) => self.fast.last_order = index,
@@ -487,6 +536,100 @@ impl Group {
             self.fast.held_by.remove(&item.id);
         }
         true
+    }
+
+    /// As a new leader of `term` whose fast quorum is below every voter: asks the voters that have
+    /// not answered (again after [`gather::ASK_AGAIN_AFTER`]) for their pending writes, and once a
+    /// majority answered (this leader and the others first by id) returns what to recover
+    /// ([`gather::recovered`]).
+    fn gather_pending(&mut self, term: u64, now: Instant, ctx: &mut NodeCtx) -> Option<Vec<Held>> {
+        let me = ctx.config.node_id;
+        let mut voters = self.raw.store().conf_state.voters.clone();
+        voters.sort_unstable();
+        let gathering = match &mut self.fast.gathering {
+            Some(gathering) if gathering.term == term => gathering,
+            slot => slot.insert(Gathering { term, asked: BTreeMap::new(), answers: BTreeMap::new() }),
+        };
+        let majority = onekv_placement::quorum::majority(voters.len());
+        let others: Vec<u64> = voters
+            .iter()
+            .copied()
+            .filter(|voter| *voter != me && gathering.answers.contains_key(voter))
+            .take(majority.saturating_sub(1))
+            .collect();
+        if others.len() + 1 >= majority {
+            // Exactly a majority: with more answers a write held by the threshold's count of them
+            // could miss another such write (`onekv_placement::quorum`).
+            let mut answers: BTreeMap<u64, Vec<Held>> = others
+                .iter()
+                .map(|voter| (*voter, gathering.answers.remove(voter).expect("answered")))
+                .collect();
+            answers.insert(me, self.applier.fast.iter().filter(|r| r.term < term).map(Held::of).collect());
+            self.fast.gathering = None;
+            let threshold = onekv_placement::quorum::fast_recovery_threshold(voters.len());
+            let recovered = gather::recovered(&answers, me, threshold);
+            tracing::info!(
+                shard = self.shard,
+                term,
+                from = ?answers.keys().collect::<Vec<_>>(),
+                recovered = recovered.len(),
+                "gathered the pending fast writes of a majority"
+            );
+            return Some(recovered);
+        }
+        let due: Vec<u64> = voters
+            .iter()
+            .copied()
+            .filter(|voter| *voter != me && !gathering.answers.contains_key(voter))
+            .filter(|voter| {
+                gathering
+                    .asked
+                    .get(voter)
+                    .is_none_or(|at| now.saturating_duration_since(*at) >= gather::ASK_AGAIN_AFTER)
+            })
+            .collect();
+        for voter in &due {
+            gathering.asked.insert(*voter, now);
+        }
+        if !due.is_empty() {
+            ctx.transport
+                .send(self.shard, due.into_iter().map(|voter| gather::ask(me, voter, term)).collect());
+        }
+        None
+    }
+
+    /// A gather message from `from` in `term` ([`gather`]): a follower answers its leader's
+    /// request with its pending writes of older terms; the leader keeps an answer of its gather.
+    pub(crate) fn fast_gather_message(&mut self, from: u64, term: u64, message: Gathered, ctx: &NodeCtx) {
+        if term != self.raw.raft.term {
+            return;
+        }
+        match message {
+            Gathered::Ask => {
+                let leader = self.raw.raft.leader_id;
+                if self.role() == StateRole::Leader || (leader != raft::INVALID_ID && leader != from) {
+                    return;
+                }
+                match gather::answer(ctx.config.node_id, from, term, self.applier.fast.iter()) {
+                    Some(answer) => ctx.transport.send(self.shard, vec![answer]),
+                    None => tracing::warn!(
+                        shard = self.shard,
+                        pending = self.applier.fast.len(),
+                        "too many pending fast writes to answer a new leader's gather: it needs the others'"
+                    ),
+                }
+            }
+            Gathered::Answer(held) => {
+                if self.role() != StateRole::Leader || !self.raw.store().conf_state.voters.contains(&from) {
+                    return;
+                }
+                if let Some(gathering) = &mut self.fast.gathering
+                    && gathering.term == term
+                {
+                    gathering.answers.insert(from, held);
+                }
+            }
+        }
     }
 
     /// Proposes one ORDER entry; returns its index when Raft appended it.
@@ -630,18 +773,18 @@ impl Group {
 /// `records` cut into the contents of ORDERs of at most [`super::MAX_ORDER_ITEMS`] writes,
 /// [`MAX_ORDER_OPS`] ops and [`MAX_INLINE_BYTES`] of inline commands (at least one write each, and
 /// one empty ORDER for none).
-fn order_chunks(records: &[FastRecord]) -> Vec<&[FastRecord]> {
+fn order_chunks(records: &[Held]) -> Vec<&[Held]> {
     let mut chunks = Vec::new();
     let (mut start, mut ops, mut bytes) = (0, 0, 0);
     for (i, record) in records.iter().enumerate() {
         let full = i - start >= super::MAX_ORDER_ITEMS
-            || ops + record.keys.len() > MAX_ORDER_OPS
+            || ops + record.ops > MAX_ORDER_OPS
             || bytes + record.command.len() > MAX_INLINE_BYTES;
         if full && i > start {
             chunks.push(&records[start..i]);
             (start, ops, bytes) = (i, 0, 0);
         }
-        ops += record.keys.len();
+        ops += record.ops;
         bytes += record.command.len();
     }
     chunks.push(&records[start..]);
@@ -668,7 +811,7 @@ mod tests {
 
     /// The same cases as the client's rule (`onekv_client::fast_write_completes`).
     #[test]
-    fn a_write_is_done_when_every_voter_the_newest_leader_names_holds_it_in_its_term() {
+    fn a_write_is_done_when_a_fast_quorum_of_the_voters_the_newest_leader_names_holds_it_in_its_term() {
         let all = [1, 2, 3];
         let mut acks: BTreeMap<u64, FastAck> = [durable(1, 5, true, &all), durable(2, 5, false, &all)].into();
         assert!(!FastAck::completes(&acks), "a majority is not enough");
@@ -681,5 +824,14 @@ mod tests {
         assert!(!FastAck::completes(&two_leaders), "the newest term's leader decides");
         let applied: BTreeMap<u64, FastAck> = [(2, FastAck::Applied { index: 9 })].into();
         assert!(FastAck::completes(&applied));
+        let five = [1, 2, 3, 4, 5];
+        let mut r5: BTreeMap<u64, FastAck> =
+            [durable(1, 7, true, &five), durable(2, 7, false, &five), durable(3, 7, false, &five)].into();
+        assert!(!FastAck::completes(&r5), "a majority of five is not enough");
+        r5.extend([durable(4, 7, false, &[5, 4, 3, 2, 1])]);
+        assert!(FastAck::completes(&r5), "four of five in the leader's term");
+        let without_leader: BTreeMap<u64, FastAck> =
+            (2..=5).map(|node| durable(node, 7, false, &five)).collect();
+        assert!(!FastAck::completes(&without_leader), "four of five, the leader not among them");
     }
 }

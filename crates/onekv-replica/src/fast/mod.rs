@@ -13,6 +13,7 @@
 //! ([`check_ops`]); the group decides when to accept, order and apply (`group`, `apply`), and the
 //! log holds the records.
 
+pub(crate) mod gather;
 pub(crate) mod group;
 pub(crate) mod notice;
 pub(crate) mod pending;
