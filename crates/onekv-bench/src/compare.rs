@@ -257,6 +257,8 @@ pub struct CompareConfig {
     pub rounds: u32,
     /// Nodes per cluster.
     pub nodes: u64,
+    /// Replicas of each shard (`cluster.replicas`; `None`: the server's default, 3).
+    pub replicas: Option<u32>,
     /// The workload and its bounds; a workload other than Load runs after a Load phase.
     pub run: RunConfig,
     /// Where the clusters' directories go (the system's temporary directory if `None`).
@@ -466,6 +468,7 @@ async fn run_onekv(
             index.config(config.index_memtable_bytes),
             onekv_server::config::DedupConfig { mode: dedup, ..Default::default() },
             fast,
+            config.replicas,
         ),
         config.link_delay,
     )

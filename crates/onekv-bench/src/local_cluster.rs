@@ -70,7 +70,7 @@ pub struct LocalCluster {
 
 impl LocalCluster {
     /// Starts `count` nodes of `exe server` in storage mode `storage` (log GC as `gc` says; `[index]`,
-    /// `[dedup]` and `cluster.fast_path` as given), in a fresh directory under
+    /// `[dedup]`, `cluster.fast_path` and `cluster.replicas` as given), in a fresh directory under
     /// `parent` (the system's temporary directory if `None`), with every link between nodes and from
     /// the client delayed by `link_delay` one way ([`crate::delay`]) if given. Returns once they are
     /// spawned; see [`LocalCluster::wait_for_leader`].
@@ -82,10 +82,11 @@ impl LocalCluster {
         storage: StorageMode,
         shards: u32,
         gc: GcVariant,
-        (index, dedup, fast_path): (
+        (index, dedup, fast_path, replicas): (
             onekv_server::config::IndexConfig,
             onekv_server::config::DedupConfig,
             bool,
+            Option<u32>,
         ),
         link_delay: Option<Duration>,
     ) -> Result<LocalCluster, ClusterError> {
@@ -145,7 +146,12 @@ impl LocalCluster {
                         _ => other.clone(),
                     })
                     .collect(),
-                cluster: onekv_server::config::ClusterConfig { shards, fast_path, ..Default::default() },
+                cluster: onekv_server::config::ClusterConfig {
+                    shards,
+                    fast_path,
+                    replicas,
+                    ..Default::default()
+                },
                 gc: match gc {
                     GcVariant::On => Default::default(),
                     GcVariant::Off => onekv_server::config::GcConfig { enabled: false, ..Default::default() },

@@ -73,7 +73,7 @@ pub struct ClientOptions {
     /// call (`coalesce`): under many concurrent callers that divides the per-call cost of gRPC
     /// on both sides, and a lone call is sent at once. 0 sends every call on its own. Default 4.
     pub calls_in_flight_per_node: usize,
-    /// How long a fast write ([`Client::put_fast`]) waits for every voter's answer before the Raft
+    /// How long a fast write ([`Client::put_fast`]) waits for a fast quorum's answers before the Raft
     /// path with the same request id starts too (whichever finishes first answers). `None` (the
     /// default): adaptive, the recent fast round trips' average plus four times their deviation,
     /// between 5 and 250 ms (20 ms before the first).

@@ -115,8 +115,8 @@ pub struct ReplicaConfig {
     /// `election_ticks` of at least 3.
     pub lease_reads: bool,
     /// Whether this node takes fast writes (`Replica::fast_write`, the fast path: blind writes
-    /// durable on every voter in one round trip, ordered by the leader afterwards; onelog mode
-    /// only). Not yet in the server's configuration: the client side is not built.
+    /// durable on a fast quorum of the voters in one round trip, ordered by the leader
+    /// afterwards; onelog mode only). The server's `cluster.fast_path`.
     pub fast_path: bool,
     /// Request bounds.
     pub limits: Limits,

@@ -770,7 +770,8 @@ impl Replica {
     /// orders it afterwards. A client sends it to every voter and counts it done when
     /// [`crate::FastAck::completes`] says so, else it sends the same id through [`Replica::propose`].
     /// Refused (use the Raft path) while the fast path is off, the membership changes, a new
-    /// leader is still ordering what it held, or too many fast writes are pending.
+    /// leader is still recovering what may have completed, too many fast writes are pending, or
+    /// (at R = 5) a fast write of one of its keys is pending here.
     pub fn fast_write(&self, request_id: RequestId, ops: Vec<crate::WriteOp>, done: Done<crate::FastAck>) {
         // Checked as the command it becomes, without copying the values to build it.
         let write = Command::Write(ops);

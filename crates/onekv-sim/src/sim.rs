@@ -164,8 +164,9 @@ pub struct SimConfig {
     pub lease_reads: bool,
     /// Whether nodes take fast writes (`ReplicaConfig::fast_path`, onelog only) and the odd
     /// clients send their blind writes (puts, deletes, puts with an absolute expiry) that way:
-    /// to every replica of the key's shard at once, done when every voter answered in the same
-    /// term with the leader among them, else again through the Raft path with the same request id
+    /// to every replica of the key's shard at once (at R = 5 one request in four is lost), done
+    /// when a fast quorum of the voters answered in the same term with the leader among them
+    /// (`FastAck::completes`), else again through the Raft path with the same request id
     /// after [`FAST_WAIT_MS`].
     pub fast_path: bool,
 }
@@ -398,7 +399,7 @@ enum Phase {
 const ATTEMPT_TIMEOUT_MS: u64 = 600;
 /// An operation is given up after this long.
 const OPERATION_TIMEOUT_MS: u64 = 5_000;
-/// How long a fast-path client waits for every voter before it sends the write through the Raft
+/// How long a fast-path client waits for a fast quorum before it sends the write through the Raft
 /// path.
 pub const FAST_WAIT_MS: u64 = 40;
 

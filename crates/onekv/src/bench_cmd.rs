@@ -142,6 +142,9 @@ pub struct CompareArgs {
     /// Nodes per cluster.
     #[arg(long, default_value_t = 3)]
     nodes: u64,
+    /// Replicas of each shard (at most --nodes; default 3, or every node when there are fewer).
+    #[arg(long)]
+    replicas: Option<u32>,
     /// Directory for the clusters' data (each run's is removed after it) [default: the system's
     /// temporary directory].
     #[arg(long)]
@@ -282,6 +285,7 @@ async fn compare_modes(args: &CompareArgs) -> anyhow::Result<()> {
         modes,
         rounds: args.rounds,
         nodes: args.nodes,
+        replicas: args.replicas,
         run: args.workload.run_config()?,
         dir: args.dir.clone(),
         leader_timeout: Duration::from_secs(30),

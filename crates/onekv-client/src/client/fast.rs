@@ -1,13 +1,14 @@
 //! The client's side of the fast path (`docs/design/fast-path.md`): a blind write (puts and
 //! deletes that answer nothing but "done") sent to every voter of its shard at once, done in one
-//! round trip when every voter answered that it holds the write durably in the same term, the
+//! round trip when a fast quorum of the voters (every voter at R = 3, 4 of 5 at R = 5:
+//! `onekv_placement::quorum`) answered that it holds the write durably in the same term, the
 //! leader among them; otherwise sent again through the Raft path with the **same request id**,
 //! which applies it once whatever became of the fast attempt.
 //!
 //! Owns: which nodes a shard's fast writes go to (the cluster map's replicas, then the voters the
 //! shard's leader names in its answers), where to reach each node (the client's own endpoint
 //! that answered as that node, else the address in the cluster's member list),
-//! the rule that makes a write done ([`completes`]), how long to wait for every answer before
+//! the rule that makes a write done ([`completes`]), how long to wait for the answers before
 //! falling back (adaptive: a few times the recent round trips, or
 //! [`crate::ClientOptions::fast_path_wait`]), and which shards go straight to the Raft path for a
 //! while because their last fast attempt failed. Does not own the Raft path's retries
@@ -35,7 +36,7 @@ use crate::routing::normalize;
 /// [`Client::batch_fast`] was done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlindWrite {
-    /// Done by the fast path: durable on every voter of its shard after one round trip, ordered
+    /// Done by the fast path: durable on a fast quorum of its shard's voters after one round trip, ordered
     /// by the leader in the background (reads see it from now on).
     pub fast: bool,
     /// The Raft log index it was applied at, when known: the Raft path's, or that of an earlier
@@ -128,7 +129,7 @@ impl FastPath {
         state.endpoints.get(&node).or_else(|| state.addresses.get(&node))
     }
 
-    /// How long to wait for every voter's answer before the Raft path starts too: the recent round
+    /// How long to wait for a fast quorum's answers before the Raft path starts too: the recent round
     /// trips' average plus four times their deviation, bounded.
     fn adaptive_wait(&self) -> Duration {
         match self.state().round_trip {
@@ -216,10 +217,16 @@ enum Gathered {
     Done(Option<u64>),
     /// It cannot complete (`off`: a voter has the fast path off).
     Failed { off: bool },
-    /// A node refused it as bad input: the Raft path answers the caller (with the same error, if
-    /// it is one), and the shard's fast path is not held to blame.
+    /// A node refused it as bad input, or (at R = 5) because a fast write of one of its keys is
+    /// pending there: the Raft path answers the caller (with the same error, if it is bad input),
+    /// and the shard's fast path is not held to blame.
     Invalid,
 }
+
+/// What a node's refusal of a fast write says when a write of one of its keys is pending there
+/// (`onekv_replica`'s accept rule at R = 5): the write takes the Raft path, which orders it after
+/// the pending one, and the shard's fast path is not to blame.
+const PENDING_KEY_REFUSAL: &str = "a fast write of the same key is pending here";
 
 impl Client {
     /// Sets `key` to `value` by the fast path when the cluster has it on: in one round trip to
@@ -375,6 +382,7 @@ impl Client {
             .collect();
         let mut acks = BTreeMap::new();
         let mut refused = Vec::new();
+        let mut key_pending = false;
         while let Some((node, endpoint, answer)) = answers.next().await {
             match answer {
                 Ok(ack) if ack.node_id == node => {
@@ -398,6 +406,7 @@ impl Client {
                             false => Gathered::Invalid,
                         };
                     }
+                    key_pending |= status.message().contains(PENDING_KEY_REFUSAL);
                     refused.push(node);
                 }
             }
@@ -409,7 +418,10 @@ impl Client {
                 let out =
                     voters.iter().filter(|voter| refused.contains(voter) || !asked.contains(voter)).count();
                 if out > voters.len() - onekv_placement::quorum::fast_quorum(voters.len()) {
-                    return Gathered::Failed { off: false };
+                    return match key_pending {
+                        true => Gathered::Invalid,
+                        false => Gathered::Failed { off: false },
+                    };
                 }
             }
         }
@@ -419,12 +431,16 @@ impl Client {
         if leader_ack(&acks).is_none() {
             fast.state().voters.remove(&shard);
         }
-        Gathered::Failed { off: false }
+        match key_pending {
+            true => Gathered::Invalid,
+            false => Gathered::Failed { off: false },
+        }
     }
 
     /// The voters of `shard` with their addresses (and the node the client last found leading it,
-    /// if not among them), or `None` if one has no known address or could not be reached moments
-    /// ago (its answer would never come: take the Raft path at once).
+    /// if not among them), leaving out those that could not be reached moments ago; `None` if one
+    /// has no known address, or more could not be reached than the fast quorum spares (their
+    /// answers would never come: take the Raft path at once).
     async fn fast_targets(&self, shard: u64) -> Option<Vec<(u64, String)>> {
         let placement = self.placement().await.ok()?;
         let routing = &self.inner.routing;
@@ -453,7 +469,13 @@ impl Client {
             self.identify_soon();
         }
         let targets = targets?;
-        targets.iter().all(|(_, endpoint)| !routing.is_unreachable(endpoint)).then_some(targets)
+        // A node found unreachable is not asked; the write can still be done without as many of
+        // them as the fast quorum spares (none at R = 3, one at R = 5), else straight to Raft.
+        let voters = targets.len();
+        let reachable: Vec<(u64, String)> =
+            targets.into_iter().filter(|(_, endpoint)| !routing.is_unreachable(endpoint)).collect();
+        let spare = voters - onekv_placement::quorum::fast_quorum(voters);
+        (!reachable.is_empty() && voters - reachable.len() <= spare).then_some(reachable)
     }
 
     /// Has a background task ask every endpoint of the client which node it is, and learn the

@@ -3,21 +3,22 @@
 //!
 //! **Accepting.** A voter accepts a fast write when the fast path is on, the shard is in onelog
 //! mode, its configuration is not joint and no membership change is in flight, the write is
-//! within limits and the pending set has room. A write whose id the window holds is answered
+//! within limits and the pending set has room (and, where the fast quorum is below every voter,
+//! no write of the same key is pending here). A write whose id the window holds is answered
 //! "applied at index i" at once: it is done, whatever the other replies say. A leader accepts only
-//! once it has ordered everything it held when it was elected ([`FastGroup::ready_at`]). Each
-//! accepted write is appended as a DURABILITY record in the node's next group commit and answered
-//! once that is durable, with this replica's term, whether it leads, and the voters it knows: the
-//! client counts the write done only when **every** one of those voters answered in the same term,
-//! the leader among them ([`FastAck::completes`]).
+//! once it has ordered everything that may have completed when it was elected
+//! ([`FastGroup::ready_at`]). Each accepted write is appended as a DURABILITY record in the node's
+//! next group commit and answered once that is durable, with this replica's term, whether it leads,
+//! and the voters it knows: the client counts the write done only when a **fast quorum** of those
+//! voters answered in the same term, the leader among them ([`FastAck::completes`]; every voter at
+//! R = 3, 4 of 5 at R = 5: `onekv_placement::quorum`).
 //!
-//! Why every voter (Skyros's supermajority at R = 3, stricter at R = 5): a write every voter holds
-//! is held by any voter that becomes leader, so a new leader recovers every completed fast write
-//! from its own pending set, in its own append order (which respects real time: a write that
-//! completed before another began was appended before it on every replica). Recovery from a
-//! supermajority of 4 of 5 needs the pending sets of a majority gathered and merged (the design's
-//! "leader change"); that is not built, so at R = 5 the fast path falls back as soon as one voter is
-//! slow.
+//! Why that quorum: at R = 3 a done write is held by every voter, so by any voter that becomes
+//! leader, which recovers every completed fast write from its own pending set, in its own append
+//! order (which respects real time: a write that completed before another began was appended
+//! before it on every replica). At R = 5 a new leader may lack one; it gathers the pending sets of
+//! a majority instead ([`gather`]), and since no voter then holds two pending writes of one key,
+//! what it recovers needs no order.
 //!
 //! **Notices.** After its group commit a follower tells the leader which fast writes it now holds
 //! (a small peer message, [`notice`]). The leader orders a write **by reference** (id and digest
@@ -28,10 +29,12 @@
 //! **Ordering** keeps the leader's append order: an ORDER names a prefix of the writes not yet
 //! proposed, so a write is never applied before one the leader appended earlier.
 //!
-//! **Leader change.** A new leader proposes one ORDER of every write it holds (inline, since it knows
-//! nothing of what the others hold) marked with its term: applying it drops, on every replica, the
-//! pending writes of older terms it did not name (no such write completed: the leader would hold
-//! it). Only once that ORDER is applied here does the leader accept fast writes or answer reads.
+//! **Leader change.** A new leader proposes ORDERs of every write that may have completed (every
+//! write it holds at R = 3; what a majority's gathered pending sets show at R = 5), inline, the
+//! last one marked with its term: applying it drops, on every replica, the pending writes of older
+//! terms it did not name (none of them completed). Only once that ORDER is applied here does the
+//! leader accept fast writes or answer reads; a Raft-path command meanwhile is refused as during a
+//! leadership change (the client retries).
 
 use super::gather::{self, Gathered, Held};
 use super::{FastRecord, check_ops, encode_command, notice};
@@ -223,6 +226,7 @@ impl Group {
                 self.applier.fast.writes(&op.key) || self.fast.queued.iter().any(|q| q.keys.contains(&op.key))
             })
         {
+            // The client recognises these words (`onekv_client`'s `PENDING_KEY_REFUSAL`).
             return done(refuse("a fast write of the same key is pending here"));
         }
         let (command, ops) = encode_command(id, ops);

@@ -1,5 +1,6 @@
-//! The fast path (Skyros; `docs/design/fast-path.md`): blind writes made durable on every voter of
-//! a shard in one round trip, and ordered by the leader afterwards.
+//! The fast path (Skyros; `docs/design/fast-path.md`): blind writes made durable on a fast quorum
+//! of a shard's voters (every voter at R = 3, 4 of 5 at R = 5) in one round trip, and ordered by the
+//! leader afterwards.
 //!
 //! A client sends a fast write (puts and deletes, no result but "done") to every voter of its
 //! shard at once. Each voter appends a DURABILITY record (`records`) in its loop's next group
@@ -9,8 +10,9 @@
 //! write that took the Raft path. A replica that does not hold a record applies the copy the ORDER
 //! carries inline.
 //!
-//! This module owns the pending set ([`pending`]) and the rules for what a fast write may hold
-//! ([`check_ops`]); the group decides when to accept, order and apply (`group`, `apply`), and the
+//! This module owns the pending set ([`pending`]), a new leader's gather of a majority's pending
+//! writes ([`gather`]) and the rules for what a fast write may hold ([`check_ops`]); the group
+//! decides when to accept, order and apply (`group`, `apply`), and the
 //! log holds the records.
 
 pub(crate) mod gather;
