@@ -1,7 +1,8 @@
 //! The fast path on a shard of five replicas in one process, where a fast write is done on four
 //! of them (`onekv_placement::quorum`): a write done without the voter that leads next survives,
-//! because the new leader gathers the pending writes of a majority; and a voter refuses a fast
-//! write of a key it holds a pending write of (so the writes a new leader gathers never conflict).
+//! because the new leader gathers the pending writes of a majority (also when that voter has the
+//! fast path off); and a voter refuses a fast write of a key it holds a pending write of (so the
+//! writes a new leader gathers never conflict).
 
 mod common;
 
@@ -45,10 +46,26 @@ fn done_on(cluster: &Cluster, to: &[u64], seq: &mut u64, key: &str, value: &[u8]
     }
 }
 
+/// As [`fast_with_node_5_eager`], with node 5's fast path off: it never takes a fast write, and
+/// must still gather the others' when it leads.
+fn node_5_eager_and_off(config: &mut ReplicaConfig) {
+    fast_with_node_5_eager(config);
+    config.fast_path = config.node_id != 5;
+}
+
 #[test]
 fn a_write_done_on_four_of_five_survives_when_the_fifth_leads_next() {
+    writes_done_without_node_5_survive_when_it_leads(fast_with_node_5_eager);
+}
+
+#[test]
+fn a_node_with_the_fast_path_off_gathers_what_the_others_hold_when_it_leads() {
+    writes_done_without_node_5_survive_when_it_leads(node_5_eager_and_off);
+}
+
+fn writes_done_without_node_5_survive_when_it_leads(tweak: fn(&mut ReplicaConfig)) {
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), 5, StorageMode::OneLog, fast_with_node_5_eager);
+    let mut cluster = Cluster::start(dir.path(), 5, StorageMode::OneLog, tweak);
     cluster.put("warm-up", b"raft path");
     let mut seq = 0;
     let mut written = Vec::new();

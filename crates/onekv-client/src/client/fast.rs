@@ -382,7 +382,9 @@ impl Client {
             .collect();
         let mut acks = BTreeMap::new();
         let mut refused = Vec::new();
-        let mut key_pending = false;
+        // Whether every refusal was for a pending write of a key (the shard's fast path is then
+        // not to blame).
+        let (mut key_refusals, mut other_refusals) = (0, 0);
         while let Some((node, endpoint, answer)) = answers.next().await {
             match answer {
                 Ok(ack) if ack.node_id == node => {
@@ -397,6 +399,7 @@ impl Client {
                 }
                 Ok(_) => {
                     fast.forget_endpoint(node, &endpoint);
+                    other_refusals += 1;
                     refused.push(node);
                 }
                 Err(status) => {
@@ -406,7 +409,10 @@ impl Client {
                             false => Gathered::Invalid,
                         };
                     }
-                    key_pending |= status.message().contains(PENDING_KEY_REFUSAL);
+                    match status.message().contains(PENDING_KEY_REFUSAL) {
+                        true => key_refusals += 1,
+                        false => other_refusals += 1,
+                    }
                     refused.push(node);
                 }
             }
@@ -418,7 +424,7 @@ impl Client {
                 let out =
                     voters.iter().filter(|voter| refused.contains(voter) || !asked.contains(voter)).count();
                 if out > voters.len() - onekv_placement::quorum::fast_quorum(voters.len()) {
-                    return match key_pending {
+                    return match key_refusals > 0 && other_refusals == 0 {
                         true => Gathered::Invalid,
                         false => Gathered::Failed { off: false },
                     };
@@ -431,7 +437,7 @@ impl Client {
         if leader_ack(&acks).is_none() {
             fast.state().voters.remove(&shard);
         }
-        match key_pending {
+        match key_refusals > 0 && other_refusals == 0 {
             true => Gathered::Invalid,
             false => Gathered::Failed { off: false },
         }
@@ -453,6 +459,7 @@ impl Client {
             let leader = routing.leader(shard).and_then(|address| {
                 state.endpoints.iter().find(|(_, endpoint)| **endpoint == address).map(|(node, _)| *node)
             });
+            let count = voters.len();
             if let Some(leader) = leader.filter(|leader| !voters.contains(leader)) {
                 voters.push(leader);
             }
@@ -460,6 +467,7 @@ impl Client {
                 .into_iter()
                 .map(|node| FastPath::endpoint_of(&state, node).map(|endpoint| (node, endpoint.clone())))
                 .collect::<Option<Vec<_>>>()
+                .map(|targets| (count, targets))
         };
         let unidentified = {
             let state = self.inner.fast.state();
@@ -468,14 +476,14 @@ impl Client {
         if targets.is_none() || unidentified {
             self.identify_soon();
         }
-        let targets = targets?;
+        let (voters, targets) = targets?;
         // A node found unreachable is not asked; the write can still be done without as many of
         // them as the fast quorum spares (none at R = 3, one at R = 5), else straight to Raft.
-        let voters = targets.len();
+        let asked = targets.len();
         let reachable: Vec<(u64, String)> =
             targets.into_iter().filter(|(_, endpoint)| !routing.is_unreachable(endpoint)).collect();
         let spare = voters - onekv_placement::quorum::fast_quorum(voters);
-        (!reachable.is_empty() && voters - reachable.len() <= spare).then_some(reachable)
+        (!reachable.is_empty() && asked - reachable.len() <= spare).then_some(reachable)
     }
 
     /// Has a background task ask every endpoint of the client which node it is, and learn the

@@ -32,14 +32,22 @@ const ASK_MAGIC: &[u8; 8] = b"onekvFG1";
 const ANSWER_MAGIC: &[u8; 8] = b"onekvFA1";
 
 /// How long the leader waits for a voter's answer before asking it again (a message may be lost;
-/// a voter that has not heard of the new term yet ignores the request).
-pub(crate) const ASK_AGAIN_AFTER: Duration = Duration::from_millis(100);
+/// a voter that has not heard of the new term yet, or is installing a snapshot, ignores the
+/// request).
+pub(crate) const ASK_AGAIN_AFTER: Duration = Duration::from_millis(300);
 
-/// Most bytes of commands one answer carries: a shard holds at most `MAX_PENDING_BYTES` pending,
-/// so this is reached only by a replica that reopened with more than that (recovery takes every
-/// record written since the last flush); such a replica does not answer, and the leader needs a
-/// majority of the others'.
-const MAX_ANSWER_BYTES: usize = 2 * super::pending::MAX_PENDING_BYTES;
+/// Most bytes of fast writes a shard holds pending where a new leader gathers them (below
+/// `pending::MAX_PENDING_BYTES`): an answer carries them all in one peer message, which must fit
+/// the peer transport's queue (64 MiB by default) beside other traffic.
+pub(crate) const MAX_GATHERED_PENDING_BYTES: usize = 32 << 20;
+
+/// Most bytes one answer carries: the pending bound, the per-write overhead of the most writes a
+/// shard holds, and room to spare. Reached only by a replica that reopened with more pending than
+/// the bound (recovery takes every record written since the last flush, and what stays after its
+/// replay was within the bound before the crash); such a replica does not answer, and the leader
+/// needs the others'.
+const MAX_ANSWER_BYTES: usize =
+    MAX_GATHERED_PENDING_BYTES + super::pending::MAX_PENDING_RECORDS * PER_WRITE + (4 << 20);
 
 /// Bytes an answer takes per write besides its command: id (16), term (8), digest (4), length (4).
 const PER_WRITE: usize = 32;
@@ -75,8 +83,9 @@ impl Held {
 pub(crate) enum Gathered {
     /// The leader of the message's term asks for the writes held from older terms.
     Ask,
-    /// A voter's writes pending from terms below the message's term, in its append order.
-    Answer(Vec<Held>),
+    /// A voter's writes pending from terms below the message's term, in its append order, not yet
+    /// parsed ([`parse_answer`]: only a leader gathering in that term needs them).
+    Answer(bytes::Bytes),
 }
 
 /// The leader `from` of `term` asks `to` for its pending writes.
@@ -125,11 +134,15 @@ pub(crate) fn decode(message: &Message) -> Option<Result<Gathered, &'static str>
     if message.context.as_ref() == ASK_MAGIC {
         return Some(Ok(Gathered::Ask));
     }
-    let body = message.context.strip_prefix(ANSWER_MAGIC)?;
-    Some(decode_answer(body).map(Gathered::Answer))
+    if !message.context.starts_with(ANSWER_MAGIC) {
+        return None;
+    }
+    Some(Ok(Gathered::Answer(message.context.slice(ANSWER_MAGIC.len()..))))
 }
 
-fn decode_answer(body: &[u8]) -> Result<Vec<Held>, &'static str> {
+/// The writes of an answer in `term`: each a write command under its id and digest, accepted in
+/// a term below `term`, of at most an ORDER's ops.
+pub(crate) fn parse_answer(body: &[u8], term: u64) -> Result<Vec<Held>, &'static str> {
     let take = |at: &mut usize, n: usize| -> Result<&[u8], &'static str> {
         let bytes = body.get(*at..*at + n).ok_or("a fast-write answer cut short")?;
         *at += n;
@@ -146,7 +159,10 @@ fn decode_answer(body: &[u8]) -> Result<Vec<Held>, &'static str> {
     let mut held = Vec::with_capacity(count);
     for _ in 0..count {
         let id = RequestId { client: u64_at(&mut at)?, seq: u64_at(&mut at)? };
-        let term = u64_at(&mut at)?;
+        let accepted_in = u64_at(&mut at)?;
+        if accepted_in >= term {
+            return Err("a fast-write answer names a write of the gathering term or later");
+        }
         let digest = u32_at(&mut at)?;
         let len = u32_at(&mut at)? as usize;
         let command = take(&mut at, len)?;
@@ -161,7 +177,10 @@ fn decode_answer(body: &[u8]) -> Result<Vec<Held>, &'static str> {
         if decoded.request_id != id {
             return Err("a fast-write answer's command has another request id");
         }
-        held.push(Held { id, term, digest, command: Arc::from(command), ops: ops.len() });
+        if ops.is_empty() || ops.len() > super::group::MAX_ORDER_OPS {
+            return Err("a fast-write answer's command has no ops, or more than an ORDER holds");
+        }
+        held.push(Held { id, term: accepted_in, digest, command: Arc::from(command), ops: ops.len() });
     }
     if at != body.len() {
         return Err("a fast-write answer has bytes after its writes");
@@ -223,8 +242,10 @@ mod tests {
         let records = [record(1, 4, b"a"), record(2, 5, b"b"), record(3, 6, b"c")];
         let message = answer(2, 1, 6, records.iter()).expect("fits");
         assert_eq!((message.from, message.to, message.term), (2, 1, 6));
-        let Some(Ok(Gathered::Answer(held))) = decode(&message) else { panic!("an answer") };
+        let Some(Ok(Gathered::Answer(body))) = decode(&message) else { panic!("an answer") };
+        let held = parse_answer(&body, 6).expect("well formed");
         assert_eq!(held, records[..2].iter().map(Held::of).collect::<Vec<_>>());
+        assert!(parse_answer(&body, 5).is_err(), "a write of the gathering term");
         assert_eq!(decode(&ask(1, 2, 6)), Some(Ok(Gathered::Ask)));
         let notice = super::super::notice::encode(2, 1, 6, &[records[0].id]);
         assert_eq!(decode(&notice), None, "a notice is not a gather message");
@@ -237,22 +258,27 @@ mod tests {
     fn a_damaged_or_cut_answer_is_refused() {
         let records = [record(1, 4, b"a"), record(2, 5, b"b")];
         let message = answer(2, 1, 6, records.iter()).expect("fits");
+        let parse = |message: &Message| match decode(message) {
+            Some(Ok(Gathered::Answer(body))) => parse_answer(&body, 6),
+            other => panic!("not an answer: {other:?}"),
+        };
+        assert!(parse(&message).is_ok());
         for cut in [1, 10, 40] {
             let mut short = message.clone();
             short.context = short.context[..short.context.len() - cut].to_vec().into();
-            assert!(matches!(decode(&short), Some(Err(_))), "cut by {cut}");
+            assert!(parse(&short).is_err(), "cut by {cut}");
         }
         let mut flipped = message.clone();
         let mut context = flipped.context.to_vec();
         let last = context.len() - 1;
         context[last] ^= 1;
         flipped.context = context.into();
-        assert!(matches!(decode(&flipped), Some(Err(_))), "a flipped byte of a command");
+        assert!(parse(&flipped).is_err(), "a flipped byte of a command");
         let mut huge = message.clone();
         let mut context = huge.context.to_vec();
         context[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         huge.context = context.into();
-        assert!(matches!(decode(&huge), Some(Err(_))), "a count beyond the size");
+        assert!(parse(&huge).is_err(), "a count beyond the size");
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub(crate) const FORGET_ORPHANS_AFTER: Duration = Duration::from_secs(5);
 const MAX_ORPHANS: usize = 65_536;
 
 /// Most ops one ORDER applies (well below what one entry's sequence numbers allow).
-const MAX_ORDER_OPS: usize = crate::state::MAX_OP / 2;
+pub(crate) const MAX_ORDER_OPS: usize = crate::state::MAX_OP / 2;
 
 /// Most bytes of inline commands one ORDER carries (a write larger than this goes alone).
 const MAX_INLINE_BYTES: usize = 8 << 20;
@@ -161,6 +161,10 @@ pub(crate) struct FastGroup {
     /// As a new leader whose fast quorum is below every voter: the gather of the voters' pending
     /// writes under way ([`gather`]).
     gathering: Option<Gathering>,
+    /// As leader: the term it leads and the last index of its log when it first saw itself lead
+    /// (Raft's empty entry of the term, or later): it recovers only once it applied that far, so
+    /// the voters it counts are those every committed membership change left.
+    elected: Option<(u64, u64)>,
 }
 
 /// A new leader's gather of pending writes ([`gather`]).
@@ -221,7 +225,8 @@ impl Group {
         // their orders apart; it need not, as long as no voter holds two pending writes of a key
         // (`onekv_placement::quorum`). A write of a key pending here takes the Raft path, which
         // orders it after the pending one.
-        if onekv_placement::quorum::fast_needs_gather(members.voters.len())
+        let gathered = onekv_placement::quorum::fast_needs_gather(members.voters.len());
+        if gathered
             && ops.iter().any(|op| {
                 self.applier.fast.writes(&op.key) || self.fast.queued.iter().any(|q| q.keys.contains(&op.key))
             })
@@ -231,7 +236,11 @@ impl Group {
         }
         let (command, ops) = encode_command(id, ops);
         let queued_bytes: usize = self.fast.queued.iter().map(|q| q.command.len()).sum();
-        if !self.applier.fast.has_room(queued_bytes + command.len())
+        // Where a new leader gathers pending writes, one peer message carries them all.
+        let over_gathered = gathered
+            && self.applier.fast.bytes() + queued_bytes + command.len() > gather::MAX_GATHERED_PENDING_BYTES;
+        if over_gathered
+            || !self.applier.fast.has_room(queued_bytes + command.len())
             || self.fast.queued.len() + self.applier.fast.len() >= super::pending::MAX_PENDING_RECORDS
             || ctx.fast_pending_bytes + command.len() > super::MAX_NODE_PENDING_BYTES
         {
@@ -243,9 +252,15 @@ impl Group {
     }
 
     /// Whether this group orders fast writes: the fast path is on, or writes made durable while it
-    /// was (found again at recovery) are still pending, and must be ordered all the same.
+    /// was (found again at recovery) are still pending, and must be ordered all the same; or the
+    /// shard's fast quorum is below every voter (onelog mode): then other voters may hold writes
+    /// done without this one (their fast path on, this node's off or never asked), and as leader
+    /// it must gather them whatever its own setting.
     pub(crate) fn fast_active(&self, ctx: &NodeCtx) -> bool {
-        ctx.config.fast_path || !self.applier.fast.is_empty()
+        ctx.config.fast_path
+            || !self.applier.fast.is_empty()
+            || (self.state.mode == StorageMode::OneLog
+                && onekv_placement::quorum::fast_needs_gather(self.raw.store().conf_state.voters.len()))
     }
 
     /// What a flush's recovery point says of the fast path: the writes pending now, and `end` (the
@@ -414,6 +429,7 @@ impl Group {
         self.fast.recovery = None;
         self.fast.ready_term = None;
         self.fast.gathering = None;
+        self.fast.elected = None;
         self.applier.fast.propose_again();
         for (_, done) in self.fast.reads.drain(..) {
             done(Err(error.clone()));
@@ -448,15 +464,38 @@ impl Group {
                 // the fast quorum that is everything this leader holds; below it, what a majority's
                 // pending sets show once they are gathered (and whatever this leader holds of its
                 // own term, accepted before it was elected: harmless, as it never completed).
-                let voters = self.raw.store().conf_state.voters.len();
-                let records: Vec<Held> = if onekv_placement::quorum::fast_needs_gather(voters)
-                    && ctx.mutation != Some(crate::Mutation::FastRecoversWithoutGather)
-                {
-                    let Some(mut recovered) = self.gather_pending(term, now, ctx) else { return false };
-                    recovered.extend(self.applier.fast.iter().filter(|r| r.term >= term).map(Held::of));
-                    recovered
-                } else {
-                    self.applier.fast.iter().map(Held::of).collect()
+                //
+                // The voters are counted once this leader applied its log up to its election:
+                // before, a membership change committed without its knowledge could make it count
+                // the wrong ones (and gather from the wrong majority, or not at all). It asks for
+                // the others' pending writes meanwhile (their answers hold whatever the voters turn
+                // out to be).
+                let elected_at = match self.fast.elected {
+                    Some((elected_term, index)) if elected_term == term => index,
+                    _ => {
+                        let index = self.raw.raft.raft_log.last_index();
+                        self.fast.elected = Some((term, index));
+                        index
+                    }
+                };
+                let gather = ctx.mutation != Some(crate::Mutation::FastRecoversWithoutGather)
+                    && onekv_placement::quorum::fast_needs_gather(self.raw.store().conf_state.voters.len());
+                let applied = self.raw.store().applied_index >= elected_at;
+                let records: Vec<Held> = match (gather, applied) {
+                    (_, false) => {
+                        if gather {
+                            self.gather_pending(term, false, now, ctx);
+                        }
+                        return false;
+                    }
+                    (true, true) => {
+                        let Some(mut recovered) = self.gather_pending(term, true, now, ctx) else {
+                            return false;
+                        };
+                        recovered.extend(self.applier.fast.iter().filter(|r| r.term >= term).map(Held::of));
+                        recovered
+                    }
+                    (false, true) => self.applier.fast.iter().map(Held::of).collect(),
                 };
                 self.applier.fast.propose_again();
                 self.fast.held_by.clear();
@@ -543,10 +582,16 @@ impl Group {
     }
 
     /// As a new leader of `term` whose fast quorum is below every voter: asks the voters that have
-    /// not answered (again after [`gather::ASK_AGAIN_AFTER`]) for their pending writes, and once a
-    /// majority answered (this leader and the others first by id) returns what to recover
-    /// ([`gather::recovered`]).
-    fn gather_pending(&mut self, term: u64, now: Instant, ctx: &mut NodeCtx) -> Option<Vec<Held>> {
+    /// not answered (again after [`gather::ASK_AGAIN_AFTER`]) for their pending writes, and, with
+    /// `decide`, once a majority answered (this leader and the first others to answer) returns what
+    /// to recover ([`gather::recovered`], less what this leader's window says was applied).
+    fn gather_pending(
+        &mut self,
+        term: u64,
+        decide: bool,
+        now: Instant,
+        ctx: &mut NodeCtx,
+    ) -> Option<Vec<Held>> {
         let me = ctx.config.node_id;
         let mut voters = self.raw.store().conf_state.voters.clone();
         voters.sort_unstable();
@@ -561,7 +606,7 @@ impl Group {
             .filter(|voter| *voter != me && gathering.answers.contains_key(voter))
             .take(majority.saturating_sub(1))
             .collect();
-        if others.len() + 1 >= majority {
+        if decide && others.len() + 1 >= majority {
             // Exactly a majority: with more answers a write held by the threshold's count of them
             // could miss another such write (`onekv_placement::quorum`).
             let mut answers: BTreeMap<u64, Vec<Held>> = others
@@ -571,7 +616,11 @@ impl Group {
             answers.insert(me, self.applier.fast.iter().filter(|r| r.term < term).map(Held::of).collect());
             self.fast.gathering = None;
             let threshold = onekv_placement::quorum::fast_recovery_threshold(voters.len());
-            let recovered = gather::recovered(&answers, me, threshold);
+            // A write this leader applied already (a lagging voter still holds it pending) is not
+            // ordered again: the window would skip it, unless it forgot the id, and then it would
+            // apply it a second time over newer values.
+            let mut recovered = gather::recovered(&answers, me, threshold);
+            recovered.retain(|held| self.state.requests().lookup(held.id).is_none());
             tracing::info!(
                 shard = self.shard,
                 term,
@@ -623,14 +672,29 @@ impl Group {
                     ),
                 }
             }
-            Gathered::Answer(held) => {
+            Gathered::Answer(body) => {
                 if self.role() != StateRole::Leader || !self.raw.store().conf_state.voters.contains(&from) {
                     return;
                 }
-                if let Some(gathering) = &mut self.fast.gathering
-                    && gathering.term == term
-                {
-                    gathering.answers.insert(from, held);
+                let voters = &self.raw.store().conf_state.voters;
+                let majority = onekv_placement::quorum::majority(voters.len());
+                // Only a gather of this term under way needs it, once per voter, and no more
+                // answers than a majority's (with this leader's own).
+                let Some(gathering) = self.fast.gathering.as_mut().filter(|gathering| {
+                    let answered = gathering.answers.keys().filter(|voter| voters.contains(voter)).count();
+                    gathering.term == term
+                        && !gathering.answers.contains_key(&from)
+                        && answered + 1 < majority
+                }) else {
+                    return;
+                };
+                match gather::parse_answer(&body, term) {
+                    Ok(held) => {
+                        gathering.answers.insert(from, held);
+                    }
+                    Err(error) => {
+                        tracing::warn!(shard = self.shard, from, error, "dropped a malformed gather answer")
+                    }
                 }
             }
         }
