@@ -23,9 +23,9 @@ pub fn majority(voters: usize) -> usize {
 }
 
 /// How many of `voters` must hold a fast write, in one term and the leader among them, for it to be
-/// done.
+/// done (0 for none: a replica that knows no voters yet).
 pub fn fast_quorum(voters: usize) -> usize {
-    voters - majority(voters).div_ceil(2) + 1
+    (voters + 1).saturating_sub(majority(voters).div_ceil(2)).min(voters)
 }
 
 /// How many of a majority's gathered pending sets must hold a write for a new leader to keep it.
@@ -60,5 +60,8 @@ mod tests {
             }
         }
         assert!(!fast_needs_gather(3) && fast_needs_gather(4) && fast_needs_gather(5));
+        // A replica that knows no voters yet (added, not caught up) asks without panicking.
+        assert_eq!(fast_quorum(0), 0);
+        assert!(!fast_needs_gather(0));
     }
 }

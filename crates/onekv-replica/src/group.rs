@@ -327,6 +327,7 @@ impl Group {
                 if self.role() != StateRole::Leader {
                     return done(Err(self.not_leader(ctx)));
                 }
+                self.note_election(ctx);
                 if self.fast_active(ctx) {
                     return self.fast_read_barrier(done, now, ctx);
                 }

@@ -434,10 +434,12 @@ impl Client {
         // Every target answered, and the answers do not make it done: no leader among them, or
         // terms or voters that differ (an election, a membership change). The voters learned for
         // the shard may be what is wrong.
-        if leader_ack(&acks).is_none() {
+        // (Unless only pending keys were refused: the leader may be one that refused.)
+        let only_pending_keys = key_refusals > 0 && other_refusals == 0;
+        if leader_ack(&acks).is_none() && !only_pending_keys {
             fast.state().voters.remove(&shard);
         }
-        match key_refusals > 0 && other_refusals == 0 {
+        match only_pending_keys {
             true => Gathered::Invalid,
             false => Gathered::Failed { off: false },
         }
@@ -467,7 +469,7 @@ impl Client {
                 .into_iter()
                 .map(|node| FastPath::endpoint_of(&state, node).map(|endpoint| (node, endpoint.clone())))
                 .collect::<Option<Vec<_>>>()
-                .map(|targets| (count, targets))
+                .map(|targets| (count, leader, targets))
         };
         let unidentified = {
             let state = self.inner.fast.state();
@@ -476,14 +478,16 @@ impl Client {
         if targets.is_none() || unidentified {
             self.identify_soon();
         }
-        let (voters, targets) = targets?;
+        let (voters, leader, targets) = targets?;
         // A node found unreachable is not asked; the write can still be done without as many of
-        // them as the fast quorum spares (none at R = 3, one at R = 5), else straight to Raft.
+        // them as the fast quorum spares (none at R = 3, one at R = 5), but never without the
+        // leader it knows of: else straight to Raft.
         let asked = targets.len();
         let reachable: Vec<(u64, String)> =
             targets.into_iter().filter(|(_, endpoint)| !routing.is_unreachable(endpoint)).collect();
         let spare = voters - onekv_placement::quorum::fast_quorum(voters);
-        (!reachable.is_empty() && asked - reachable.len() <= spare).then_some(reachable)
+        let leader_left_out = leader.is_some_and(|leader| !reachable.iter().any(|(node, _)| *node == leader));
+        (!reachable.is_empty() && !leader_left_out && asked - reachable.len() <= spare).then_some(reachable)
     }
 
     /// Has a background task ask every endpoint of the client which node it is, and learn the

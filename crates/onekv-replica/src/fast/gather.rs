@@ -81,16 +81,20 @@ impl Held {
 /// A gather message, decoded.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Gathered {
-    /// The leader of the message's term asks for the writes held from older terms.
-    Ask,
+    /// The leader of the message's term asks for the writes held from older terms, once the voter
+    /// applied up to `floor` (what the leader had committed when elected).
+    Ask { floor: u64 },
     /// A voter's writes pending from terms below the message's term, in its append order, not yet
     /// parsed ([`parse_answer`]: only a leader gathering in that term needs them).
     Answer(bytes::Bytes),
 }
 
-/// The leader `from` of `term` asks `to` for its pending writes.
-pub(crate) fn ask(from: u64, to: u64, term: u64) -> Message {
-    message(from, to, term, ASK_MAGIC.to_vec())
+/// The leader `from` of `term` asks `to` for its pending writes, to be answered once `to` applied
+/// up to `floor`.
+pub(crate) fn ask(from: u64, to: u64, term: u64, floor: u64) -> Message {
+    let mut context = ASK_MAGIC.to_vec();
+    context.extend_from_slice(&floor.to_le_bytes());
+    message(from, to, term, context)
 }
 
 /// `from`'s answer to the leader `to` of `term`: its pending writes of terms below `term`, or
@@ -131,8 +135,11 @@ pub(crate) fn decode(message: &Message) -> Option<Result<Gathered, &'static str>
     if message.get_msg_type() != MessageType::MsgUnreachable {
         return None;
     }
-    if message.context.as_ref() == ASK_MAGIC {
-        return Some(Ok(Gathered::Ask));
+    if let Some(floor) = message.context.strip_prefix(ASK_MAGIC) {
+        return Some(match <[u8; 8]>::try_from(floor) {
+            Ok(floor) => Ok(Gathered::Ask { floor: u64::from_le_bytes(floor) }),
+            Err(_) => Err("a gather request whose floor is not 8 bytes"),
+        });
     }
     if !message.context.starts_with(ANSWER_MAGIC) {
         return None;
@@ -246,7 +253,7 @@ mod tests {
         let held = parse_answer(&body, 6).expect("well formed");
         assert_eq!(held, records[..2].iter().map(Held::of).collect::<Vec<_>>());
         assert!(parse_answer(&body, 5).is_err(), "a write of the gathering term");
-        assert_eq!(decode(&ask(1, 2, 6)), Some(Ok(Gathered::Ask)));
+        assert_eq!(decode(&ask(1, 2, 6, 41)), Some(Ok(Gathered::Ask { floor: 41 })));
         let notice = super::super::notice::encode(2, 1, 6, &[records[0].id]);
         assert_eq!(decode(&notice), None, "a notice is not a gather message");
         let mut heartbeat = message.clone();

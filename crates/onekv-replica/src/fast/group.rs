@@ -161,10 +161,30 @@ pub(crate) struct FastGroup {
     /// As a new leader whose fast quorum is below every voter: the gather of the voters' pending
     /// writes under way ([`gather`]).
     gathering: Option<Gathering>,
-    /// As leader: the term it leads and the last index of its log when it first saw itself lead
-    /// (Raft's empty entry of the term, or later): it recovers only once it applied that far, so
-    /// the voters it counts are those every committed membership change left.
-    elected: Option<(u64, u64)>,
+    /// As leader: what it noted when it first saw itself lead ([`Group::note_election`]).
+    elected: Option<Elected>,
+}
+
+/// What a new leader notes on first seeing itself lead.
+#[derive(Clone, Copy)]
+struct Elected {
+    term: u64,
+    /// Its log's last index then (Raft's empty entry of the term, or later).
+    last: u64,
+    /// Its commit index then: voters answer its gather only once they applied that far, so a
+    /// write they still hold pending was not applied before the election (a replica far behind
+    /// might hold one applied minutes ago, whose id the window forgot).
+    committed: u64,
+    /// Whether its log held a membership change it had not applied: the voters it had applied
+    /// may then be the wrong ones, and it recovers only once it applied up to `last`.
+    change_unapplied: bool,
+    /// Whether the fast path was active in the group then ([`Group::fast_active`]). If not, no fast
+    /// write of an older term can be waiting to be ordered (this node's fast path off, none
+    /// pending here, and fewer than four voters: any write done was held by every voter, this one
+    /// included; one done with four or more was ordered before the change that left fewer), and
+    /// none completes in this term without this leader's answer, which it does not give: if the
+    /// group turns active later in the term (a fourth voter added), there is nothing to recover.
+    active: bool,
 }
 
 /// A new leader's gather of pending writes ([`gather`]).
@@ -256,11 +276,53 @@ impl Group {
     /// shard's fast quorum is below every voter (onelog mode): then other voters may hold writes
     /// done without this one (their fast path on, this node's off or never asked), and as leader
     /// it must gather them whatever its own setting.
+    ///
+    /// A new leader whose log holds a membership change it has not applied does not know its
+    /// voters yet: it counts as active (and so recovers) until it has applied up to its election.
     pub(crate) fn fast_active(&self, ctx: &NodeCtx) -> bool {
+        let unsure = self.role() == StateRole::Leader
+            && self.fast.elected.is_some_and(|elected| {
+                elected.term == self.raw.raft.term
+                    && elected.change_unapplied
+                    && self.raw.store().applied_index < elected.last
+            });
         ctx.config.fast_path
             || !self.applier.fast.is_empty()
             || (self.state.mode == StorageMode::OneLog
-                && onekv_placement::quorum::fast_needs_gather(self.raw.store().conf_state.voters.len()))
+                && (unsure
+                    || onekv_placement::quorum::fast_needs_gather(self.raw.store().conf_state.voters.len())))
+    }
+
+    /// As leader, before anything asks [`Group::fast_active`] in a term: notes the term's start
+    /// ([`Elected`]) once.
+    pub(crate) fn note_election(&mut self, ctx: &NodeCtx) {
+        let term = self.raw.raft.term;
+        if self.role() != StateRole::Leader || self.fast.elected.is_some_and(|elected| elected.term == term) {
+            return;
+        }
+        let log = &self.raw.raft.raft_log;
+        let (applied, last) = (self.raw.store().applied_index, log.last_index());
+        // Read in bounded slices (the tail a new leader has not applied is usually a few entries);
+        // an entry it cannot read counts as a change, which only makes it wait.
+        let mut change_unapplied = false;
+        let mut next = applied + 1;
+        while next <= last && !change_unapplied {
+            match log.entries(next, 4 << 20, raft::GetEntriesContext::empty(false)) {
+                Ok(entries) if !entries.is_empty() => {
+                    next += entries.len() as u64;
+                    change_unapplied = entries
+                        .iter()
+                        .any(|entry| entry.get_entry_type() != raft::eraftpb::EntryType::EntryNormal);
+                }
+                _ => change_unapplied = true,
+            }
+        }
+        self.fast.elected =
+            Some(Elected { term, last, committed: log.committed, change_unapplied, active: false });
+        let active = self.fast_active(ctx);
+        if let Some(elected) = &mut self.fast.elected {
+            elected.active = active;
+        }
     }
 
     /// What a flush's recovery point says of the fast path: the writes pending now, and `end` (the
@@ -441,7 +503,17 @@ impl Group {
     /// `everything`, inline where a replica may lack them), in append order. Returns whether it
     /// proposed.
     pub(crate) fn propose_order(&mut self, now: Instant, everything: bool, ctx: &mut NodeCtx) -> bool {
-        if !self.fast_active(ctx) || self.role() != StateRole::Leader || ctx.failed.is_some() {
+        self.note_election(ctx);
+        if !self.fast_active(ctx) {
+            // Reads that waited for a recovery this leader turned out not to need (its voters,
+            // once applied, need no gather) go on to their ReadIndex round.
+            if !self.fast.reads.is_empty() {
+                let reads = std::mem::take(&mut self.fast.reads);
+                self.reads_unsent.extend(reads.into_iter().map(|(_, done)| done));
+            }
+            return false;
+        }
+        if self.role() != StateRole::Leader || ctx.failed.is_some() {
             return false;
         }
         let term = self.raw.raft.term;
@@ -465,22 +537,20 @@ impl Group {
                 // pending sets show once they are gathered (and whatever this leader holds of its
                 // own term, accepted before it was elected: harmless, as it never completed).
                 //
-                // The voters are counted once this leader applied its log up to its election:
-                // before, a membership change committed without its knowledge could make it count
-                // the wrong ones (and gather from the wrong majority, or not at all). It asks for
-                // the others' pending writes meanwhile (their answers hold whatever the voters turn
-                // out to be).
-                let elected_at = match self.fast.elected {
-                    Some((elected_term, index)) if elected_term == term => index,
-                    _ => {
-                        let index = self.raw.raft.raft_log.last_index();
-                        self.fast.elected = Some((term, index));
-                        index
-                    }
-                };
+                // If its log holds a membership change it has not applied, the voters are counted
+                // once it applied its log up to its election: before, a change committed without
+                // its knowledge could make it count the wrong ones (and gather from the wrong
+                // majority, or not at all). It asks for the others' pending writes meanwhile
+                // (their answers hold whatever the voters turn out to be).
+                let elected = self.fast.elected.expect("noted above");
+                if !elected.active {
+                    // Turned active in the middle of its term: nothing to recover (`Elected::active`).
+                    self.fast.recovery = Some((self.raw.store().applied_index, term));
+                    return false;
+                }
                 let gather = ctx.mutation != Some(crate::Mutation::FastRecoversWithoutGather)
                     && onekv_placement::quorum::fast_needs_gather(self.raw.store().conf_state.voters.len());
-                let applied = self.raw.store().applied_index >= elected_at;
+                let applied = !elected.change_unapplied || self.raw.store().applied_index >= elected.last;
                 let records: Vec<Held> = match (gather, applied) {
                     (_, false) => {
                         if gather {
@@ -645,8 +715,9 @@ impl Group {
             gathering.asked.insert(*voter, now);
         }
         if !due.is_empty() {
+            let floor = self.fast.elected.map_or(0, |elected| elected.committed);
             ctx.transport
-                .send(self.shard, due.into_iter().map(|voter| gather::ask(me, voter, term)).collect());
+                .send(self.shard, due.into_iter().map(|voter| gather::ask(me, voter, term, floor)).collect());
         }
         None
     }
@@ -658,9 +729,13 @@ impl Group {
             return;
         }
         match message {
-            Gathered::Ask => {
+            Gathered::Ask { floor } => {
                 let leader = self.raw.raft.leader_id;
-                if self.role() == StateRole::Leader || (leader != raft::INVALID_ID && leader != from) {
+                // Not before it applied what the leader had committed when elected (asked again).
+                if self.role() == StateRole::Leader
+                    || (leader != raft::INVALID_ID && leader != from)
+                    || self.raw.store().applied_index < floor
+                {
                     return;
                 }
                 match gather::answer(ctx.config.node_id, from, term, self.applier.fast.iter()) {
@@ -730,6 +805,7 @@ impl Group {
         now: Instant,
         ctx: &mut NodeCtx,
     ) -> bool {
+        self.note_election(ctx);
         if !self.fast_active(ctx) || self.role() != StateRole::Leader {
             return true;
         }
