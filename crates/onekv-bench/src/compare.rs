@@ -352,6 +352,12 @@ pub struct GcTotals {
     /// Value bytes deduplication did not store or move again.
     #[serde(default)]
     pub dedup_bytes_saved: u64,
+    /// Puts applied by reference to another key's value, over all replicas.
+    #[serde(default)]
+    pub dedup_references: u64,
+    /// Bytes of Raft messages the nodes delivered to each other.
+    #[serde(default)]
+    pub peer_bytes_sent: u64,
     /// The collectors' last estimates of the live bytes in their logs.
     #[serde(default)]
     pub live_bytes: u64,
@@ -365,10 +371,12 @@ async fn gc_totals(client: &onekv_client::Client) -> GcTotals {
     let mut totals = GcTotals::default();
     for (_, status) in client.status_all().await {
         let Ok(status) = status else { continue };
+        totals.peer_bytes_sent += status.peer_bytes_sent;
         if let Some(dedup) = &status.dedup {
             totals.dedup_inline_hits += dedup.inline_hits;
             totals.dedup_offline_hits += dedup.offline_hits;
             totals.dedup_bytes_saved += dedup.bytes_saved;
+            totals.dedup_references += dedup.references_applied;
         }
         let Some(gc) = status.gc else { continue };
         totals.nodes += 1;
@@ -692,11 +700,15 @@ pub fn figures(run: &CompareRun) -> Vec<(String, f64)> {
         figures.push(("log GC: live MiB per node".into(), per_node(gc.live_bytes)));
         figures.push(("log GC: log MiB per node".into(), per_node(gc.log_bytes)));
     }
+    if let Some(gc) = run.gc.as_ref().filter(|gc| gc.peer_bytes_sent > 0) {
+        figures.push(("MiB sent between nodes".into(), gc.peer_bytes_sent as f64 / (1u64 << 20) as f64));
+    }
     if let Some(gc) = &run.gc
-        && gc.dedup_inline_hits + gc.dedup_offline_hits > 0
+        && gc.dedup_inline_hits + gc.dedup_offline_hits + gc.dedup_references > 0
     {
         figures.push(("dedup: values shared as written".into(), gc.dedup_inline_hits as f64));
         figures.push(("dedup: values shared when moved".into(), gc.dedup_offline_hits as f64));
+        figures.push(("dedup: puts applied by reference".into(), gc.dedup_references as f64));
         figures
             .push(("dedup: MiB not stored again".into(), gc.dedup_bytes_saved as f64 / (1u64 << 20) as f64));
     }

@@ -495,6 +495,9 @@ pub enum Mutation {
     /// Deduplication points a key at a copy whose fingerprint matches without comparing its
     /// bytes: with fingerprints cut short (a forced collision), a key reads another value.
     DedupTrustsFingerprint,
+    /// A leader proposes a put by reference to a key that an entry it proposed earlier, not yet
+    /// applied, writes (`wire_refs`): the put takes whatever that entry leaves there.
+    ReferencesIgnoreUnapplied,
     /// The log GC treats a segment deduplicated keys point into like any other: it finds the
     /// live values of a segment it reads whole only from the keys its records name, and raises
     /// no fence against new references (driven mode's collector only).
@@ -679,8 +682,11 @@ pub struct ReplicaStatus {
     pub scrub: ScrubStatus,
     /// The node's log garbage collector (the same for every shard of the node).
     pub gc: crate::GcStatus,
-    /// The node's value deduplication (the same for every shard of the node; mode empty when off).
+    /// The node's value deduplication (the same for every shard of the node; mode empty in the
+    /// storage modes without it).
     pub dedup: crate::DedupStatus,
+    /// Bytes of Raft messages this node delivered to peers since it started (node-wide).
+    pub peer_bytes_sent: u64,
     /// Read barriers this replica answered as leader since it started by its read lease
     /// (`ReplicaConfig::lease_reads`), without a ReadIndex round.
     pub reads_by_lease: u64,
@@ -799,6 +805,11 @@ pub trait Transport: Send + Sync + 'static {
     fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
         let _ = request;
         Err(format!("this transport cannot fetch snapshot chunks from node {to}"))
+    }
+
+    /// Bytes of Raft messages delivered to peers since the transport started (0 if not counted).
+    fn bytes_sent(&self) -> u64 {
+        0
     }
 }
 

@@ -78,6 +78,36 @@ enum Placement {
     Inline,
 }
 
+/// What a put by reference (`wire_refs`) writes, found before the entry writes anything.
+struct ResolvedRef {
+    /// The key's new index value: the source's copy (onelog), or a copy made here.
+    stored: IndexValue,
+    /// The value's length.
+    value_len: u64,
+    /// The value's bytes, for the classic mode's data WAL.
+    bytes: Option<Vec<u8>>,
+}
+
+/// The puts by reference of one command, resolved.
+enum References {
+    /// In op order.
+    Resolved(Vec<ResolvedRef>),
+    /// A source key does not hold a value of the length the leader saw (the leader's premise,
+    /// that nothing before the entry changes it, failed): the same on every replica, since every
+    /// replica's state is the same there. The command takes no effect and is not remembered as
+    /// applied; its client retries.
+    Stale(String),
+    /// This replica cannot point the key at the source's copy (the copy is in a compressed block,
+    /// or too many late references are held): it waits for a snapshot past the entry.
+    CannotApply(String),
+}
+
+/// A value a put writes: its place in the entry, or what its reference resolved to.
+enum NewValue<'r> {
+    Span(ValueSpan, Placement),
+    Resolved(&'r ResolvedRef),
+}
+
 impl Applier {
     pub fn new(state: Arc<State>, shard: u64) -> Self {
         Applier {
@@ -236,11 +266,32 @@ impl Applier {
                     }
                 }
                 None => {
+                    let references =
+                        match self.resolve_references(entry.index, decoded.time_ms, &decoded.command)? {
+                            References::Resolved(references) => references,
+                            References::Stale(why) => {
+                                state.requests().on_entry(entry.index, decoded.time_ms, None);
+                                state.tree.publish(state::last_seqno(entry.index));
+                                let why = format!("entry {}: {why}; retry the write", entry.index);
+                                results.push(Applied {
+                                    index: entry.index,
+                                    term: entry.term,
+                                    outcome: Some(Err(ReplicaError::Dropped(why))),
+                                });
+                                continue;
+                            }
+                            References::CannotApply(why) => {
+                                tracing::warn!(shard = self.shard, index = entry.index, "{why}");
+                                self.stalled_at = Some(entry.index);
+                                break;
+                            }
+                        };
                     let outcome = self.apply_command(
                         entry,
                         decoded.time_ms,
                         &decoded.command,
                         placements,
+                        &references,
                         if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
                         0,
                     )?;
@@ -427,6 +478,12 @@ impl Applier {
                     entry.index, item.id
                 )));
             };
+            if ops.iter().any(|op| op.reference.is_some()) {
+                return Err(storage(format!(
+                    "entry {}: fast write {:?} puts a value by reference (only a leader's own entries may)",
+                    entry.index, item.id
+                )));
+            }
             if decoded.request_id != item.id || op_base + ops.len() > state::MAX_OP {
                 return Err(storage(format!(
                     "entry {}: fast write {:?} holds id {:?}, or the order holds more than {} ops",
@@ -448,11 +505,99 @@ impl Applier {
                 data: command.clone().into(),
                 ..Default::default()
             };
-            self.apply_command(&written, time_ms, &decoded.command, placements, None, op_base)?;
+            self.apply_command(&written, time_ms, &decoded.command, placements, &[], None, op_base)?;
             op_base += ops.len();
             applied.push(item.id);
         }
         Ok(applied)
+    }
+
+    /// Resolves the puts by reference of `command` (`wire_refs`), at entry `index` applied at
+    /// `time_ms`, against the state the entries before it left, which is the same on every
+    /// replica: each takes the value its source key holds there, if that is a live value of the
+    /// length the leader saw. In onelog mode the key will point at the source's copy (no byte is
+    /// read or written); the other modes copy the value (a replica in them may follow a onelog
+    /// leader).
+    fn resolve_references(
+        &mut self,
+        index: u64,
+        time_ms: u64,
+        command: &DecodedCommand<'_>,
+    ) -> Result<References, ReplicaError> {
+        let DecodedCommand::Write(ops) = command else { return Ok(References::Resolved(Vec::new())) };
+        let state = self.state.clone();
+        let mut resolved = Vec::new();
+        for op in ops {
+            let Some(reference) = op.reference else { continue };
+            let source = String::from_utf8_lossy(reference.source);
+            let stored =
+                state.tree.get(reference.source).map_err(|e| storage(format!("index lookup: {e}")))?;
+            let Some(stored) = stored.filter(|stored| !onekv_index::expired_at(stored, time_ms)) else {
+                return Ok(References::Stale(format!("the key {source:?} a put referred to holds no value")));
+            };
+            let value = IndexValue::decode(&stored)
+                .map_err(|e| storage(format!("the index value of {source:?}: {e}")))?;
+            let value_len = u64::from(reference.value_len);
+            let stale = || {
+                References::Stale(format!(
+                    "the key {source:?} a put referred to holds a value of another length than {value_len} bytes"
+                ))
+            };
+            let stored_len = value_len + codec::STORED_VALUE_PREFIX as u64;
+            resolved.push(match (state.mode, value) {
+                (StorageMode::OneLog, IndexValue::Locator(at) | IndexValue::Shared(at)) => {
+                    if at.len != stored_len {
+                        return Ok(stale());
+                    }
+                    let dedup = state.dedup.as_ref().expect("onelog mode keeps a dedup");
+                    if !dedup.reference_place(self.shard, op.key, at) {
+                        return Ok(References::CannotApply(format!(
+                            "entry {index} puts a value by reference while the log GC collects its copy's \
+                             segment, and too many such references are held: waiting for a snapshot past it"
+                        )));
+                    }
+                    ResolvedRef { stored: IndexValue::Shared(at), value_len, bytes: None }
+                }
+                (StorageMode::OneLog, IndexValue::Packed(packed)) => {
+                    if u64::from(packed.len) != stored_len {
+                        return Ok(stale());
+                    }
+                    return Ok(References::CannotApply(format!(
+                        "entry {index} puts a value by reference to {source:?}, whose value this replica keeps \
+                         compressed (gc.compress_below_bytes is above the leader's dedup.min_value_bytes): \
+                         waiting for a snapshot past it"
+                    )));
+                }
+                (StorageMode::OneLog, IndexValue::Inline(_)) => {
+                    return Err(storage(format!("the key {source:?} holds an inline value in onelog mode")));
+                }
+                (StorageMode::Classic | StorageMode::Separated, _) => {
+                    let Some((bytes, _)) = state.get_at(reference.source, time_ms)? else {
+                        return Ok(References::Stale(format!("the key {source:?} a put referred to holds no value")));
+                    };
+                    if bytes.len() as u64 != value_len {
+                        return Ok(stale());
+                    }
+                    let stored = match state.mode {
+                        StorageMode::Separated => {
+                            let value_log = state.second_log.as_ref().expect("separated mode has a value log");
+                            let payload = records::encode_value(self.shard, &bytes);
+                            let at = value_log
+                                .append_in_parts(&[(records::VALUE, payload.as_slice())])
+                                .map_err(|e| storage(format!("writing the value log: {e}")))?;
+                            let at = at.first().expect("one record");
+                            IndexValue::Locator(
+                                at.slice(records::VALUE_HEADER as u64, at.len - records::VALUE_HEADER as u64)
+                                    .expect("fits"),
+                            )
+                        }
+                        _ => IndexValue::Inline(bytes.clone()),
+                    };
+                    ResolvedRef { stored, value_len, bytes: Some(bytes) }
+                }
+            });
+        }
+        Ok(References::Resolved(resolved))
     }
 
     /// Applies one command at `entry`'s sequence numbers, its ops numbered from `op_base`.
@@ -462,6 +607,7 @@ impl Applier {
         time_ms: u64,
         command: &DecodedCommand<'_>,
         placements: Vec<Placement>,
+        references: &[ResolvedRef],
         wal: Option<&mut Vec<Vec<u8>>>,
         op_base: usize,
     ) -> Result<Outcome, ReplicaError> {
@@ -481,22 +627,27 @@ impl Applier {
         // only once the whole entry is published, so a later op keeping a key's expiry looks here
         // first (a delete, then a put keeping the expiry, keeps none).
         let mut written: HashMap<Vec<u8>, Option<u64>> = HashMap::new();
-        let mut write = |op: usize, key: &[u8], value: Option<(ValueSpan, Placement)>, expiry: Expiry| {
+        let mut write = |op: usize, key: &[u8], value: Option<NewValue<'_>>, expiry: Expiry| {
             let seqno = state::seqno(entry.index, op_base + op);
             match value {
-                Some((span, placement)) => {
-                    let stored =
-                        match placement {
-                            // With deduplication on, a value already in the log byte for byte is
-                            // pointed at there, and this entry's copy is garbage from now on.
-                            Placement::Locator(locator) => match state.dedup.as_ref().and_then(|dedup| {
-                                dedup.inline_place(&state.raft_log, span.stored(data), locator)
-                            }) {
-                                Some(copy) => IndexValue::Shared(copy),
-                                None => IndexValue::Locator(locator),
-                            },
-                            Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
-                        };
+                Some(value) => {
+                    let (stored, value_len) = match value {
+                        NewValue::Span(span, placement) => {
+                            let stored = match placement {
+                                // With deduplication on, a value already in the log byte for byte
+                                // is pointed at there, and this entry's copy is garbage from now on.
+                                Placement::Locator(locator) => match state.dedup.as_ref().and_then(|dedup| {
+                                    dedup.inline_place(&state.raft_log, span.stored(data), locator)
+                                }) {
+                                    Some(copy) => IndexValue::Shared(copy),
+                                    None => IndexValue::Locator(locator),
+                                },
+                                Placement::Inline => IndexValue::Inline(span.value(data).to_vec()),
+                            };
+                            (stored, (span.len - codec::STORED_VALUE_PREFIX) as u64)
+                        }
+                        NewValue::Resolved(resolved) => (resolved.stored.clone(), resolved.value_len),
+                    };
                     let expires_at = match codec::absolute(expiry, time_ms) {
                         Expiry::Never => None,
                         Expiry::At(at) | Expiry::AfterMs(at) => Some(at),
@@ -510,7 +661,7 @@ impl Applier {
                     }
                     state.tree.insert(key, &stored.encode_expiring(expires_at), seqno);
                     written.insert(key.to_vec(), expires_at);
-                    user_bytes += (key.len() + span.len - codec::STORED_VALUE_PREFIX) as u64;
+                    user_bytes += key.len() as u64 + value_len;
                 }
                 None => {
                     state.tree.remove(key, seqno);
@@ -522,8 +673,17 @@ impl Applier {
         };
         let outcome = match command {
             DecodedCommand::Write(ops) => {
+                let mut references = references.iter();
                 for (op, decoded) in ops.iter().enumerate() {
-                    let value = decoded.value.map(|span| (span, placements.next().expect("placement")));
+                    if decoded.reference.is_some() {
+                        let resolved =
+                            references.next().expect("one resolved reference per put by reference");
+                        write(op, decoded.key, Some(NewValue::Resolved(resolved)), decoded.expiry)?;
+                        effects.push((decoded.key, Some(resolved.bytes.as_deref().unwrap_or_default())));
+                        continue;
+                    }
+                    let value =
+                        decoded.value.map(|span| NewValue::Span(span, placements.next().expect("placement")));
                     write(op, decoded.key, value, decoded.expiry)?;
                     effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
                 }
@@ -559,7 +719,8 @@ impl Applier {
             DecodedCommand::Order { .. } => unreachable!("orders are applied by apply_order"),
             DecodedCommand::Cas { key, expected, new, new_expiry } => {
                 let current = state.get_at(key, time_ms)?.map(|(value, _)| value);
-                let new_placement = new.map(|span| (span, placements.next().expect("placement")));
+                let new_placement =
+                    new.map(|span| NewValue::Span(span, placements.next().expect("placement")));
                 if current.as_deref() == *expected {
                     write(0, key, new_placement, *new_expiry)?;
                     effects.push((key, new.map(|span| span.value(data))));
@@ -580,7 +741,9 @@ impl Applier {
                 }
                 if holds {
                     for (op, decoded) in ops.iter().enumerate() {
-                        let value = decoded.value.map(|span| (span, placements.next().expect("placement")));
+                        let value = decoded
+                            .value
+                            .map(|span| NewValue::Span(span, placements.next().expect("placement")));
                         write(op, decoded.key, value, decoded.expiry)?;
                         effects.push((decoded.key, decoded.value.map(|span| span.value(data))));
                     }

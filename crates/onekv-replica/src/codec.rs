@@ -17,6 +17,10 @@
 //!     op   = kind:u8 key_len:u32 key [expires_at_ms:u64] [value]
 //!            kind 1 put, 2 delete (no value), 3 put that expires (expires_at_ms), 4 put that keeps
 //!            the key's expiry
+//!     op   = kind:u8 key_len:u32 key [expires_at_ms:u64] source_len:u32 source value_len:u32
+//!            kind 5, 6, 7: the same three puts *by reference* (`wire_refs`, write commands only):
+//!            the key takes the value `source` holds when the entry applies, which the leader
+//!            found equal, byte for byte, to the client's `value_len` bytes
 //! tag 2 (cas) body   = key_len:u32 key has_expected:u8 [expected_len:u32 expected]
 //!                      new:u8 [expires_at_ms:u64] [value]
 //!            new 0 delete, 1 put, 2 put that expires (expires_at_ms), 3 put that keeps the expiry
@@ -58,6 +62,9 @@ const OP_PUT: u8 = 1;
 const OP_DELETE: u8 = 2;
 const OP_PUT_EXPIRING: u8 = 3;
 const OP_PUT_KEEPING_EXPIRY: u8 = 4;
+const OP_PUT_REF: u8 = 5;
+const OP_PUT_REF_EXPIRING: u8 = 6;
+const OP_PUT_REF_KEEPING_EXPIRY: u8 = 7;
 
 /// Bytes in front of a stored value's bytes: its CRC-32C (the length precedes it and is not covered
 /// by the locator).
@@ -85,15 +92,36 @@ impl ValueSpan {
     }
 }
 
-/// One decoded operation of a write: the key, and where its value is (`None` deletes).
+/// One decoded operation of a write: the key, and where its value is (`value` and `reference`
+/// both `None`: a delete).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecodedOp<'a> {
     /// The key.
     pub key: &'a [u8],
     /// The value's place in the encoded command, for a put.
     pub value: Option<ValueSpan>,
+    /// For a put by reference (write commands only): the key whose value it takes.
+    pub reference: Option<ValueRef<'a>>,
     /// When a put's key expires ([`Expiry::Never`] for a delete).
     pub expiry: Expiry,
+}
+
+impl DecodedOp<'_> {
+    /// Whether the op deletes its key.
+    pub fn is_delete(&self) -> bool {
+        self.value.is_none() && self.reference.is_none()
+    }
+}
+
+/// A put's value named by reference (`wire_refs`): the value `source` holds in the shard's state
+/// when the entry applies (every replica's state is the same there), which the leader found equal
+/// to the client's value, of `value_len` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueRef<'a> {
+    /// The key holding the value.
+    pub source: &'a [u8],
+    /// The value's length in bytes (checked when the entry applies).
+    pub value_len: u32,
 }
 
 /// A decoded command, borrowing from the encoded bytes.
@@ -279,22 +307,38 @@ pub fn encode(request_id: RequestId, time_ms: u64, command: &Command) -> Vec<u8>
 }
 
 fn push_ops(out: &mut Vec<u8>, ops: &[crate::WriteOp], time_ms: u64) {
+    push_ops_with_sources(out, ops, &[], time_ms)
+}
+
+/// Encodes `ops`; a put whose `sources` entry is a key goes by reference to that key's value.
+fn push_ops_with_sources(out: &mut Vec<u8>, ops: &[crate::WriteOp], sources: &[Option<&[u8]>], time_ms: u64) {
     out.extend_from_slice(&(ops.len() as u32).to_le_bytes());
-    for op in ops {
+    for (i, op) in ops.iter().enumerate() {
         match &op.value {
             Some(value) => {
                 let expiry = absolute(op.expiry, time_ms);
+                let source = sources.get(i).copied().flatten();
+                let kinds = match source {
+                    None => [OP_PUT, OP_PUT_EXPIRING, OP_PUT_KEEPING_EXPIRY],
+                    Some(_) => [OP_PUT_REF, OP_PUT_REF_EXPIRING, OP_PUT_REF_KEEPING_EXPIRY],
+                };
                 let kind = match expiry {
-                    Expiry::Never => OP_PUT,
-                    Expiry::At(_) | Expiry::AfterMs(_) => OP_PUT_EXPIRING,
-                    Expiry::Keep => OP_PUT_KEEPING_EXPIRY,
+                    Expiry::Never => kinds[0],
+                    Expiry::At(_) | Expiry::AfterMs(_) => kinds[1],
+                    Expiry::Keep => kinds[2],
                 };
                 out.push(kind);
                 push_bytes(out, &op.key);
                 if let Expiry::At(at) = expiry {
                     out.extend_from_slice(&at.to_le_bytes());
                 }
-                push_value(out, value);
+                match source {
+                    Some(source) => {
+                        push_bytes(out, source);
+                        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                    }
+                    None => push_value(out, value),
+                }
             }
             None => {
                 out.push(OP_DELETE);
@@ -323,6 +367,24 @@ pub fn absolute(expiry: Expiry, time_ms: u64) -> Expiry {
         Expiry::AfterMs(ttl) => Expiry::At(time_ms.saturating_add(ttl)),
         other => other,
     }
+}
+
+/// Encodes a write command whose puts with a `sources` entry take their value by reference to
+/// that key's (`wire_refs`; the caller checked each source holds the same bytes and nothing
+/// proposed before applies a change to it).
+pub fn encode_write_with_references(
+    request_id: RequestId,
+    time_ms: u64,
+    ops: &[crate::WriteOp],
+    sources: &[Option<&[u8]>],
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + ops.iter().map(|op| 16 + op.key.len()).sum::<usize>());
+    out.push(VERSION);
+    out.push(TAG_WRITE);
+    push_request_id(&mut out, request_id);
+    out.extend_from_slice(&time_ms.to_le_bytes());
+    push_ops_with_sources(&mut out, ops, sources, time_ms);
+    out
 }
 
 /// Encodes a leader's deletion of keys it found expired ([`DecodedCommand::DeleteExpired`]).
@@ -413,7 +475,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
     let request_id = RequestId { client: r.u64()?, seq: r.u64()? };
     let time_ms = if version == VERSION { r.u64()? } else { 0 };
     let command = match tag {
-        TAG_WRITE => DecodedCommand::Write(decode_ops(&mut r)?),
+        TAG_WRITE => DecodedCommand::Write(decode_ops(&mut r, true)?),
         TAG_TXN => {
             let count = r.u32()? as usize;
             // Each condition takes at least 5 bytes, which bounds the allocation by the input size.
@@ -430,7 +492,7 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
                 };
                 conditions.push((key, expected));
             }
-            DecodedCommand::Txn { conditions, ops: decode_ops(&mut r)? }
+            DecodedCommand::Txn { conditions, ops: decode_ops(&mut r, false)? }
         }
         TAG_CAS => {
             let key = r.bytes()?;
@@ -511,7 +573,8 @@ pub fn decode(data: &[u8]) -> Result<Decoded<'_>, CodecError> {
 }
 
 /// A write's ops: `count:u32 op*count`.
-fn decode_ops<'a>(r: &mut Reader<'a>) -> Result<Vec<DecodedOp<'a>>, CodecError> {
+/// The ops of a write or transaction; puts by reference only where `references` allows them.
+fn decode_ops<'a>(r: &mut Reader<'a>, references: bool) -> Result<Vec<DecodedOp<'a>>, CodecError> {
     let count = r.u32()? as usize;
     // Each op takes at least 5 bytes, which bounds the allocation by the input size.
     if count > r.remaining() / 5 {
@@ -529,9 +592,28 @@ fn decode_ops<'a>(r: &mut Reader<'a>) -> Result<Vec<DecodedOp<'a>>, CodecError> 
                 (Some(r.value()?), Expiry::At(at))
             }
             OP_PUT_KEEPING_EXPIRY => (Some(r.value()?), Expiry::Keep),
+            OP_PUT_REF..=OP_PUT_REF_KEEPING_EXPIRY => {
+                if !references {
+                    return Err(CodecError("a put by reference outside a write command"));
+                }
+                let expiry = match kind {
+                    OP_PUT_REF => Expiry::Never,
+                    OP_PUT_REF_EXPIRING => Expiry::At(r.u64()?),
+                    _ => Expiry::Keep,
+                };
+                let source = r.bytes()?;
+                let value_len = r.u32()?;
+                ops.push(DecodedOp {
+                    key,
+                    value: None,
+                    reference: Some(ValueRef { source, value_len }),
+                    expiry,
+                });
+                continue;
+            }
             _ => return Err(CodecError("unknown op kind")),
         };
-        ops.push(DecodedOp { key, value, expiry });
+        ops.push(DecodedOp { key, value, reference: None, expiry });
     }
     Ok(ops)
 }
@@ -644,7 +726,7 @@ mod tests {
         let span = ops[0].value.unwrap();
         assert_eq!(span.value(&data), b"hello");
         assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"hello");
-        assert_eq!(ops[1], DecodedOp { key: b"b", value: None, expiry: Expiry::Never });
+        assert_eq!(ops[1], DecodedOp { key: b"b", value: None, reference: None, expiry: Expiry::Never });
         assert_eq!(ops[2].value.unwrap().value(&data), b"");
     }
 
@@ -819,7 +901,7 @@ mod tests {
         let span = ops[0].value.unwrap();
         assert_eq!((ops[0].key, span.value(&data)), (&b"a"[..], &b"2"[..]));
         assert_eq!(verify_stored_value(&data[span.offset..span.offset + span.len]).unwrap(), b"2");
-        assert_eq!(ops[1], DecodedOp { key: b"c", value: None, expiry: Expiry::Never });
+        assert_eq!(ops[1], DecodedOp { key: b"c", value: None, reference: None, expiry: Expiry::Never });
         assert_eq!(encoded_payload_len(&command), 3);
         for len in 0..data.len() {
             assert!(decode(&data[..len]).is_err(), "prefix of {len} bytes decoded");

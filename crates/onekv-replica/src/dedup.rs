@@ -16,6 +16,11 @@
 //! - **In the GC (offline)**: values the collector moves are compared against the content index the
 //!   same way, so duplicates written while inline dedup was off are merged when their segment is
 //!   collected; and keys that shared a copy before the move share the moved copy.
+//! - **On the wire**: with [`DedupConfig::references`] a leader deduplicating inline proposes a
+//!   put whose value a key of the shard already holds, byte for byte, as a reference to that key
+//!   (`wire_refs`): neither the network nor any replica's log carries the value again. Applying
+//!   it points the new key at the copy the source key points at, on every replica
+//!   ([`Dedup::reference_place`]), whatever its mode.
 //! - **Elastic**: inline dedup watches its hit ratio over windows of [`ELASTIC_WINDOW`] candidate
 //!   values; below [`ELASTIC_OFF_RATIO`] it switches itself off (the GC still deduplicates), and
 //!   while off it keeps sampling one candidate in [`ELASTIC_SAMPLE`] (fingerprint only) and
@@ -49,6 +54,10 @@ pub const ELASTIC_SAMPLE: u64 = 8;
 /// Bytes one content-index entry is charged against `memory_bytes` (fingerprint, locator and the
 /// LRU's own links and hash slot).
 pub const ENTRY_BYTES: u64 = 96;
+/// Bytes of keys the *late references* may hold (references applied below the GC's fence, which
+/// its relocation must move along: [`Dedup::reference_place`]); past it a replica cannot apply
+/// such a reference and asks for a snapshot instead.
+pub const MAX_LATE_REFERENCE_BYTES: u64 = 16 << 20;
 
 /// Where identical values are stored once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -101,6 +110,9 @@ pub struct DedupConfig {
     /// Bits of the fingerprint kept: 128, or fewer only to force collisions (tests and the
     /// simulation check that a collision never makes a key read another value).
     pub fingerprint_bits: u32,
+    /// Whether this node, leading a shard and deduplicating inline, proposes a put of a value a
+    /// key of the shard holds as a reference to that key instead of the value (`wire_refs`).
+    pub references: bool,
 }
 
 impl Default for DedupConfig {
@@ -110,6 +122,7 @@ impl Default for DedupConfig {
             min_value_bytes: 1024,
             memory_bytes: 64 << 20,
             fingerprint_bits: 128,
+            references: true,
         }
     }
 }
@@ -167,7 +180,12 @@ pub struct DedupStatus {
     pub snapshot_hits: u64,
     /// Fingerprint matches whose bytes differed (a collision, or a damaged copy).
     pub mismatches: u64,
-    /// Value bytes not stored again (inline) or not moved again (offline).
+    /// Puts applied here by reference to another key's value (`wire_refs`): their values
+    /// crossed no network and were written to no log.
+    pub references_applied: u64,
+    /// References applied while their copy was below the GC's fence (moved with it).
+    pub late_references: u64,
+    /// Value bytes not stored again (inline, and puts by reference) or not moved again (offline).
     pub bytes_saved: u64,
     /// Entries in the content index now.
     pub entries: u64,
@@ -192,6 +210,16 @@ pub(crate) struct Dedup {
     /// The broken variant [`crate::Mutation::DedupTrustsFingerprint`]: a fingerprint match is
     /// taken without comparing bytes.
     trusts_fingerprint: bool,
+    /// References applied below the fence since the GC's pass began: `(shard, place)` → keys now
+    /// pointing there that the pass's census did not see ([`Dedup::reference_place`]).
+    late: Mutex<LateReferences>,
+}
+
+#[derive(Default)]
+struct LateReferences {
+    keys: std::collections::HashMap<(u64, Locator), Vec<Vec<u8>>>,
+    /// Bytes of the keys held (bounded by [`MAX_LATE_REFERENCE_BYTES`]).
+    bytes: u64,
 }
 
 #[derive(Default)]
@@ -203,6 +231,8 @@ struct Counters {
     mismatches: AtomicU64,
     bytes_saved: AtomicU64,
     switches: AtomicU64,
+    references_applied: AtomicU64,
+    late_references: AtomicU64,
 }
 
 struct Table {
@@ -244,6 +274,7 @@ impl Dedup {
             counters: Counters::default(),
             fingerprint_mask,
             trusts_fingerprint,
+            late: Mutex::new(LateReferences::default()),
         }
     }
 
@@ -251,9 +282,70 @@ impl Dedup {
         xxhash_rust::xxh3::xxh3_128(value) & self.fingerprint_mask
     }
 
-    /// Whether a stored value (`crc || bytes`) of `stored_len` bytes is large enough to share.
+    /// Whether a stored value (`crc || bytes`) of `stored_len` bytes is large enough to share
+    /// (never with the mode `off`: then only keys a reference or a snapshot made share a copy).
     pub fn is_candidate(&self, stored_len: usize) -> bool {
-        stored_len.saturating_sub(crate::codec::STORED_VALUE_PREFIX) as u64 >= self.config.min_value_bytes
+        self.config.mode != DedupMode::Off
+            && stored_len.saturating_sub(crate::codec::STORED_VALUE_PREFIX) as u64
+                >= self.config.min_value_bytes
+    }
+
+    /// Whether this node, leading, proposes puts of values it holds as references (`wire_refs`):
+    /// while it deduplicates inline.
+    pub fn proposes_references(&self) -> bool {
+        self.config.references
+            && matches!(self.config.mode, DedupMode::Inline | DedupMode::Elastic)
+            && self.inline_active.load(Ordering::Relaxed)
+    }
+
+    /// The value's fingerprint (the leader's table of values it may refer to keys by).
+    pub fn fingerprint_of(&self, value: &[u8]) -> u128 {
+        self.fingerprint(value)
+    }
+
+    /// Whether a value of `value_len` bytes is large enough for a reference.
+    pub fn may_refer(&self, value_len: usize) -> bool {
+        value_len as u64 >= self.config.min_value_bytes
+    }
+
+    /// Applying a put by reference: `key` of `shard` is about to point at `at`, the copy its
+    /// source key points at (`wire_refs`). Notes the target for the GC's census, like any
+    /// reference; if the copy lies below the fence (its segment is being collected, and the pass's
+    /// census did not see `key`), remembers `key` as a late reference, which the loop moves along
+    /// with the copy's other keys ([`Dedup::take_late_references`]). `false`: too many late
+    /// references are held, and the reference cannot be applied now.
+    pub fn reference_place(&self, shard: u64, key: &[u8], at: Locator) -> bool {
+        self.note_target(at.position);
+        if at.position < self.fence.load(Ordering::SeqCst) {
+            let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+            if late.bytes + key.len() as u64 > MAX_LATE_REFERENCE_BYTES {
+                return false;
+            }
+            late.bytes += key.len() as u64;
+            late.keys.entry((shard, at)).or_default().push(key.to_vec());
+            self.counters.late_references.fetch_add(1, Ordering::Relaxed);
+        }
+        self.counters.references_applied.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_saved.fetch_add(at.len, Ordering::Relaxed);
+        true
+    }
+
+    /// The late references of `shard` to the copy at `at`, which the loop is moving (the keys
+    /// may have been written again since: the loop checks each still points there).
+    pub fn take_late_references(&self, shard: u64, at: Locator) -> Vec<Vec<u8>> {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        if late.keys.is_empty() {
+            return Vec::new();
+        }
+        let keys = late.keys.remove(&(shard, at)).unwrap_or_default();
+        late.bytes -= keys.iter().map(|key| key.len() as u64).sum::<u64>();
+        keys
+    }
+
+    /// Forgets the late references: the GC calls this as a pass begins, before its census, which
+    /// sees every key they name in the trees.
+    pub fn forget_late_references(&self) {
+        *self.late.lock().unwrap_or_else(|e| e.into_inner()) = LateReferences::default();
     }
 
     /// At apply: a place in `log` holding exactly `stored` (a stored value: checksum and bytes),
@@ -442,6 +534,8 @@ impl Dedup {
             offline_hits: c.offline_hits.load(Ordering::Relaxed),
             snapshot_hits: c.snapshot_hits.load(Ordering::Relaxed),
             mismatches: c.mismatches.load(Ordering::Relaxed),
+            references_applied: c.references_applied.load(Ordering::Relaxed),
+            late_references: c.late_references.load(Ordering::Relaxed),
             bytes_saved: c.bytes_saved.load(Ordering::Relaxed),
             entries: self.table().places.len() as u64,
             switches: c.switches.load(Ordering::Relaxed),

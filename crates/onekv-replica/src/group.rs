@@ -146,6 +146,8 @@ pub(crate) struct Group {
     pub shared: Arc<GroupShared>,
     /// Proposals waiting to be applied: index → (term, reply).
     pub proposals: BTreeMap<u64, (u64, Done<Outcome>)>,
+    /// As leader: what puts by reference may refer to (`wire_refs`).
+    pub wire_refs: crate::wire_refs::WireRefs,
     /// Membership changes waiting to be applied: index → (term, reply).
     pub member_changes: BTreeMap<u64, (u64, Done<crate::Members>)>,
     /// Read barriers not yet sent to Raft.
@@ -300,8 +302,12 @@ impl Group {
                         "the fast writes it must follow could not be ordered (a leadership change is under way)".into(),
                     )));
                 }
-                let data = crate::codec::encode(request_id, self.entry_time(now, ctx), &command);
+                let time_ms = self.entry_time(now, ctx);
+                self.wire_refs.ignores_unapplied =
+                    ctx.mutation == Some(crate::Mutation::ReferencesIgnoreUnapplied);
+                let data = self.encode_command(request_id, time_ms, &command);
                 let before = self.raw.raft.raft_log.last_index();
+                self.wire_refs.note_proposed(self.raw.raft.term, before + 1, &data);
                 match self.raw.propose(Vec::new(), data) {
                     Ok(()) if self.raw.raft.raft_log.last_index() > before => {
                         let index = self.raw.raft.raft_log.last_index();
@@ -708,6 +714,31 @@ impl Group {
         }
     }
 
+    /// The entry of a client's command, proposed now at `time_ms` by this leader: a write whose
+    /// values keys of the shard hold already puts them by reference to those keys when this node
+    /// deduplicates inline (`wire_refs`).
+    fn encode_command(&mut self, request_id: crate::RequestId, time_ms: u64, command: &Command) -> Vec<u8> {
+        let sources = match (&self.state.dedup, command) {
+            (Some(dedup), Command::Write(ops)) if dedup.proposes_references() => {
+                let store = self.raw.store();
+                let (term, last, applied) =
+                    (self.raw.raft.term, self.raw.raft.raft_log.last_index(), store.applied_index);
+                self.wire_refs.enter_term(term, last);
+                self.wire_refs
+                    .sources(command, time_ms, applied, dedup, &self.state)
+                    .map(|sources| (ops, sources))
+            }
+            _ => None,
+        };
+        match sources {
+            Some((ops, sources)) => {
+                let sources: Vec<Option<&[u8]>> = sources.iter().map(|source| source.as_deref()).collect();
+                crate::codec::encode_write_with_references(request_id, time_ms, ops, &sources)
+            }
+            None => crate::codec::encode(request_id, time_ms, command),
+        }
+    }
+
     /// The time to stamp a leader's entry with: the node's clock, but never behind the latest
     /// leader time applied here, so the times in a shard's log do not go back when leadership
     /// moves to a node whose clock is behind (expiry is judged by them).
@@ -729,6 +760,8 @@ impl Group {
             Ok(keys) if keys.is_empty() => {}
             Ok(keys) => {
                 let data = crate::codec::encode_delete_expired(now_ms, &keys);
+                let next = self.raw.raft.raft_log.last_index() + 1;
+                self.wire_refs.note_proposed(self.raw.raft.term, next, &data);
                 if let Err(err) = self.raw.propose(Vec::new(), data) {
                     tracing::debug!(shard = self.shard, %err, "deleting expired keys was refused; the next pass finds them");
                 }
@@ -972,6 +1005,7 @@ impl Group {
         if let Some(last) = applied.last() {
             store.applied_index = last.index;
             store.applied_term = last.term;
+            self.wire_refs.note_applied(last.index);
         }
         for result in applied {
             // Entries up to this one are applied; older proposals that never showed up at their
@@ -1373,6 +1407,7 @@ impl Group {
             return Ok(crate::gc::Relocated { moved: 0, left });
         };
         let mut moved = 0;
+        let mut left = 0;
         for m in &moves {
             // The moved copy keeps the key's expiry: the move changes where the value is, nothing
             // else.
@@ -1380,13 +1415,39 @@ impl Group {
                 tree.insert(&m.key, &m.to.encode_expiring(expiry), seqno);
                 moved += 1;
             }
+            // Keys a put by reference pointed at the old copy after the census (`wire_refs`) go
+            // where it goes; a copy moving into a compressed block cannot be shared, so they
+            // stay, and so does the segment (the next census sees them).
+            let late = match (&self.state.dedup, m.from.whole_locator()) {
+                (Some(dedup), Some(from)) => dedup.take_late_references(self.shard, from),
+                _ => Vec::new(),
+            };
+            for key in late {
+                let late_move = crate::gc::Move {
+                    key,
+                    from: onekv_index::IndexValue::Shared(m.from.whole_locator().expect("whole")),
+                    to: m.to.clone(),
+                };
+                let Some(expiry) = pointing_at(&late_move)? else { continue };
+                match m.to.whole_locator() {
+                    Some(to) => {
+                        tree.insert(
+                            &late_move.key,
+                            &onekv_index::IndexValue::Shared(to).encode_expiring(expiry),
+                            seqno,
+                        );
+                        moved += 1;
+                    }
+                    None => left += 1,
+                }
+            }
         }
         if moved == 0 {
-            return Ok(crate::gc::Relocated { moved, left: 0 });
+            return Ok(crate::gc::Relocated { moved, left });
         }
         tree.publish(seqno);
         self.gc_flush = true;
-        Ok(crate::gc::Relocated { moved, left: 0 })
+        Ok(crate::gc::Relocated { moved, left })
     }
 
     /// `scan_from`, or the first position of a snapshot this shard is fetching if that is lower:
@@ -1698,6 +1759,7 @@ impl Group {
             scrub: self.scrub.status(),
             gc: ctx.gc_status.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             dedup: ctx.dedup.as_ref().map(|dedup| dedup.status()).unwrap_or_default(),
+            peer_bytes_sent: ctx.transport.bytes_sent(),
             reads_by_lease: self.reads_by_lease,
             reads_by_read_index: self.reads_by_read_index,
         };

@@ -259,6 +259,7 @@ impl GroupParts {
             state,
             shared: shared.clone(),
             proposals: Default::default(),
+            wire_refs: Default::default(),
             member_changes: Default::default(),
             reads_unsent: Vec::new(),
             reads_in_flight: Default::default(),

@@ -55,6 +55,7 @@ mod scrub;
 mod slog_bridge;
 mod snapshot;
 mod state;
+mod wire_refs;
 
 pub use api::*;
 pub use dedup::{DedupConfig, DedupMode, DedupStatus};

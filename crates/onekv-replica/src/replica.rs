@@ -389,11 +389,12 @@ impl Node {
         // The node's clock, for its entries and its reads alike (a simulation's is the turns').
         let clock = crate::node::NodeClock::system();
         // Deduplication is the node's, shared by its replicas and its log GC (onelog mode only).
-        let dedup = (config.storage == StorageMode::OneLog && config.dedup.mode != crate::DedupMode::Off)
-            .then(|| {
-                let trusts_fingerprint = mutation == Some(crate::Mutation::DedupTrustsFingerprint);
-                Arc::new(crate::dedup::Dedup::new(config.dedup.clone(), trusts_fingerprint))
-            });
+        // With the mode `off` it still applies puts by reference a leader sends (`wire_refs`), and
+        // keeps the GC's fence for them.
+        let dedup = (config.storage == StorageMode::OneLog).then(|| {
+            let trusts_fingerprint = mutation == Some(crate::Mutation::DedupTrustsFingerprint);
+            Arc::new(crate::dedup::Dedup::new(config.dedup.clone(), trusts_fingerprint))
+        });
         let parts = GroupParts {
             config: config.clone(),
             dedup: dedup.clone(),

@@ -379,6 +379,9 @@ pub struct DedupConfig {
     /// Memory of the content index (about 96 bytes per distinct value), at least 131072.
     /// Default 67108864 (64 MiB).
     pub memory_bytes: u64,
+    /// With `inline` or `elastic`: a leader proposes a put of a value a key of the shard holds
+    /// as a reference to that key, so the value is neither sent nor logged again. Default true.
+    pub references: bool,
 }
 
 /// `dedup.mode`.
@@ -426,6 +429,7 @@ impl Default for DedupConfig {
             mode: DedupModeName::Off,
             min_value_bytes: defaults.min_value_bytes,
             memory_bytes: defaults.memory_bytes,
+            references: defaults.references,
         }
     }
 }
@@ -1055,6 +1059,7 @@ impl ServerConfig {
             mode: self.dedup.mode.mode(),
             min_value_bytes: self.dedup.min_value_bytes,
             memory_bytes: self.dedup.memory_bytes,
+            references: self.dedup.references,
             ..onekv_replica::DedupConfig::default()
         };
         config

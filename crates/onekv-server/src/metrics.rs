@@ -255,6 +255,15 @@ fn describe_state_metrics() {
         "Fingerprint matches whose bytes differed (never shared)."
     );
     describe_counter!("onekv_dedup_bytes_saved_total", Bytes, "Value bytes not stored or moved again.");
+    describe_counter!(
+        "onekv_dedup_references_total",
+        "Puts applied by reference to another key's value (dedup.references on the leader)."
+    );
+    describe_counter!(
+        "onekv_dedup_late_references_total",
+        "Puts by reference applied while the log GC was collecting their copy (moved with it)."
+    );
+    describe_counter!("onekv_peer_bytes_sent_total", Bytes, "Bytes of Raft messages delivered to peers.");
     describe_gauge!("onekv_dedup_entries", Count, "Entries in the content index (fingerprint to copy).");
     describe_gauge!(
         "onekv_dedup_inline_active",
@@ -375,6 +384,9 @@ fn record_state(node_id: u64, status: &ReplicaStatus, disk: &[(String, u64)]) {
     gauge!("onekv_dedup_entries").set(count(dedup.entries));
     gauge!("onekv_dedup_inline_active").set(f64::from(u8::from(dedup.inline_active)));
     counter!("onekv_dedup_switches_total").absolute(dedup.switches);
+    counter!("onekv_dedup_references_total").absolute(dedup.references_applied);
+    counter!("onekv_dedup_late_references_total").absolute(dedup.late_references);
+    counter!("onekv_peer_bytes_sent_total").absolute(status.peer_bytes_sent);
     let gc = &status.gc;
     gauge!("onekv_gc_log_bytes").set(count(gc.log_bytes));
     gauge!("onekv_gc_live_bytes").set(count(gc.live_bytes));

@@ -1225,18 +1225,23 @@ impl<B: Backend> Kv for KvService<B> {
                     packed_raw_bytes: status.gc.packed_raw_bytes,
                     packed_bytes: status.gc.packed_bytes,
                 }),
-                dedup: (!status.dedup.mode.is_empty()).then(|| onekv_proto::DedupProgress {
-                    mode: status.dedup.mode.clone(),
-                    inline_active: status.dedup.inline_active,
-                    candidates: status.dedup.candidates,
-                    inline_hits: status.dedup.inline_hits,
-                    offline_hits: status.dedup.offline_hits,
-                    snapshot_hits: status.dedup.snapshot_hits,
-                    mismatches: status.dedup.mismatches,
-                    bytes_saved: status.dedup.bytes_saved,
-                    entries: status.dedup.entries,
-                    switches: status.dedup.switches,
-                }),
+                peer_bytes_sent: status.peer_bytes_sent,
+                dedup: (!status.dedup.mode.is_empty()
+                    && (status.dedup.mode != "off" || status.dedup.references_applied > 0))
+                    .then(|| onekv_proto::DedupProgress {
+                        mode: status.dedup.mode.clone(),
+                        inline_active: status.dedup.inline_active,
+                        candidates: status.dedup.candidates,
+                        inline_hits: status.dedup.inline_hits,
+                        offline_hits: status.dedup.offline_hits,
+                        snapshot_hits: status.dedup.snapshot_hits,
+                        mismatches: status.dedup.mismatches,
+                        bytes_saved: status.dedup.bytes_saved,
+                        entries: status.dedup.entries,
+                        switches: status.dedup.switches,
+                        references_applied: status.dedup.references_applied,
+                        late_references: status.dedup.late_references,
+                    }),
             }))
         })
         .await

@@ -69,6 +69,8 @@ impl Default for TransportOptions {
 pub struct TransportStats {
     /// Messages a peer acknowledged.
     pub sent_messages: u64,
+    /// Their encoded bytes.
+    pub sent_bytes: u64,
     /// `PeerMessages` calls a peer acknowledged.
     pub sent_batches: u64,
     /// Messages dropped because their peer's queue was full.
@@ -84,6 +86,7 @@ pub struct TransportStats {
 #[derive(Default)]
 struct Counters {
     sent_messages: AtomicU64,
+    sent_bytes: AtomicU64,
     sent_batches: AtomicU64,
     dropped_queue_full: AtomicU64,
     dropped_unknown_peer: AtomicU64,
@@ -203,6 +206,7 @@ impl GrpcTransport {
         let c = &self.counters;
         TransportStats {
             sent_messages: c.sent_messages.load(Ordering::Relaxed),
+            sent_bytes: c.sent_bytes.load(Ordering::Relaxed),
             sent_batches: c.sent_batches.load(Ordering::Relaxed),
             dropped_queue_full: c.dropped_queue_full.load(Ordering::Relaxed),
             dropped_unknown_peer: c.dropped_unknown_peer.load(Ordering::Relaxed),
@@ -218,6 +222,10 @@ impl GrpcTransport {
 }
 
 impl Transport for GrpcTransport {
+    fn bytes_sent(&self) -> u64 {
+        self.counters.sent_bytes.load(Ordering::Relaxed)
+    }
+
     fn fetch_snapshot_chunk(&self, to: u64, request: &ChunkRequest) -> Result<SnapshotChunk, String> {
         if *self.closed.borrow() {
             return Err("the transport is closed".into());
@@ -338,8 +346,10 @@ impl PeerTask {
         let mut failing = false;
         while let Some(batch) = self.next_batch(&mut carried).await {
             let count = batch.len() as u64;
+            let bytes: u64 = batch.iter().map(|(_, encoded)| encoded.len() as u64).sum();
             let Err(error) = self.deliver(&endpoint, &mut client, batch).await else {
                 self.counters.sent_messages.fetch_add(count, Ordering::Relaxed);
+                self.counters.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
                 self.counters.sent_batches.fetch_add(1, Ordering::Relaxed);
                 self.full_reported.store(false, Ordering::Relaxed);
                 if failing {

@@ -41,6 +41,9 @@ struct Args {
     /// Keys the clients share (few, so operations contend).
     #[arg(long, default_value_t = 8)]
     keys: u32,
+    /// Concurrent clients, each with at most one operation open.
+    #[arg(long, default_value_t = 4)]
+    clients: u32,
     /// The nemesis acts every LOW..HIGH simulated milliseconds (a random time in the range).
     #[arg(long, default_value = "100..500")]
     fault_every_ms: String,
@@ -84,6 +87,10 @@ struct Args {
     /// bytes (implies --dedup).
     #[arg(long)]
     bug_dedup_trusts_fingerprint: bool,
+    /// Run the broken variant whose leaders put values by reference to keys that entries they
+    /// proposed and have not applied yet write (implies --dedup).
+    #[arg(long)]
+    bug_references_ignore_unapplied: bool,
     /// Run the broken variant whose log GC ignores deduplicated keys when it reads a segment
     /// whole and fences nothing off (implies --dedup).
     #[arg(long)]
@@ -172,6 +179,7 @@ fn main() -> anyhow::Result<()> {
         shards: args.shards,
         replicas,
         keys: args.keys,
+        clients: args.clients,
         max_down: args.max_down,
         fault_interval_ms,
         wipe_one_in: args.wipe_one_in,
@@ -186,6 +194,7 @@ fn main() -> anyhow::Result<()> {
             || args.bug_fast_recovers_without_gather,
         dedup: args.dedup
             || args.bug_dedup_trusts_fingerprint
+            || args.bug_references_ignore_unapplied
             || args.bug_gc_ignores_shared_values
             || args.bug_install_references_as_published,
         range_deletes: args.range_deletes || args.bug_range_page_reads_batch_start,
@@ -205,6 +214,8 @@ fn main() -> anyhow::Result<()> {
             Some(Bug::DeletesExpiredUnchecked)
         } else if args.bug_dedup_trusts_fingerprint {
             Some(Bug::DedupTrustsFingerprint)
+        } else if args.bug_references_ignore_unapplied {
+            Some(Bug::ReferencesIgnoreUnapplied)
         } else if args.bug_gc_ignores_shared_values {
             Some(Bug::GcIgnoresSharedValues)
         } else if args.bug_range_page_reads_batch_start {

@@ -69,6 +69,9 @@ pub enum Bug {
     /// Deduplication takes a fingerprint match (fingerprints are cut to a few bits on some nodes,
     /// so matches of different values are common) as the same value without comparing bytes.
     DedupTrustsFingerprint,
+    /// A leader puts a value by reference to a key an entry it proposed and has not applied yet
+    /// writes: the put takes that entry's value instead of its own.
+    ReferencesIgnoreUnapplied,
     /// The log GC collects a segment that deduplicated keys point into by reading it whole (so it
     /// finds only the keys its records name), and lets new references into segments it collects.
     GcIgnoresSharedValues,
@@ -96,6 +99,17 @@ pub enum Bug {
 
 /// How many recurring values the workload draws from when `dedup` is on.
 const RECURRING_VALUE_COUNT: ValueId = 6;
+
+/// The `n`th recurring value: ids from [`history::RECURRING_VALUES`] on whose bytes are 104 or 204
+/// long, so recurring values of one length often differ only in their bytes (a put by reference
+/// that takes another recurring value than its own is then not refused for its length, and the
+/// checker sees it).
+fn recurring_value(n: ValueId) -> ValueId {
+    (history::RECURRING_VALUES..)
+        .filter(|id| matches!(history::encode_value(*id).len(), 104 | 204))
+        .nth(n as usize)
+        .expect("ids of both lengths recur")
+}
 
 /// What a run simulates.
 #[derive(Clone, Debug)]
@@ -1132,6 +1146,7 @@ impl Sim {
                 min_value_bytes: onekv_replica::DedupConfig::MIN_VALUE_BYTES,
                 memory_bytes: onekv_replica::DedupConfig::MIN_MEMORY_BYTES,
                 fingerprint_bits: if node.id.is_multiple_of(2) { 2 } else { 128 },
+                references: true,
             };
         }
         // The node may crash at any step of an index flush (between sealing and writing the table,
@@ -1158,6 +1173,7 @@ impl Sim {
             Some(Bug::ReplicaReusesRetiredTrees) => Some(Mutation::ReplicaReusesRetiredTrees),
             Some(Bug::DeletesExpiredUnchecked) => Some(Mutation::DeletesExpiredUnchecked),
             Some(Bug::DedupTrustsFingerprint) => Some(Mutation::DedupTrustsFingerprint),
+            Some(Bug::ReferencesIgnoreUnapplied) => Some(Mutation::ReferencesIgnoreUnapplied),
             Some(Bug::GcIgnoresSharedValues) => Some(Mutation::GcIgnoresSharedValues),
             Some(Bug::RangePageReadsBatchStart) => Some(Mutation::RangePageReadsBatchStart),
             Some(Bug::InstallResolvesReferencesAsPublished) => {
@@ -1274,7 +1290,7 @@ impl Sim {
     fn fresh_value(&mut self) -> ValueId {
         if self.config.dedup && self.rng.random_bool(0.5) {
             // One of a few values that recur: what deduplication stores once.
-            return history::RECURRING_VALUES + self.rng.random_range(0..RECURRING_VALUE_COUNT);
+            return recurring_value(self.rng.random_range(0..RECURRING_VALUE_COUNT));
         }
         self.next_value += 1;
         if self.config.dedup {
@@ -1750,5 +1766,7 @@ fn count_gc(faults: &mut BTreeMap<&'static str, u64>, node: &onekv_replica::Node
         *faults.entry("dedup-offline-hits").or_default() += dedup.offline_hits;
         *faults.entry("dedup-snapshot-hits").or_default() += dedup.snapshot_hits;
         *faults.entry("dedup-mismatches").or_default() += dedup.mismatches;
+        *faults.entry("dedup-references").or_default() += dedup.references_applied;
+        *faults.entry("dedup-late-references").or_default() += dedup.late_references;
     }
 }

@@ -542,11 +542,12 @@ fn dedup_line(dedup: &onekv_client::DedupProgress) -> String {
         _ => "",
     };
     format!(
-        "dedup {}{inline}: {} values shared as written, {} when moved, {} from snapshots, {:.1} MiB not stored again, {} fingerprints",
+        "dedup {}{inline}: {} values shared as written, {} when moved, {} from snapshots, {} by reference, {:.1} MiB not stored again, {} fingerprints",
         dedup.mode,
         dedup.inline_hits,
         dedup.offline_hits,
         dedup.snapshot_hits,
+        dedup.references_applied,
         dedup.bytes_saved as f64 / (1u64 << 20) as f64,
         dedup.entries
     )

@@ -184,6 +184,9 @@ pub(crate) fn parse_answer(body: &[u8], term: u64) -> Result<Vec<Held>, &'static
         if decoded.request_id != id {
             return Err("a fast-write answer's command has another request id");
         }
+        if ops.iter().any(|op| op.reference.is_some()) {
+            return Err("a fast-write answer's command puts a value by reference");
+        }
         if ops.is_empty() || ops.len() > super::group::MAX_ORDER_OPS {
             return Err("a fast-write answer's command has no ops, or more than an ORDER holds");
         }

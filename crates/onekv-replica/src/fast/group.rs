@@ -785,6 +785,9 @@ impl Group {
     ) -> Option<u64> {
         let data = crate::codec::encode_order(self.entry_time(now, ctx), drop_below, items);
         let before = self.raw.raft.raft_log.last_index();
+        // Noted before the data moves: an ORDER holds the leader off puts by reference until it
+        // applies (`wire_refs`); noting one that is then not appended only delays them.
+        self.wire_refs.note_proposed(self.raw.raft.term, before + 1, &data);
         match self.raw.propose(Vec::new(), data) {
             Ok(()) if self.raw.raft.raft_log.last_index() > before => {
                 Some(self.raw.raft.raft_log.last_index())
@@ -882,13 +885,14 @@ impl Group {
         self.reads_unsent.extend(ready.into_iter().map(|(_, done)| done));
     }
 
-    /// This replica cannot apply the ORDER at `at` (`apply::Applier::stalled_at`): it applied
-    /// everything before it and asks the leader for a snapshot past it.
+    /// This replica cannot apply the entry at `at` (`apply::Applier::stalled_at`: an ORDER naming
+    /// a fast write it does not hold, or a put by reference it cannot point at its copy): it
+    /// applied everything before it and asks the leader for a snapshot past it.
     pub(crate) fn stall(&mut self, at: u64) {
         tracing::warn!(
             shard = self.shard,
             index = at,
-            "an ORDER names a fast write this replica does not hold: waiting for a snapshot past it"
+            "this replica cannot apply the entry here: waiting for a snapshot past it"
         );
         self.shared.stalled_at.store(at, std::sync::atomic::Ordering::SeqCst);
         self.ask_for_snapshot();

@@ -474,6 +474,9 @@ impl Collector {
             // after the reset and before `refresh_hosted` too); those made before are published
             // once the loop's current turn ends, which the census waits for before its walk.
             dedup.take_lowest_target();
+            // Late references of the last pass point into segments it left (it moved the others'
+            // along with their copies): this pass's census sees them in the trees.
+            dedup.forget_late_references();
         }
         self.refresh_hosted();
         // In onelog mode a key gains a locator into a sealed segment when its entry is applied,
