@@ -102,6 +102,13 @@ enum References {
     CannotApply(String),
 }
 
+/// Where the values of one command's puts come from: their places, in op order (puts with a
+/// value in the entry), and what its puts by reference resolved to, in op order.
+struct Sources<'r> {
+    placements: Vec<Placement>,
+    references: &'r [ResolvedRef],
+}
+
 /// A value a put writes: its place in the entry, or what its reference resolved to.
 enum NewValue<'r> {
     Span(ValueSpan, Placement),
@@ -290,8 +297,7 @@ impl Applier {
                         entry,
                         decoded.time_ms,
                         &decoded.command,
-                        placements,
-                        &references,
+                        Sources { placements, references: &references },
                         if state.mode == StorageMode::Classic { Some(&mut wal) } else { None },
                         0,
                     )?;
@@ -505,7 +511,8 @@ impl Applier {
                 data: command.clone().into(),
                 ..Default::default()
             };
-            self.apply_command(&written, time_ms, &decoded.command, placements, &[], None, op_base)?;
+            let sources = Sources { placements, references: &[] };
+            self.apply_command(&written, time_ms, &decoded.command, sources, None, op_base)?;
             op_base += ops.len();
             applied.push(item.id);
         }
@@ -606,11 +613,11 @@ impl Applier {
         entry: &Entry,
         time_ms: u64,
         command: &DecodedCommand<'_>,
-        placements: Vec<Placement>,
-        references: &[ResolvedRef],
+        sources: Sources<'_>,
         wal: Option<&mut Vec<Vec<u8>>>,
         op_base: usize,
     ) -> Result<Outcome, ReplicaError> {
+        let Sources { placements, references } = sources;
         let state = self.state.clone();
         let data = &entry.data[..];
         let mut placements = placements.into_iter();
