@@ -40,6 +40,9 @@ pub enum Contender {
         index: IndexVariant,
         /// How the nodes deduplicate values (`dedup.mode`).
         dedup: DedupModeName,
+        /// Whether leaders deduplicating inline put values by reference (`dedup.references`;
+        /// `:norefs` turns it off).
+        references: bool,
         /// Whether the nodes have the fast path on (`cluster.fast_path`) and the client writes
         /// through it (`Client::put_fast`).
         fast: bool,
@@ -163,13 +166,16 @@ impl Contender {
     /// runs the baseline executable.
     pub fn name(self) -> String {
         match self {
-            Contender::Onekv { mode, shards, gc, index, dedup, fast, baseline } => {
+            Contender::Onekv { mode, shards, gc, index, dedup, references, fast, baseline } => {
                 let mut name = mode.name().to_string();
                 if shards != onekv_placement::DEFAULT_SHARDS {
                     name.push_str(&format!(":{shards}"));
                 }
                 let fast = fast.then(|| FAST_SUFFIX.to_string());
-                for suffix in [index.suffix(), dedup_suffix(dedup), fast].into_iter().flatten() {
+                let no_references =
+                    (!references && dedup != DedupModeName::Off).then(|| NO_REFERENCES_SUFFIX.to_string());
+                for suffix in [index.suffix(), dedup_suffix(dedup), no_references, fast].into_iter().flatten()
+                {
                     name.push(':');
                     name.push_str(&suffix);
                 }
@@ -213,10 +219,16 @@ impl Contender {
         if fast {
             rest.pop();
         }
+        let references = rest.last() != Some(&NO_REFERENCES_SUFFIX);
+        if !references {
+            rest.pop();
+        }
         let mut dedup = DedupModeName::Off;
         if let Some(parsed) = rest.last().and_then(|suffix| parse_dedup_suffix(suffix)) {
             dedup = parsed;
             rest.pop();
+        } else if !references {
+            return None;
         }
         let mut index = IndexVariant::Default;
         if let Some(variant) = rest.last().and_then(|suffix| IndexVariant::parse(suffix)) {
@@ -231,12 +243,15 @@ impl Contender {
         if !(1..=onekv_placement::MAX_SHARDS).contains(&shards) {
             return None;
         }
-        Some(Contender::Onekv { mode, shards, gc, index, dedup, fast, baseline })
+        Some(Contender::Onekv { mode, shards, gc, index, dedup, references, fast, baseline })
     }
 }
 
 /// The contender name's suffix for a cluster with the fast path on, written through it.
 const FAST_SUFFIX: &str = "fast";
+
+/// The contender name's suffix (after `:dedup-MODE`) for leaders that put no value by reference.
+const NO_REFERENCES_SUFFIX: &str = "norefs";
 
 /// The contender name's suffix for one run with the baseline executable.
 const BASELINE_SUFFIX: &str = "@base";
@@ -450,7 +465,7 @@ async fn run_onekv(
     contender: Contender,
     round: u32,
 ) -> Result<CompareRun, CompareError> {
-    let Contender::Onekv { mode, shards, gc, index, dedup, fast, baseline } = contender else {
+    let Contender::Onekv { mode, shards, gc, index, dedup, references, fast, baseline } = contender else {
         unreachable!("run_onekv runs onekv contenders only")
     };
     let name = contender.name();
@@ -474,7 +489,7 @@ async fn run_onekv(
         gc,
         (
             index.config(config.index_memtable_bytes),
-            onekv_server::config::DedupConfig { mode: dedup, ..Default::default() },
+            onekv_server::config::DedupConfig { mode: dedup, references, ..Default::default() },
             fast,
             config.replicas,
         ),
@@ -814,6 +829,7 @@ mod tests {
             gc,
             index: IndexVariant::Default,
             dedup: DedupModeName::Off,
+            references: true,
             fast: false,
             baseline,
         }
@@ -875,12 +891,19 @@ mod tests {
             ("onelog:dedup-inline", DedupModeName::Inline),
             ("onelog:1:uniform:dedup-elastic:nogc", DedupModeName::Elastic),
             ("onelog:s4:dedup-offline", DedupModeName::Offline),
+            ("onelog:dedup-inline:norefs", DedupModeName::Inline),
         ] {
             let contender = Contender::parse(name).unwrap();
             assert!(matches!(contender, Contender::Onekv { dedup: parsed, .. } if parsed == mode), "{name}");
             assert_eq!(contender.name(), name);
         }
-        for bad in ["onelog:dedup-off", "onelog:dedup-", "onelog:dedup-inline:uniform", "onelog:dedup"] {
+        for bad in [
+            "onelog:dedup-off",
+            "onelog:dedup-",
+            "onelog:dedup-inline:uniform",
+            "onelog:dedup",
+            "onelog:norefs",
+        ] {
             assert_eq!(Contender::parse(bad), None, "{bad}");
         }
         assert_eq!(Contender::parse("onelog:1:2"), None);

@@ -1,7 +1,8 @@
 //! Applying committed entries and installed snapshots to the index.
 //!
 //! In onelog mode applying writes nothing but index entries: each put's locator points at the value
-//! bytes inside the entry's own log record (XLL's single write). Separated mode first copies the
+//! bytes inside the entry's own log record (XLL's single write), or, for a put by reference
+//! (`wire_refs`), at the copy its source key points at. Separated mode first copies the
 //! values of a batch into its value log (one append, one fsync); classic mode writes the effects of
 //! a batch to its data write-ahead log and stores values inline in the tree.
 //!
@@ -251,13 +252,13 @@ impl Applier {
                 continue;
             }
             let request_id = decoded.request_id;
-            // A fast write that took the Raft path after all (its client fell back with the same
-            // id): applied here or before, it is no longer pending.
-            self.fast.remove(request_id);
             let previous = state.requests().lookup(request_id);
             let outcome = match previous {
                 // Applied before within the window: answer as then, change nothing.
                 Some(previous) => {
+                    // A fast write that took the Raft path after all (its client fell back with
+                    // the same id): applied before, it is no longer pending.
+                    self.fast.remove(request_id);
                     state.requests().on_entry(entry.index, decoded.time_ms, None);
                     match previous.effect {
                         Effect::Write | Effect::Swapped => {
@@ -293,6 +294,9 @@ impl Applier {
                                 break;
                             }
                         };
+                    // A fast write that took the Raft path after all: applied now, no longer
+                    // pending.
+                    self.fast.remove(request_id);
                     let outcome = self.apply_command(
                         entry,
                         decoded.time_ms,
@@ -569,18 +573,35 @@ impl Applier {
                     if u64::from(packed.len) != stored_len {
                         return Ok(stale());
                     }
+                    // From now on this node's GC moves such values whole (the snapshot brings
+                    // them whole).
+                    state.dedup.as_ref().expect("onelog mode keeps a dedup").note_references_seen();
                     return Ok(References::CannotApply(format!(
-                        "entry {index} puts a value by reference to {source:?}, whose value this replica keeps \
-                         compressed (gc.compress_below_bytes is above the leader's dedup.min_value_bytes): \
-                         waiting for a snapshot past it"
+                        "entry {index} puts a value by reference to {source:?}, whose value this replica's \
+                         log GC compressed (before this node met a put by reference, or because the \
+                         leader's dedup.min_value_bytes is below this node's): waiting for a snapshot past it"
                     )));
                 }
                 (StorageMode::OneLog, IndexValue::Inline(_)) => {
                     return Err(storage(format!("the key {source:?} holds an inline value in onelog mode")));
                 }
                 (StorageMode::Classic | StorageMode::Separated, _) => {
-                    let Some((bytes, _)) = state.get_at(reference.source, time_ms)? else {
-                        return Ok(References::Stale(format!("the key {source:?} a put referred to holds no value")));
+                    let bytes = match state.get_at(reference.source, time_ms) {
+                        Ok(Some((bytes, _))) => bytes,
+                        Ok(None) => {
+                            return Ok(References::Stale(format!(
+                                "the key {source:?} a put referred to holds no value"
+                            )));
+                        }
+                        // The copy here is damaged (the other replicas' are not): this replica
+                        // cannot copy the value, and a snapshot brings it.
+                        Err(ReplicaError::Corrupt { .. }) => {
+                            return Ok(References::CannotApply(format!(
+                                "entry {index} puts a value by reference to {source:?}, whose copy is damaged \
+                                 here: waiting for a snapshot past it"
+                            )));
+                        }
+                        Err(error) => return Err(error),
                     };
                     if bytes.len() as u64 != value_len {
                         return Ok(stale());

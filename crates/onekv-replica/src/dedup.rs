@@ -19,8 +19,8 @@
 //! - **On the wire**: with [`DedupConfig::references`] a leader deduplicating inline proposes a
 //!   put whose value a key of the shard already holds, byte for byte, as a reference to that key
 //!   (`wire_refs`): neither the network nor any replica's log carries the value again. Applying
-//!   it points the new key at the copy the source key points at, on every replica
-//!   ([`Dedup::reference_place`]), whatever its mode.
+//!   it points the new key at the copy the source key points at on every onelog replica, whatever
+//!   its `dedup.mode` ([`Dedup::reference_place`]; replicas in the other storage modes copy it).
 //! - **Elastic**: inline dedup watches its hit ratio over windows of [`ELASTIC_WINDOW`] candidate
 //!   values; below [`ELASTIC_OFF_RATIO`] it switches itself off (the GC still deduplicates), and
 //!   while off it keeps sampling one candidate in [`ELASTIC_SAMPLE`] (fingerprint only) and
@@ -210,6 +210,10 @@ pub(crate) struct Dedup {
     /// The broken variant [`crate::Mutation::DedupTrustsFingerprint`]: a fingerprint match is
     /// taken without comparing bytes.
     trusts_fingerprint: bool,
+    /// Set once this node meets a put by reference: from then on its GC moves every value large
+    /// enough to be shared whole, never into a compressed block (a reference cannot point into
+    /// one), whatever the mode.
+    references_seen: AtomicBool,
     /// References applied below the fence since the GC's pass began: `(shard, place)` → keys now
     /// pointing there that the pass's census did not see ([`Dedup::reference_place`]).
     late: Mutex<LateReferences>,
@@ -262,7 +266,11 @@ impl Dedup {
         let inline_active = matches!(config.mode, DedupMode::Inline | DedupMode::Elastic);
         Dedup {
             table: Mutex::new(Table {
-                places: lru::LruCache::new(config.capacity()),
+                // With the mode `off` nothing is looked up: no room is set aside.
+                places: match config.mode {
+                    DedupMode::Off => lru::LruCache::new(NonZeroUsize::MIN),
+                    _ => lru::LruCache::new(config.capacity()),
+                },
                 window_seen: 0,
                 window_hits: 0,
                 skipped: 0,
@@ -275,6 +283,7 @@ impl Dedup {
             fingerprint_mask,
             trusts_fingerprint,
             late: Mutex::new(LateReferences::default()),
+            references_seen: AtomicBool::new(false),
         }
     }
 
@@ -288,6 +297,20 @@ impl Dedup {
         self.config.mode != DedupMode::Off
             && stored_len.saturating_sub(crate::codec::STORED_VALUE_PREFIX) as u64
                 >= self.config.min_value_bytes
+    }
+
+    /// Whether the GC must move a stored value of `stored_len` bytes whole (a copy that is or may
+    /// become shared), never into a compressed block.
+    pub fn keeps_whole(&self, stored_len: usize) -> bool {
+        self.is_candidate(stored_len)
+            || (self.references_seen.load(Ordering::Relaxed)
+                && stored_len.saturating_sub(crate::codec::STORED_VALUE_PREFIX) as u64
+                    >= self.config.min_value_bytes)
+    }
+
+    /// Notes that a put by reference reached this node (see [`Dedup::keeps_whole`]).
+    pub fn note_references_seen(&self) {
+        self.references_seen.store(true, Ordering::Relaxed);
     }
 
     /// Whether this node, leading, proposes puts of values it holds as references (`wire_refs`):
@@ -315,6 +338,7 @@ impl Dedup {
     /// with the copy's other keys ([`Dedup::take_late_references`]). `false`: too many late
     /// references are held, and the reference cannot be applied now.
     pub fn reference_place(&self, shard: u64, key: &[u8], at: Locator) -> bool {
+        self.note_references_seen();
         self.note_target(at.position);
         if at.position < self.fence.load(Ordering::SeqCst) {
             let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
@@ -327,6 +351,12 @@ impl Dedup {
         }
         self.counters.references_applied.fetch_add(1, Ordering::Relaxed);
         self.counters.bytes_saved.fetch_add(at.len, Ordering::Relaxed);
+        // A duplicate found before it was sent: elastic mode counts it as a hit (it never reaches
+        // `inline_place`), or the window would see only the duplicates references missed.
+        if self.config.mode == DedupMode::Elastic && self.inline_active.load(Ordering::Relaxed) {
+            self.counters.candidates.fetch_add(1, Ordering::Relaxed);
+            self.judge_window(true);
+        }
         true
     }
 
@@ -340,6 +370,24 @@ impl Dedup {
         let keys = late.keys.remove(&(shard, at)).unwrap_or_default();
         late.bytes -= keys.iter().map(|key| key.len() as u64).sum::<u64>();
         keys
+    }
+
+    /// Takes the late references to copies within `range` of log positions (the segments a GC
+    /// pass is collecting): `(shard, place, keys)`.
+    pub fn take_late_references_within(
+        &self,
+        range: std::ops::Range<u64>,
+    ) -> Vec<(u64, Locator, Vec<Vec<u8>>)> {
+        let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        let places: Vec<(u64, Locator)> =
+            late.keys.keys().filter(|(_, at)| range.contains(&at.position)).copied().collect();
+        let mut taken = Vec::with_capacity(places.len());
+        for (shard, at) in places {
+            let keys = late.keys.remove(&(shard, at)).unwrap_or_default();
+            late.bytes -= keys.iter().map(|key| key.len() as u64).sum::<u64>();
+            taken.push((shard, at, keys));
+        }
+        taken
     }
 
     /// Forgets the late references: the GC calls this as a pass begins, before its census, which

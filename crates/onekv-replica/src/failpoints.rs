@@ -19,7 +19,10 @@
 //! append fail as a failed write or fsync would. Two only delay (action `sleep(ms)`, or a callback):
 //! `value-log-sealed` holds a separated-mode apply whose value-log append sealed a segment holding
 //! some of its values between that append and its index publish; `snapshot-install-chunk` holds a
-//! snapshot's install before each of its chunks (a test's callback watches the node meanwhile).
+//! snapshot's install before each of its chunks (a test's callback watches the node meanwhile);
+//! `gc-before-collect` holds the log GC with its fence raised over the segments it is about to
+//! read. `gc-census-keeps-few-keys` (action `return(N)`, read when the GC starts) makes its census
+//! keep N keys (2^20 otherwise).
 //! One moves time: `node-clock-ahead` (action `return(ms)`) puts every node clock in the process
 //! that far ahead ([`clock_ahead_ms`]).
 

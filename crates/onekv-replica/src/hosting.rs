@@ -52,7 +52,7 @@ const LOOP_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct GroupParts {
     /// The node's settings (its `shards` are the configured ones, used at creation only).
     pub config: ReplicaConfig,
-    /// The node's deduplication, when on.
+    /// The node's deduplication (every onelog node keeps one, also with the mode `off`).
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
     pub index: Arc<Index>,
     pub raft_log: Arc<Log>,

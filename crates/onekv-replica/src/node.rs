@@ -92,7 +92,7 @@ pub(crate) struct NodeCtx {
     pub pins: Arc<crate::pins::ReadPins>,
     /// What the log GC reports (shown in every shard's status).
     pub gc_status: Arc<std::sync::Mutex<crate::GcStatus>>,
-    /// The node's deduplication, when on (`dedup`).
+    /// The node's deduplication (`dedup`; onelog mode, whatever `dedup.mode`).
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
     /// The followed shard whose tree the loop chose this turn to flush because the followed
     /// shards' memtables together hold `ReplicaConfig::follower_memtable_bytes`

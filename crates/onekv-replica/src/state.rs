@@ -96,8 +96,8 @@ pub(crate) struct State {
     pub expiring_writes: AtomicU64,
     /// Expired keys deleted here since the process started (`expiry`).
     pub expired_deleted: AtomicU64,
-    /// The node's deduplication, when on: applying asks it where a large value's bytes already
-    /// are (`dedup`).
+    /// The node's deduplication (onelog mode, whatever `dedup.mode`): applying asks it where a
+    /// large value's bytes already are, and notes puts by reference (`dedup`).
     pub dedup: Option<Arc<crate::dedup::Dedup>>,
     /// The node's bound on what its served snapshot views remember of the copies they sent.
     pub copies_budget: Arc<crate::snapshot::CopiesBudget>,

@@ -29,13 +29,25 @@ use crate::state::State;
 use crate::{Command, WriteOp};
 use onekv_index::IndexValue;
 use std::collections::{BTreeMap, HashMap};
-use std::num::NonZeroUsize;
 
-/// Values a leader remembers a key for, per shard (their fingerprints and keys).
-pub const RECENT_VALUES: usize = 4096;
-/// A key longer than this is never remembered as a source (bounds the table's memory at about
-/// [`RECENT_VALUES`] × this per shard).
+/// Bytes a leader's table of recent values (fingerprint → key) may take per shard it leads, each
+/// entry charged its key's length and [`RECENT_ENTRY_OVERHEAD`].
+pub const RECENT_BYTES: usize = 256 << 10;
+/// Bytes charged per table entry besides its key (fingerprint, the LRU's links and hash slot).
+pub const RECENT_ENTRY_OVERHEAD: usize = 64;
+/// A key longer than this is never remembered as a source.
 pub const MAX_SOURCE_KEY_BYTES: usize = 1024;
+
+/// What a remembered source key is for a value now.
+enum Source {
+    /// It holds the value, and will when an entry proposed now applies.
+    Holds,
+    /// It may hold it once the entries in flight apply (one of them writes it; or this write
+    /// does), or the leader may not refer yet: keep it.
+    Pending,
+    /// It holds something else (or nothing): the key being written becomes the value's key.
+    Gone,
+}
 
 /// A leader's bookkeeping for puts by reference, per shard.
 pub(crate) struct WireRefs {
@@ -45,8 +57,10 @@ pub(crate) struct WireRefs {
     /// term began here (every entry of earlier terms), and the last unapplied entry whose written
     /// keys are not known.
     barrier: u64,
-    /// Fingerprint of a value → the key last proposed with it (a hint: checked before each use).
+    /// Fingerprint of a value → the key last proposed with it (a hint: checked before each use),
+    /// bounded by [`RECENT_BYTES`].
     recent: lru::LruCache<u128, Vec<u8>>,
+    recent_bytes: usize,
     /// Keys written by entries proposed in this term and not applied yet → the highest such index.
     unapplied: HashMap<Vec<u8>, u64>,
     /// The same, by index, to forget them as entries apply.
@@ -60,7 +74,8 @@ impl Default for WireRefs {
         WireRefs {
             term: 0,
             barrier: u64::MAX,
-            recent: lru::LruCache::new(NonZeroUsize::new(RECENT_VALUES).expect("not 0")),
+            recent: lru::LruCache::unbounded(),
+            recent_bytes: 0,
             unapplied: HashMap::new(),
             by_index: BTreeMap::new(),
             ignores_unapplied: false,
@@ -148,43 +163,67 @@ impl WireRefs {
                 continue;
             }
             let fingerprint = dedup.fingerprint_of(value);
-            if may_refer
-                && let Some(source) = self.recent.get(&fingerprint).cloned()
-                && self.holds(&source, ops, value, time_ms, state)
-            {
-                sources[i] = Some(source);
-                any = true;
-            }
-            if op.key.len() <= MAX_SOURCE_KEY_BYTES {
-                self.recent.put(fingerprint, op.key.clone());
+            let source = self.recent.get(&fingerprint).cloned();
+            let holds = match &source {
+                Some(source) if may_refer => self.holds(source, ops, value, time_ms, state),
+                Some(_) => Source::Pending,
+                None => Source::Gone,
+            };
+            match holds {
+                // The source stays the value's key: it is applied, where this one is not yet (the
+                // next writes of the value refer to it too, not wait for this one to apply).
+                Source::Holds => {
+                    sources[i] = source;
+                    any = true;
+                }
+                // It will hold the value once applied: later writes refer to it then.
+                Source::Pending => {}
+                Source::Gone if op.key.len() <= MAX_SOURCE_KEY_BYTES => {
+                    self.remember(fingerprint, op.key.clone())
+                }
+                Source::Gone => {}
             }
         }
         any.then_some(sources)
     }
 
+    /// Remembers `key` as the last key proposed with the value of `fingerprint`, forgetting the
+    /// least recently used values past [`RECENT_BYTES`].
+    fn remember(&mut self, fingerprint: u128, key: Vec<u8>) {
+        self.recent_bytes += key.len() + RECENT_ENTRY_OVERHEAD;
+        if let Some(old) = self.recent.put(fingerprint, key) {
+            self.recent_bytes -= old.len() + RECENT_ENTRY_OVERHEAD;
+        }
+        while self.recent_bytes > RECENT_BYTES {
+            let Some((_, old)) = self.recent.pop_lru() else { break };
+            self.recent_bytes -= old.len() + RECENT_ENTRY_OVERHEAD;
+        }
+    }
+
     /// Whether `source` will hold exactly `value` when an entry proposed now applies: no op of
     /// the same write and no unapplied entry writes it, and as applied here it holds a live copy
     /// of `value` in the log, compared byte for byte.
-    fn holds(&self, source: &[u8], ops: &[WriteOp], value: &[u8], time_ms: u64, state: &State) -> bool {
+    fn holds(&self, source: &[u8], ops: &[WriteOp], value: &[u8], time_ms: u64, state: &State) -> Source {
         if (self.unapplied.contains_key(source) && !self.ignores_unapplied)
             || ops.iter().any(|op| op.key == source)
         {
-            return false;
+            return Source::Pending;
         }
-        let Ok(Some(stored)) = state.tree.get(source) else { return false };
+        let Ok(Some(stored)) = state.tree.get(source) else { return Source::Gone };
         if onekv_index::expired_at(&stored, time_ms) {
-            return false;
+            return Source::Gone;
         }
         let Ok(IndexValue::Locator(at) | IndexValue::Shared(at)) = IndexValue::decode(&stored) else {
-            return false;
+            return Source::Gone;
         };
         if at.len != (codec::STORED_VALUE_PREFIX + value.len()) as u64 {
-            return false;
+            return Source::Gone;
         }
-        state
+        let same = state
             .raft_log
             .read(at)
-            .is_ok_and(|bytes| codec::verify_stored_value(&bytes).is_ok_and(|bytes| bytes == value))
+            .is_ok_and(|bytes| codec::verify_stored_value(&bytes).is_ok_and(|bytes| bytes == value));
+        if same { Source::Holds } else { Source::Gone }
     }
 }
 
@@ -214,6 +253,22 @@ mod tests {
         refs.note_applied(13);
         assert!(refs.unapplied.is_empty());
         assert!(refs.by_index.is_empty());
+    }
+
+    #[test]
+    fn the_table_of_recent_values_stays_within_its_bytes() {
+        let mut refs = WireRefs::default();
+        let key_bytes = 200;
+        for n in 0..10_000u128 {
+            refs.remember(n, vec![b'k'; key_bytes]);
+            assert!(refs.recent_bytes <= RECENT_BYTES);
+        }
+        assert_eq!(refs.recent.len(), RECENT_BYTES / (key_bytes + RECENT_ENTRY_OVERHEAD));
+        // The latest values are kept, and a value proposed again replaces its entry.
+        assert!(refs.recent.contains(&9_999));
+        let before = refs.recent_bytes;
+        refs.remember(9_999, vec![b'k'; key_bytes]);
+        assert_eq!(refs.recent_bytes, before);
     }
 
     #[test]

@@ -124,7 +124,8 @@ pub struct CompareArgs {
     /// to keep followed shards' trees in at most N sorted runs (`index.layout`; before any `:nogc`;
     /// `:sNown` has each of them flush at its own memtable size instead of sharing the budget),
     /// `:dedup-inline`, `:dedup-offline` or `:dedup-elastic` to deduplicate values (`dedup.mode`;
-    /// after the layout, before any `:nogc`),
+    /// after the layout, before any `:nogc`; followed by `:norefs`, leaders put no value by
+    /// reference: `dedup.references = false`),
     /// then `@base` to run it with --baseline-exe; `etcd` adds a local etcd cluster (same number
     /// of members, default durability) as one more contender.
     #[arg(long, default_value = "onelog,classic", value_delimiter = ',')]

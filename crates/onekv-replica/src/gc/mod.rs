@@ -93,6 +93,8 @@ const MAX_SEGMENTS_PER_PASS: usize = 8;
 
 /// Passes per round at most (each takes a census, collects, and waits for a flush).
 const PASSES_PER_ROUND: usize = 4;
+/// Times a pass moves the late references into its segments before it gives up on them.
+const LATE_REFERENCE_ROUNDS: usize = 3;
 
 /// How long the collector waits for the loop to answer, for a flush covering its relocations, or
 /// for readers of old locators, before it gives the round up (and tries again next round).
@@ -362,8 +364,9 @@ pub(crate) struct Collector {
     data_wal_checkpoint: Option<(u64, Vec<TreeMark>)>,
     /// Classic mode: the data WAL.
     data_wal: Option<Arc<Log>>,
-    /// The node's deduplication, when on: its fence keeps new references out of the segments a
-    /// pass collects, and moved values are deduplicated against its content index.
+    /// The node's deduplication (onelog mode, whatever `dedup.mode`): its fence keeps new references
+    /// out of the segments a pass collects (late references aside), and moved values are
+    /// deduplicated against its content index when its mode says so.
     dedup: Option<Arc<Dedup>>,
 }
 
@@ -608,7 +611,7 @@ impl Collector {
         self.relocate_segment_values(live, link)
     }
 
-    /// With deduplication on: raises its fence over `chosen` (no reference is made into them from
+    /// With a node's deduplication (onelog mode): raises its fence over `chosen` (no reference is made into them from
     /// now on) and returns how many of them no reference was made into since the census began
     /// (the census may have counted such a value dead). Without it, all of them.
     fn fence_off(&mut self, chosen: &[SegmentInfo], link: &mut dyn Link) -> Result<usize, RoundError> {
@@ -758,6 +761,8 @@ impl Collector {
     /// Moves the live values out of `oldest` (the log's first segments, in order) and deletes them.
     fn collect(&mut self, oldest: &[SegmentInfo], link: &mut dyn Link) -> Result<(), RoundError> {
         let log = self.values_log();
+        // Tests act here (a callback), with the fence raised over `oldest` and nothing read yet.
+        let _ = crate::failpoints::hit("gc-before-collect");
         for segment in oldest {
             // A segment whose live keys the census kept is not read: only its live values are.
             // Otherwise the whole segment is read, and its live values found by lookups.
@@ -775,6 +780,7 @@ impl Collector {
             };
             self.relocate_segment_values(live, link)?;
         }
+        self.move_late_references(oldest, link)?;
         link.crash_point(GcPoint::AfterIndexUpdate)?;
         // Every shard flushes past this moment before the segment goes: the moved values' new
         // locators must be durable, and so must whatever made the others dead (a later write or
@@ -815,6 +821,42 @@ impl Collector {
         status.segments_reclaimed += reclaimed.segments;
         status.bytes_reclaimed += reclaimed.bytes;
         Ok(())
+    }
+
+    /// Moves the keys that puts by reference pointed into `oldest` below the fence, during this
+    /// pass, and that no move of their copy carried along (their source key was written again
+    /// before its segment was read, so the copy was not moved for it): each to a copy of its own at
+    /// the log's head. Waits for the loop's turn first, so every such reference decided is listed;
+    /// once none is left, no key points into the segments (a new reference finds its source's
+    /// copy elsewhere). `Failed` if references keep coming: the next pass's census sees them.
+    fn move_late_references(
+        &mut self,
+        oldest: &[SegmentInfo],
+        link: &mut dyn Link,
+    ) -> Result<(), RoundError> {
+        let Some(dedup) = self.dedup.clone() else { return Ok(()) };
+        let (Some(first), Some(last)) = (oldest.first(), oldest.last()) else { return Ok(()) };
+        for _ in 0..LATE_REFERENCE_ROUNDS {
+            link.barrier()?;
+            let mut keys = Vec::new();
+            for (shard, at, names) in dedup.take_late_references_within(first.base..last.end()) {
+                let Some(state) = self.states.get(&shard) else { continue };
+                for key in names {
+                    if state.points_at(&key, &IndexValue::Shared(at))? {
+                        keys.push(LiveKey { shard, key, at: IndexValue::Shared(at), bytes: at });
+                    }
+                }
+            }
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let live = self.read_live(keys, link)?;
+            self.relocate_segment_values(live, link)?;
+        }
+        Err(RoundError::Failed(
+            "puts by reference kept pointing into the segments being collected; the next pass counts them"
+                .into(),
+        ))
     }
 
     /// Moves the live values of one segment (in batches per shard): a place several keys point at
@@ -923,7 +965,7 @@ impl Collector {
             copies.into_iter().enumerate().partition(|(i, value)| {
                 let shareable = led.contains(i)
                     || value.at.whole_locator().is_some_and(|at| sharing.repeated.contains(&at))
-                    || dedup.as_ref().is_some_and(|dedup| dedup.is_candidate(value.stored.len()));
+                    || dedup.as_ref().is_some_and(|dedup| dedup.keeps_whole(value.stored.len()));
                 !shareable
                     && (value.stored.len().saturating_sub(codec::STORED_VALUE_PREFIX) as u64) < compress_below
                     && value.key.len() + value.stored.len() + 8 + packed::TARGET_BLOCK_BYTES
