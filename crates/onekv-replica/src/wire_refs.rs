@@ -35,6 +35,9 @@ use std::collections::{BTreeMap, HashMap};
 pub const RECENT_BYTES: usize = 256 << 10;
 /// Bytes charged per table entry besides its key (fingerprint, the LRU's links and hash slot).
 pub const RECENT_ENTRY_OVERHEAD: usize = 64;
+/// Keys remembered per value: the last ones proposed with it (one of them may have been written
+/// again since; a put refers to the first that still holds the value).
+pub const SOURCES_PER_VALUE: usize = 4;
 /// A key longer than this is never remembered as a source.
 pub const MAX_SOURCE_KEY_BYTES: usize = 1024;
 
@@ -43,9 +46,9 @@ enum Source {
     /// It holds the value, and will when an entry proposed now applies.
     Holds,
     /// It may hold it once the entries in flight apply (one of them writes it; or this write
-    /// does), or the leader may not refer yet: keep it.
+    /// does): kept.
     Pending,
-    /// It holds something else (or nothing): the key being written becomes the value's key.
+    /// It holds something else (or nothing): forgotten.
     Gone,
 }
 
@@ -57,9 +60,9 @@ pub(crate) struct WireRefs {
     /// term began here (every entry of earlier terms), and the last unapplied entry whose written
     /// keys are not known.
     barrier: u64,
-    /// Fingerprint of a value → the key last proposed with it (a hint: checked before each use),
-    /// bounded by [`RECENT_BYTES`].
-    recent: lru::LruCache<u128, Vec<u8>>,
+    /// Fingerprint of a value → the keys last proposed with it, the latest first (hints: checked
+    /// before each use), bounded by [`RECENT_BYTES`].
+    recent: lru::LruCache<u128, Vec<Vec<u8>>>,
     recent_bytes: usize,
     /// Keys written by entries proposed in this term and not applied yet → the highest such index.
     unapplied: HashMap<Vec<u8>, u64>,
@@ -163,40 +166,65 @@ impl WireRefs {
                 continue;
             }
             let fingerprint = dedup.fingerprint_of(value);
-            let source = self.recent.get(&fingerprint).cloned();
-            let holds = match &source {
-                Some(source) if may_refer => self.holds(source, ops, value, time_ms, state),
-                Some(_) => Source::Pending,
-                None => Source::Gone,
-            };
-            match holds {
-                // The source stays the value's key: it is applied, where this one is not yet (the
-                // next writes of the value refer to it too, not wait for this one to apply).
-                Source::Holds => {
-                    sources[i] = source;
-                    any = true;
+            let candidates = self.recent.get(&fingerprint).cloned().unwrap_or_default();
+            let mut gone = Vec::new();
+            for candidate in candidates.iter().filter(|_| may_refer) {
+                match self.holds(candidate, ops, value, time_ms, state) {
+                    Source::Holds => {
+                        sources[i] = Some(candidate.clone());
+                        any = true;
+                        break;
+                    }
+                    // It may hold the value once the entries in flight apply: kept.
+                    Source::Pending => {}
+                    Source::Gone => gone.push(candidate.clone()),
                 }
-                // It will hold the value once applied: later writes refer to it then.
-                Source::Pending => {}
-                Source::Gone if op.key.len() <= MAX_SOURCE_KEY_BYTES => {
-                    self.remember(fingerprint, op.key.clone())
-                }
-                Source::Gone => {}
+            }
+            self.forget(fingerprint, &gone);
+            // This key holds the value too once applied (by reference or not): another source
+            // for later writes, which refer to the first that holds it then.
+            if op.key.len() <= MAX_SOURCE_KEY_BYTES {
+                self.remember(fingerprint, op.key.clone());
             }
         }
         any.then_some(sources)
     }
 
-    /// Remembers `key` as the last key proposed with the value of `fingerprint`, forgetting the
-    /// least recently used values past [`RECENT_BYTES`].
+    /// Forgets `gone` as sources of the value of `fingerprint` (they hold other values now).
+    fn forget(&mut self, fingerprint: u128, gone: &[Vec<u8>]) {
+        if gone.is_empty() {
+            return;
+        }
+        let Some(keys) = self.recent.peek_mut(&fingerprint) else { return };
+        let before: usize = keys.iter().map(|key| key.len() + RECENT_ENTRY_OVERHEAD).sum();
+        keys.retain(|key| !gone.contains(key));
+        let after: usize = keys.iter().map(|key| key.len() + RECENT_ENTRY_OVERHEAD).sum();
+        self.recent_bytes -= before - after;
+        if keys.is_empty() {
+            self.recent.pop(&fingerprint);
+        }
+    }
+
+    /// Remembers `key` as the latest key proposed with the value of `fingerprint` (the value's
+    /// last [`SOURCES_PER_VALUE`] keys are kept), forgetting the least recently used values past
+    /// [`RECENT_BYTES`].
     fn remember(&mut self, fingerprint: u128, key: Vec<u8>) {
-        self.recent_bytes += key.len() + RECENT_ENTRY_OVERHEAD;
-        if let Some(old) = self.recent.put(fingerprint, key) {
-            self.recent_bytes -= old.len() + RECENT_ENTRY_OVERHEAD;
+        let cost = |key: &Vec<u8>| key.len() + RECENT_ENTRY_OVERHEAD;
+        let keys = self.recent.get_or_insert_mut(fingerprint, Vec::new);
+        if let Some(at) = keys.iter().position(|known| *known == key) {
+            let known = keys.remove(at);
+            keys.insert(0, known);
+            return;
+        }
+        self.recent_bytes += cost(&key);
+        keys.insert(0, key);
+        if keys.len() > SOURCES_PER_VALUE {
+            let oldest = keys.pop().expect("more than one");
+            self.recent_bytes -= cost(&oldest);
         }
         while self.recent_bytes > RECENT_BYTES {
-            let Some((_, old)) = self.recent.pop_lru() else { break };
-            self.recent_bytes -= old.len() + RECENT_ENTRY_OVERHEAD;
+            let Some((_, keys)) = self.recent.pop_lru() else { break };
+            self.recent_bytes -= keys.iter().map(cost).sum::<usize>();
         }
     }
 
@@ -264,11 +292,22 @@ mod tests {
             assert!(refs.recent_bytes <= RECENT_BYTES);
         }
         assert_eq!(refs.recent.len(), RECENT_BYTES / (key_bytes + RECENT_ENTRY_OVERHEAD));
-        // The latest values are kept, and a value proposed again replaces its entry.
+        // The latest values are kept, and a key proposed again with its value costs nothing more.
         assert!(refs.recent.contains(&9_999));
         let before = refs.recent_bytes;
         refs.remember(9_999, vec![b'k'; key_bytes]);
         assert_eq!(refs.recent_bytes, before);
+        // A value keeps its last few keys; a key found holding another value is forgotten.
+        for k in 0..6u8 {
+            refs.remember(7, vec![k; 10]);
+        }
+        let keys = refs.recent.peek(&7).unwrap().clone();
+        assert_eq!(keys, (2..6u8).rev().map(|k| vec![k; 10]).collect::<Vec<_>>());
+        refs.forget(7, &[vec![5; 10], vec![3; 10]]);
+        assert_eq!(refs.recent.peek(&7).unwrap(), &vec![vec![4; 10], vec![2; 10]]);
+        let total: usize =
+            refs.recent.iter().flat_map(|(_, keys)| keys).map(|k| k.len() + RECENT_ENTRY_OVERHEAD).sum();
+        assert_eq!(refs.recent_bytes, total, "the bytes charged are the keys held");
     }
 
     #[test]
