@@ -32,12 +32,12 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Bytes a leader's table of recent values (fingerprint → key) may take per shard it leads, each
 /// entry charged its key's length and [`RECENT_ENTRY_OVERHEAD`].
-pub const RECENT_BYTES: usize = 256 << 10;
+pub const RECENT_BYTES: usize = 512 << 10;
 /// Bytes charged per table entry besides its key (fingerprint, the LRU's links and hash slot).
 pub const RECENT_ENTRY_OVERHEAD: usize = 64;
 /// Keys remembered per value: the last ones proposed with it (one of them may have been written
 /// again since; a put refers to the first that still holds the value).
-pub const SOURCES_PER_VALUE: usize = 4;
+pub const SOURCES_PER_VALUE: usize = 2;
 /// A key longer than this is never remembered as a source.
 pub const MAX_SOURCE_KEY_BYTES: usize = 1024;
 
@@ -302,9 +302,10 @@ mod tests {
             refs.remember(7, vec![k; 10]);
         }
         let keys = refs.recent.peek(&7).unwrap().clone();
-        assert_eq!(keys, (2..6u8).rev().map(|k| vec![k; 10]).collect::<Vec<_>>());
-        refs.forget(7, &[vec![5; 10], vec![3; 10]]);
-        assert_eq!(refs.recent.peek(&7).unwrap(), &vec![vec![4; 10], vec![2; 10]]);
+        let last = (6 - SOURCES_PER_VALUE as u8..6).rev().map(|k| vec![k; 10]).collect::<Vec<_>>();
+        assert_eq!(keys, last);
+        refs.forget(7, &[vec![5; 10]]);
+        assert_eq!(refs.recent.peek(&7).unwrap(), &last[1..].to_vec());
         let total: usize =
             refs.recent.iter().flat_map(|(_, keys)| keys).map(|k| k.len() + RECENT_ENTRY_OVERHEAD).sum();
         assert_eq!(refs.recent_bytes, total, "the bytes charged are the keys held");
