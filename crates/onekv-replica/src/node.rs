@@ -343,6 +343,12 @@ impl NodeLoop {
             GcInput::Barrier { done } => {
                 let _ = done.try_send(());
             }
+            GcInput::TakeLateReferences { range, done } => {
+                let dedup = self.ctx.dedup.as_ref();
+                let _ = done.try_send(
+                    dedup.map(|dedup| dedup.take_late_references_within(range)).unwrap_or_default(),
+                );
+            }
             GcInput::Flush { shards } => {
                 for shard in shards {
                     if let Some(group) = self.groups.get_mut(&shard) {

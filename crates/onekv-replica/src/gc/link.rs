@@ -28,7 +28,13 @@ pub(crate) trait Link {
     /// Returns once the loop has finished every turn begun before the call (so what it applied
     /// in them is published).
     fn barrier(&mut self) -> Result<(), RoundError>;
+    /// Takes the late references into `range` on the loop, between two turns: every one made so
+    /// far, each published ([`crate::dedup::Dedup::take_late_references_within`]).
+    fn take_late_references(&mut self, range: std::ops::Range<u64>) -> Result<LateReferences, RoundError>;
 }
+
+/// Late references taken: `(shard, place, keys)`.
+pub(crate) type LateReferences = Vec<(u64, onekv_log::Locator, Vec<Vec<u8>>)>;
 
 /// The running collector of a server; stops when dropped.
 pub(crate) struct Gc {
@@ -152,6 +158,12 @@ impl Link for ThreadLink {
         self.answer(answer)?.map_err(RoundError::Failed)
     }
 
+    fn take_late_references(&mut self, range: std::ops::Range<u64>) -> Result<LateReferences, RoundError> {
+        let (done, answer) = std::sync::mpsc::sync_channel(1);
+        self.send(Input::Gc(GcInput::TakeLateReferences { range, done }))?;
+        self.answer(answer)
+    }
+
     fn flush(&mut self, shards: Vec<u64>) -> Result<(), RoundError> {
         self.send(Input::Gc(GcInput::Flush { shards }))
     }
@@ -244,6 +256,12 @@ impl Link for InlineLink<'_> {
     fn barrier(&mut self) -> Result<(), RoundError> {
         // The collector runs between two turns on the loop's own thread: none is under way.
         Ok(())
+    }
+
+    fn take_late_references(&mut self, range: std::ops::Range<u64>) -> Result<LateReferences, RoundError> {
+        // Between two turns already.
+        let dedup = self.node_loop.ctx.dedup.as_ref();
+        Ok(dedup.map(|dedup| dedup.take_late_references_within(range)).unwrap_or_default())
     }
 
     fn relocate(&mut self, shard: u64, moves: Vec<Move>) -> Result<Relocated, RoundError> {

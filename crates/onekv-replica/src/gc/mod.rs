@@ -249,6 +249,9 @@ pub(crate) enum GcInput {
     Flush { shards: Vec<u64> },
     /// Answer once every turn begun before this arrived has ended (deduplication's fence).
     Barrier { done: SyncSender<()> },
+    /// Take the late references into these log positions (between two turns: each one made is
+    /// published and listed).
+    TakeLateReferences { range: std::ops::Range<u64>, done: SyncSender<link::LateReferences> },
 }
 
 /// Why a round ended early.
@@ -731,6 +734,11 @@ impl Collector {
                     };
                     if matches!(value, IndexValue::Shared(_)) {
                         shared.insert(*base);
+                        // Keys share copies here (puts by reference, before a restart too): from
+                        // now on values that could be shared are moved whole.
+                        if let Some(dedup) = &self.dedup {
+                            dedup.note_references_seen();
+                        }
                     }
                     if at.position < keys_end {
                         if kept == self.max_kept_keys {
@@ -834,12 +842,15 @@ impl Collector {
         oldest: &[SegmentInfo],
         link: &mut dyn Link,
     ) -> Result<(), RoundError> {
-        let Some(dedup) = self.dedup.clone() else { return Ok(()) };
+        if self.dedup.is_none() {
+            return Ok(());
+        }
         let (Some(first), Some(last)) = (oldest.first(), oldest.last()) else { return Ok(()) };
-        for _ in 0..LATE_REFERENCE_ROUNDS {
-            link.barrier()?;
+        for round in 0..=LATE_REFERENCE_ROUNDS {
+            // Taken on the loop between two turns: a reference made after that resolves its
+            // source's place then, and every key this takes is moved below before the next take.
             let mut keys = Vec::new();
-            for (shard, at, names) in dedup.take_late_references_within(first.base..last.end()) {
+            for (shard, at, names) in link.take_late_references(first.base..last.end())? {
                 let Some(state) = self.states.get(&shard) else { continue };
                 for key in names {
                     if state.points_at(&key, &IndexValue::Shared(at))? {
@@ -849,6 +860,9 @@ impl Collector {
             }
             if keys.is_empty() {
                 return Ok(());
+            }
+            if round == LATE_REFERENCE_ROUNDS {
+                break;
             }
             let live = self.read_live(keys, link)?;
             self.relocate_segment_values(live, link)?;
