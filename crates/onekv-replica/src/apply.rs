@@ -569,10 +569,10 @@ impl Applier {
                     }
                     ResolvedRef { stored: IndexValue::Shared(at), value_len, bytes: None }
                 }
-                (StorageMode::OneLog, IndexValue::Packed(packed)) => {
-                    if u64::from(packed.len) != stored_len {
-                        return Ok(stale());
-                    }
+                // No length judged here: the block's layout is this replica's own, and a verdict
+                // that differed from the other replicas' would part their states (a snapshot brings
+                // the replicated one whichever it is).
+                (StorageMode::OneLog, IndexValue::Packed(_)) => {
                     // From now on this node's GC moves such values whole (the snapshot brings
                     // them whole).
                     state.dedup.as_ref().expect("onelog mode keeps a dedup").note_references_seen();
