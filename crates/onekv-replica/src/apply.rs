@@ -99,7 +99,7 @@ enum References {
     /// applied; its client retries.
     Stale(String),
     /// This replica cannot point the key at the source's copy (the copy is in a compressed block,
-    /// or too many late references are held): it waits for a snapshot past the entry.
+    /// or, in classic and separated mode, damaged): it waits for a snapshot past the entry.
     CannotApply(String),
 }
 
@@ -561,21 +561,16 @@ impl Applier {
                         return Ok(stale());
                     }
                     let dedup = state.dedup.as_ref().expect("onelog mode keeps a dedup");
-                    if !dedup.reference_place(self.shard, op.key, at) {
-                        return Ok(References::CannotApply(format!(
-                            "entry {index} puts a value by reference while the log GC collects its copy's \
-                             segment, and too many such references are held: waiting for a snapshot past it"
-                        )));
-                    }
+                    dedup.reference_place(self.shard, op.key, at);
                     ResolvedRef { stored: IndexValue::Shared(at), value_len, bytes: None }
                 }
                 // No length judged here: the block's layout is this replica's own, and a verdict
                 // that differed from the other replicas' would part their states (a snapshot brings
                 // the replicated one whichever it is).
                 (StorageMode::OneLog, IndexValue::Packed(_)) => {
-                    // From now on this node's GC moves such values whole (the snapshot brings
-                    // them whole).
-                    state.dedup.as_ref().expect("onelog mode keeps a dedup").note_references_seen();
+                    // From now on this node's GC moves values this long whole (the snapshot
+                    // brings them whole).
+                    state.dedup.as_ref().expect("onelog mode keeps a dedup").note_references_seen(stored_len);
                     return Ok(References::CannotApply(format!(
                         "entry {index} puts a value by reference to {source:?}, whose value this replica's \
                          log GC compressed (before this node met a put by reference, or because the \

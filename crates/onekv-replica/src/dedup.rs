@@ -210,10 +210,11 @@ pub(crate) struct Dedup {
     /// The broken variant [`crate::Mutation::DedupTrustsFingerprint`]: a fingerprint match is
     /// taken without comparing bytes.
     trusts_fingerprint: bool,
-    /// Set once this node meets a put by reference: from then on its GC moves every value large
-    /// enough to be shared whole, never into a compressed block (a reference cannot point into
-    /// one), whatever the mode.
-    references_seen: AtomicBool,
+    /// Stored values at least this long are moved whole by the GC, never into a compressed
+    /// block (a reference cannot point into one), whatever the mode: `u64::MAX` until this node
+    /// meets a put by reference, then the shortest of its own threshold and the values referred
+    /// to (a leader's `min_value_bytes` may be below this node's).
+    whole_from: AtomicU64,
     /// References applied below the fence since the GC's pass began: `(shard, place)` → keys now
     /// pointing there that the pass's census did not see ([`Dedup::reference_place`]).
     late: Mutex<LateReferences>,
@@ -224,6 +225,8 @@ struct LateReferences {
     keys: std::collections::HashMap<(u64, Locator), Vec<Vec<u8>>>,
     /// Bytes of the keys held (bounded by [`MAX_LATE_REFERENCE_BYTES`]).
     bytes: u64,
+    /// A late reference was not held (the bound): the pass keeps its segments.
+    overflowed: bool,
 }
 
 #[derive(Default)]
@@ -283,7 +286,7 @@ impl Dedup {
             fingerprint_mask,
             trusts_fingerprint,
             late: Mutex::new(LateReferences::default()),
-            references_seen: AtomicBool::new(false),
+            whole_from: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -302,15 +305,14 @@ impl Dedup {
     /// Whether the GC must move a stored value of `stored_len` bytes whole (a copy that is or may
     /// become shared), never into a compressed block.
     pub fn keeps_whole(&self, stored_len: usize) -> bool {
-        self.is_candidate(stored_len)
-            || (self.references_seen.load(Ordering::Relaxed)
-                && stored_len.saturating_sub(crate::codec::STORED_VALUE_PREFIX) as u64
-                    >= self.config.min_value_bytes)
+        self.is_candidate(stored_len) || stored_len as u64 >= self.whole_from.load(Ordering::Relaxed)
     }
 
-    /// Notes that a put by reference reached this node (see [`Dedup::keeps_whole`]).
-    pub fn note_references_seen(&self) {
-        self.references_seen.store(true, Ordering::Relaxed);
+    /// Notes that a put by reference to a stored value of `stored_len` bytes reached this node
+    /// (see [`Dedup::keeps_whole`]).
+    pub fn note_references_seen(&self, stored_len: u64) {
+        let own = self.config.min_value_bytes.saturating_add(crate::codec::STORED_VALUE_PREFIX as u64);
+        self.whole_from.fetch_min(stored_len.min(own), Ordering::Relaxed);
     }
 
     /// Whether this node, leading, proposes puts of values it holds as references (`wire_refs`):
@@ -333,20 +335,29 @@ impl Dedup {
 
     /// Applying a put by reference: `key` of `shard` is about to point at `at`, the copy its
     /// source key points at (`wire_refs`). Notes the target for the GC's census, like any
-    /// reference; if the copy lies below the fence (its segment is being collected, and the pass's
-    /// census did not see `key`), remembers `key` as a late reference, which the loop moves along
-    /// with the copy's other keys ([`Dedup::take_late_references`]). `false`: too many late
-    /// references are held, and the reference cannot be applied now.
-    pub fn reference_place(&self, shard: u64, key: &[u8], at: Locator) -> bool {
-        self.note_references_seen();
-        self.note_target(at.position);
-        if at.position < self.fence.load(Ordering::SeqCst) {
+    /// reference, unless the copy already lies below the fence (its segment is being collected,
+    /// and the pass's census did not see `key`): then `key` is a late reference, which the loop
+    /// moves along with the copy's other keys ([`Dedup::take_late_references`]), and a note would
+    /// only make every later pass count again while the copy stays in the oldest segment (a
+    /// recurring value keeps being referred to). Past [`MAX_LATE_REFERENCE_BYTES`] of late keys
+    /// the reference still applies, unrecorded, and the pass keeps its segments
+    /// ([`Dedup::take_late_references_within`]): the next census sees the key in its tree.
+    pub fn reference_place(&self, shard: u64, key: &[u8], at: Locator) {
+        self.note_references_seen(at.len);
+        // The fence first, as in `find`: a copy above it is noted before the fence is read again,
+        // so the GC sees either the note or, below the fence, the late reference.
+        let below_fence = || at.position < self.fence.load(Ordering::SeqCst);
+        if below_fence() || {
+            self.note_target(at.position);
+            below_fence()
+        } {
             let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
             if late.bytes + key.len() as u64 > MAX_LATE_REFERENCE_BYTES {
-                return false;
+                late.overflowed = true;
+            } else {
+                late.bytes += key.len() as u64;
+                late.keys.entry((shard, at)).or_default().push(key.to_vec());
             }
-            late.bytes += key.len() as u64;
-            late.keys.entry((shard, at)).or_default().push(key.to_vec());
             self.counters.late_references.fetch_add(1, Ordering::Relaxed);
         }
         self.counters.references_applied.fetch_add(1, Ordering::Relaxed);
@@ -357,7 +368,6 @@ impl Dedup {
             self.counters.candidates.fetch_add(1, Ordering::Relaxed);
             self.judge_window(true);
         }
-        true
     }
 
     /// The late references of `shard` to the copy at `at`, which the loop is moving (the keys
@@ -373,12 +383,16 @@ impl Dedup {
     }
 
     /// Takes the late references to copies within `range` of log positions (the segments a GC
-    /// pass is collecting): `(shard, place, keys)`.
+    /// pass is collecting): `(shard, place, keys)`; `None` if more were made this pass than are
+    /// held (some keys pointing into the segments are not listed: the pass must keep them).
     pub fn take_late_references_within(
         &self,
         range: std::ops::Range<u64>,
-    ) -> Vec<(u64, Locator, Vec<Vec<u8>>)> {
+    ) -> Option<Vec<(u64, Locator, Vec<Vec<u8>>)>> {
         let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        if late.overflowed {
+            return None;
+        }
         let places: Vec<(u64, Locator)> =
             late.keys.keys().filter(|(_, at)| range.contains(&at.position)).copied().collect();
         let mut taken = Vec::with_capacity(places.len());
@@ -387,7 +401,7 @@ impl Dedup {
             late.bytes -= keys.iter().map(|key| key.len() as u64).sum::<u64>();
             taken.push((shard, at, keys));
         }
-        taken
+        Some(taken)
     }
 
     /// Forgets the late references: the GC calls this as a pass begins, before its census, which
@@ -592,5 +606,58 @@ impl Dedup {
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dedup(min_value_bytes: u64) -> Dedup {
+        Dedup::new(DedupConfig { mode: DedupMode::Off, min_value_bytes, ..DedupConfig::default() }, false)
+    }
+
+    #[test]
+    fn a_reference_below_the_fence_is_a_late_reference_and_holds_no_pass_back() {
+        let dedup = dedup(1024);
+        dedup.raise_fence(1000);
+        let below = Locator { position: 10, len: 100 };
+        dedup.reference_place(1, b"late", below);
+        // Noted, it would make every pass "count again" while the copy stays the oldest.
+        assert_eq!(dedup.take_lowest_target(), u64::MAX);
+        assert_eq!(
+            dedup.take_late_references_within(0..1000),
+            Some(vec![(1, below, vec![b"late".to_vec()])])
+        );
+        let above = Locator { position: 2000, len: 100 };
+        dedup.reference_place(1, b"noted", above);
+        assert_eq!(dedup.take_lowest_target(), 2000);
+        assert_eq!(dedup.take_late_references_within(0..u64::MAX), Some(Vec::new()));
+    }
+
+    #[test]
+    fn past_their_bound_late_references_still_apply_and_the_pass_keeps_its_segments() {
+        let dedup = dedup(1024);
+        dedup.raise_fence(1000);
+        let key = vec![b'k'; 1 << 20];
+        for position in 0..=(MAX_LATE_REFERENCE_BYTES >> 20) {
+            dedup.reference_place(1, &key, Locator { position, len: 100 });
+        }
+        assert!(dedup.late.lock().unwrap().bytes <= MAX_LATE_REFERENCE_BYTES);
+        assert_eq!(dedup.take_late_references_within(0..1000), None);
+        // The next pass's census sees the keys in the trees.
+        dedup.forget_late_references();
+        assert_eq!(dedup.take_late_references_within(0..1000), Some(Vec::new()));
+    }
+
+    #[test]
+    fn a_node_that_met_a_reference_moves_values_that_long_whole() {
+        let dedup = dedup(4096);
+        let stored = |value_len: usize| crate::codec::STORED_VALUE_PREFIX + value_len;
+        assert!(!dedup.keeps_whole(stored(8192)), "mode off, no reference met");
+        dedup.note_references_seen(stored(1024) as u64);
+        assert!(dedup.keeps_whole(stored(1024)), "a leader's threshold below this node's");
+        assert!(dedup.keeps_whole(stored(8192)));
+        assert!(!dedup.keeps_whole(stored(1023)));
     }
 }

@@ -417,17 +417,8 @@ pub(crate) fn on_tick<'a>(ctx: &mut NodeCtx, groups: impl Iterator<Item = &'a mu
         if group.raw.raft.state != StateRole::Leader || group.raw.raft.lead_transferee.is_some() {
             continue;
         }
-        let voters = &group.raw.store().conf_state.voters;
-        let target = group
-            .raw
-            .raft
-            .prs()
-            .iter()
-            .filter(|(id, progress)| **id != me && voters.contains(id) && progress.recent_active)
-            // The most caught-up follower takes over soonest; ties go to the lowest id.
-            .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
-            .map(|(id, _)| *id);
-        let Some(target) = target else { continue };
+        // The most caught-up follower takes over soonest.
+        let Some(target) = group.successor(me) else { continue };
         // One hand-off round per election timeout for all groups.
         if !handing_off {
             if !disk.may_hand_off(now, wait) {

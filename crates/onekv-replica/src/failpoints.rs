@@ -24,7 +24,8 @@
 //! read. `gc-census-keeps-few-keys` (action `return(N)`, read when the GC starts) makes its census
 //! keep N keys (2^20 otherwise).
 //! One moves time: `node-clock-ahead` (action `return(ms)`) puts every node clock in the process
-//! that far ahead ([`clock_ahead_ms`]).
+//! that far ahead ([`clock_ahead_ms`]). One stalls: `apply-stalls-node` (action `return(id)`) makes
+//! that node's replicas stop applying, as if they could not ([`stalled_node`]).
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;
@@ -87,6 +88,21 @@ pub fn clock_ahead_ms() -> u64 {
 #[inline(always)]
 pub fn clock_ahead_ms() -> u64 {
     0
+}
+
+/// The node the point `apply-stalls-node` (action `return(id)`) stalls: its replicas in this
+/// process stop applying at their next committed entries and wait for a snapshot past them, as a
+/// replica that cannot apply an entry does (`Group::stall`).
+#[cfg(feature = "failpoints")]
+pub fn stalled_node() -> Option<u64> {
+    fail::eval("apply-stalls-node", |arg| arg.and_then(|id| id.parse().ok())).flatten()
+}
+
+/// Without the feature no node stalls.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn stalled_node() -> Option<u64> {
+    None
 }
 
 /// Ends the process at once, as a crash would: no destructors, no flushing of anything.

@@ -193,6 +193,8 @@ pub(crate) struct Group {
     /// Since when this node leads the group without handing it to the primary (reset by each
     /// hand-off attempt, so one is tried at most once per election timeout).
     pub leader_since: Option<Instant>,
+    /// Ticks this node has led the group while stalled ([`Group::give_up_stalled_leadership`]).
+    pub stalled_leader_ticks: usize,
     /// The log garbage collector needs this tree flushed (values were relocated, or the shard's
     /// recovery point holds back the segment it wants to reclaim).
     pub gc_flush: bool,
@@ -565,11 +567,15 @@ impl Group {
     /// shard's primary when it is due.
     pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
         // A stalled replica does not campaign (it could not serve), and asks again for the
-        // snapshot it waits for.
-        if self.applier.stalled_at.is_some() {
-            self.ask_for_snapshot();
-        } else {
+        // snapshot it waits for; leading, it gives the leadership up first.
+        if self.applier.stalled_at.is_none() {
+            self.stalled_leader_ticks = 0;
             self.raw.tick();
+        } else if self.role() == StateRole::Leader {
+            self.give_up_stalled_leadership(ctx);
+        } else {
+            self.stalled_leader_ticks = 0;
+            self.ask_for_snapshot();
         }
         self.ticks_since_open = self.ticks_since_open.saturating_add(1);
         if let Some(rejoin) = &mut self.rejoin {
@@ -583,6 +589,57 @@ impl Group {
         let pending = self.raw.raft.raft_log.unstable.snapshot.as_ref().map(|s| s.get_metadata().index);
         let mut staged = self.state.staged.lock().unwrap_or_else(|e| e.into_inner());
         staged.expire(Instant::now(), crate::snapshot::stream::KEEP_STAGED, pending);
+    }
+
+    /// A leader that cannot apply (stalled: an ORDER naming a fast write it lacks, a put by
+    /// reference to a value its GC compressed) could not answer anything, and would hold the shard
+    /// for good: it does not tick (so never steps down), and the appends of the proposals clients
+    /// keep sending it keep the followers from campaigning. It hands the leadership to the most
+    /// caught-up active voter at once, and steps down after an election timeout if it still leads
+    /// (no such voter answered, or the transfer did not complete): the others then elect a leader,
+    /// and this replica asks that one for its snapshot. A shard's only voter keeps leading (no
+    /// other could take over or send it a snapshot).
+    fn give_up_stalled_leadership(&mut self, ctx: &NodeCtx) {
+        let me = ctx.config.node_id;
+        let voters = &self.raw.store().conf_state.voters;
+        if voters.iter().all(|&id| id == me) {
+            return;
+        }
+        self.stalled_leader_ticks += 1;
+        if self.stalled_leader_ticks == 1 {
+            if let Some(target) = self.successor(me) {
+                tracing::warn!(
+                    shard = self.shard,
+                    to = target,
+                    "stalled: handing leadership to another node"
+                );
+                self.hand_leadership_to(target);
+            }
+        } else if self.stalled_leader_ticks > ctx.config.election_ticks {
+            tracing::warn!(shard = self.shard, "stalled: stepping down so another node is elected");
+            let term = self.raw.raft.term;
+            self.raw.raft.become_follower(term, raft::INVALID_ID);
+            self.stalled_leader_ticks = 0;
+        }
+    }
+
+    /// The voter a leader hands its leadership to when it must give it up: the most caught-up one
+    /// among those that answered lately and take entries (not one waiting for a snapshot: a
+    /// stalled replica refuses a hand-off); ties go to the lowest id.
+    pub(crate) fn successor(&self, me: u64) -> Option<u64> {
+        let voters = &self.raw.store().conf_state.voters;
+        self.raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, progress)| {
+                **id != me
+                    && voters.contains(id)
+                    && progress.recent_active
+                    && progress.state == raft::ProgressState::Replicate
+            })
+            .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id)
     }
 
     /// A leader that is not the shard's primary hands leadership to it once this node has led for
@@ -607,8 +664,11 @@ impl Group {
             return;
         }
         let last = self.raw.raft.raft_log.last_index();
-        let caught_up =
-            self.raw.raft.prs().get(primary).is_some_and(|p| p.recent_active && p.matched >= last);
+        // Not to a primary waiting for a snapshot (a stalled replica refuses the hand-off, and
+        // Raft refuses proposals while one is under way).
+        let caught_up = self.raw.raft.prs().get(primary).is_some_and(|p| {
+            p.recent_active && p.matched >= last && p.state == raft::ProgressState::Replicate
+        });
         if !caught_up {
             return;
         }
@@ -985,6 +1045,11 @@ impl Group {
             return Ok(());
         }
         crate::failpoint!("before-apply");
+        if crate::failpoints::stalled_node() == Some(self.raw.raft.id) {
+            self.applier.stalled_at = Some(committed[0].index);
+            self.stall(committed[0].index);
+            return Ok(());
+        }
         let locators = committed
             .iter()
             .map(|e| {

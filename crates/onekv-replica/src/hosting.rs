@@ -286,6 +286,7 @@ impl GroupParts {
             expiry_sweep: Default::default(),
             primary,
             leader_since: None,
+            stalled_leader_ticks: 0,
             layout: config.index_layout.for_role(primary == Some(config.node_id)),
             leveling_since: None,
             last_leveling: None,

@@ -346,7 +346,7 @@ impl NodeLoop {
             GcInput::TakeLateReferences { range, done } => {
                 let dedup = self.ctx.dedup.as_ref();
                 let _ = done.try_send(
-                    dedup.map(|dedup| dedup.take_late_references_within(range)).unwrap_or_default(),
+                    dedup.map_or(Some(Vec::new()), |dedup| dedup.take_late_references_within(range)),
                 );
             }
             GcInput::Flush { shards } => {

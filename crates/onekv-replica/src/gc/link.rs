@@ -33,8 +33,9 @@ pub(crate) trait Link {
     fn take_late_references(&mut self, range: std::ops::Range<u64>) -> Result<LateReferences, RoundError>;
 }
 
-/// Late references taken: `(shard, place, keys)`.
-pub(crate) type LateReferences = Vec<(u64, onekv_log::Locator, Vec<Vec<u8>>)>;
+/// Late references taken: `(shard, place, keys)`; `None` if more were made than held (the pass
+/// must keep its segments).
+pub(crate) type LateReferences = Option<Vec<(u64, onekv_log::Locator, Vec<Vec<u8>>)>>;
 
 /// The running collector of a server; stops when dropped.
 pub(crate) struct Gc {
@@ -261,7 +262,7 @@ impl Link for InlineLink<'_> {
     fn take_late_references(&mut self, range: std::ops::Range<u64>) -> Result<LateReferences, RoundError> {
         // Between two turns already.
         let dedup = self.node_loop.ctx.dedup.as_ref();
-        Ok(dedup.map(|dedup| dedup.take_late_references_within(range)).unwrap_or_default())
+        Ok(dedup.map_or(Some(Vec::new()), |dedup| dedup.take_late_references_within(range)))
     }
 
     fn relocate(&mut self, shard: u64, moves: Vec<Move>) -> Result<Relocated, RoundError> {

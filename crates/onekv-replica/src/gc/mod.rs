@@ -737,7 +737,7 @@ impl Collector {
                         // Keys share copies here (puts by reference, before a restart too): from
                         // now on values that could be shared are moved whole.
                         if let Some(dedup) = &self.dedup {
-                            dedup.note_references_seen();
+                            dedup.note_references_seen(at.len);
                         }
                     }
                     if at.position < keys_end {
@@ -850,7 +850,14 @@ impl Collector {
             // Taken on the loop between two turns: a reference made after that resolves its
             // source's place then, and every key this takes is moved below before the next take.
             let mut keys = Vec::new();
-            for (shard, at, names) in link.take_late_references(first.base..last.end())? {
+            let Some(taken) = link.take_late_references(first.base..last.end())? else {
+                return Err(RoundError::Failed(format!(
+                    "more puts by reference pointed into the segments being collected than the \
+                     {} MiB held for them: the segments stay, and the next pass's census sees the keys",
+                    crate::dedup::MAX_LATE_REFERENCE_BYTES >> 20
+                )));
+            };
+            for (shard, at, names) in taken {
                 let Some(state) = self.states.get(&shard) else { continue };
                 for key in names {
                     if state.points_at(&key, &IndexValue::Shared(at))? {
