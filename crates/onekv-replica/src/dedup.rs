@@ -220,6 +220,9 @@ pub(crate) struct Dedup {
     late: Mutex<LateReferences>,
 }
 
+/// Late references taken from [`Dedup`]: `(shard, place, keys)`.
+pub type LateKeys = Vec<(u64, Locator, Vec<Vec<u8>>)>;
+
 #[derive(Default)]
 struct LateReferences {
     keys: std::collections::HashMap<(u64, Locator), Vec<Vec<u8>>>,
@@ -385,10 +388,7 @@ impl Dedup {
     /// Takes the late references to copies within `range` of log positions (the segments a GC
     /// pass is collecting): `(shard, place, keys)`; `None` if more were made this pass than are
     /// held (some keys pointing into the segments are not listed: the pass must keep them).
-    pub fn take_late_references_within(
-        &self,
-        range: std::ops::Range<u64>,
-    ) -> Option<Vec<(u64, Locator, Vec<Vec<u8>>)>> {
+    pub fn take_late_references_within(&self, range: std::ops::Range<u64>) -> Option<LateKeys> {
         let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
         if late.overflowed {
             return None;

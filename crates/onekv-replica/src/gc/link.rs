@@ -35,7 +35,7 @@ pub(crate) trait Link {
 
 /// Late references taken: `(shard, place, keys)`; `None` if more were made than held (the pass
 /// must keep its segments).
-pub(crate) type LateReferences = Option<Vec<(u64, onekv_log::Locator, Vec<Vec<u8>>)>>;
+pub(crate) type LateReferences = Option<crate::dedup::LateKeys>;
 
 /// The running collector of a server; stops when dropped.
 pub(crate) struct Gc {
