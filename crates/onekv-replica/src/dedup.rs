@@ -54,10 +54,18 @@ pub const ELASTIC_SAMPLE: u64 = 8;
 /// Bytes one content-index entry is charged against `memory_bytes` (fingerprint, locator and the
 /// LRU's own links and hash slot).
 pub const ENTRY_BYTES: u64 = 96;
-/// Bytes of keys the *late references* may hold (references applied below the GC's fence, which
-/// its relocation must move along: [`Dedup::reference_place`]); past it a replica cannot apply
-/// such a reference and asks for a snapshot instead.
+/// Bytes of late references a node holds (keys applied by reference below the GC's fence, which
+/// its collection must move along: [`Dedup::reference_place`]), each charged its key's length and
+/// [`LATE_KEY_OVERHEAD`]; past it a reference still applies, unrecorded, and the GC's pass keeps
+/// its segments.
 pub const MAX_LATE_REFERENCE_BYTES: u64 = 16 << 20;
+/// Bytes charged per late reference besides its key (the vector, the map's slot).
+pub const LATE_KEY_OVERHEAD: u64 = 64;
+
+/// What one late reference is charged against [`MAX_LATE_REFERENCE_BYTES`].
+fn late_key_bytes(key: &[u8]) -> u64 {
+    key.len() as u64 + LATE_KEY_OVERHEAD
+}
 
 /// Where identical values are stored once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -226,7 +234,7 @@ pub type LateKeys = Vec<(u64, Locator, Vec<Vec<u8>>)>;
 #[derive(Default)]
 struct LateReferences {
     keys: std::collections::HashMap<(u64, Locator), Vec<Vec<u8>>>,
-    /// Bytes of the keys held (bounded by [`MAX_LATE_REFERENCE_BYTES`]).
+    /// Bytes charged for the keys held (bounded by [`MAX_LATE_REFERENCE_BYTES`]).
     bytes: u64,
     /// A late reference was not held (the bound): the pass keeps its segments.
     overflowed: bool,
@@ -355,10 +363,10 @@ impl Dedup {
             below_fence()
         } {
             let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
-            if late.bytes + key.len() as u64 > MAX_LATE_REFERENCE_BYTES {
+            if late.bytes + late_key_bytes(key) > MAX_LATE_REFERENCE_BYTES {
                 late.overflowed = true;
             } else {
-                late.bytes += key.len() as u64;
+                late.bytes += late_key_bytes(key);
                 late.keys.entry((shard, at)).or_default().push(key.to_vec());
             }
             self.counters.late_references.fetch_add(1, Ordering::Relaxed);
@@ -381,7 +389,7 @@ impl Dedup {
             return Vec::new();
         }
         let keys = late.keys.remove(&(shard, at)).unwrap_or_default();
-        late.bytes -= keys.iter().map(|key| key.len() as u64).sum::<u64>();
+        late.bytes -= keys.iter().map(|key| late_key_bytes(key)).sum::<u64>();
         keys
     }
 
@@ -398,7 +406,7 @@ impl Dedup {
         let mut taken = Vec::with_capacity(places.len());
         for (shard, at) in places {
             let keys = late.keys.remove(&(shard, at)).unwrap_or_default();
-            late.bytes -= keys.iter().map(|key| key.len() as u64).sum::<u64>();
+            late.bytes -= keys.iter().map(|key| late_key_bytes(key)).sum::<u64>();
             taken.push((shard, at, keys));
         }
         Some(taken)

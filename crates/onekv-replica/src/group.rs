@@ -1198,6 +1198,8 @@ impl Group {
         if let Some(lease) = &mut self.lease {
             lease.end();
         }
+        // A follower refers to nothing: its table goes (it would hold memory per shard ever led).
+        self.wire_refs.stop_leading();
         let leader = self.not_leader(ctx);
         self.fast_lost_leadership(&leader);
         for done in self.reads_unsent.drain(..) {

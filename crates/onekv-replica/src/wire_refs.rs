@@ -98,6 +98,11 @@ impl WireRefs {
         }
     }
 
+    /// Forgets everything (the node stopped leading the shard): a later term starts afresh.
+    pub fn stop_leading(&mut self) {
+        *self = WireRefs { ignores_unapplied: self.ignores_unapplied, ..WireRefs::default() };
+    }
+
     /// Notes the entry this leader just appended at `index` (`data`: its command), in its
     /// current term.
     pub fn note_proposed(&mut self, term: u64, index: u64, data: &[u8]) {
