@@ -363,7 +363,8 @@ impl Dedup {
             below_fence()
         } {
             let mut late = self.late.lock().unwrap_or_else(|e| e.into_inner());
-            if late.bytes + late_key_bytes(key) > MAX_LATE_REFERENCE_BYTES {
+            let bound = crate::failpoints::late_reference_bound().unwrap_or(MAX_LATE_REFERENCE_BYTES);
+            if late.bytes + late_key_bytes(key) > bound {
                 late.overflowed = true;
             } else {
                 late.bytes += late_key_bytes(key);

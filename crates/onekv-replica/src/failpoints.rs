@@ -25,7 +25,8 @@
 //! keep N keys (2^20 otherwise).
 //! One moves time: `node-clock-ahead` (action `return(ms)`) puts every node clock in the process
 //! that far ahead ([`clock_ahead_ms`]). One stalls: `apply-stalls-node` (action `return(id)`) makes
-//! that node's replicas stop applying, as if they could not ([`stalled_node`]).
+//! that node's replicas stop applying, as if they could not ([`stalled_node`]). One lowers a bound:
+//! `late-references-bound` (action `return(bytes)`, [`late_reference_bound`]).
 
 /// Exit code of a process stopped at a crash point.
 pub const CRASH_EXIT_CODE: i32 = 86;
@@ -102,6 +103,20 @@ pub fn stalled_node() -> Option<u64> {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn stalled_node() -> Option<u64> {
+    None
+}
+
+/// The bound on late references the point `late-references-bound` (action `return(bytes)`) puts
+/// in place of [`crate::dedup::MAX_LATE_REFERENCE_BYTES`].
+#[cfg(feature = "failpoints")]
+pub fn late_reference_bound() -> Option<u64> {
+    fail::eval("late-references-bound", |arg| arg.and_then(|bytes| bytes.parse().ok())).flatten()
+}
+
+/// Without the feature the bound is the real one.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn late_reference_bound() -> Option<u64> {
     None
 }
 

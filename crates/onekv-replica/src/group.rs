@@ -577,6 +577,13 @@ impl Group {
             self.stalled_leader_ticks = 0;
             self.ask_for_snapshot();
         }
+        if self.applier.stalled_at.is_some() {
+            // Its election clock still runs (raft-rs's check-quorum ignores votes while a node
+            // heard from a leader within an election timeout: a clock that never moved would
+            // have it refuse every vote, and a shard that lost its leader could lack a quorum).
+            let raft = &mut self.raw.raft;
+            raft.election_elapsed = raft.election_elapsed.saturating_add(1);
+        }
         self.ticks_since_open = self.ticks_since_open.saturating_add(1);
         if let Some(rejoin) = &mut self.rejoin {
             rejoin.ticks = rejoin.ticks.saturating_add(1);
@@ -624,8 +631,8 @@ impl Group {
     }
 
     /// The voter a leader hands its leadership to when it must give it up: the most caught-up one
-    /// among those that answered lately and take entries (not one waiting for a snapshot: a
-    /// stalled replica refuses a hand-off); ties go to the lowest id.
+    /// among those that answered lately and are not waiting for a snapshot (a stalled replica
+    /// refuses a hand-off); ties go to the lowest id.
     pub(crate) fn successor(&self, me: u64) -> Option<u64> {
         let voters = &self.raw.store().conf_state.voters;
         self.raw
@@ -633,10 +640,7 @@ impl Group {
             .prs()
             .iter()
             .filter(|(id, progress)| {
-                **id != me
-                    && voters.contains(id)
-                    && progress.recent_active
-                    && progress.state == raft::ProgressState::Replicate
+                **id != me && voters.contains(id) && progress.recent_active && !awaits_snapshot(progress)
             })
             .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
             .map(|(id, _)| *id)
@@ -666,9 +670,12 @@ impl Group {
         let last = self.raw.raft.raft_log.last_index();
         // Not to a primary waiting for a snapshot (a stalled replica refuses the hand-off, and
         // Raft refuses proposals while one is under way).
-        let caught_up = self.raw.raft.prs().get(primary).is_some_and(|p| {
-            p.recent_active && p.matched >= last && p.state == raft::ProgressState::Replicate
-        });
+        let caught_up = self
+            .raw
+            .raft
+            .prs()
+            .get(primary)
+            .is_some_and(|p| p.recent_active && p.matched >= last && !awaits_snapshot(p));
         if !caught_up {
             return;
         }
@@ -1862,4 +1869,12 @@ fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
         ),
         Command::DeleteRange { .. } => None,
     }
+}
+
+/// Whether the leader is sending this follower a snapshot, or the follower asked for one (a
+/// stalled replica does): it could not take over. A follower caught up by a snapshot may stay in
+/// raft-rs's probe state on an idle shard, so "replicating" would be too strict.
+fn awaits_snapshot(progress: &raft::Progress) -> bool {
+    progress.state == raft::ProgressState::Snapshot
+        || progress.pending_request_snapshot != raft::INVALID_INDEX
 }

@@ -209,7 +209,7 @@ impl raft::Storage for RaftStore {
         Ok(self.last())
     }
 
-    fn snapshot(&self, _request_index: u64, to: u64) -> raft::Result<Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         // A full copy of the applied state, built off the loop thread (see `snapshot`).
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).request(
             (self.applied_index, self.applied_term),
@@ -217,6 +217,7 @@ impl raft::Storage for RaftStore {
             self.first(),
             to,
             self.now,
+            request_index,
         )
     }
 }

@@ -1,8 +1,9 @@
 //! A leader that cannot apply (stalled: an ORDER naming a fast write it lacks, a put by reference
 //! to a value its GC compressed) gives the shard up, also while a client pinned to it keeps
 //! sending it writes (whose appends would otherwise keep the followers from ever campaigning),
-//! and, once another node leads, catches up from that node's snapshot. Its own test binary: the
-//! failpoint it arms is process-wide.
+//! and, once another node leads, catches up from that node's snapshot; a stalled follower still
+//! votes, so a shard whose leader is lost elects another. Its own test binary: the failpoint it
+//! arms is process-wide (its tests take turns).
 
 #![cfg(feature = "failpoints")]
 
@@ -10,16 +11,33 @@ mod common;
 
 use common::cluster::Cluster;
 use onekv_replica::{Command, RequestId, StorageMode, WriteOp};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn put(key: &str, value: &[u8]) -> Command {
     Command::Write(vec![WriteOp::put(key.as_bytes().to_vec(), value.to_vec())])
 }
 
+/// Held by each test: the failpoint is the process's.
+static FAILPOINT: Mutex<()> = Mutex::new(());
+
+/// Waits until `key` reads `value` on `node` (once it can apply again).
+fn wait_for_value(cluster: &Cluster, node: u64, key: &[u8], value: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.replica(node).get(key).unwrap().as_deref() != Some(value) {
+        assert!(
+            Instant::now() < deadline,
+            "node {node} never caught up: {:?}",
+            cluster.replica(node).status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_stalled_leader_hands_the_shard_on_while_a_client_keeps_writing_to_it() {
+    let _turn = FAILPOINT.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |_| {});
     cluster.put("before", b"v0");
@@ -62,15 +80,38 @@ fn a_stalled_leader_hands_the_shard_on_while_a_client_keeps_writing_to_it() {
 
     // Once it can apply again, the snapshot it asked the new leader for brings it up to date.
     onekv_replica::failpoints::arm("apply-stalls-node", "off").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.replica(stalled).get(b"after").unwrap().as_deref() != Some(&b"v1"[..]) {
+    wait_for_value(&cluster, stalled, b"after", b"v1");
+    assert_eq!(cluster.replica(stalled).get(b"before").unwrap().as_deref(), Some(&b"v0"[..]));
+    cluster.shutdown();
+}
+
+#[test]
+fn a_stalled_follower_still_votes_when_the_leader_is_lost() {
+    let _turn = FAILPOINT.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |_| {});
+    let leader = cluster.leader();
+    let stalled = (1..=3).find(|&id| id != leader).unwrap();
+    let other = (1..=3).find(|&id| id != leader && id != stalled).unwrap();
+    onekv_replica::failpoints::arm("apply-stalls-node", &format!("return({stalled})")).unwrap();
+    cluster.put("before", b"v0");
+    cluster.wait_applied(other, cluster.replica(leader).status().applied_index);
+    // The leader goes: the remaining two are a quorum only if the stalled one votes.
+    cluster.stop(leader);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.replica(other).status().role != "leader" {
         assert!(
             Instant::now() < deadline,
-            "node {stalled} never caught up: {:?}",
+            "no leader without node {leader}: node {stalled}, stalled, never voted: {:?}",
             cluster.replica(stalled).status()
         );
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(cluster.replica(stalled).get(b"before").unwrap().as_deref(), Some(&b"v0"[..]));
+    cluster.put("after", b"v1");
+    onekv_replica::failpoints::arm("apply-stalls-node", "off").unwrap();
+    // The new leader's snapshot brings it up to date (not an older one the leader had cached:
+    // the shard, with a voter down, commits nothing without this replica).
+    wait_for_value(&cluster, stalled, b"after", b"v1");
+    cluster.open(leader);
     cluster.shutdown();
 }

@@ -895,7 +895,9 @@ impl Group {
             "this replica cannot apply the entry here: waiting for a snapshot past it"
         );
         self.shared.stalled_at.store(at, std::sync::atomic::Ordering::SeqCst);
-        self.ask_for_snapshot();
+        // The snapshot is asked for at the next tick (`Group::tick`), not here: this runs while a
+        // Ready is being handled, and raft-rs aborts when a follower's message appears between
+        // a Ready and its advance.
     }
 
     /// Asks the leader for a snapshot of at least this replica's last entry (raft-rs refuses while
