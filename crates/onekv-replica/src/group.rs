@@ -438,16 +438,20 @@ impl Group {
                 tracing::info!(shard = self.shard, from = message.from, "taking leadership over on request");
                 self.primary = Some(ctx.config.node_id);
             }
-            // The follower that asked for a snapshot (below) has installed one: raft-rs keeps the
-            // request until the application reports the snapshot's fate, and would send another
-            // snapshot in place of every append until then.
+            // The follower that asked for a snapshot (below; a stalled one) has installed one:
+            // raft-rs keeps the request, and the follower in its snapshot state, until the
+            // application reports the snapshot's fate. Until then it would send another snapshot
+            // in place of every append and, when the snapshot is no newer than what the follower
+            // had acknowledged, send it nothing at all (the snapshot timeout, a minute later, was
+            // the way out, and a shard needing that follower's vote committed nothing meanwhile).
             MessageType::MsgAppendResponse if !message.reject && self.role() == StateRole::Leader => {
-                if let Some(progress) = self.raw.raft.mut_prs().get_mut(message.from)
-                    && progress.pending_request_snapshot != 0
-                    && progress.state == raft::ProgressState::Snapshot
-                    && message.index >= progress.pending_snapshot
-                {
-                    progress.pending_request_snapshot = 0;
+                let installed = self.raw.raft.prs().get(message.from).is_some_and(|progress| {
+                    progress.pending_request_snapshot != raft::INVALID_INDEX
+                        && progress.state == raft::ProgressState::Snapshot
+                        && message.index >= progress.pending_snapshot
+                });
+                if installed {
+                    self.raw.report_snapshot(message.from, raft::SnapshotStatus::Finish);
                 }
             }
             // A replica with no members (waiting to be added, or restarted with none) cannot
@@ -566,8 +570,8 @@ impl Group {
     /// Ticks Raft's clock once, re-sends snapshots nobody answered, and hands leadership to the
     /// shard's primary when it is due.
     pub fn tick(&mut self, now: Instant, ctx: &NodeCtx) {
-        // A stalled replica does not campaign (it could not serve), and asks again for the
-        // snapshot it waits for; leading, it gives the leadership up first.
+        // A stalled replica does not campaign (it could not serve) unless no leader shows up for
+        // long, and asks again for the snapshot it waits for; leading, it gives the leadership up.
         if self.applier.stalled_at.is_none() {
             self.stalled_leader_ticks = 0;
             self.raw.tick();
@@ -575,6 +579,12 @@ impl Group {
             self.give_up_stalled_leadership(ctx);
         } else {
             self.stalled_leader_ticks = 0;
+            // Its log may be the only up-to-date one left (the others' votes need it): after
+            // three election timeouts without a leader it campaigns after all, and, elected,
+            // hands the shard to a voter it brings up to date (`give_up_stalled_leadership`).
+            if self.raw.raft.election_elapsed >= 3 * self.raw.raft.election_timeout() {
+                self.raw.tick();
+            }
             self.ask_for_snapshot();
         }
         if self.applier.stalled_at.is_some() {

@@ -210,6 +210,18 @@ impl raft::Storage for RaftStore {
     }
 
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        // A follower that asked for a snapshot (raft-rs `request_snapshot`: a stalled replica)
+        // asked for its log's end. Asked in this term, it acknowledged those entries and raft-rs
+        // counts them matched: a snapshot before them would drop entries counted toward a commit,
+        // so none is served until this leader has applied that far (raft-rs's own rule). Asked
+        // in an earlier term, any snapshot will do, but not one older than this leader's applied
+        // index (a cached snapshot from before the follower's stall point, served again and
+        // again, would stall it for good when the shard needs its vote to commit).
+        let at_least = match request_index {
+            raft::INVALID_INDEX => raft::INVALID_INDEX,
+            asked if self.term(asked).is_ok_and(|term| term == self.hard_state.term) => asked,
+            asked => asked.min(self.applied_index),
+        };
         // A full copy of the applied state, built off the loop thread (see `snapshot`).
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).request(
             (self.applied_index, self.applied_term),
@@ -217,7 +229,7 @@ impl raft::Storage for RaftStore {
             self.first(),
             to,
             self.now,
-            request_index,
+            at_least,
         )
     }
 }

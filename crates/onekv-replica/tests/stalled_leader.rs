@@ -112,6 +112,44 @@ fn a_stalled_follower_still_votes_when_the_leader_is_lost() {
     // The new leader's snapshot brings it up to date (not an older one the leader had cached:
     // the shard, with a voter down, commits nothing without this replica).
     wait_for_value(&cluster, stalled, b"after", b"v1");
+    // Caught up, it takes entries again at once (the shard, a voter down, commits nothing
+    // without it): the leader learns the snapshot was installed.
+    let started = Instant::now();
+    cluster.put("later", b"v2");
+    assert!(started.elapsed() < Duration::from_secs(5), "a write took {:?}", started.elapsed());
+    cluster.open(leader);
+    cluster.shutdown();
+}
+
+#[test]
+fn a_stalled_follower_with_the_longest_log_campaigns_when_no_leader_shows_up() {
+    let _turn = FAILPOINT.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |_| {});
+    let leader = cluster.leader();
+    let stalled = (1..=3).find(|&id| id != leader).unwrap();
+    let behind = (1..=3).find(|&id| id != leader && id != stalled).unwrap();
+    onekv_replica::failpoints::arm("apply-stalls-node", &format!("return({stalled})")).unwrap();
+    // `behind` misses the write, committed by the leader and the stalled replica; then the
+    // leader goes. `behind` cannot win a vote (its log is shorter), so only the stalled replica
+    // can be elected, and then hand the shard on.
+    cluster.router.set_drop_filter(Some(Box::new(move |message| message.to == behind)));
+    cluster.put("committed", b"v1");
+    cluster.stop(leader);
+    cluster.router.set_drop_filter(None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.replica(behind).status().role != "leader" {
+        assert!(
+            Instant::now() < deadline,
+            "no leader: {:?} / {:?}",
+            cluster.replica(stalled).status(),
+            cluster.replica(behind).status()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(cluster.linearizable_get("committed").as_deref(), Some(&b"v1"[..]));
+    onekv_replica::failpoints::arm("apply-stalls-node", "off").unwrap();
+    wait_for_value(&cluster, stalled, b"committed", b"v1");
     cluster.open(leader);
     cluster.shutdown();
 }

@@ -87,8 +87,8 @@ impl SnapshotBuilder {
     /// What raft-rs gets when it asks for a snapshot for follower `to`: one still usable (the
     /// leader still serves the entries that follow it, and `to` is among its members: raft-rs on
     /// the follower refuses a snapshot from before it was added), or "temporarily unavailable"
-    /// while a failed inline build waits out its backoff. `asked`: the index a follower that
-    /// asked for a snapshot asked for (its log's end; `raft::INVALID_INDEX` when none asked).
+    /// while a failed inline build waits out its backoff or until this replica has applied
+    /// `at_least` (for a follower that asked for a snapshot: `RaftStore::snapshot`; 0 otherwise).
     pub fn request(
         &mut self,
         applied: (u64, u64),
@@ -96,16 +96,12 @@ impl SnapshotBuilder {
         first_index: u64,
         to: u64,
         now: Instant,
-        asked: u64,
+        at_least: u64,
     ) -> raft::Result<Snapshot> {
         let unavailable = Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
-        // A follower that asked (a stalled one: `fast::group`) cannot use a snapshot of the entry
-        // it could not apply, or of one before it; it asked for its log's end, which this leader
-        // may not have applied yet (it may even need that follower to commit it). A cached
-        // snapshot older than both is not served again: served again and again, it would stall
-        // the follower for good (a shard with a voter down needs it to commit anything, so no
-        // newer snapshot would ever replace the cached one).
-        let at_least = asked.min(applied.0);
+        if applied.0 < at_least {
+            return unavailable;
+        }
         let mut failures = 0;
         let mut slot = lock(&self.slot);
         // A view replaced since by one made for a follower in the leader's stead (`serve_for`,
