@@ -444,6 +444,18 @@ impl Group {
             // in place of every append and, when the snapshot is no newer than what the follower
             // had acknowledged, send it nothing at all (the snapshot timeout, a minute later, was
             // the way out, and a shard needing that follower's vote committed nothing meanwhile).
+            // A follower asks for a snapshot: what this leader counted as its entries then bounds
+            // the snapshot it may be sent (`RaftStore::snapshot`).
+            MessageType::MsgAppendResponse
+                if message.reject
+                    && message.request_snapshot != raft::INVALID_INDEX
+                    && self.role() == StateRole::Leader =>
+            {
+                let matched = self.raw.raft.prs().get(message.from).map(|progress| progress.matched);
+                if let Some(matched) = matched {
+                    self.raw.mut_store().asked_with_matched.insert(message.from, matched);
+                }
+            }
             MessageType::MsgAppendResponse if !message.reject && self.role() == StateRole::Leader => {
                 let installed = self.raw.raft.prs().get(message.from).is_some_and(|progress| {
                     progress.pending_request_snapshot != raft::INVALID_INDEX
@@ -579,6 +591,16 @@ impl Group {
             self.give_up_stalled_leadership(ctx);
         } else {
             self.stalled_leader_ticks = 0;
+            // A request made in an earlier term goes (raft-rs keeps it across terms): while it is
+            // pending the replica takes no entries, so the new leader could never count any of
+            // its entries, and a snapshot sent against it may be older than entries another
+            // leader counted here. Taking this term's entries, it asks again (raft-rs asks only
+            // once its last entry is of the current term).
+            let raft = &mut self.raw.raft;
+            let pending = raft.pending_request_snapshot;
+            if pending != raft::INVALID_INDEX && raft.raft_log.term(pending).ok() != Some(raft.term) {
+                raft.pending_request_snapshot = raft::INVALID_INDEX;
+            }
             // Its log may be the only up-to-date one left (the others' votes need it): after
             // three election timeouts without a leader it campaigns after all, and, elected,
             // hands the shard to a voter it brings up to date (`give_up_stalled_leadership`).

@@ -48,6 +48,9 @@ pub(crate) struct RaftStore {
     pub snapshots: std::sync::Mutex<SnapshotBuilder>,
     /// The loop's clock at the start of the current turn (for the builder's backoff).
     pub now: std::time::Instant,
+    /// Followers that asked this leader for a snapshot (raft-rs `request_snapshot`) → the index
+    /// this leader had counted as theirs (raft-rs's `matched`) when they asked.
+    pub asked_with_matched: std::collections::HashMap<u64, u64>,
 }
 
 impl RaftStore {
@@ -65,6 +68,7 @@ impl RaftStore {
             state,
             snapshots: std::sync::Mutex::new(snapshots),
             now,
+            asked_with_matched: std::collections::HashMap::new(),
             hard_state: HardState::default(),
             conf_state: members,
             snapshot_index: 0,
@@ -211,16 +215,20 @@ impl raft::Storage for RaftStore {
 
     fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         // A follower that asked for a snapshot (raft-rs `request_snapshot`: a stalled replica)
-        // asked for its log's end. Asked in this term, it acknowledged those entries and raft-rs
-        // counts them matched: a snapshot before them would drop entries counted toward a commit,
-        // so none is served until this leader has applied that far (raft-rs's own rule). Asked
-        // in an earlier term, any snapshot will do, but not one older than this leader's applied
-        // index (a cached snapshot from before the follower's stall point, served again and
-        // again, would stall it for good when the shard needs its vote to commit).
+        // asked for its log's end. A snapshot before that drops the follower's later entries, so
+        // it must not be before any entry a commit counted on that follower: asked in this term,
+        // those are the ones this leader counted (`matched` when it asked; an acknowledgement
+        // lost on the way leaves it lower, and this leader may need the follower to commit
+        // further); asked in an earlier term (the follower drops such a request once it sees
+        // this term: `Group::tick`), another leader may have counted them all. None is served
+        // until this leader has applied that far; never a cached older one (served again and
+        // again, it would stall the follower for good when the shard needs its vote).
         let at_least = match request_index {
             raft::INVALID_INDEX => raft::INVALID_INDEX,
-            asked if self.term(asked).is_ok_and(|term| term == self.hard_state.term) => asked,
-            asked => asked.min(self.applied_index),
+            asked if self.term(asked).is_ok_and(|term| term == self.hard_state.term) => {
+                asked.min(self.asked_with_matched.get(&to).copied().unwrap_or(asked))
+            }
+            asked => asked,
         };
         // A full copy of the applied state, built off the loop thread (see `snapshot`).
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).request(
