@@ -260,6 +260,18 @@ impl Group {
                 if self.refuses_votes_after_opening(&message, ctx) {
                     return;
                 }
+                // A stalled replica's request for a snapshot, made in an earlier term, goes before
+                // a message of a later term is stepped (`Group::tick` says why): raft-rs would
+                // keep it, and answer the new leader's first append with it.
+                if self.applier.stalled_at.is_some()
+                    && message.term > self.raw.raft.term
+                    && !matches!(
+                        message.get_msg_type(),
+                        MessageType::MsgRequestPreVote | MessageType::MsgRequestPreVoteResponse
+                    )
+                {
+                    self.raw.raft.pending_request_snapshot = raft::INVALID_INDEX;
+                }
                 // A replica stalled on a fast write it lacks (`fast::group`) must not lead: it
                 // could not apply, nor serve. It ignores a hand-off to it.
                 if self.applier.stalled_at.is_some() && message.get_msg_type() == MessageType::MsgTimeoutNow {
