@@ -261,8 +261,12 @@ impl Group {
                     return;
                 }
                 // A stalled replica's request for a snapshot, made in an earlier term, goes before
-                // a message of a later term is stepped (`Group::tick` says why): raft-rs would
-                // keep it, and answer the new leader's first append with it.
+                // a message of a later term is stepped: raft-rs keeps it across terms and would
+                // answer the new leader's first append with it, taking none of its entries (so the
+                // new leader could count none of them), and a snapshot sent against it could be
+                // older than entries another leader counted here. Taking this term's entries, the
+                // replica asks again (raft-rs asks only once its last entry is of this term). A
+                // term the replica starts itself (campaigning) clears the request in raft-rs.
                 if self.applier.stalled_at.is_some()
                     && message.term > self.raw.raft.term
                     && !matches!(
@@ -450,12 +454,6 @@ impl Group {
                 tracing::info!(shard = self.shard, from = message.from, "taking leadership over on request");
                 self.primary = Some(ctx.config.node_id);
             }
-            // The follower that asked for a snapshot (below; a stalled one) has installed one:
-            // raft-rs keeps the request, and the follower in its snapshot state, until the
-            // application reports the snapshot's fate. Until then it would send another snapshot
-            // in place of every append and, when the snapshot is no newer than what the follower
-            // had acknowledged, send it nothing at all (the snapshot timeout, a minute later, was
-            // the way out, and a shard needing that follower's vote committed nothing meanwhile).
             // A follower asks for a snapshot: what this leader counted as its entries then bounds
             // the snapshot it may be sent (`RaftStore::snapshot`).
             MessageType::MsgAppendResponse
@@ -468,6 +466,12 @@ impl Group {
                     self.raw.mut_store().asked_with_matched.insert(message.from, matched);
                 }
             }
+            // The follower that asked for a snapshot (above; a stalled one) has installed one:
+            // raft-rs keeps the request, and the follower in its snapshot state, until the
+            // application reports the snapshot's fate. Until then it would send another snapshot
+            // in place of every append and, when the snapshot is no newer than what the follower
+            // had acknowledged, send it nothing at all (the snapshot timeout, a minute later, was
+            // the way out, and a shard needing that follower's vote committed nothing meanwhile).
             MessageType::MsgAppendResponse if !message.reject && self.role() == StateRole::Leader => {
                 let installed = self.raw.raft.prs().get(message.from).is_some_and(|progress| {
                     progress.pending_request_snapshot != raft::INVALID_INDEX
@@ -603,16 +607,6 @@ impl Group {
             self.give_up_stalled_leadership(ctx);
         } else {
             self.stalled_leader_ticks = 0;
-            // A request made in an earlier term goes (raft-rs keeps it across terms): while it is
-            // pending the replica takes no entries, so the new leader could never count any of
-            // its entries, and a snapshot sent against it may be older than entries another
-            // leader counted here. Taking this term's entries, it asks again (raft-rs asks only
-            // once its last entry is of the current term).
-            let raft = &mut self.raw.raft;
-            let pending = raft.pending_request_snapshot;
-            if pending != raft::INVALID_INDEX && raft.raft_log.term(pending).ok() != Some(raft.term) {
-                raft.pending_request_snapshot = raft::INVALID_INDEX;
-            }
             // Its log may be the only up-to-date one left (the others' votes need it): after
             // three election timeouts without a leader it campaigns after all, and, elected,
             // hands the shard to a voter it brings up to date (`give_up_stalled_leadership`).

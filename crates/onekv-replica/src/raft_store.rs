@@ -220,7 +220,7 @@ impl raft::Storage for RaftStore {
         // those are the ones this leader counted (`matched` when it asked; an acknowledgement
         // lost on the way leaves it lower, and this leader may need the follower to commit
         // further); asked in an earlier term (the follower drops such a request once it sees
-        // this term: `Group::tick`), another leader may have counted them all. None is served
+        // this term: `Group::handle`), another leader may have counted them all. None is served
         // until this leader has applied that far; never a cached older one (served again and
         // again, it would stall the follower for good when the shard needs its vote).
         let at_least = match request_index {
