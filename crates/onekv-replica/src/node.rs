@@ -344,10 +344,7 @@ impl NodeLoop {
                 let _ = done.try_send(());
             }
             GcInput::TakeLateReferences { range, done } => {
-                let dedup = self.ctx.dedup.as_ref();
-                let _ = done.try_send(
-                    dedup.map_or(Some(Vec::new()), |dedup| dedup.take_late_references_within(range)),
-                );
+                let _ = done.try_send(crate::gc::take_late_references(self.ctx.dedup.as_ref(), range));
             }
             GcInput::Flush { shards } => {
                 for shard in shards {

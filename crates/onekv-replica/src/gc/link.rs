@@ -37,6 +37,15 @@ pub(crate) trait Link {
 /// must keep its segments).
 pub(crate) type LateReferences = Option<crate::dedup::LateKeys>;
 
+/// Takes the late references into `range` from the node's deduplication (none without one); on
+/// the loop, between two turns.
+pub(crate) fn take_late_references(
+    dedup: Option<&Arc<crate::dedup::Dedup>>,
+    range: std::ops::Range<u64>,
+) -> LateReferences {
+    dedup.map_or(Some(Vec::new()), |dedup| dedup.take_late_references_within(range))
+}
+
 /// The running collector of a server; stops when dropped.
 pub(crate) struct Gc {
     stop: Option<SyncSender<()>>,
@@ -261,8 +270,7 @@ impl Link for InlineLink<'_> {
 
     fn take_late_references(&mut self, range: std::ops::Range<u64>) -> Result<LateReferences, RoundError> {
         // Between two turns already.
-        let dedup = self.node_loop.ctx.dedup.as_ref();
-        Ok(dedup.map_or(Some(Vec::new()), |dedup| dedup.take_late_references_within(range)))
+        Ok(take_late_references(self.node_loop.ctx.dedup.as_ref(), range))
     }
 
     fn relocate(&mut self, shard: u64, moves: Vec<Move>) -> Result<Relocated, RoundError> {

@@ -61,7 +61,7 @@ mod batch;
 mod link;
 mod values;
 
-pub(crate) use link::{Gc, InlineGc, Link};
+pub(crate) use link::{Gc, InlineGc, Link, take_late_references};
 
 use crate::StorageMode;
 use crate::dedup::Dedup;
@@ -614,8 +614,8 @@ impl Collector {
         self.relocate_segment_values(live, link)
     }
 
-    /// With a node's deduplication (onelog mode): raises its fence over `chosen` (no reference is made into them from
-    /// now on) and returns how many of them no reference was made into since the census began
+    /// With a node's deduplication (onelog mode): raises its fence over `chosen` (no reference is
+    /// made into them from now on) and returns how many of them no reference was made into since the census began
     /// (the census may have counted such a value dead). Without it, all of them.
     fn fence_off(&mut self, chosen: &[SegmentInfo], link: &mut dyn Link) -> Result<usize, RoundError> {
         let Some(dedup) = self.dedup.clone().filter(|_| !self.ignores_shared_values) else {
