@@ -35,6 +35,32 @@ fn wait_for_value(cluster: &Cluster, node: u64, key: &[u8], value: &[u8]) {
     }
 }
 
+/// Three replicas, and a follower of the leader's (returned: leader, stalled, other) that
+/// stalls at the next entry it applies.
+fn with_a_stalled_follower(dir: &std::path::Path) -> (Cluster, u64, u64, u64) {
+    let cluster = Cluster::start(dir, 3, StorageMode::OneLog, |_| {});
+    let leader = cluster.leader();
+    let stalled = (1..=3).find(|&id| id != leader).unwrap();
+    let other = (1..=3).find(|&id| id != leader && id != stalled).unwrap();
+    onekv_replica::failpoints::arm("apply-stalls-node", &format!("return({stalled})")).unwrap();
+    (cluster, leader, stalled, other)
+}
+
+/// Waits until `node` leads, within `within`; `why` names what failed.
+fn wait_until_it_leads(cluster: &Cluster, node: u64, within: Duration, why: &str) {
+    let deadline = Instant::now() + within;
+    while cluster.replica(node).status().role != "leader" {
+        let others: Vec<_> =
+            cluster.ids.iter().filter(|&&id| id != node).filter_map(|&id| cluster.router.get(id)).collect();
+        assert!(
+            Instant::now() < deadline,
+            "{why}: {:?}",
+            others.iter().map(|r| r.status()).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_stalled_leader_hands_the_shard_on_while_a_client_keeps_writing_to_it() {
     let _turn = FAILPOINT.lock().unwrap_or_else(|e| e.into_inner());
@@ -89,24 +115,13 @@ fn a_stalled_leader_hands_the_shard_on_while_a_client_keeps_writing_to_it() {
 fn a_stalled_follower_still_votes_when_the_leader_is_lost() {
     let _turn = FAILPOINT.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |_| {});
-    let leader = cluster.leader();
-    let stalled = (1..=3).find(|&id| id != leader).unwrap();
-    let other = (1..=3).find(|&id| id != leader && id != stalled).unwrap();
-    onekv_replica::failpoints::arm("apply-stalls-node", &format!("return({stalled})")).unwrap();
+    let (mut cluster, leader, stalled, other) = with_a_stalled_follower(dir.path());
     cluster.put("before", b"v0");
     cluster.wait_applied(other, cluster.replica(leader).status().applied_index);
     // The leader goes: the remaining two are a quorum only if the stalled one votes.
     cluster.stop(leader);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while cluster.replica(other).status().role != "leader" {
-        assert!(
-            Instant::now() < deadline,
-            "no leader without node {leader}: node {stalled}, stalled, never voted: {:?}",
-            cluster.replica(stalled).status()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let why = format!("no leader without node {leader}: node {stalled}, stalled, never voted");
+    wait_until_it_leads(&cluster, other, Duration::from_secs(20), &why);
     cluster.put("after", b"v1");
     onekv_replica::failpoints::arm("apply-stalls-node", "off").unwrap();
     // The new leader's snapshot brings it up to date (not an older one the leader had cached:
@@ -125,11 +140,7 @@ fn a_stalled_follower_still_votes_when_the_leader_is_lost() {
 fn a_stalled_follower_with_the_longest_log_campaigns_when_no_leader_shows_up() {
     let _turn = FAILPOINT.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = Cluster::start(dir.path(), 3, StorageMode::OneLog, |_| {});
-    let leader = cluster.leader();
-    let stalled = (1..=3).find(|&id| id != leader).unwrap();
-    let behind = (1..=3).find(|&id| id != leader && id != stalled).unwrap();
-    onekv_replica::failpoints::arm("apply-stalls-node", &format!("return({stalled})")).unwrap();
+    let (mut cluster, leader, stalled, behind) = with_a_stalled_follower(dir.path());
     // `behind` misses the write, committed by the leader and the stalled replica; then the
     // leader goes. `behind` cannot win a vote (its log is shorter), so only the stalled replica
     // can be elected, and then hand the shard on.
@@ -137,16 +148,8 @@ fn a_stalled_follower_with_the_longest_log_campaigns_when_no_leader_shows_up() {
     cluster.put("committed", b"v1");
     cluster.stop(leader);
     cluster.router.set_drop_filter(None);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.replica(behind).status().role != "leader" {
-        assert!(
-            Instant::now() < deadline,
-            "no leader: {:?} / {:?}",
-            cluster.replica(stalled).status(),
-            cluster.replica(behind).status()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let why = format!("no leader: node {stalled}, stalled and holding the longest log, never campaigned");
+    wait_until_it_leads(&cluster, behind, Duration::from_secs(30), &why);
     assert_eq!(cluster.linearizable_get("committed").as_deref(), Some(&b"v1"[..]));
     onekv_replica::failpoints::arm("apply-stalls-node", "off").unwrap();
     wait_for_value(&cluster, stalled, b"committed", b"v1");
